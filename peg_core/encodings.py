@@ -1,0 +1,258 @@
+"""Fixed and learned 2D position encodings, and the by-name builder.
+
+All of them implement :class:`peg_core.PositionEncoding`, so a model swaps
+one for another by name (:func:`build_position_encoding`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .base import PositionEncoding
+from .peg import PEG2d, check_tokens
+from .resize import resize_pos_embed
+
+__all__ = [
+    "ENCODINGS",
+    "LearnedPositionEncoding2d",
+    "NoPositionEncoding",
+    "SinCosPositionEncoding2d",
+    "SinePositionEncoding2d",
+    "build_position_encoding",
+    "sincos_2d",
+]
+
+
+def _with_prefix(pos: Tensor, num_prefix_tokens: int) -> Tensor:
+    """Prepend zero codes for the prefix tokens: ``(B, HW, C) -> (B, P + HW, C)``."""
+    if num_prefix_tokens == 0:
+        return pos
+    return torch.cat([pos.new_zeros(pos.shape[0], num_prefix_tokens, pos.shape[2]), pos], dim=1)
+
+
+class SinePositionEncoding2d(PositionEncoding):
+    """DETR's mask-aware 2D sine encoding.
+
+    Row and column coordinates are counted over the *real* pixels only
+    (cumulative sum of the not-padding mask), optionally normalised to
+    ``(0, scale]`` per image, and each is expanded into ``C/2`` features
+    ``sin(p / T^(2i/(C/2))), cos(p / T^(2i/(C/2)))`` interleaved; the ``y``
+    half comes first, then ``x``.  Used on attention queries/keys (``"qk"``).
+
+    Args:
+        dim: channels ``C``, a multiple of 4.
+        temperature: ``T`` (10000 in DETR).
+        normalize: divide the coordinates by the image's extent (DETR: True).
+        scale: range after normalisation (``2π`` in DETR).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        temperature: float = 10000.0,
+        normalize: bool = True,
+        scale: float | None = None,
+        num_prefix_tokens: int = 0,
+        apply_to: str = "qk",
+    ) -> None:
+        super().__init__()
+        if dim % 4:
+            raise ValueError(
+                f"sine encoding needs dim divisible by 4 (two halves of sin/cos pairs); got {dim}"
+            )
+        if scale is not None and not normalize:
+            raise ValueError("scale only applies with normalize=True")
+        self.dim = dim
+        self.temperature = temperature
+        self.normalize = normalize
+        self.scale = 2 * math.pi if scale is None else scale
+        self.num_prefix_tokens = num_prefix_tokens
+        self._set_apply_to(apply_to)
+
+    def grid(self, mask: Tensor) -> Tensor:
+        """Codes for a ``(B, H, W)`` padding mask, as a ``(B, H, W, C)`` float32 tensor."""
+        not_mask = (~mask).float()
+        y = not_mask.cumsum(1)
+        x = not_mask.cumsum(2)
+        if self.normalize:
+            eps = 1e-6
+            y = y / (y[:, -1:, :] + eps) * self.scale
+            x = x / (x[:, :, -1:] + eps) * self.scale
+        half = self.dim // 2
+        i = torch.arange(half, dtype=torch.float32, device=mask.device)
+        dim_t = self.temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / half)
+        px = x[..., None] / dim_t
+        py = y[..., None] / dim_t
+        px = torch.stack((px[..., 0::2].sin(), px[..., 1::2].cos()), dim=-1).flatten(-2)
+        py = torch.stack((py[..., 0::2].sin(), py[..., 1::2].cos()), dim=-1).flatten(-2)
+        return torch.cat((py, px), dim=-1)
+
+    def position(self, x: Tensor, size: tuple[int, int], mask: Tensor | None = None) -> Tensor:
+        h, w = int(size[0]), int(size[1])
+        check_tokens(x, (h, w), self.num_prefix_tokens)
+        if mask is None:
+            mask = torch.zeros(1, h, w, dtype=torch.bool, device=x.device)
+        elif mask.shape[-2:] != (h, w):
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (B, {h}, {w})")
+        pos = self.grid(mask).flatten(1, 2).to(x.dtype)
+        return _with_prefix(pos, self.num_prefix_tokens)
+
+
+def sincos_2d(size: tuple[int, int], dim: int, temperature: float = 10000.0, device=None) -> Tensor:
+    """Fixed 2D sin-cos table ``(H*W, C)`` (MAE style): ``[sin(y·ω) | cos(y·ω) | sin(x·ω) | cos(x·ω)]``.
+
+    Coordinates are the integer grid indices, ``ω_i = T^(-i/(C/4))``.
+    """
+    if dim % 4:
+        raise ValueError(f"sincos encoding needs dim divisible by 4; got {dim}")
+    h, w = size
+    quarter = dim // 4
+    omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64, device=device) / quarter)
+    ys, xs = torch.meshgrid(
+        torch.arange(h, dtype=torch.float64, device=device),
+        torch.arange(w, dtype=torch.float64, device=device),
+        indexing="ij",
+    )
+    oy = ys.reshape(-1, 1) * omega
+    ox = xs.reshape(-1, 1) * omega
+    return torch.cat([oy.sin(), oy.cos(), ox.sin(), ox.cos()], dim=1).float()
+
+
+class SinCosPositionEncoding2d(PositionEncoding):
+    """Fixed 2D sin-cos encoding for any grid (see :func:`sincos_2d`); added to the tokens by default.
+
+    Positions count from the top-left corner, so padding at the bottom/right
+    does not change the codes of real positions.
+    """
+
+    def __init__(
+        self, dim: int, temperature: float = 10000.0, num_prefix_tokens: int = 0, apply_to: str = "tokens"
+    ):
+        super().__init__()
+        if dim % 4:
+            raise ValueError(f"sincos encoding needs dim divisible by 4; got {dim}")
+        self.dim = dim
+        self.temperature = temperature
+        self.num_prefix_tokens = num_prefix_tokens
+        self._set_apply_to(apply_to)
+
+    def position(self, x: Tensor, size: tuple[int, int], mask: Tensor | None = None) -> Tensor:
+        h, w = int(size[0]), int(size[1])
+        check_tokens(x, (h, w), self.num_prefix_tokens)
+        pos = sincos_2d((h, w), self.dim, self.temperature, device=x.device).to(x.dtype).unsqueeze(0)
+        return _with_prefix(pos, self.num_prefix_tokens)
+
+
+class LearnedPositionEncoding2d(PositionEncoding):
+    """A learned table ``(1, P + H0*W0, C)`` (timm/DeiT layout, trunc-normal std 0.02 init).
+
+    For a grid other than ``(H0, W0)`` the grid part is resized with
+    :func:`peg_core.resize_pos_embed` (``interpolation`` mode, prefix entries
+    kept).  With a padding mask each image's table is resized to its own real
+    extent and placed top-left, so real positions do not depend on the batch.
+
+    Args:
+        dim: channels ``C``.
+        grid_size: ``(H0, W0)`` the table is built for.
+        num_prefix_tokens: table entries for the prefix tokens (class token).
+        interpolation: ``nearest`` / ``bilinear`` / ``bicubic`` / ``area``.
+        antialias: anti-aliased down-sizing.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        grid_size: int | tuple[int, int] = 14,
+        num_prefix_tokens: int = 0,
+        interpolation: str = "bicubic",
+        antialias: bool = False,
+        apply_to: str = "tokens",
+    ) -> None:
+        super().__init__()
+        gs = (grid_size, grid_size) if isinstance(grid_size, int) else tuple(int(g) for g in grid_size)
+        self.dim = dim
+        self.grid_size = gs
+        self.num_prefix_tokens = num_prefix_tokens
+        self.interpolation = interpolation
+        self.antialias = antialias
+        self._set_apply_to(apply_to)
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_prefix_tokens + gs[0] * gs[1], dim))
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+
+    def table(self, size: tuple[int, int], mode: str | None = None) -> Tensor:
+        """The table for grid ``size``: ``(1, P + H*W, C)``."""
+        return resize_pos_embed(
+            self.pos_embed,
+            tuple(size),
+            self.grid_size,
+            num_prefix_tokens=self.num_prefix_tokens,
+            mode=mode or self.interpolation,
+            antialias=self.antialias,
+        )
+
+    def position(self, x: Tensor, size: tuple[int, int], mask: Tensor | None = None) -> Tensor:
+        h, w = int(size[0]), int(size[1])
+        check_tokens(x, (h, w), self.num_prefix_tokens)
+        if mask is None or not bool(mask.any()):
+            return self.table((h, w)).to(x.dtype)
+        # Per-image extents: rows/cols with at least one real pixel.
+        real = ~mask
+        heights = real.any(2).sum(1).tolist()
+        widths = real.any(1).sum(1).tolist()
+        p = self.num_prefix_tokens
+        out = x.new_zeros(x.shape[0], p + h * w, self.dim)
+        for b, (hb, wb) in enumerate(zip(heights, widths)):
+            tab = self.table((max(hb, 1), max(wb, 1))).to(x.dtype)
+            canvas = out[b, p:].view(h, w, self.dim)
+            canvas[: max(hb, 1), : max(wb, 1)] = tab[0, p:].view(max(hb, 1), max(wb, 1), self.dim)
+            out[b, :p] = tab[0, :p]
+        return out
+
+
+class NoPositionEncoding(PositionEncoding):
+    """No position information: the model is permutation-equivariant over the tokens."""
+
+    apply_to = "none"
+
+    def __init__(self, dim: int | None = None, num_prefix_tokens: int = 0) -> None:
+        super().__init__()
+        self.dim = dim
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def position(self, x: Tensor, size: tuple[int, ...] | None = None, mask: Tensor | None = None) -> None:
+        return None
+
+
+ENCODINGS: dict[str, type[PositionEncoding]] = {
+    "peg": PEG2d,
+    "sine": SinePositionEncoding2d,
+    "sincos": SinCosPositionEncoding2d,
+    "learned": LearnedPositionEncoding2d,
+    "none": NoPositionEncoding,
+}
+
+
+def build_position_encoding(kind: str, dim: int, **options) -> PositionEncoding:
+    """Build a 2D position encoding by name.
+
+    Args:
+        kind: ``"peg"`` (:class:`PEG2d`), ``"sine"`` (DETR), ``"sincos"`` (MAE),
+            ``"learned"`` (table), ``"none"``.
+        dim: channels ``C``.
+        **options: passed to the class (``kernel_size``, ``num_prefix_tokens``,
+            ``grid_size``, ``interpolation``, ``temperature``, ``apply_to``...).
+
+    The result's ``apply_to`` says whether a model adds it to the tokens or
+    only to attention queries/keys.
+    """
+    try:
+        cls = ENCODINGS[kind]
+    except KeyError:
+        raise ValueError(f"unknown position encoding {kind!r}; choose from {sorted(ENCODINGS)}") from None
+    try:
+        return cls(dim, **options)
+    except TypeError as e:
+        raise TypeError(f"build_position_encoding({kind!r}, ...): {e}") from None

@@ -1,0 +1,147 @@
+"""Resizing learned position tables to a new grid (1D, 2D or 3D).
+
+A table trained for one grid (``14×14`` patches at 224 px, say) is reshaped
+back to that grid, interpolated to the new one and flattened again.  Prefix
+tokens (class token, registers) have no place on the grid and are kept aside.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["infer_grid", "resize_pos_embed", "resize_pos_embed_1d", "resize_pos_embed_3d"]
+
+_MODES = {
+    1: {"nearest": "nearest", "linear": "linear", "bilinear": "linear", "area": "area"},
+    2: {"nearest": "nearest", "bilinear": "bilinear", "bicubic": "bicubic", "area": "area"},
+    3: {"nearest": "nearest", "trilinear": "trilinear", "bilinear": "trilinear", "area": "area"},
+}
+
+
+def _as_size(size: int | Sequence[int], rank: int | None = None) -> tuple[int, ...]:
+    if isinstance(size, int):
+        return (int(size),) * (rank or 2)
+    return tuple(int(s) for s in size)
+
+
+def infer_grid(num_tokens: int, rank: int = 2) -> tuple[int, ...]:
+    """The square (or cubic) grid holding ``num_tokens`` tokens; ``ValueError`` if there is none."""
+    side = round(num_tokens ** (1.0 / rank))
+    for s in (side - 1, side, side + 1):
+        if s > 0 and s**rank == num_tokens:
+            return (s,) * rank
+    shape = "square" if rank == 2 else ("cubic" if rank == 3 else "1D")
+    raise ValueError(
+        f"old_size=None means a {shape} grid, but the table has {num_tokens} grid tokens, which is not "
+        f"a perfect {'square' if rank == 2 else 'power'}; pass old_size=(...) with the grid it was trained for"
+    )
+
+
+def resize_pos_embed(
+    posemb: Tensor,
+    new_size: int | Sequence[int],
+    old_size: int | Sequence[int] | None = None,
+    num_prefix_tokens: int = 1,
+    mode: str = "bicubic",
+    antialias: bool = False,
+    align_corners: bool = False,
+) -> Tensor:
+    """Resize a flattened position table to a new grid of any rank (1, 2 or 3).
+
+    Args:
+        posemb: ``(1, P + prod(old_size), C)`` (or ``(P + prod(old_size), C)``).
+        new_size: target grid, ``(H, W)``; ``(T,)`` or ``(T, H, W)`` for video;
+            an int means a square 2D grid.
+        old_size: grid the table was trained for; ``None`` means square (cubic
+            for rank 3) and the error says so when the token count is not one.
+        num_prefix_tokens: ``P`` leading tokens kept aside and put back as they are.
+        mode: ``nearest``, ``bilinear``, ``bicubic``, ``area`` (1D: ``linear``;
+            3D: ``trilinear``; ``bilinear`` maps to the rank's linear mode).
+        antialias: anti-aliased down-sampling (bilinear / bicubic only).
+        align_corners: passed to ``F.interpolate`` for the (bi/tri)linear and bicubic modes.
+
+    Returns:
+        ``(1, P + prod(new_size), C)`` in the input's dtype (computed in
+        float32), or ``posemb`` itself when the grid does not change.
+    """
+    squeeze = posemb.dim() == 2
+    if squeeze:
+        posemb = posemb.unsqueeze(0)
+    if posemb.dim() != 3:
+        raise ValueError(f"posemb must be (1, N, C) or (N, C); got shape {tuple(posemb.shape)}")
+    new = _as_size(new_size)
+    rank = len(new)
+    if rank not in _MODES:
+        raise ValueError(f"new_size must have 1, 2 or 3 dimensions; got {new}")
+    if num_prefix_tokens < 0 or num_prefix_tokens > posemb.shape[1]:
+        raise ValueError(
+            f"num_prefix_tokens={num_prefix_tokens} does not fit a table of shape {tuple(posemb.shape)}"
+        )
+    n_grid = posemb.shape[1] - num_prefix_tokens
+    old = infer_grid(n_grid, rank) if old_size is None else _as_size(old_size, rank)
+    if len(old) != rank:
+        raise ValueError(f"old_size={old} and new_size={new} have different ranks")
+    if math.prod(old) != n_grid:
+        raise ValueError(
+            f"posemb of shape {tuple(posemb.shape)} has {n_grid} grid tokens after {num_prefix_tokens} prefix "
+            f"tokens, but old_size={old} holds {math.prod(old)}"
+        )
+    if mode not in _MODES[rank]:
+        raise ValueError(
+            f"mode={mode!r} is not available for a {rank}D grid; choose from {sorted(_MODES[rank])}"
+        )
+    torch_mode = _MODES[rank][mode]
+    if antialias and torch_mode not in ("bilinear", "bicubic"):
+        raise ValueError(
+            f"antialias=True only works with mode='bilinear' or 'bicubic' on 2D grids, not {mode!r}"
+        )
+    if old == new:
+        return posemb.squeeze(0) if squeeze else posemb
+
+    prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
+    b, _, c = grid.shape
+    # (B, N, C) -> (B, C, *old): interpolate works channel-first.
+    grid = grid.float().reshape(b, *old, c).movedim(-1, 1)
+    kwargs = {}
+    if torch_mode in ("linear", "bilinear", "bicubic", "trilinear"):
+        kwargs["align_corners"] = align_corners
+    if antialias:
+        kwargs["antialias"] = True
+    grid = F.interpolate(grid, size=new, mode=torch_mode, **kwargs)
+    grid = grid.movedim(1, -1).reshape(b, -1, c).to(posemb.dtype)
+    out = torch.cat([prefix, grid], dim=1)
+    return out.squeeze(0) if squeeze else out
+
+
+def resize_pos_embed_1d(
+    posemb: Tensor,
+    new_len: int,
+    old_len: int | None = None,
+    num_prefix_tokens: int = 0,
+    mode: str = "linear",
+    **kw,
+) -> Tensor:
+    """Temporal table ``(1, P + T, C)`` resized to ``new_len`` (see :func:`resize_pos_embed`)."""
+    old = None if old_len is None else (old_len,)
+    if old is None:
+        old = (posemb.shape[-2] - num_prefix_tokens,)
+    return resize_pos_embed(posemb, (new_len,), old, num_prefix_tokens=num_prefix_tokens, mode=mode, **kw)
+
+
+def resize_pos_embed_3d(
+    posemb: Tensor,
+    new_size: Sequence[int],
+    old_size: Sequence[int] | None = None,
+    num_prefix_tokens: int = 0,
+    mode: str = "trilinear",
+    **kw,
+) -> Tensor:
+    """Space-time table ``(1, P + T*H*W, C)`` resized to ``(T, H, W)`` (see :func:`resize_pos_embed`)."""
+    return resize_pos_embed(
+        posemb, tuple(new_size), old_size, num_prefix_tokens=num_prefix_tokens, mode=mode, **kw
+    )
