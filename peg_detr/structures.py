@@ -1,0 +1,44 @@
+"""A padded image batch with its padding mask (DETR's NestedTensor)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["ImageBatch", "pad_images"]
+
+
+class ImageBatch(NamedTuple):
+    """``tensors`` ``(B, 3, H, W)`` zero-padded images; ``mask`` ``(B, H, W)`` bool, True at padding."""
+
+    tensors: Tensor
+    mask: Tensor
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> ImageBatch:
+        return ImageBatch(
+            self.tensors.to(device, non_blocking=non_blocking),
+            self.mask.to(device, non_blocking=non_blocking),
+        )
+
+
+def pad_images(images: list[Tensor], size_divisibility: int = 1) -> ImageBatch:
+    """Pad ``(3, H_i, W_i)`` images bottom/right to a common size (a multiple of ``size_divisibility``)."""
+    if not images:
+        raise ValueError("pad_images needs at least one image")
+    for i, im in enumerate(images):
+        if im.dim() != 3:
+            raise ValueError(f"image {i} has shape {tuple(im.shape)}; expected (C, H, W)")
+    c = images[0].shape[0]
+    h = max(im.shape[1] for im in images)
+    w = max(im.shape[2] for im in images)
+    if size_divisibility > 1:
+        h = -(-h // size_divisibility) * size_divisibility
+        w = -(-w // size_divisibility) * size_divisibility
+    tensors = images[0].new_zeros(len(images), c, h, w)
+    mask = torch.ones(len(images), h, w, dtype=torch.bool, device=images[0].device)
+    for i, im in enumerate(images):
+        tensors[i, :, : im.shape[1], : im.shape[2]].copy_(im)
+        mask[i, : im.shape[1], : im.shape[2]] = False
+    return ImageBatch(tensors, mask)
