@@ -1,0 +1,50 @@
+"""DETR with a pluggable encoder position encoding (PEG by default).
+
+Public API::
+
+    from peg_detr.models import build_detr, load_official_checkpoint, param_groups
+
+    model, criterion, postprocessor = build_detr("resnet50", pos_enc="peg")
+    load_official_checkpoint(model, "detr-r50-e632da11.pth")  # PEG starts at zero
+    optimizer = torch.optim.AdamW(param_groups(model, 1e-4, 1e-5, 1e-4))
+
+Files: ``backbone`` (ResNets with FrozenBatchNorm2d, the tiny CPU backbone),
+``transformer`` (encoder/decoder; where position information enters and why
+the decoder keeps sine keys by default), ``detr`` (the detector), ``matcher``
+and ``criterion`` (Hungarian matching, losses), ``postprocess`` (COCO boxes),
+``checkpoint`` (official files), ``optim`` (parameter groups), ``build``.
+"""
+
+from .backbone import BACKBONES, Joiner, ResNetBackbone, TinyBackbone, build_backbone
+from .build import POS_ENCODINGS, build_detr
+from .checkpoint import LoadReport, load_official_checkpoint, read_official_checkpoint
+from .criterion import SetCriterion, build_weight_dict
+from .detr import DETR, MLP, to_image_batch
+from .matcher import HungarianMatcher, match_cost
+from .optim import param_groups
+from .postprocess import PostProcess
+from .transformer import DECODER_KEY_POS, Transformer
+
+__all__ = [
+    "BACKBONES",
+    "DECODER_KEY_POS",
+    "DETR",
+    "MLP",
+    "POS_ENCODINGS",
+    "HungarianMatcher",
+    "Joiner",
+    "LoadReport",
+    "PostProcess",
+    "ResNetBackbone",
+    "SetCriterion",
+    "TinyBackbone",
+    "Transformer",
+    "build_backbone",
+    "build_detr",
+    "build_weight_dict",
+    "load_official_checkpoint",
+    "match_cost",
+    "param_groups",
+    "read_official_checkpoint",
+    "to_image_batch",
+]

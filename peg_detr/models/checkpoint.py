@@ -1,0 +1,156 @@
+"""Loading official DETR checkpoints (``detr-r50-e632da11.pth`` style) into a ``peg_detr`` model.
+
+The official files are ``{"model": state_dict, "args": argparse.Namespace, ...}``.
+They are read with ``torch.load(weights_only=True)`` and an allow-list that
+admits ``argparse.Namespace`` and nothing else; ``weights_only=False`` (which
+runs arbitrary pickled code) is used only when the caller passes
+``trust_pickle=True``.
+
+Key rules: a ``module.`` prefix (DataParallel) is stripped; PEG weights the
+file lacks are reported and set to zero, so a ``peg`` model loaded from a
+``sine``/``none`` checkpoint starts out computing exactly what the ``none``
+encoder computes; ``class_embed.*`` is dropped with a message when the class
+count differs (fine-tuning on another data set); any other missing or
+unexpected key, or any shape mismatch, is an error that lists the keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from peg_core import PEG2d
+from peg_core.utils import is_main_process
+
+__all__ = ["LoadReport", "load_official_checkpoint", "read_official_checkpoint"]
+
+#: Classes an official checkpoint may pickle besides tensors and containers.
+SAFE_GLOBALS = [argparse.Namespace]
+
+
+@dataclass
+class LoadReport:
+    """What :func:`load_official_checkpoint` did."""
+
+    path: str
+    loaded: list[str] = field(default_factory=list)
+    peg_zero_init: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    args: dict[str, Any] | None = None
+
+    def __str__(self) -> str:
+        lines = [f"loaded {len(self.loaded)} tensors from {self.path}"]
+        if self.peg_zero_init:
+            lines.append(f"PEG weights not in the file, set to zero: {self.peg_zero_init}")
+        if self.dropped:
+            lines.append(f"dropped (class count differs): {self.dropped}")
+        return "\n".join(lines)
+
+
+def read_official_checkpoint(
+    path: str | os.PathLike, trust_pickle: bool = False
+) -> tuple[dict[str, Tensor], dict[str, Any] | None]:
+    """Read ``path`` -> ``(state_dict with "module." stripped, args as a dict or None)``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if trust_pickle:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    else:
+        try:
+            with torch.serialization.safe_globals(SAFE_GLOBALS):
+                obj = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise RuntimeError(
+                f"{path}: refused to unpickle with weights_only=True (allowed classes: "
+                f"{[c.__qualname__ for c in SAFE_GLOBALS]}).  Only if you trust this file, pass "
+                f"trust_pickle=True (--trust-pickle), which runs any code the file contains.\n{e}"
+            ) from None
+    if not isinstance(obj, dict):
+        raise ValueError(
+            f"{path}: expected a dict (a state dict or {{'model': state_dict}}); got {type(obj)}"
+        )
+    state = obj.get("model", obj)
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError(f"{path}: 'model' is not a state dict of tensors")
+    if state and all(k.startswith("module.") for k in state):
+        state = {k.removeprefix("module."): v for k, v in state.items()}
+    args = obj.get("args") if state is not obj else None
+    if isinstance(args, argparse.Namespace):
+        args = vars(args)
+    return state, args if isinstance(args, dict) else None
+
+
+def _peg_keys(model: nn.Module) -> set[str]:
+    return {
+        f"{name}.{k}" for name, m in model.named_modules() if isinstance(m, PEG2d) for k in m.state_dict()
+    }
+
+
+def load_official_checkpoint(
+    model: nn.Module, path: str | os.PathLike, trust_pickle: bool = False, num_classes: int | None = None
+) -> LoadReport:
+    """Load an official-format DETR checkpoint into ``model`` (a :class:`~peg_detr.models.DETR`).
+
+    Args:
+        model: the model (a DDP wrapper is unwrapped).
+        path: ``.pth`` file, ``{"model": state_dict, "args": Namespace}`` or a bare state dict.
+        trust_pickle: allow ``weights_only=False`` (explicit user choice only).
+        num_classes: the class count wanted; default the model's.  When the
+            file's differs, ``class_embed.*`` is dropped and keeps its fresh init.
+
+    Returns a :class:`LoadReport`; raises ``ValueError`` listing keys on any
+    other mismatch (nothing is loaded then).
+    """
+    model = getattr(model, "module", model)
+    state, args = read_official_checkpoint(path, trust_pickle)
+    own = model.state_dict()
+    model_classes = own["class_embed.weight"].shape[0] - 1
+    if num_classes is not None and num_classes != model_classes:
+        raise ValueError(f"num_classes={num_classes} but the model was built with {model_classes} classes")
+    report = LoadReport(path=str(path), args=args)
+
+    file_classes = state["class_embed.weight"].shape[0] - 1 if "class_embed.weight" in state else None
+    if file_classes is not None and file_classes != model_classes:
+        report.dropped = sorted(k for k in state if k.startswith("class_embed."))
+        state = {k: v for k, v in state.items() if not k.startswith("class_embed.")}
+        if is_main_process():
+            print(
+                f"{path}: checkpoint has {file_classes} classes, the model {model_classes}: "
+                f"dropping {report.dropped} (fresh initialisation)"
+            )
+    # BatchNorm bookkeeping has no meaning for frozen/eval BN and is absent from FrozenBatchNorm2d.
+    state = {k: v for k, v in state.items() if k in own or not k.endswith("num_batches_tracked")}
+
+    peg = _peg_keys(model)
+    missing = sorted(own.keys() - state.keys())
+    unexpected = sorted(state.keys() - own.keys())
+    missing_other = [k for k in missing if k not in peg and k not in report.dropped]
+    wrong_shape = [
+        f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in sorted(state.keys() & own.keys())
+        if state[k].shape != own[k].shape
+    ]
+    if missing_other or unexpected or wrong_shape:
+        raise ValueError(
+            f"{path} does not fit the model:\n  missing keys: {missing_other}\n  unexpected keys: {unexpected}"
+            f"\n  shape mismatches: {wrong_shape}"
+        )
+    model.load_state_dict(state, strict=False)
+    report.loaded = sorted(state)
+    report.peg_zero_init = [k for k in missing if k in peg]
+    if report.peg_zero_init:
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for k in report.peg_zero_init:
+                params[k].zero_()
+        if is_main_process():
+            print(f"{path}: no PEG weights in the file; {report.peg_zero_init} start at zero")
+    return report

@@ -1,0 +1,143 @@
+"""DETR's set-prediction losses: Hungarian matching, then class, L1 and GIoU losses.
+
+Targets are dicts with ``labels`` int64 ``(M,)`` in ``[0, num_classes)`` and
+``boxes`` ``(M, 4)`` cxcywh normalised by the image's size after augmentation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchvision.ops import box_convert, generalized_box_iou
+
+from peg_core.utils import get_world_size, reduce_sum
+
+from .matcher import HungarianMatcher
+
+__all__ = ["SetCriterion", "build_weight_dict"]
+
+
+def build_weight_dict(
+    ce: float = 1.0, bbox: float = 5.0, giou: float = 2.0, aux_layers: int = 0
+) -> dict[str, float]:
+    """Loss weights, repeated with suffix ``_i`` for each of the ``aux_layers`` earlier decoder layers."""
+    base = {"loss_ce": ce, "loss_bbox": bbox, "loss_giou": giou}
+    out = dict(base)
+    for i in range(aux_layers):
+        out.update({f"{k}_{i}": v for k, v in base.items()})
+    return out
+
+
+class SetCriterion(nn.Module):
+    """Losses of DETR for ``outputs`` of :class:`~peg_detr.models.detr.DETR` and a list of targets.
+
+    ``forward(outputs, targets)`` returns a dict of scalars:
+
+    * ``loss_ce``: cross-entropy over all queries, unmatched ones labelled
+      no-object (index ``num_classes``) with weight ``eos_coef``;
+    * ``loss_bbox``: L1 of the matched boxes, summed and divided by the number
+      of target boxes (averaged over processes, at least 1);
+    * ``loss_giou``: ``1 - GIoU`` of the matched boxes, normalised the same way;
+    * the same three with suffix ``_i`` for each ``outputs["aux_outputs"][i]``;
+    * logged, not weighted: ``class_error`` (% of matched queries with the wrong
+      class) and ``cardinality_error`` (|#non-no-object predictions - #targets|).
+
+    The total is ``sum(losses[k] * weight_dict[k] for k in weight_dict if k in losses)``
+    (:meth:`total`).
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        matcher: HungarianMatcher,
+        weight_dict: dict[str, float],
+        eos_coef: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.matcher = matcher
+        self.weight_dict = dict(weight_dict)
+        self.eos_coef = eos_coef
+        weight = torch.ones(num_classes + 1)
+        weight[-1] = eos_coef
+        self.register_buffer("empty_weight", weight, persistent=False)
+
+    def total(self, losses: dict[str, Tensor]) -> Tensor:
+        """Weighted sum of the losses that have a weight."""
+        return sum(losses[k] * w for k, w in self.weight_dict.items() if k in losses)
+
+    def _check_targets(self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]) -> None:
+        b = outputs["pred_logits"].shape[0]
+        if outputs["pred_logits"].shape[-1] != self.num_classes + 1:
+            raise ValueError(
+                f"pred_logits has {outputs['pred_logits'].shape[-1]} classes, the criterion expects "
+                f"num_classes + 1 = {self.num_classes + 1}"
+            )
+        if len(targets) != b:
+            raise ValueError(f"{len(targets)} targets for a batch of {b} images")
+        for i, t in enumerate(targets):
+            labels, boxes = t["labels"], t["boxes"]
+            if boxes.dim() != 2 or boxes.shape[-1] != 4 or boxes.shape[0] != labels.shape[0]:
+                raise ValueError(
+                    f"target {i}: boxes {tuple(boxes.shape)} and labels {tuple(labels.shape)} must be (M, 4), (M,)"
+                )
+            if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
+                raise ValueError(
+                    f"target {i}: labels {labels.tolist()} outside [0, num_classes={self.num_classes})"
+                )
+
+    def forward(self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        self._check_targets(outputs, targets)
+        device = outputs["pred_logits"].device
+        num_boxes = reduce_sum(torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device))
+        num_boxes = torch.clamp(num_boxes / get_world_size(), min=1).item()
+
+        indices = self.matcher(outputs, targets)
+        losses = self._losses(outputs, targets, indices, num_boxes)
+        losses.update(self._logged(outputs, targets, indices))
+        for i, aux in enumerate(outputs.get("aux_outputs", [])):
+            aux_losses = self._losses(aux, targets, self.matcher(aux, targets), num_boxes)
+            losses.update({f"{k}_{i}": v for k, v in aux_losses.items()})
+        return losses
+
+    def _losses(
+        self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]], indices, num_boxes: float
+    ) -> dict[str, Tensor]:
+        logits = outputs["pred_logits"].float()
+        batch_idx, query_idx = _flat_indices(indices, logits.device)
+        classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
+        classes[batch_idx, query_idx] = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)]).to(
+            logits.device
+        )
+        loss_ce = F.cross_entropy(logits.transpose(1, 2), classes, weight=self.empty_weight.to(logits.device))
+
+        src = outputs["pred_boxes"][batch_idx, query_idx].float()
+        tgt = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices)]).to(src)
+        loss_bbox = F.l1_loss(src, tgt, reduction="sum") / num_boxes
+        giou = generalized_box_iou(box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy"))
+        loss_giou = (1 - torch.diag(giou)).sum() / num_boxes
+        return {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+
+    @torch.no_grad()
+    def _logged(
+        self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]], indices
+    ) -> dict[str, Tensor]:
+        logits = outputs["pred_logits"]
+        batch_idx, query_idx = _flat_indices(indices, logits.device)
+        labels = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)]).to(logits.device)
+        if labels.numel():
+            correct = (logits[batch_idx, query_idx].argmax(-1) == labels).float().mean()
+            class_error = 100.0 * (1 - correct)
+        else:
+            class_error = logits.new_zeros(())
+        n_pred = (logits.argmax(-1) != self.num_classes).sum(1).float()
+        n_tgt = torch.tensor([float(len(t["labels"])) for t in targets], device=logits.device)
+        return {"class_error": class_error.float(), "cardinality_error": F.l1_loss(n_pred, n_tgt)}
+
+
+def _flat_indices(indices: list[tuple[Tensor, Tensor]], device: torch.device) -> tuple[Tensor, Tensor]:
+    """Per-image ``(query_idx, target_idx)`` -> flat ``(batch_idx, query_idx)`` for advanced indexing."""
+    batch_idx = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)])
+    query_idx = torch.cat([q for q, _ in indices])
+    return batch_idx.to(device), query_idx.to(device)

@@ -1,0 +1,107 @@
+"""The DETR detector: backbone, input projection, transformer, class and box heads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..structures import ImageBatch, pad_images
+from .backbone import Joiner
+from .transformer import Transformer
+
+__all__ = ["DETR", "MLP", "to_image_batch"]
+
+
+class MLP(nn.Module):
+    """``num_layers`` linear layers with ReLU between them (keys ``layers.N.*``, as in DETR's box head)."""
+
+    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> None:
+        super().__init__()
+        dims = [input_dim] + [hidden_dim] * (num_layers - 1)
+        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, [*dims[1:], output_dim]))
+
+    def forward(self, x: Tensor) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x) if i == len(self.layers) - 1 else F.relu(layer(x))
+        return x
+
+
+def to_image_batch(samples: ImageBatch | Tensor | Sequence[Tensor]) -> ImageBatch:
+    """Accept an :class:`ImageBatch`, a ``(B, 3, H, W)`` tensor (no padding) or a list of ``(3, H_i, W_i)`` images."""
+    if isinstance(samples, ImageBatch):
+        batch = samples
+    elif isinstance(samples, Tensor):
+        if samples.dim() != 4:
+            raise ValueError(
+                f"a tensor input must be a batch (B, 3, H, W); got shape {tuple(samples.shape)} "
+                "(pass a list for images of different sizes)"
+            )
+        mask = torch.zeros(samples.shape[0], *samples.shape[-2:], dtype=torch.bool, device=samples.device)
+        batch = ImageBatch(samples, mask)
+    elif isinstance(samples, Sequence) and all(isinstance(s, Tensor) for s in samples):
+        batch = pad_images(list(samples))
+    else:
+        raise TypeError(
+            f"expected an ImageBatch, a (B, 3, H, W) tensor or a list of images; got {type(samples)}"
+        )
+    t, m = batch
+    if t.dim() != 4 or t.shape[1] != 3 or m.shape != (t.shape[0], *t.shape[-2:]):
+        raise ValueError(
+            f"images {tuple(t.shape)} / mask {tuple(m.shape)}: expected (B, 3, H, W) images and a (B, H, W) mask"
+        )
+    return batch
+
+
+class DETR(nn.Module):
+    """DEtection TRansformer (Carion et al., 2020) with a pluggable encoder position encoding.
+
+    Build it with :func:`peg_detr.build_detr`.  ``forward(samples)`` takes a
+    list of ``(3, H_i, W_i)`` images (padded here, with a mask), an
+    :class:`~peg_detr.structures.ImageBatch` or a ``(B, 3, H, W)`` tensor;
+    images are expected normalised with the ImageNet mean/std.  It returns:
+
+    * ``pred_logits`` ``(B, Q, num_classes + 1)``, the last one is no-object;
+    * ``pred_boxes`` ``(B, Q, 4)`` cxcywh in ``[0, 1]`` relative to each image's
+      real (unpadded) size;
+    * ``aux_outputs``: a list of ``{"pred_logits", "pred_boxes"}`` for each earlier
+      decoder layer (only when ``aux_loss``).
+    """
+
+    def __init__(
+        self,
+        backbone: Joiner,
+        transformer: Transformer,
+        num_classes: int,
+        num_queries: int,
+        aux_loss: bool = True,
+    ) -> None:
+        super().__init__()
+        hidden = transformer.d_model
+        self.num_classes = num_classes
+        self.num_queries = num_queries
+        self.aux_loss = aux_loss
+        self.transformer = transformer
+        self.class_embed = nn.Linear(hidden, num_classes + 1)
+        self.bbox_embed = MLP(hidden, hidden, 4, 3)
+        self.query_embed = nn.Embedding(num_queries, hidden)
+        self.input_proj = nn.Conv2d(backbone.num_channels, hidden, kernel_size=1)
+        self.backbone = backbone
+
+    def forward(self, samples: ImageBatch | Tensor | Sequence[Tensor]) -> dict:
+        batch = to_image_batch(samples)
+        features, mask = self.backbone(batch)
+        hs = self.transformer(self.input_proj(features), mask, self.query_embed.weight)
+        logits = self.class_embed(hs)
+        boxes = self.bbox_embed(hs)
+        # Under bf16/fp16 autocast keep the box coordinates in float32: half precision
+        # resolves only ~0.002 around 0.5, coarser than the L1 loss cares about.
+        boxes = (boxes.float() if boxes.dtype in (torch.float16, torch.bfloat16) else boxes).sigmoid()
+        out: dict = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        if self.aux_loss:
+            out["aux_outputs"] = [
+                {"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])
+            ]
+        return out

@@ -1,0 +1,286 @@
+"""DETR's encoder-decoder transformer, with the encoder's position encoding chosen by name.
+
+Layer and parameter names follow the official DETR code, so the state-dict
+keys are ``transformer.encoder.layers.N.{self_attn,linear1,linear2,norm1,norm2}.*``
+and ``transformer.decoder.layers.N.{self_attn,multihead_attn,linear1,linear2,norm1..3}.*``
+plus the shared ``transformer.decoder.norm``.  Tokens are batch-first
+``(B, N, C)`` (``nn.MultiheadAttention(batch_first=True)`` has the same keys).
+
+Where position information enters:
+
+* **Encoder** (``pos_enc``): ``sine`` / ``learned`` / ``sincos`` codes are
+  added to the queries and keys of every encoder self-attention (DETR);
+  ``peg`` adds a mask-aware :class:`peg_core.PEG2d` to the token stream after
+  each encoder layer listed in ``peg_at`` (CPVT: after layer 0), under
+  ``transformer.encoder.pegs.N.*``; ``none`` adds nothing.
+* **Decoder cross-attention keys** (``decoder_key_pos``), a separate choice:
+  ``sine`` (DETR's sine codes of the padding mask, the default for every
+  ``pos_enc``), ``none``, or ``peg-output`` (what the first PEG adds to the
+  tokens, i.e. its convolution output, zero at padding).  The default keeps
+  DETR's decoder geometry: the object queries learn to attend to image regions
+  through these keys, so with ``sine`` keys a ``peg`` model differs from DETR
+  in its encoder only, and the comparison between encodings is about the
+  encoder.  ``peg-output`` is the fully conditional variant (no fixed code
+  anywhere); ``none`` leaves the decoder to read position from the memory alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from peg_core import PEG2d, PositionEncoding, SinePositionEncoding2d
+
+__all__ = [
+    "DECODER_KEY_POS",
+    "Transformer",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
+]
+
+DECODER_KEY_POS = ("sine", "none", "peg-output")
+
+
+def _with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
+    return x if pos is None else x + pos
+
+
+class TransformerEncoderLayer(nn.Module):
+    """Self-attention + FFN; ``pos`` is added to queries and keys only (values stay position-free).
+
+    ``forward(src (B, N, C), pos (B|1, N, C) | None, key_padding_mask (B, N) | None) -> (B, N, C)``.
+    Post-norm (DETR) unless ``pre_norm``.
+    """
+
+    def __init__(
+        self, d_model: int, nhead: int, dim_feedforward: int, dropout: float, pre_norm: bool = False
+    ) -> None:
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+
+    def _attn(self, x: Tensor, pos: Tensor | None, key_padding_mask: Tensor | None) -> Tensor:
+        qk = _with_pos(x, pos)
+        return self.self_attn(qk, qk, x, key_padding_mask=key_padding_mask, need_weights=False)[0]
+
+    def forward(
+        self, src: Tensor, pos: Tensor | None = None, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        if self.pre_norm:
+            src = src + self.dropout1(self._attn(self.norm1(src), pos, key_padding_mask))
+            return src + self.dropout2(self._ffn(self.norm2(src)))
+        src = self.norm1(src + self.dropout1(self._attn(src, pos, key_padding_mask)))
+        return self.norm2(src + self.dropout2(self._ffn(src)))
+
+
+class TransformerDecoderLayer(nn.Module):
+    """Query self-attention, cross-attention to the encoder memory, FFN.
+
+    Self-attention: ``q = k = tgt + query_pos``, ``v = tgt``.  Cross-attention:
+    ``query = tgt + query_pos``, ``key = memory + key_pos``, ``value = memory``.
+    Shapes: ``tgt``/``query_pos`` ``(B, Q, C)``, ``memory`` ``(B, N, C)``,
+    ``key_pos`` ``(B|1, N, C)`` or None, ``memory_key_padding_mask`` ``(B, N)``.
+    """
+
+    def __init__(
+        self, d_model: int, nhead: int, dim_feedforward: int, dropout: float, pre_norm: bool = False
+    ) -> None:
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
+        self.multihead_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.norm3 = nn.LayerNorm(d_model)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.dropout3 = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def _self(self, x: Tensor, query_pos: Tensor) -> Tensor:
+        qk = x + query_pos
+        return self.self_attn(qk, qk, x, need_weights=False)[0]
+
+    def _cross(
+        self, x: Tensor, memory: Tensor, query_pos: Tensor, key_pos: Tensor | None, kpm: Tensor | None
+    ) -> Tensor:
+        return self.multihead_attn(
+            x + query_pos, _with_pos(memory, key_pos), memory, key_padding_mask=kpm, need_weights=False
+        )[0]
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+
+    def forward(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        query_pos: Tensor,
+        key_pos: Tensor | None = None,
+        memory_key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        kpm = memory_key_padding_mask
+        if self.pre_norm:
+            tgt = tgt + self.dropout1(self._self(self.norm1(tgt), query_pos))
+            tgt = tgt + self.dropout2(self._cross(self.norm2(tgt), memory, query_pos, key_pos, kpm))
+            return tgt + self.dropout3(self._ffn(self.norm3(tgt)))
+        tgt = self.norm1(tgt + self.dropout1(self._self(tgt, query_pos)))
+        tgt = self.norm2(tgt + self.dropout2(self._cross(tgt, memory, query_pos, key_pos, kpm)))
+        return self.norm3(tgt + self.dropout3(self._ffn(tgt)))
+
+
+class TransformerEncoder(nn.Module):
+    """A stack of encoder layers with the position encoding of the model.
+
+    Args:
+        layers: the encoder layers.
+        pos: an encoding with ``apply_to == "qk"`` (added to q/k at every layer),
+            or None.
+        pegs: ``{layer index: PEG2d}``, each applied to the tokens after that layer.
+        norm: final LayerNorm (pre-norm only; post-norm DETR has none).
+
+    ``forward(src (B, N, C), size (h, w), mask (B, h, w))`` returns the memory
+    ``(B, N, C)`` and the first PEG's output ``(B, N, C)`` (None without PEGs).
+    """
+
+    def __init__(
+        self,
+        layers: list[TransformerEncoderLayer],
+        pos: PositionEncoding | None = None,
+        pegs: dict[int, PEG2d] | None = None,
+        norm: nn.LayerNorm | None = None,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        if pos is not None and pos.apply_to != "qk":
+            raise ValueError(f"encoder q/k encoding must have apply_to='qk'; got {pos.apply_to!r}")
+        self.pos = pos
+        pegs = pegs or {}
+        bad = [i for i in pegs if not 0 <= i < len(layers)]
+        if bad:
+            raise ValueError(f"peg_at {sorted(bad)} out of range for {len(layers)} encoder layers")
+        # An empty ModuleDict adds no state-dict keys, so sine/none keep DETR's exact keys.
+        self.pegs = nn.ModuleDict({str(i): pegs[i] for i in sorted(pegs)})
+        self.norm = norm
+
+    def forward(self, src: Tensor, size: tuple[int, int], mask: Tensor) -> tuple[Tensor, Tensor | None]:
+        kpm = mask.flatten(1)
+        pos = None if self.pos is None else self.pos.position(src, size, mask)
+        peg_out = None
+        for i, layer in enumerate(self.layers):
+            src = layer(src, pos, kpm)
+            if str(i) in self.pegs:
+                delta = self.pegs[str(i)].position(src, size, mask)
+                peg_out = delta if peg_out is None else peg_out
+                src = src + delta
+        if self.norm is not None:
+            src = self.norm(src)
+        return src, peg_out
+
+
+class TransformerDecoder(nn.Module):
+    """Decoder layers; the shared ``norm`` is applied to every layer's output (for the auxiliary losses).
+
+    Returns ``(L, B, Q, C)``: the normalised output of each of the ``L`` layers.
+    """
+
+    def __init__(self, layers: list[TransformerDecoderLayer], norm: nn.LayerNorm) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+    def forward(
+        self, tgt: Tensor, memory: Tensor, query_pos: Tensor, key_pos: Tensor | None, kpm: Tensor
+    ) -> Tensor:
+        outputs = []
+        for layer in self.layers:
+            tgt = layer(tgt, memory, query_pos, key_pos, kpm)
+            outputs.append(self.norm(tgt))
+        return torch.stack(outputs)
+
+
+class Transformer(nn.Module):
+    """DETR's transformer: ``forward(src (B, C, h, w), mask (B, h, w), query_embed (Q, C)) -> (L, B, Q, C)``.
+
+    Args:
+        d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward,
+            dropout, pre_norm: DETR's hyper-parameters.
+        pos: encoder q/k encoding (``apply_to == "qk"``) or None.
+        pegs: ``{encoder layer index: PEG2d}`` for ``pos_enc="peg"``.
+        decoder_key_pos: ``sine`` / ``none`` / ``peg-output`` (module docstring).
+    """
+
+    def __init__(
+        self,
+        d_model: int = 256,
+        nhead: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        pre_norm: bool = False,
+        pos: PositionEncoding | None = None,
+        pegs: dict[int, PEG2d] | None = None,
+        decoder_key_pos: str = "sine",
+    ) -> None:
+        super().__init__()
+        if d_model % nhead:
+            raise ValueError(f"hidden_dim={d_model} must be divisible by nheads={nhead}")
+        if decoder_key_pos not in DECODER_KEY_POS:
+            raise ValueError(f"decoder_key_pos must be one of {DECODER_KEY_POS}; got {decoder_key_pos!r}")
+        if decoder_key_pos == "peg-output" and not pegs:
+            raise ValueError("decoder_key_pos='peg-output' needs pos_enc='peg' (the model has no PEG)")
+        args = (d_model, nhead, dim_feedforward, dropout, pre_norm)
+        self.encoder = TransformerEncoder(
+            [TransformerEncoderLayer(*args) for _ in range(num_encoder_layers)],
+            pos,
+            pegs,
+            nn.LayerNorm(d_model) if pre_norm else None,
+        )
+        self.decoder = TransformerDecoder(
+            [TransformerDecoderLayer(*args) for _ in range(num_decoder_layers)], nn.LayerNorm(d_model)
+        )
+        self.decoder_key_pos = decoder_key_pos
+        if decoder_key_pos == "sine":
+            self.key_pos = SinePositionEncoding2d(d_model, normalize=True)
+        self.d_model = d_model
+        self.nhead = nhead
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        # DETR: Xavier-uniform for every matrix of the attention/FFN layers.
+        # PEGs and learned tables keep their own initialisation.
+        for stack in (self.encoder.layers, self.decoder.layers):
+            for p in stack.parameters():
+                if p.dim() > 1:
+                    nn.init.xavier_uniform_(p)
+
+    def forward(self, src: Tensor, mask: Tensor, query_embed: Tensor) -> Tensor:
+        b, _, h, w = src.shape
+        if mask.shape != (b, h, w):
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (B, h, w) = {(b, h, w)}")
+        tokens = src.flatten(2).transpose(1, 2)
+        memory, peg_out = self.encoder(tokens, (h, w), mask)
+        if self.decoder_key_pos == "sine":
+            key_pos = self.key_pos.position(memory, (h, w), mask)
+        elif self.decoder_key_pos == "peg-output":
+            key_pos = peg_out
+        else:
+            key_pos = None
+        query_pos = query_embed.unsqueeze(0).expand(b, -1, -1)
+        tgt = torch.zeros_like(query_pos)
+        return self.decoder(tgt, memory, query_pos, key_pos, mask.flatten(1))

@@ -1,0 +1,162 @@
+"""Official DETR key layout and official-format checkpoint loading."""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from peg_detr import build_detr, load_official_checkpoint
+
+REFERENCE = (
+    Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "detr_r50_state_dict_keys.txt"
+)
+SMALL = dict(
+    hidden_dim=32, nheads=4, enc_layers=2, dec_layers=2, dim_feedforward=64, num_queries=10, dropout=0.0
+)
+
+
+def read_reference() -> dict[str, tuple[int, ...]]:
+    keys = {}
+    for line in REFERENCE.read_text().splitlines():
+        m = re.fullmatch(r"(\S+) \(([\d, ]*)\)", line.strip())
+        assert m, f"unparsable line in {REFERENCE}: {line!r}"
+        keys[m.group(1)] = tuple(int(s) for s in m.group(2).split(",") if s.strip())
+    return keys
+
+
+def r50_state_shapes(**kw) -> dict[str, tuple[int, ...]]:
+    # Built on the meta device: real shapes, no memory and no initialisation cost.
+    with torch.device("meta"), pytest.warns(UserWarning, match="random weights"):
+        model, _, _ = build_detr("resnet50", num_classes=91, num_queries=100, **kw)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+@pytest.mark.skipif(
+    not REFERENCE.is_file(), reason=f"reference key list {REFERENCE} not present (it is in CI)"
+)
+def test_r50_sine_keys_equal_official():
+    ref = read_reference()
+    assert len(ref) > 400
+    ours = r50_state_shapes(pos_enc="sine")
+    assert sorted(ours.keys() - ref.keys()) == []
+    assert sorted(ref.keys() - ours.keys()) == []
+    assert {k: v for k, v in ours.items() if ref[k] != v} == {}
+    # DC5 has the same parameters; PEG adds only its own keys.
+    assert r50_state_shapes(pos_enc="sine", dilation=True) == ours
+    assert r50_state_shapes(pos_enc="none") == ours
+    peg = r50_state_shapes(pos_enc="peg")
+    assert {k: peg[k] for k in peg.keys() - ref.keys()} == {
+        "transformer.encoder.pegs.0.proj.weight": (256, 1, 3, 3),
+        "transformer.encoder.pegs.0.proj.bias": (256,),
+    }
+
+
+def small(pos_enc, **kw):
+    opts = {**SMALL, **kw}
+    return build_detr("tiny", pos_enc=pos_enc, num_classes=opts.pop("num_classes", 5), **opts)[0].eval()
+
+
+def official_file(tmp_path, model, name="detr.pth", prefix=""):
+    """Write ``model`` the way the official training script does: weights plus the pickled args."""
+    args = argparse.Namespace(
+        lr=1e-4, backbone="resnet50", position_embedding="sine", num_queries=10, dilation=False
+    )
+    path = tmp_path / name
+    torch.save(
+        {"model": {prefix + k: v for k, v in model.state_dict().items()}, "args": args, "epoch": 499}, path
+    )
+    return path
+
+
+class Untrusted:
+    """A class outside the allow-list."""
+
+
+def test_official_file_needs_allow_list_and_loads_strict(tmp_path):
+    src = small("sine")
+    path = official_file(tmp_path, src, prefix="module.")
+    # Plain weights_only=True refuses the pickled Namespace: the allow-list is what makes it load.
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path, weights_only=True)
+    dst = small("sine")
+    report = load_official_checkpoint(dst, path)
+    assert report.loaded == sorted(src.state_dict())
+    assert report.peg_zero_init == [] and report.dropped == []
+    assert report.args["position_embedding"] == "sine"
+    x = [torch.randn(3, 64, 96), torch.randn(3, 80, 48)]
+    with torch.no_grad():
+        torch.testing.assert_close(dst(x)["pred_logits"], src(x)["pred_logits"], rtol=0, atol=0)
+    # A bare state dict (no "model" wrapper, no args) loads the same way.
+    bare = tmp_path / "bare.pth"
+    torch.save(src.state_dict(), bare)
+    report = load_official_checkpoint(small("sine"), bare)
+    assert report.args is None and report.loaded == sorted(src.state_dict())
+
+
+def test_untrusted_pickle_refused_unless_trusted(tmp_path):
+    path = tmp_path / "evil.pth"
+    torch.save({"model": small("sine").state_dict(), "extra": Untrusted()}, path)
+    with pytest.raises(RuntimeError, match="trust_pickle"):
+        load_official_checkpoint(small("sine"), path)
+    report = load_official_checkpoint(small("sine"), path, trust_pickle=True)
+    assert len(report.loaded) == len(small("sine").state_dict())
+
+
+@pytest.mark.parametrize("key_pos", ["sine", "none"])
+def test_peg_from_official_equals_none(tmp_path, key_pos, capsys):
+    """A PEG model loaded from a sine checkpoint starts with PEG = 0 and computes what 'none' computes."""
+    path = official_file(tmp_path, small("sine"))
+    peg = small("peg", decoder_key_pos=key_pos, peg_at=(0, 1))
+    none = small("none", decoder_key_pos=key_pos)
+    report = load_official_checkpoint(peg, path)
+    load_official_checkpoint(none, path)
+    assert report.peg_zero_init == [
+        f"transformer.encoder.pegs.{i}.proj.{p}" for i in (0, 1) for p in ("bias", "weight")
+    ]
+    assert "PEG" in capsys.readouterr().out
+    assert all(p.abs().sum() == 0 for p in peg.transformer.encoder.pegs.parameters())
+    x = [torch.randn(3, 64, 96), torch.randn(3, 96, 64)]
+    with torch.no_grad():
+        a, b = peg(x), none(x)
+    torch.testing.assert_close(a["pred_logits"], b["pred_logits"], rtol=0, atol=0)
+    torch.testing.assert_close(a["pred_boxes"], b["pred_boxes"], rtol=0, atol=0)
+    if key_pos == "none":
+        # peg-output keys are the (zero) PEG output, i.e. no key codes either.
+        peg_out = small("peg", decoder_key_pos="peg-output")
+        load_official_checkpoint(peg_out, path)
+        with torch.no_grad():
+            torch.testing.assert_close(peg_out(x)["pred_logits"], b["pred_logits"], rtol=0, atol=0)
+
+
+def test_num_classes_change_drops_class_embed(tmp_path, capsys):
+    src = small("sine", num_classes=5)
+    path = official_file(tmp_path, src)
+    dst = small("peg", num_classes=3)
+    fresh = dst.class_embed.weight.detach().clone()
+    report = load_official_checkpoint(dst, path, num_classes=3)
+    assert report.dropped == ["class_embed.bias", "class_embed.weight"]
+    assert "5 classes" in capsys.readouterr().out
+    torch.testing.assert_close(dst.class_embed.weight, fresh, rtol=0, atol=0)
+    torch.testing.assert_close(dst.query_embed.weight, src.query_embed.weight, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="num_classes=4"):
+        load_official_checkpoint(dst, path, num_classes=4)
+
+
+def test_mismatches_are_listed(tmp_path):
+    path = official_file(tmp_path, small("sine"))
+    with pytest.raises(ValueError, match=r"missing keys: \['transformer.encoder.pos.pos_embed'\]"):
+        load_official_checkpoint(small("learned", learned_grid=(4, 6)), path)
+    with pytest.raises(
+        ValueError, match=re.escape("shape mismatches: ['query_embed.weight: file (10, 32) vs model (7, 32)")
+    ):
+        load_official_checkpoint(small("sine", num_queries=7), path)
+    peg_path = official_file(tmp_path, small("peg"), name="peg.pth")
+    with pytest.raises(ValueError, match=r"unexpected keys: \['transformer.encoder.pegs.0.proj.bias'"):
+        load_official_checkpoint(small("sine"), peg_path)
+    with pytest.raises(FileNotFoundError):
+        load_official_checkpoint(small("sine"), tmp_path / "missing.pth")
