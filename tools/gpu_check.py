@@ -1,0 +1,389 @@
+"""One prepared GPU check: is the suite correct on this device, and how fast is it?
+
+Needs only torch and torchvision (scipy, pycocotools, decord and pytorchvideo
+are optional).  In one run, in this order:
+
+1. PEG2d / PEG3d forward and backward on the device against float64 CPU
+   references (``F.conv2d`` / ``F.conv3d``) on random inputs;
+2. DETR-R50 training steps (``peg`` and ``sine``) at 800x1066, batch 4, bf16
+   autocast, eager and ``torch.compile``: images/s and peak memory;
+3. the PEG video transformer (ViT-S, 16x224x224, batch 8) the same way;
+4. PEG2d and PEG3d alone against a device-to-device copy of the same tensor
+   (the bandwidth floor), as a ratio.
+
+It prints a table last and writes every number to JSON::
+
+    python tools/gpu_check.py                      # on a GPU, < 8 minutes
+    python tools/gpu_check.py --device cpu --quick # seconds; what the tests run
+
+The DETR step uses the Hungarian criterion when scipy is installed; without it
+the step's loss is a plain sum of the outputs (the timing of the model is the
+same; the table says which was used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+if __package__ in (None, ""):  # run as a script: make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from peg_core import PEG2d
+from peg_video import PEG3d, build_video_model
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
+    """Median seconds per call of ``fn`` after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 2]
+
+
+# --------------------------------------------------------------------------- 1. correctness
+def check_correctness(device: torch.device, quick: bool) -> list[dict]:
+    """Max abs error of PEG2d/PEG3d (fwd output, input grad, weight grad) vs float64 CPU references."""
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    cases2d = [(2, 1, (7, 11), 3, False), (2, 0, (5, 6), 5, True), (1, 2, (1, 9), 7, False)]
+    for b, prefix, (h, w), k, sep in cases2d:
+        c = 32
+        peg = PEG2d(c, kernel_size=k, num_prefix_tokens=prefix, separable=sep)
+        with torch.no_grad():
+            for p in peg.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+        x = torch.randn(b, prefix + h * w, c, generator=g)
+
+        def ref2d(x64, params, h=h, w=w, prefix=prefix, sep=sep, k=k):
+            grid = x64[:, prefix:].transpose(1, 2).reshape(x64.shape[0], -1, h, w)
+            if sep:
+                wx, wy, bias = params
+                y = F.conv2d(grid, wx, None, padding=(0, k // 2), groups=grid.shape[1])
+                y = F.conv2d(y, wy, bias, padding=(k // 2, 0), groups=grid.shape[1])
+            else:
+                wgt, bias = params
+                y = F.conv2d(grid, wgt, bias, padding=k // 2, groups=grid.shape[1])
+            out = x64[:, prefix:] + y.flatten(2).transpose(1, 2)
+            return torch.cat([x64[:, :prefix], out], 1)
+
+        rows.append(
+            _compare(f"PEG2d k{k}{' sep' if sep else ''} P{prefix} {h}x{w}", peg, x, (h, w), ref2d, device)
+        )
+    cases3d = [(2, 1, (3, 5, 7), False), (1, 0, (1, 4, 6), True), (2, 0, (4, 3, 3), False)]
+    for b, prefix, (t, h, w), fac in cases3d:
+        c = 16
+        peg = PEG3d(c, num_prefix_tokens=prefix, factorized=fac)
+        with torch.no_grad():
+            for p in peg.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+        x = torch.randn(b, prefix + t * h * w, c, generator=g)
+
+        def ref3d(x64, params, t=t, h=h, w=w, prefix=prefix, fac=fac):
+            grid = x64[:, prefix:].transpose(1, 2).reshape(x64.shape[0], -1, t, h, w)
+            ch = grid.shape[1]
+            if fac:
+                ws, bs, wt, bt = params if len(params) == 4 else (params[0], None, params[1], params[2])
+                y = F.conv3d(grid, ws, bs, padding=(0, ws.shape[-2] // 2, ws.shape[-1] // 2), groups=ch)
+                y = F.conv3d(y, wt, bt, padding=(wt.shape[2] // 2, 0, 0), groups=ch)
+            else:
+                wgt, bias = params
+                y = F.conv3d(grid, wgt, bias, padding=tuple(s // 2 for s in wgt.shape[2:]), groups=ch)
+            out = x64[:, prefix:] + y.flatten(2).transpose(1, 2)
+            return torch.cat([x64[:, :prefix], out], 1)
+
+        rows.append(
+            _compare(f"PEG3d{' fac' if fac else ''} P{prefix} {t}x{h}x{w}", peg, x, (t, h, w), ref3d, device)
+        )
+    return rows
+
+
+def _compare(name, peg, x, size, ref, device) -> dict:
+    params64 = [p.detach().double().requires_grad_() for p in peg.parameters()]
+    x64 = x.double().requires_grad_()
+    y64 = ref(x64, params64)
+    gy = torch.randn_like(y64)
+    y64.backward(gy)
+
+    peg_d = peg.to(device)
+    xd = x.to(device).requires_grad_()
+    yd = peg_d(xd, size)
+    yd.backward(gy.float().to(device))
+    err_out = (yd.detach().cpu().double() - y64.detach()).abs().max().item()
+    err_gx = (xd.grad.cpu().double() - x64.grad).abs().max().item()
+    err_gw = max(
+        (p.grad.cpu().double() - q.grad).abs().max().item() for p, q in zip(peg_d.parameters(), params64)
+    )
+    return {
+        "check": name,
+        "max_err_out": err_out,
+        "max_err_grad_x": err_gx,
+        "max_err_grad_w": err_gw,
+        "ok": max(err_out, err_gx, err_gw) < 1e-3,
+    }
+
+
+# --------------------------------------------------------------------------- 2./3. training steps
+def _train_step_timer(model, make_batch, loss_fn, device, amp_dtype, compile_model, warmup, iters):
+    model.to(device).train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    fwd = torch.compile(model) if compile_model else model
+    inputs, targets = make_batch()
+
+    def step():
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            out = fwd(inputs)
+            loss = loss_fn(out, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    step()  # first step, includes compilation
+    _sync(device)
+    first = time.perf_counter() - t0
+    sec = _time(step, device, warmup, iters)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    return sec, first, peak
+
+
+def bench_detr(device, quick, amp_dtype, compile_modes) -> list[dict]:
+    from peg_detr import build_detr
+
+    try:
+        import scipy  # noqa: F401
+
+        use_criterion = True
+    except ImportError:
+        use_criterion = False
+    if quick:
+        cfg = dict(
+            backbone="tiny", hidden_dim=64, enc_layers=2, dec_layers=2, dim_feedforward=128, num_queries=10
+        )
+        batch, h, w, warmup, iters = 2, 96, 128, 1, 2
+    else:
+        cfg = dict(backbone="resnet50")
+        batch, h, w, warmup, iters = 4, 800, 1066, 3, 10
+    rows = []
+    for pos in ("peg", "sine"):
+        for comp in compile_modes:
+            model, criterion, _ = build_detr(pos_enc=pos, num_classes=91, **cfg)
+            criterion.to(device)
+
+            def make_batch():
+                g = torch.Generator().manual_seed(0)
+                imgs = torch.randn(batch, 3, h, w, generator=g).to(device)
+                tg = [
+                    {
+                        "labels": torch.tensor([1, 5], device=device),
+                        "boxes": torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.6, 0.5, 0.3, 0.2]], device=device),
+                    }
+                    for _ in range(batch)
+                ]
+                return imgs, tg
+
+            def loss_fn(out, tg, criterion=criterion):
+                if use_criterion:
+                    losses = criterion(out, tg)
+                    return sum(
+                        losses[k] * criterion.weight_dict[k] for k in criterion.weight_dict if k in losses
+                    )
+                return out["pred_logits"].float().sum() * 0 + out["pred_boxes"].float().sum()
+
+            sec, first, peak = _train_step_timer(
+                model, make_batch, loss_fn, device, amp_dtype, comp, warmup, iters
+            )
+            rows.append(
+                {
+                    "model": f"DETR-{cfg['backbone']} {pos}",
+                    "input": f"{batch}x3x{h}x{w}",
+                    "compile": comp,
+                    "img_per_s": batch / sec,
+                    "step_ms": sec * 1e3,
+                    "first_step_s": first,
+                    "peak_mem_gib": peak,
+                    "loss": "hungarian" if use_criterion else "sum (no scipy)",
+                }
+            )
+            del model
+    return rows
+
+
+def bench_video(device, quick, amp_dtype, compile_modes) -> list[dict]:
+    if quick:
+        kw = dict(
+            name="vit_tiny", embed_dim=64, depth=2, num_heads=2, num_frames=4, img_size=32, tubelet=(2, 8, 8)
+        )
+        batch, warmup, iters = 2, 1, 2
+    else:
+        kw = dict(name="vit_small", num_frames=16, img_size=224)
+        batch, warmup, iters = 8, 3, 10
+    rows = []
+    for comp in compile_modes:
+        model = build_video_model(pos_enc="peg3d", num_classes=400, **kw)
+        t, s = kw["num_frames"], kw["img_size"]
+
+        def make_batch(t=t, s=s):
+            g = torch.Generator().manual_seed(0)
+            return torch.randn(batch, 3, t, s, s, generator=g).to(device), torch.randint(0, 400, (batch,)).to(
+                device
+            )
+
+        sec, first, peak = _train_step_timer(
+            model,
+            make_batch,
+            lambda o, y: F.cross_entropy(o.float(), y),
+            device,
+            amp_dtype,
+            comp,
+            warmup,
+            iters,
+        )
+        rows.append(
+            {
+                "model": f"Video {kw['name']} peg3d",
+                "input": f"{batch}x3x{t}x{s}x{s}",
+                "compile": comp,
+                "clips_per_s": batch / sec,
+                "step_ms": sec * 1e3,
+                "first_step_s": first,
+                "peak_mem_gib": peak,
+            }
+        )
+        del model
+    return rows
+
+
+# --------------------------------------------------------------------------- 4. PEG vs copy
+def bench_peg_vs_copy(device, quick, dtype) -> list[dict]:
+    warmup, iters = (1, 3) if quick else (10, 50)
+    rows = []
+    shapes2d = (
+        [(8, 1, 14, 14, 192), (4, 0, 25, 34, 256)] if quick else [(64, 1, 14, 14, 192), (8, 0, 100, 134, 256)]
+    )
+    for b, p, h, w, c in shapes2d:
+        peg = PEG2d(c, num_prefix_tokens=p).to(device, dtype)
+        x = torch.randn(b, p + h * w, c, device=device, dtype=dtype)
+        with torch.no_grad():
+            tp = _time(lambda peg=peg, x=x, h=h, w=w: peg(x, (h, w)), device, warmup, iters)
+            tc = _time(lambda x=x: x.clone(), device, warmup, iters)
+        rows.append(
+            {"op": f"PEG2d {b}x({p}+{h}x{w})x{c}", "peg_ms": tp * 1e3, "copy_ms": tc * 1e3, "ratio": tp / tc}
+        )
+    shapes3d = [(2, 4, 8, 8, 64)] if quick else [(8, 8, 14, 14, 384), (4, 16, 14, 14, 384)]
+    for b, t, h, w, c in shapes3d:
+        for fac in (False, True):
+            peg = PEG3d(c, factorized=fac).to(device, dtype)
+            x = torch.randn(b, t * h * w, c, device=device, dtype=dtype)
+            with torch.no_grad():
+                tp = _time(lambda peg=peg, x=x, t=t, h=h, w=w: peg(x, (t, h, w)), device, warmup, iters)
+                tc = _time(lambda x=x: x.clone(), device, warmup, iters)
+            rows.append(
+                {
+                    "op": f"PEG3d{' fac' if fac else ''} {b}x{t}x{h}x{w}x{c}",
+                    "peg_ms": tp * 1e3,
+                    "copy_ms": tc * 1e3,
+                    "ratio": tp / tc,
+                }
+            )
+    return rows
+
+
+# --------------------------------------------------------------------------- report
+def _table(rows: list[dict], cols: list[str]) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return "nan" if v != v else (f"{v:.3g}" if abs(v) < 1e-2 or abs(v) >= 1e4 else f"{v:.2f}")
+        return str(v)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, few steps (CPU smoke run)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile timings")
+    ap.add_argument("--json", type=Path, default=Path("runs/gpu_check.json"))
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda but torch.cuda.is_available() is False; use --device cpu --quick")
+    amp_dtype = torch.bfloat16 if device.type == "cuda" else None
+    bench_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    compile_modes = [False] if (args.no_compile or args.quick) else [False, True]
+    torch.backends.cudnn.benchmark = device.type == "cuda"
+
+    t0 = time.time()
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "quick": args.quick,
+    }
+    print(f"gpu_check on {env['name']} (torch {env['torch']})", flush=True)
+    correctness = check_correctness(device, args.quick)
+    print(_table(correctness, ["check", "max_err_out", "max_err_grad_x", "max_err_grad_w", "ok"]), flush=True)
+    detr = bench_detr(device, args.quick, amp_dtype, compile_modes)
+    video = bench_video(device, args.quick, amp_dtype, compile_modes)
+    peg = bench_peg_vs_copy(device, args.quick, bench_dtype)
+    result = {
+        "env": env,
+        "correctness": correctness,
+        "detr": detr,
+        "video": video,
+        "peg_vs_copy": peg,
+        "seconds": round(time.time() - t0, 1),
+        "all_correct": all(r["ok"] for r in correctness),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+    print("\n## gpu_check results (" + env["name"] + f", torch {env['torch']}, {result['seconds']} s)\n")
+    print(_table(correctness, ["check", "max_err_out", "max_err_grad_x", "max_err_grad_w", "ok"]))
+    print()
+    print(
+        _table(
+            detr,
+            ["model", "input", "compile", "img_per_s", "step_ms", "first_step_s", "peak_mem_gib", "loss"],
+        )
+    )
+    print()
+    print(
+        _table(video, ["model", "input", "compile", "clips_per_s", "step_ms", "first_step_s", "peak_mem_gib"])
+    )
+    print()
+    print(_table(peg, ["op", "peg_ms", "copy_ms", "ratio"]))
+    print(f"\nJSON: {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
