@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from torch import Tensor, nn
@@ -11,7 +12,7 @@ __all__ = ["APPLY_TO", "PositionEncoding"]
 APPLY_TO = ("tokens", "qk", "none")
 
 
-class PositionEncoding(nn.Module):
+class PositionEncoding(nn.Module, ABC):
     """Base class: position codes for a token grid, and where they go.
 
     Every encoding answers two calls with the same arguments:
@@ -43,9 +44,11 @@ class PositionEncoding(nn.Module):
             raise ValueError(f"apply_to must be one of {APPLY_TO}; got {apply_to!r}")
         self.apply_to = apply_to
 
+    @abstractmethod
     def position(self, x: Tensor, size: tuple[int, ...], mask: Tensor | None = None) -> Tensor | None:
-        raise NotImplementedError  # pragma: no cover - abstract
+        """Codes for tokens ``x`` ``(B, P + H*W, C)`` on grid ``size``; ``None`` when there are none."""
 
     def forward(self, x: Tensor, size: tuple[int, ...], mask: Tensor | None = None) -> Tensor:
+        """``x`` with the codes added (same shape as ``x``)."""
         pos = self.position(x, size, mask)
         return x if pos is None else x + pos

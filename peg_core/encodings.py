@@ -12,8 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from .base import PositionEncoding
-from .peg import PEG2d, check_tokens
-from .resize import resize_pos_embed
+from .peg import PEG2d, _check_mask, check_tokens
+from .resize import _MODES, resize_pos_embed
 
 __all__ = [
     "ENCODINGS",
@@ -24,6 +24,11 @@ __all__ = [
     "build_position_encoding",
     "sincos_2d",
 ]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; everything else is computed in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _with_prefix(pos: Tensor, num_prefix_tokens: int) -> Tensor:
@@ -72,9 +77,14 @@ class SinePositionEncoding2d(PositionEncoding):
         self.num_prefix_tokens = num_prefix_tokens
         self._set_apply_to(apply_to)
 
-    def grid(self, mask: Tensor) -> Tensor:
-        """Codes for a ``(B, H, W)`` padding mask, as a ``(B, H, W, C)`` float32 tensor."""
-        not_mask = (~mask).float()
+    def grid(self, mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Codes for a ``(B, H, W)`` padding mask (True = padding), as a ``(B, H, W, C)`` tensor.
+
+        Computed in ``dtype`` (float32, or float64 for float64 callers).  With
+        ``normalize`` each image is divided by its own real height/width (the
+        last value of its cumulative sum), so its codes ignore the padding.
+        """
+        not_mask = (~mask).to(dtype)
         y = not_mask.cumsum(1)
         x = not_mask.cumsum(2)
         if self.normalize:
@@ -82,29 +92,40 @@ class SinePositionEncoding2d(PositionEncoding):
             y = y / (y[:, -1:, :] + eps) * self.scale
             x = x / (x[:, :, -1:] + eps) * self.scale
         half = self.dim // 2
-        i = torch.arange(half, dtype=torch.float32, device=mask.device)
+        i = torch.arange(half, dtype=dtype, device=mask.device)
         dim_t = self.temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / half)
         px = x[..., None] / dim_t
         py = y[..., None] / dim_t
+        # sin on even features, cos on odd ones, interleaved as in DETR.
         px = torch.stack((px[..., 0::2].sin(), px[..., 1::2].cos()), dim=-1).flatten(-2)
         py = torch.stack((py[..., 0::2].sin(), py[..., 1::2].cos()), dim=-1).flatten(-2)
         return torch.cat((py, px), dim=-1)
 
     def position(self, x: Tensor, size: tuple[int, int], mask: Tensor | None = None) -> Tensor:
-        h, w = int(size[0]), int(size[1])
+        """``(B, P + H*W, C)`` codes (``(1, ...)`` without a mask), zeros at prefix tokens."""
+        h, w = size
         check_tokens(x, (h, w), self.num_prefix_tokens)
         if mask is None:
             mask = torch.zeros(1, h, w, dtype=torch.bool, device=x.device)
-        elif mask.shape[-2:] != (h, w):
-            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (B, {h}, {w})")
-        pos = self.grid(mask).flatten(1, 2).to(x.dtype)
+        else:
+            _check_mask(mask, x.shape[0], (h, w))
+        pos = self.grid(mask, _compute_dtype(x.dtype)).flatten(1, 2).to(x.dtype)
         return _with_prefix(pos, self.num_prefix_tokens)
 
 
-def sincos_2d(size: tuple[int, int], dim: int, temperature: float = 10000.0, device=None) -> Tensor:
-    """Fixed 2D sin-cos table ``(H*W, C)`` (MAE style): ``[sin(y·ω) | cos(y·ω) | sin(x·ω) | cos(x·ω)]``.
+def sincos_2d(
+    size: tuple[int, int],
+    dim: int,
+    temperature: float = 10000.0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Fixed 2D sin-cos table ``(H*W, C)`` in MAE's layout, for any ``(H, W)``.
 
-    Coordinates are the integer grid indices, ``ω_i = T^(-i/(C/4))``.
+    Token ``i*W + j`` (row ``i``, column ``j``) gets
+    ``[sin(j·ω) | cos(j·ω) | sin(i·ω) | cos(i·ω)]`` with ``ω_k = T^(-k/(C/4))``,
+    ``k < C/4``: the column (x) half first, as MAE's ``meshgrid(w, h)`` does,
+    so a square table equals MAE's.  Computed in float64, returned in ``dtype``.
     """
     if dim % 4:
         raise ValueError(f"sincos encoding needs dim divisible by 4; got {dim}")
@@ -118,7 +139,7 @@ def sincos_2d(size: tuple[int, int], dim: int, temperature: float = 10000.0, dev
     )
     oy = ys.reshape(-1, 1) * omega
     ox = xs.reshape(-1, 1) * omega
-    return torch.cat([oy.sin(), oy.cos(), ox.sin(), ox.cos()], dim=1).float()
+    return torch.cat([ox.sin(), ox.cos(), oy.sin(), oy.cos()], dim=1).to(dtype)
 
 
 class SinCosPositionEncoding2d(PositionEncoding):
@@ -130,7 +151,7 @@ class SinCosPositionEncoding2d(PositionEncoding):
 
     def __init__(
         self, dim: int, temperature: float = 10000.0, num_prefix_tokens: int = 0, apply_to: str = "tokens"
-    ):
+    ) -> None:
         super().__init__()
         if dim % 4:
             raise ValueError(f"sincos encoding needs dim divisible by 4; got {dim}")
@@ -140,9 +161,12 @@ class SinCosPositionEncoding2d(PositionEncoding):
         self._set_apply_to(apply_to)
 
     def position(self, x: Tensor, size: tuple[int, int], mask: Tensor | None = None) -> Tensor:
-        h, w = int(size[0]), int(size[1])
+        """``(1, P + H*W, C)`` codes, zeros at prefix tokens; the mask is not needed (see class doc)."""
+        h, w = size
         check_tokens(x, (h, w), self.num_prefix_tokens)
-        pos = sincos_2d((h, w), self.dim, self.temperature, device=x.device).to(x.dtype).unsqueeze(0)
+        if mask is not None:
+            _check_mask(mask, x.shape[0], (h, w))
+        pos = sincos_2d((h, w), self.dim, self.temperature, device=x.device, dtype=x.dtype).unsqueeze(0)
         return _with_prefix(pos, self.num_prefix_tokens)
 
 
@@ -173,6 +197,8 @@ class LearnedPositionEncoding2d(PositionEncoding):
     ) -> None:
         super().__init__()
         gs = (grid_size, grid_size) if isinstance(grid_size, int) else tuple(int(g) for g in grid_size)
+        if interpolation not in _MODES[2]:
+            raise ValueError(f"interpolation={interpolation!r}; choose from {sorted(_MODES[2])}")
         self.dim = dim
         self.grid_size = gs
         self.num_prefix_tokens = num_prefix_tokens
@@ -194,8 +220,11 @@ class LearnedPositionEncoding2d(PositionEncoding):
         )
 
     def position(self, x: Tensor, size: tuple[int, int], mask: Tensor | None = None) -> Tensor:
+        """``(1, P + H*W, C)`` table, or ``(B, P + H*W, C)`` per-image tables under a mask."""
         h, w = int(size[0]), int(size[1])
         check_tokens(x, (h, w), self.num_prefix_tokens)
+        if mask is not None:
+            _check_mask(mask, x.shape[0], (h, w))
         if mask is None or not bool(mask.any()):
             return self.table((h, w)).to(x.dtype)
         # Per-image extents: rows/cols with at least one real pixel.

@@ -18,14 +18,18 @@ __all__ = ["PEG2d", "check_tokens", "grid_to_tokens", "peg2d_reference", "tokens
 
 
 def check_tokens(x: Tensor, size: tuple[int, ...], num_prefix_tokens: int, name: str = "x") -> None:
-    """Raise a ``ValueError`` naming the shapes when ``x`` is not ``(B, P + prod(size), C)``."""
+    """Raise a ``ValueError`` naming the shapes when ``x`` is not ``(B, P + prod(size), C)``.
+
+    ``size`` may hold Python ints or symbolic sizes (``torch.compile`` /
+    ``torch.export``); they are not forced to ints so the shapes stay dynamic.
+    """
     if x.dim() != 3:
         raise ValueError(f"{name} must be tokens (B, N, C); got shape {tuple(x.shape)}")
     numel = 1
     for s in size:
-        numel *= int(s)
+        numel = numel * s
     if x.shape[1] != num_prefix_tokens + numel:
-        grid = "x".join(str(int(s)) for s in size)
+        grid = "x".join(str(s) for s in size)
         raise ValueError(
             f"{name} has N={x.shape[1]} tokens (shape {tuple(x.shape)}), but size={tuple(size)} "
             f"with num_prefix_tokens={num_prefix_tokens} needs N = {num_prefix_tokens} + {grid} "
@@ -40,8 +44,18 @@ def tokens_to_grid(x: Tensor, size: tuple[int, int]) -> Tensor:
 
 
 def grid_to_tokens(x: Tensor) -> Tensor:
-    """``(B, C, H, W)`` map -> ``(B, H*W, C)`` tokens; free when the map is channels-last."""
+    """``(B, C, H, W)`` map -> ``(B, H*W, C)`` tokens; a free view when the map is channels-last."""
     return x.permute(0, 2, 3, 1).flatten(1, 2)
+
+
+def _check_mask(mask: Tensor, batch: int, size: tuple[int, int]) -> None:
+    """``mask`` must be ``(B, H, W)`` bool (True = padding)."""
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (True = padding); got dtype {mask.dtype}")
+    if tuple(mask.shape) != (batch, size[0], size[1]):
+        raise ValueError(
+            f"mask has shape {tuple(mask.shape)}, expected (B, H, W) = ({batch}, {size[0]}, {size[1]})"
+        )
 
 
 class PEG2d(PositionEncoding):
@@ -63,12 +77,20 @@ class PEG2d(PositionEncoding):
         ``forward(x, size, mask)`` with ``x`` tokens ``(B, P + H*W, C)`` and
         ``size=(H, W)``, or a feature map ``(B, C, H, W)`` (``size`` optional);
         ``mask`` ``(B, H, W)`` bool, True at padding (DETR's convention).
-        Returns the same shape (and, for maps, the same memory format).
+        Returns the same shape; a feature map keeps its memory format.
+
+    With a mask, padded positions are zeroed before the conv (and between the
+    two convs of the separable variant) and left unchanged after it, so an
+    image's real positions get the same output whatever padding its batch has
+    (the padding must sit at the bottom/right, as DETR pads).
 
     The depthwise conv runs on a channels-last view of the tokens: no
-    NCHW-contiguous copy is ever made (that layout is ~40x slower on CPU).
-    As a :class:`~peg_core.PositionEncoding` it applies to ``"tokens"`` and
-    its ``position`` is the conv output (zeros at prefix tokens and padding).
+    NCHW-contiguous copy is made, and the residual add goes into the conv's
+    own output buffer (one fresh ``(B, N, C)`` tensor per call without prefix
+    tokens or mask; prefix tokens add a channels-last copy of the grid and a
+    concatenation).  As a :class:`~peg_core.PositionEncoding` it applies to
+    ``"tokens"`` and its ``position`` is the conv output (zeros at prefix
+    tokens and padding).
     """
 
     apply_to = "tokens"
@@ -88,6 +110,8 @@ class PEG2d(PositionEncoding):
             raise ValueError(
                 f"kernel_size must be odd and >= 1 so the grid keeps its size; got {kernel_size}"
             )
+        if dim < 1 or num_prefix_tokens < 0:
+            raise ValueError(f"need dim >= 1 and num_prefix_tokens >= 0; got {dim}, {num_prefix_tokens}")
         self.dim = dim
         self.kernel_size = kernel_size
         self.num_prefix_tokens = num_prefix_tokens
@@ -112,29 +136,34 @@ class PEG2d(PositionEncoding):
         )
 
     def conv(self, grid: Tensor, keep: Tensor | None = None) -> Tensor:
-        """Depthwise conv of a ``(B, C, H, W)`` map; ``keep`` ``(B, 1, H, W)`` zeroes padding before and after."""
+        """Depthwise conv of a ``(B, C, H, W)`` map, in the map's memory format.
+
+        ``keep`` ``(B, 1, H, W)`` (1 = real, 0 = padding) zeroes the padding
+        before the conv, between the two separable convs and after it.  The
+        multiplies after a conv are in place: a conv's backward needs its
+        input, never its output.
+        """
         if keep is not None:
             grid = grid * keep
         if self.separable:
             grid = self.proj_w(grid)
             if keep is not None:
-                grid = grid * keep
+                grid = grid.mul_(keep)
         out = self.proj(grid)
         if keep is not None:
-            out = out * keep
+            out = out.mul_(keep)
         return out
 
     def forward(self, x: Tensor, size: tuple[int, int] | None = None, mask: Tensor | None = None) -> Tensor:
+        """``x`` plus the conv of its grid; see the class docstring for shapes."""
         if x.dim() == 4:
-            return x + self._map_delta(x, size, mask)
+            return _residual(self._map_delta(x, size, mask), x)
         h, w = self._check(x, size)
         p = self.num_prefix_tokens
-        tokens = x[:, p:]
-        keep = self._keep(mask, x.shape[0], (h, w), x.dtype)
-        delta = grid_to_tokens(self.conv(tokens_to_grid(tokens, (h, w)), keep))
         if p == 0:
-            return x + delta
-        return torch.cat([x[:, :p], tokens + delta], dim=1)
+            return _residual(self._token_delta(x, (h, w), mask), x)
+        tokens = x[:, p:]
+        return torch.cat([x[:, :p], _residual(self._token_delta(tokens, (h, w), mask), tokens)], dim=1)
 
     def position(self, x: Tensor, size: tuple[int, int] | None = None, mask: Tensor | None = None) -> Tensor:
         """The conv output alone (``forward(x) - x`` computed directly), zeros at prefix tokens and padding."""
@@ -142,9 +171,18 @@ class PEG2d(PositionEncoding):
             return self._map_delta(x, size, mask)
         h, w = self._check(x, size)
         p = self.num_prefix_tokens
-        keep = self._keep(mask, x.shape[0], (h, w), x.dtype)
-        delta = grid_to_tokens(self.conv(tokens_to_grid(x[:, p:], (h, w)), keep))
+        delta = self._token_delta(x[:, p:], (h, w), mask)
         return delta if p == 0 else torch.cat([delta.new_zeros(x.shape[0], p, x.shape[2]), delta], dim=1)
+
+    def _token_delta(self, tokens: Tensor, size: tuple[int, int], mask: Tensor | None) -> Tensor:
+        """Conv output for grid tokens ``(B, H*W, C)`` -> ``(B, H*W, C)``."""
+        if not tokens.is_contiguous():
+            # Behind prefix tokens the grid slice has a batch stride of
+            # (P + H*W) * C, which the conv kernels would copy anyway; copy it
+            # once here, straight into channels-last order (never NCHW).
+            tokens = tokens.contiguous()
+        keep = self._keep(mask, tokens.shape[0], size, tokens.dtype)
+        return grid_to_tokens(self.conv(tokens_to_grid(tokens, size), keep))
 
     def _map_delta(self, x: Tensor, size: tuple[int, int] | None, mask: Tensor | None) -> Tensor:
         if size is not None and tuple(size) != tuple(x.shape[-2:]):
@@ -155,12 +193,14 @@ class PEG2d(PositionEncoding):
             raise ValueError(
                 f"feature map has C={x.shape[1]} channels (shape {tuple(x.shape)}), PEG2d has dim={self.dim}"
             )
-        return self.conv(x, self._keep(mask, x.shape[0], tuple(x.shape[-2:]), x.dtype))
+        return self.conv(x, self._keep(mask, x.shape[0], (x.shape[2], x.shape[3]), x.dtype))
 
     def _check(self, x: Tensor, size: tuple[int, int] | None) -> tuple[int, int]:
         if size is None:
             raise ValueError(f"tokens of shape {tuple(x.shape)} need size=(H, W)")
-        h, w = int(size[0]), int(size[1])
+        if len(size) != 2:
+            raise ValueError(f"size must be (H, W); got {tuple(size)}")
+        h, w = size
         check_tokens(x, (h, w), self.num_prefix_tokens)
         if x.shape[-1] != self.dim:
             raise ValueError(
@@ -172,17 +212,42 @@ class PEG2d(PositionEncoding):
     def _keep(mask: Tensor | None, batch: int, size: tuple[int, int], dtype: torch.dtype) -> Tensor | None:
         if mask is None:
             return None
-        if mask.shape != (batch, *size):
-            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (B, H, W) = {(batch, *size)}")
+        _check_mask(mask, batch, size)
         return (~mask).unsqueeze(1).to(dtype)
 
 
+def _residual(delta: Tensor, x: Tensor) -> Tensor:
+    """``x + delta``, added into ``delta``'s fresh buffer when the dtypes agree (saves an allocation).
+
+    Under autocast the conv output is half precision while ``x`` is not; then
+    the out-of-place add keeps the residual stream in ``x``'s dtype.
+    """
+    if delta.dtype == x.dtype:
+        return delta.add_(x)
+    return x + delta
+
+
 def peg2d_reference(
-    x: Tensor, weight: Tensor, bias: Tensor | None, size: tuple[int, int], num_prefix_tokens: int = 0
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    size: tuple[int, int],
+    num_prefix_tokens: int = 0,
+    mask: Tensor | None = None,
 ) -> Tensor:
-    """Plain ``F.conv2d`` formulation of PEG2d, for tests and as the naive benchmark baseline."""
+    """The naive formulation: transpose to an NCHW-contiguous grid, ``F.conv2d``, add, cat.
+
+    ``x`` ``(B, P + H*W, C)``, ``weight`` ``(C, 1, k, k)``, ``mask`` ``(B, H, W)``
+    (True = padding, zeroed before the conv and left unchanged after it).
+    Kept as the baseline of ``tools/bench_core.py``.
+    """
     p = num_prefix_tokens
     b, _, c = x.shape
     grid = x[:, p:].transpose(1, 2).reshape(b, c, size[0], size[1])
+    keep = None if mask is None else (~mask).unsqueeze(1).to(x.dtype)
+    if keep is not None:
+        grid = grid * keep
     out = F.conv2d(grid, weight, bias, padding=weight.shape[-1] // 2, groups=c)
+    if keep is not None:
+        out = out * keep
     return torch.cat([x[:, :p], x[:, p:] + out.flatten(2).transpose(1, 2)], dim=1)

@@ -66,9 +66,12 @@ def resize_pos_embed(
         align_corners: passed to ``F.interpolate`` for the (bi/tri)linear and bicubic modes.
 
     Returns:
-        ``(1, P + prod(new_size), C)`` in the input's dtype (computed in
-        float32), or ``posemb`` itself when the grid does not change.
+        ``(1, P + prod(new_size), C)`` (or ``(P + prod(new_size), C)`` for a
+        2D input) in the input's dtype, computed in float32 (float64 inputs in
+        float64), or ``posemb`` itself when the grid does not change.  A grid
+        that only keeps its token count (``(2, 8)`` -> ``(4, 4)``) is resized.
     """
+    original = posemb
     squeeze = posemb.dim() == 2
     if squeeze:
         posemb = posemb.unsqueeze(0)
@@ -78,6 +81,8 @@ def resize_pos_embed(
     rank = len(new)
     if rank not in _MODES:
         raise ValueError(f"new_size must have 1, 2 or 3 dimensions; got {new}")
+    if min(new) < 1:
+        raise ValueError(f"new_size={new} must be positive")
     if num_prefix_tokens < 0 or num_prefix_tokens > posemb.shape[1]:
         raise ValueError(
             f"num_prefix_tokens={num_prefix_tokens} does not fit a table of shape {tuple(posemb.shape)}"
@@ -98,17 +103,25 @@ def resize_pos_embed(
     torch_mode = _MODES[rank][mode]
     if antialias and torch_mode not in ("bilinear", "bicubic"):
         raise ValueError(
-            f"antialias=True only works with mode='bilinear' or 'bicubic' on 2D grids, not {mode!r}"
+            f"antialias=True only works with mode='bilinear' or 'bicubic' on 2D grids; mode={mode!r} "
+            f"on a {rank}D grid has no anti-aliased version (pass antialias=False)"
+        )
+    interpolating = torch_mode in ("linear", "bilinear", "bicubic", "trilinear")
+    if align_corners and not interpolating:
+        raise ValueError(
+            f"align_corners=True only applies to the (bi/tri)linear and bicubic modes, not {mode!r}"
         )
     if old == new:
-        return posemb.squeeze(0) if squeeze else posemb
+        return original
 
     prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
     b, _, c = grid.shape
+    # Half precision is interpolated in float32 (float64 stays float64).
+    compute = torch.float64 if posemb.dtype == torch.float64 else torch.float32
     # (B, N, C) -> (B, C, *old): interpolate works channel-first.
-    grid = grid.float().reshape(b, *old, c).movedim(-1, 1)
+    grid = grid.to(compute).reshape(b, *old, c).movedim(-1, 1)
     kwargs = {}
-    if torch_mode in ("linear", "bilinear", "bicubic", "trilinear"):
+    if interpolating:
         kwargs["align_corners"] = align_corners
     if antialias:
         kwargs["antialias"] = True

@@ -1,0 +1,205 @@
+"""Benchmark PEG2d against the naive formulation and a plain memory copy.
+
+Run ``python tools/bench_core.py`` (``--quick`` for a short run, ``--json PATH``
+to save the figures).  For each shape it times the forward and the
+forward+backward pass of
+
+* ``peg``: :class:`peg_core.PEG2d` (channels-last view, residual added in place);
+* ``naive``: :func:`peg_core.peg.peg2d_reference` (transpose, NCHW-contiguous
+  reshape, ``F.conv2d``, add, cat);
+* ``copy``: ``x.clone()`` of the same token tensor, the bandwidth floor;
+* ``conv``: the depthwise ``F.conv2d`` alone on an already channels-last grid
+  (no mask, no residual), i.e. what the convolution kernel itself costs,
+
+and prints ``peg`` as ratios to the first two (targets: ``peg/naive <= 1``,
+``peg/copy <= 4``) and ``conv/copy`` to show how much of ``peg`` is the
+kernel.  Shapes: DeiT-tiny (C=192, 14×14 + class token) and the DETR encoder
+(C=256, 25×34 with a padding mask).  Each implementation is timed
+``--repeats`` times in turn and the smallest median is kept, so a burst of
+load from other processes does not land on one implementation only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+from torch.utils.benchmark import Timer
+
+from peg_core import PEG2d
+from peg_core.peg import peg2d_reference, tokens_to_grid
+
+
+@dataclass
+class Case:
+    name: str
+    batch: int
+    dim: int
+    size: tuple[int, int]
+    num_prefix: int
+    masked: bool
+
+
+@dataclass
+class Row:
+    case: str
+    batch: int
+    pass_: str
+    peg_us: float
+    naive_us: float
+    copy_us: float
+    conv_us: float
+
+    @property
+    def vs_naive(self) -> float:
+        return self.peg_us / self.naive_us
+
+    @property
+    def vs_copy(self) -> float:
+        return self.peg_us / self.copy_us
+
+    @property
+    def conv_vs_copy(self) -> float:
+        return self.conv_us / self.copy_us
+
+
+def cases(quick: bool) -> list[Case]:
+    deit = (8, 32) if quick else (8, 32, 64)
+    detr = (2, 8) if quick else (2, 4, 8)
+    return [Case("deit-tiny 14x14+cls", b, 192, (14, 14), 1, False) for b in deit] + [
+        Case("detr 25x34 mask", b, 256, (25, 34), 0, True) for b in detr
+    ]
+
+
+def detr_mask(batch: int, size: tuple[int, int]) -> Tensor:
+    """Bottom/right padding as in a DETR batch: image ``b`` loses a few rows and columns."""
+    mask = torch.zeros(batch, *size, dtype=torch.bool)
+    for b in range(1, batch):
+        mask[b, size[0] - 1 - b % 5 :, :] = True
+        mask[b, :, size[1] - 2 - b % 7 :] = True
+    return mask
+
+
+def timed(fn: Callable[[], object], threads: int, min_run_time: float, cpu_time: bool = False) -> float:
+    """Median seconds per call over blocked runs (wall clock, or this thread's CPU time)."""
+    fn()  # warm-up (oneDNN primitive creation, allocator)
+    clock = {"timer": time.thread_time} if cpu_time else {}
+    timer = Timer("fn()", globals={"fn": fn}, num_threads=threads, **clock)
+    return timer.blocked_autorange(min_run_time=min_run_time).median
+
+
+def measure(case: Case, threads: int, min_run_time: float, repeats: int, cpu_time: bool) -> list[Row]:
+    b, c, (h, w), p = case.batch, case.dim, case.size, case.num_prefix
+    peg = PEG2d(c, kernel_size=3, num_prefix_tokens=p)
+    weight, bias = peg.proj.weight, peg.proj.bias
+    mask = detr_mask(b, case.size) if case.masked else None
+    x = torch.randn(b, p + h * w, c)
+    impls: dict[str, Callable[[Tensor], Tensor]] = {
+        "peg": lambda t: peg(t, (h, w), mask),
+        "naive": lambda t: peg2d_reference(t, weight, bias, (h, w), p, mask),
+        "copy": lambda t: t.clone(),
+        "conv": lambda t: peg.proj(tokens_to_grid(t[:, p:], (h, w))),
+    }
+    torch.testing.assert_close(impls["peg"](x), impls["naive"](x), atol=1e-5, rtol=1e-5)
+    # the conv-only floor gets a tensor that is already channels-last
+    inputs = {name: x for name in impls} | {"conv": x[:, p:].contiguous()}
+    if p:
+        impls["conv"] = lambda t: peg.proj(tokens_to_grid(t, (h, w)))
+
+    rows = []
+    for pass_ in ("fwd", "fwd+bwd"):
+        calls: dict[str, Callable[[], object]] = {}
+        for name, f in impls.items():
+            xin = inputs[name]
+            if pass_ == "fwd":
+                calls[name] = lambda f=f, xin=xin: f(xin)
+                continue
+            xg = xin.clone().requires_grad_()
+            params = [xg, *peg.parameters()]
+
+            def step(f=f, xg=xg, params=params) -> None:
+                for t in params:  # fresh gradients each call: no accumulation cost
+                    t.grad = None
+                out = f(xg)
+                out.backward(torch.ones_like(out))
+
+            calls[name] = step
+        us = dict.fromkeys(calls, float("inf"))
+        for _ in range(repeats):
+            for name, call in calls.items():
+                with torch.set_grad_enabled(pass_ != "fwd"):
+                    us[name] = min(us[name], timed(call, threads, min_run_time, cpu_time) * 1e6)
+        rows.append(Row(case.name, b, pass_, us["peg"], us["naive"], us["copy"], us["conv"]))
+    return rows
+
+
+def markdown(rows: list[Row], threads: int, cpu_time: bool) -> str:
+    clock = "thread CPU time" if cpu_time else "wall clock"
+    lines = [
+        f"PEG2d on CPU ({platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"{threads} threads); median µs per call, {clock}",
+        "",
+        "| shape | B | pass | PEG2d µs | naive µs | copy µs | conv µs | PEG2d/naive | PEG2d/copy | conv/copy |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.case} | {r.batch} | {r.pass_} | {r.peg_us:.0f} | {r.naive_us:.0f} | {r.copy_us:.0f} "
+            f"| {r.conv_us:.0f} | {r.vs_naive:.2f} | {r.vs_copy:.1f} | {r.conv_vs_copy:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="timing rounds per implementation")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with this thread's CPU time instead of the wall clock (needs --threads 1): "
+        "robust when other processes load the machine, since descheduled time is not counted",
+    )
+    args = parser.parse_args(argv)
+    if args.cpu_time and args.threads != 1:
+        parser.error("--cpu-time only sees the calling thread; use it with --threads 1")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    min_run_time = 0.2 if args.quick else 0.5
+    repeats = args.repeats or (2 if args.quick else 3)
+    rows = [
+        row
+        for case in cases(args.quick)
+        for row in measure(case, args.threads, min_run_time, repeats, args.cpu_time)
+    ]
+    print(markdown(rows, args.threads, args.cpu_time))
+    worst_naive = max(r.vs_naive for r in rows)
+    worst_copy = max(r.vs_copy for r in rows)
+    print(
+        f"\nworst PEG2d/naive = {worst_naive:.2f} (target <= 1), "
+        f"worst PEG2d/copy = {worst_copy:.1f} (target <= 4)"
+    )
+    if args.json:
+        payload = {
+            "threads": args.threads,
+            "clock": "thread_cpu" if args.cpu_time else "wall",
+            "torch": torch.__version__,
+            "rows": [
+                asdict(r) | {"vs_naive": r.vs_naive, "vs_copy": r.vs_copy, "conv_vs_copy": r.conv_vs_copy}
+                for r in rows
+            ],
+        }
+        with open(args.json, "w") as fh:
+            json.dump(payload, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
