@@ -38,3 +38,8 @@ __all__ = [
     "sincos_2d",
     "tokens_to_grid",
 ]
+
+# Checkpoint surgery (timm/DeiT, torchvision ViT and CPVT checkpoints).
+from .surgery import learned_to_cpvt, resize_checkpoint
+
+__all__ += ["learned_to_cpvt", "resize_checkpoint"]

@@ -1,0 +1,131 @@
+"""Transformer building blocks in the DeiT/timm parameter layout (pure torch).
+
+Parameter names follow timm's ``VisionTransformer`` (``norm1``, ``attn.qkv``,
+``attn.proj``, ``norm2``, ``mlp.fc1``, ``mlp.fc2``) so DeiT state dicts map
+onto them one to one.  Tokens stay ``(B, N, C)`` throughout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Attention", "Block", "DropPath", "Mlp", "PatchEmbed", "drop_path", "init_vit_weights"]
+
+
+def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
+    """Stochastic depth: zero whole samples of a residual branch with probability ``p``, rescale the rest."""
+    if p == 0.0 or not training:
+        return x
+    keep = 1.0 - p
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+    return x * mask / keep
+
+
+class DropPath(nn.Module):
+    """Module form of :func:`drop_path`."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return drop_path(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping ``patch×patch`` conv: image ``(B, 3, H, W)`` -> tokens ``(B, H/p * W/p, C)``.
+
+    ``H`` and ``W`` must be multiples of ``patch_size``; the model pads before
+    calling this (see :class:`peg_core.models.CPVT`).
+    """
+
+    def __init__(self, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        x = self.proj(x)  # (B, C, H/p, W/p)
+        size = (x.shape[-2], x.shape[-1])
+        return x.flatten(2).transpose(1, 2), size
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused ``qkv`` projection and ``F.scaled_dot_product_attention``."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embed_dim={dim} must be divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, c = x.shape
+        # (B, N, 3C) -> (3, B, heads, N, C/heads)
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        p = self.attn_drop if self.training else 0.0
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        return self.proj(x.transpose(1, 2).reshape(b, n, c))
+
+
+class Mlp(nn.Module):
+    """``fc1 -> GELU -> fc2``."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(norm1(x))`` then ``x + mlp(norm2(x))``; ``(B, N, C)`` in and out."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_path: float = 0.0,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+def _init_weights(m: nn.Module) -> None:
+    """timm's ViT init: trunc-normal(0.02) linears with zero bias, unit LayerNorms."""
+    if isinstance(m, nn.Linear):
+        nn.init.trunc_normal_(m.weight, std=0.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
+
+
+@torch.no_grad()
+def init_vit_weights(model: nn.Module) -> None:
+    """Apply :func:`_init_weights` to every submodule of ``model``."""
+    model.apply(_init_weights)

@@ -1,0 +1,90 @@
+"""Loading timm / DeiT (and torchvision ViT) weights into :class:`~peg_core.models.CPVT`.
+
+Mapping (timm name -> CPVT name; everything not listed has the same name)::
+
+    patch_embed.proj.*, cls_token, blocks.<i>.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}.*,
+    norm.*, head.*                      -> same names
+    pos_embed (1, P + 14*14, C)         -> pos_enc.pos_embed, resized to the model's grid
+                                           (pos_enc="learned"); dropped otherwise
+    dist_token, head_dist.* (distilled) -> dropped; the dist entry of pos_embed too
+    cls_token                           -> dropped when the model has no class token (GAP);
+                                           so is pos_embed's class-token entry
+    (missing) pos_blocks.<i>.proj.*     -> zeros: the PEGs start as identity
+    head.* of another num_classes       -> the model's own initial head is kept
+
+torchvision ``VisionTransformer`` state dicts are renamed first
+(:func:`peg_core.surgery.torchvision_vit_to_deit`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..resize import infer_grid, resize_pos_embed
+from ..surgery import _is_torchvision_vit, strip_module_prefix, torchvision_vit_to_deit, unwrap_state_dict
+from .cpvt import CPVT
+
+__all__ = ["load_timm_deit"]
+
+
+@torch.no_grad()
+def load_timm_deit(model: CPVT, state_dict: Mapping[str, Any], mode: str = "bicubic") -> dict[str, list[str]]:
+    """Load a timm DeiT / ViT (or torchvision ViT) checkpoint into ``model`` (see the module docstring).
+
+    Args:
+        model: the :class:`CPVT` to fill (any ``pos_enc`` and ``global_pool``).
+        state_dict: the checkpoint; ``model``/``state_dict`` wrappers and ``module.`` prefixes are fine.
+        mode: interpolation for resizing ``pos_embed`` to a learned model's grid.
+
+    Returns:
+        ``{"dropped": [...], "zero_init": [...], "kept_init": [...], "resized": [...]}`` naming the keys
+        that were not loaded one to one.  Any other mismatch raises (strict load).
+    """
+    sd = strip_module_prefix(unwrap_state_dict(state_dict)[0])
+    if _is_torchvision_vit(sd):
+        sd = torchvision_vit_to_deit(sd)
+    report: dict[str, list[str]] = {"dropped": [], "zero_init": [], "kept_init": [], "resized": []}
+    own = model.state_dict()
+
+    n_src_prefix = int("cls_token" in sd) + int("dist_token" in sd)
+    for name in [n for n in sd if n == "dist_token" or n.startswith("head_dist.")]:
+        del sd[name]
+        report["dropped"].append(name)
+    if "cls_token" in sd and model.cls_token is None:
+        del sd["cls_token"]
+        report["dropped"].append("cls_token")
+
+    if "pos_embed" in sd:
+        table = sd.pop("pos_embed")
+        if "pos_enc.pos_embed" in own:
+            if model.num_prefix_tokens > n_src_prefix:
+                raise ValueError(
+                    f"the model has a class token but the checkpoint's pos_embed {tuple(table.shape)} has "
+                    f"no class-token entry; build the model with global_pool='avg' (no class token)"
+                )
+            src_grid = infer_grid(table.shape[1] - n_src_prefix)
+            # Keep only the class-token row (first) when the model has a class token.
+            prefix = table[:, : model.num_prefix_tokens]
+            grid = torch.cat([prefix, table[:, n_src_prefix:]], dim=1)
+            sd["pos_enc.pos_embed"] = resize_pos_embed(
+                grid, model.grid_size, src_grid, num_prefix_tokens=model.num_prefix_tokens, mode=mode
+            )
+            report["resized"].append(
+                f"pos_embed {tuple(table.shape)} -> pos_enc.pos_embed {tuple(sd['pos_enc.pos_embed'].shape)}"
+            )
+        else:
+            report["dropped"].append("pos_embed")
+
+    for name, value in own.items():
+        if name.startswith("pos_blocks.") and name not in sd:
+            sd[name] = torch.zeros_like(value)
+            report["zero_init"].append(name)
+    for name in ("head.weight", "head.bias"):
+        if name in sd and name in own and sd[name].shape != own[name].shape:
+            report["kept_init"].append(f"{name} {tuple(sd[name].shape)} (model has {tuple(own[name].shape)})")
+            sd[name] = own[name]
+    model.load_state_dict(sd, strict=True)
+    return report

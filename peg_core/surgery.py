@@ -1,0 +1,392 @@
+"""Checkpoint surgery: resize the position table of a ViT checkpoint, or turn it into a CPVT one.
+
+Knows three layouts, also inside a ``{"model": ...}`` / ``{"state_dict": ...}``
+wrapper and with DataParallel's ``module.`` prefix:
+
+* timm / DeiT: ``pos_embed`` ``(1, P + H*W, C)`` with ``cls_token`` (and, for
+  distilled DeiT, ``dist_token``, so ``P = 2``);
+* torchvision ViT: ``encoder.pos_embedding`` ``(1, 1 + H*W, C)`` with ``class_token``;
+* this project's classifier (:class:`peg_core.models.CPVT` with
+  ``pos_enc="learned"``): ``pos_enc.pos_embed`` ``(1, P + H*W, C)``.
+
+Files are read with ``torch.load(weights_only=True)`` (``.pth``/``.pt``) or
+safetensors (``.safetensors``, imported only when such a file is used).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .resize import infer_grid, resize_pos_embed
+from .utils.checkpoint import atomic_save, load_checkpoint
+
+__all__ = [
+    "ConversionReport",
+    "TableChange",
+    "find_pos_embed_key",
+    "learned_to_cpvt",
+    "load_state_file",
+    "resize_checkpoint",
+    "save_state_file",
+    "strip_module_prefix",
+    "torchvision_vit_to_deit",
+    "unwrap_state_dict",
+]
+
+#: last key component of a position table
+TABLE_NAMES = ("pos_embed", "pos_embedding")
+#: tokens in front of the grid, and how many table rows each takes
+PREFIX_TOKEN_NAMES = ("cls_token", "class_token", "dist_token", "reg_token")
+WRAPPER_KEYS = ("model", "state_dict", "model_state", "model_ema")
+
+StateDict = dict[str, Any]
+
+
+def unwrap_state_dict(obj: Mapping[str, Any]) -> tuple[StateDict, Callable[[StateDict], Any]]:
+    """The tensor dict inside a checkpoint, and a function that puts a new one back in its place.
+
+    Descends through ``model`` / ``state_dict`` / ``model_state`` / ``model_ema``
+    entries (outermost first) until a mapping holding tensors is found.
+    """
+    if not isinstance(obj, Mapping):
+        raise TypeError(f"a checkpoint must be a dict of tensors (or wrap one); got {type(obj).__name__}")
+    if any(isinstance(v, Tensor) for v in obj.values()):
+        return dict(obj), lambda new: new
+    for k in WRAPPER_KEYS:
+        if isinstance(obj.get(k), Mapping):
+            inner, put = unwrap_state_dict(obj[k])
+
+            def rewrap(new: StateDict, k: str = k, put: Callable = put) -> Any:
+                return {**obj, k: put(new)}
+
+            return inner, rewrap
+    raise ValueError(
+        f"no tensors found in the checkpoint; top-level keys are {sorted(obj)[:20]} "
+        f"(looked inside {WRAPPER_KEYS})"
+    )
+
+
+def strip_module_prefix(sd: Mapping[str, Any]) -> StateDict:
+    """Remove a leading ``module.`` (DataParallel / DDP), repeatedly, when every key has it."""
+    out = dict(sd)
+    while out and all(k.startswith("module.") for k in out):
+        out = {k[len("module.") :]: v for k, v in out.items()}
+    return out
+
+
+def find_pos_embed_key(sd: Mapping[str, Any], key: str | None = None) -> str:
+    """The key of the (single) position table in ``sd``; ``ValueError`` naming candidates otherwise."""
+    if key is not None:
+        if key not in sd:
+            near = [k for k in sd if k.endswith(key) or key.endswith(k)]
+            hint = f"; did you mean {near}?" if near else f"; tables found: {_candidates(sd)}"
+            raise KeyError(f"key {key!r} is not in the checkpoint{hint}")
+        if not isinstance(sd[key], Tensor) or sd[key].dim() not in (2, 3):
+            raise ValueError(f"{key!r} is not a position table (1, N, C) or (N, C): {_describe(sd[key])}")
+        return key
+    found = _candidates(sd)
+    if not found:
+        raise ValueError(
+            f"no position table found (looked for keys ending in {TABLE_NAMES}, 2D or 3D tensors) among "
+            f"{len(sd)} keys, e.g. {list(sd)[:8]}; pass key=... (--key) to name it"
+        )
+    if len(found) > 1:
+        shapes = {k: tuple(sd[k].shape) for k in found}
+        raise ValueError(f"several position tables found: {shapes}; pass key=... (--key) to choose one")
+    return found[0]
+
+
+def _candidates(sd: Mapping[str, Any]) -> list[str]:
+    return [
+        k
+        for k, v in sd.items()
+        if k.rsplit(".", 1)[-1] in TABLE_NAMES and isinstance(v, Tensor) and v.dim() in (2, 3)
+    ]
+
+
+def _describe(v: Any) -> str:
+    return f"tensor of shape {tuple(v.shape)}" if isinstance(v, Tensor) else type(v).__name__
+
+
+def _prefix_tokens_near(sd: Mapping[str, Any], key: str) -> tuple[int, list[str]]:
+    """Count the prefix tokens stored next to ``key`` (closest ancestor module that holds any)."""
+    parts = key.split(".")[:-1]
+    for depth in range(len(parts), -1, -1):
+        root = "".join(p + "." for p in parts[:depth])
+        names = [root + n for n in PREFIX_TOKEN_NAMES if isinstance(sd.get(root + n), Tensor)]
+        if names:
+            # cls/dist tokens are (1, 1, C); register tokens (1, R, C).
+            count = sum(sd[n].shape[-2] if sd[n].dim() >= 2 else 1 for n in names)
+            return count, names
+    return 0, []
+
+
+@dataclass
+class TableChange:
+    """What :func:`resize_checkpoint` did to one table."""
+
+    key: str
+    old_shape: tuple[int, ...]
+    new_shape: tuple[int, ...]
+    old_grid: tuple[int, int]
+    new_grid: tuple[int, int]
+    num_prefix_tokens: int
+    prefix_source: str
+    mode: str
+
+    @property
+    def changed(self) -> bool:
+        return self.old_grid != self.new_grid
+
+    def __str__(self) -> str:
+        og, ng = "x".join(map(str, self.old_grid)), "x".join(map(str, self.new_grid))
+        if not self.changed:
+            return f"{self.key}: grid already {og}, shape {self.old_shape}; unchanged"
+        return (
+            f"{self.key}: {self.old_shape} -> {self.new_shape}, grid {og} -> {ng} ({self.mode}), "
+            f"{self.num_prefix_tokens} prefix token(s) kept ({self.prefix_source})"
+        )
+
+
+def resize_checkpoint(
+    state_dict: Mapping[str, Any],
+    new_size: int | Sequence[int],
+    key: str | None = None,
+    mode: str = "bicubic",
+    num_prefix_tokens: int | None = None,
+    old_size: int | Sequence[int] | None = None,
+    antialias: bool = False,
+) -> tuple[Any, TableChange]:
+    """Resize the position table of a checkpoint to grid ``new_size``.
+
+    Args:
+        state_dict: a state dict, or a checkpoint wrapping one under
+            ``model``/``state_dict`` (the wrapper and all other entries are kept).
+        new_size: new grid ``(H, W)`` in patches (an int means square), e.g. 24 for 384 px / patch 16.
+        key: the table's key; found by name (``pos_embed``, ``encoder.pos_embedding``,
+            ``pos_enc.pos_embed``, with any ``module.`` prefix) when ``None``.
+        mode: ``nearest`` / ``bilinear`` / ``bicubic`` / ``area``.
+        num_prefix_tokens: table rows before the grid; counted from the
+            ``cls_token``/``class_token``/``dist_token``/``reg_token`` entries next
+            to the table when ``None``, else taken from the row count.
+        old_size: the table's grid; ``None`` means square.
+        antialias: anti-aliased down-sizing (bilinear/bicubic).
+
+    Returns:
+        ``(new_checkpoint, change)``: the same structure with the table replaced
+        (the input is not modified), and a :class:`TableChange`.
+    """
+    sd, rewrap = unwrap_state_dict(state_dict)
+    k = find_pos_embed_key(sd, key)
+    table = sd[k]
+    n = table.shape[-2]
+    if num_prefix_tokens is not None:
+        p, source = int(num_prefix_tokens), "given"
+    else:
+        p, names = _prefix_tokens_near(sd, k)
+        source = "from " + ", ".join(names) if names else "no class token in the checkpoint"
+        if not names and old_size is None:
+            p, source = _prefix_from_count(n, k)
+    if old_size is None:
+        try:
+            old = infer_grid(n - p)
+        except ValueError:
+            raise ValueError(
+                f"{k!r} of shape {tuple(table.shape)} has {n - p} grid rows after {p} prefix token(s) "
+                f"({source}), which is not a square grid; pass old_size (--old-grid HxW) or "
+                f"num_prefix_tokens (--prefix-tokens N)"
+            ) from None
+    else:
+        old = (old_size, old_size) if isinstance(old_size, int) else tuple(int(s) for s in old_size)
+    new = (new_size, new_size) if isinstance(new_size, int) else tuple(int(s) for s in new_size)
+    if len(new) != 2:
+        raise ValueError(f"new_size must be a 2D grid (H, W); got {new}")
+    try:
+        resized = resize_pos_embed(table, new, old, num_prefix_tokens=p, mode=mode, antialias=antialias)
+    except ValueError as e:
+        raise ValueError(f"cannot resize {k!r} of shape {tuple(table.shape)}: {e}") from None
+    change = TableChange(k, tuple(table.shape), tuple(resized.shape), old, new, p, source, mode)
+    return rewrap({**sd, k: resized}), change
+
+
+def _prefix_from_count(n: int, key: str) -> tuple[int, str]:
+    for p in (0, 1, 2):
+        try:
+            infer_grid(n - p)
+        except ValueError:
+            continue
+        return p, f"inferred from the {n} rows ({n - p} is a square)"
+    raise ValueError(
+        f"{key!r} has {n} rows and no class token next to it; neither {n}, {n - 1} nor {n - 2} is a "
+        f"square grid; pass num_prefix_tokens (--prefix-tokens) and old_size (--old-grid)"
+    )
+
+
+# torchvision VisionTransformer -> timm/DeiT names (regex on the key, replacement).
+_TV_RULES = [
+    (r"^conv_proj\.", "patch_embed.proj."),
+    (r"^class_token$", "cls_token"),
+    (r"^encoder\.pos_embedding$", "pos_embed"),
+    (r"^encoder\.ln\.", "norm."),
+    (r"^heads\.head\.", "head."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_1\.", r"blocks.\1.norm1."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_2\.", r"blocks.\1.norm2."),
+    (
+        r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.in_proj_(weight|bias)$",
+        r"blocks.\1.attn.qkv.\2",
+    ),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.out_proj\.", r"blocks.\1.attn.proj."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(0|linear_1)\.", r"blocks.\1.mlp.fc1."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(3|linear_2)\.", r"blocks.\1.mlp.fc2."),
+]
+
+
+def torchvision_vit_to_deit(sd: Mapping[str, Tensor]) -> StateDict:
+    """Rename a torchvision ``VisionTransformer`` state dict to the timm/DeiT layout.
+
+    ``in_proj_weight`` is already ``[q; k; v]`` stacked like timm's ``qkv``, so
+    only names change.  A ``heads.pre_logits`` layer has no DeiT counterpart and
+    is refused.
+    """
+    out: StateDict = {}
+    for k, v in sd.items():
+        for pat, rep in _TV_RULES:
+            new, hits = re.subn(pat, rep, k)
+            if hits:
+                out[new] = v
+                break
+        else:
+            raise ValueError(f"torchvision ViT key {k!r} has no timm/DeiT counterpart")
+    return out
+
+
+def _is_torchvision_vit(sd: Mapping[str, Any]) -> bool:
+    return "conv_proj.weight" in sd and "encoder.pos_embedding" in sd
+
+
+@dataclass
+class ConversionReport:
+    """What :func:`learned_to_cpvt` changed."""
+
+    source_layout: str
+    dropped: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    added: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    renamed: int = 0
+
+    def __str__(self) -> str:
+        lines = [
+            f"source layout: {self.source_layout}"
+            + (f" ({self.renamed} keys renamed)" if self.renamed else "")
+        ]
+        lines += [f"dropped {k} {s}" for k, s in self.dropped.items()]
+        lines += [f"added   {k} {s} (zeros)" for k, s in self.added.items()]
+        return "\n".join(lines)
+
+
+def learned_to_cpvt(
+    state_dict: Mapping[str, Any],
+    peg_at: Sequence[int] = (0,),
+    kernel_size: int = 3,
+    key: str | None = None,
+) -> tuple[StateDict, ConversionReport]:
+    """Turn a learned-table ViT checkpoint into one for :class:`peg_core.models.CPVT` (``pos_enc="peg"``).
+
+    The position table is dropped and zero-initialised PEG weights are added
+    at ``pos_blocks.<i>.proj.weight`` ``(C, 1, k, k)`` and ``.proj.bias`` ``(C,)``
+    for each ``i`` in ``peg_at``, so the converted model starts as the original
+    one without its table; the PEGs then learn position from fine-tuning.  The
+    distillation token and head of a distilled DeiT (``dist_token``,
+    ``head_dist.*``) are dropped too.  torchvision ViT checkpoints are renamed to
+    the DeiT layout first.  The class token is kept: load the result into a
+    ``global_pool="token"`` model, or use :func:`peg_core.models.load_timm_deit`
+    for a GAP one.
+
+    Returns:
+        ``(state_dict, report)``: a flat state dict in CPVT names (no wrapper,
+        no ``module.`` prefix) and a :class:`ConversionReport`.
+    """
+    sd = strip_module_prefix(unwrap_state_dict(state_dict)[0])
+    report = ConversionReport("timm/DeiT")
+    if _is_torchvision_vit(sd):
+        sd = torchvision_vit_to_deit(sd)
+        report.source_layout, report.renamed = "torchvision ViT", len(sd)
+    k = find_pos_embed_key(sd, key)
+    table = sd.pop(k)
+    report.dropped[k] = tuple(table.shape)
+    for name in [n for n in sd if n == "dist_token" or n.startswith("head_dist.")]:
+        report.dropped[name] = tuple(sd.pop(name).shape)
+
+    blocks = {int(m.group(1)) for n in sd if (m := re.match(r"blocks\.(\d+)\.", n))}
+    if not blocks:
+        raise ValueError(f"no transformer blocks (blocks.<i>.*) found; keys start {list(sd)[:8]}")
+    bad = sorted(i for i in peg_at if i not in blocks)
+    if bad:
+        raise ValueError(
+            f"peg_at={tuple(peg_at)}: blocks {bad} do not exist (checkpoint has blocks {min(blocks)}..{max(blocks)})"
+        )
+    if kernel_size < 1 or kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size must be odd; got {kernel_size}")
+    dim = table.shape[-1]
+    for i in sorted(set(peg_at)):
+        for name, shape in ((f"pos_blocks.{i}.proj.weight", (dim, 1, kernel_size, kernel_size)),
+                            (f"pos_blocks.{i}.proj.bias", (dim,))):  # fmt: skip
+            sd[name] = torch.zeros(shape, dtype=table.dtype)
+            report.added[name] = shape
+    return sd, report
+
+
+def load_state_file(path: str | os.PathLike) -> Any:
+    """Read a ``.safetensors`` file (safetensors imported here only) or a torch file (``weights_only=True``)."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint not found: {path}")
+        try:
+            from safetensors.torch import load_file
+        except ImportError as e:
+            raise ImportError(
+                f"reading {path} needs the 'safetensors' package (pip install safetensors)"
+            ) from e
+        return load_file(str(path))
+    return load_checkpoint(path)
+
+
+def save_state_file(obj: Any, path: str | os.PathLike) -> list[str]:
+    """Write ``obj`` in the format the suffix of ``path`` names; returns the entries that could not be kept.
+
+    ``.safetensors`` holds a flat dict of tensors only: a wrapped checkpoint is
+    written as its inner state dict and any non-tensor entries are left out
+    (returned so the caller can say so).  Torch files are written atomically.
+    """
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        atomic_save(obj, path)
+        return []
+    try:
+        from safetensors.torch import save_file
+    except ImportError as e:
+        raise ImportError(f"writing {path} needs the 'safetensors' package (pip install safetensors)") from e
+    sd, _ = unwrap_state_dict(obj)
+    dropped = [k for k, v in sd.items() if not isinstance(v, Tensor)]
+    if not any(isinstance(v, Tensor) for v in obj.values()):
+        dropped += [f"{k} (checkpoint entry outside the state dict)" for k in obj if k not in WRAPPER_KEYS]
+    tensors, seen = {}, set()
+    for k, v in sd.items():
+        if isinstance(v, Tensor):
+            # safetensors refuses tensors that share memory (tied weights): give each its own copy.
+            ptr = v.untyped_storage().data_ptr()
+            tensors[k] = v.contiguous().clone() if ptr in seen else v.contiguous()
+            seen.add(ptr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+    return dropped
