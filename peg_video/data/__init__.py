@@ -1,0 +1,45 @@
+"""Kinetics data: annotations, frame sampling, clip transforms, the decord dataset, the
+pytorchvideo alternative and the synthetic generator."""
+
+from .annotations import (
+    Annotations,
+    VideoRecord,
+    is_kinetics_csv,
+    load_annotations,
+    normalize_label,
+    read_class_map,
+    read_kinetics_csv,
+    read_path_label_list,
+    write_class_map,
+)
+from .kinetics import KineticsVideoDataset, VideoDecodeError, collate_clips, read_frames
+from .sampling import clip_indices, clip_span, multiview_clip_starts, multiview_indices, train_clip_indices
+from .synthetic import MOTIONS, SyntheticSpec, make_synthetic_kinetics
+from .transforms import ClipTransformConfig, EvalClipTransform, TrainClipTransform
+
+__all__ = [
+    "MOTIONS",
+    "Annotations",
+    "ClipTransformConfig",
+    "EvalClipTransform",
+    "KineticsVideoDataset",
+    "SyntheticSpec",
+    "TrainClipTransform",
+    "VideoDecodeError",
+    "VideoRecord",
+    "clip_indices",
+    "clip_span",
+    "collate_clips",
+    "is_kinetics_csv",
+    "load_annotations",
+    "make_synthetic_kinetics",
+    "multiview_clip_starts",
+    "multiview_indices",
+    "normalize_label",
+    "read_class_map",
+    "read_frames",
+    "read_kinetics_csv",
+    "read_path_label_list",
+    "train_clip_indices",
+    "write_class_map",
+]

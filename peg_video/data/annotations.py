@@ -1,0 +1,191 @@
+"""Reading Kinetics annotations: the official CSV and the ``path label`` list.
+
+* Official Kinetics CSV: a header ``label,youtube_id,time_start,time_end,split`` (extra
+  columns such as ``is_cc`` are ignored), video files named
+  ``{youtube_id}_{time_start:06d}_{time_end:06d}.mp4`` either under a folder per class
+  (the folder is the label as written, or with spaces replaced by ``_``) or flat.
+* pytorchvideo / mmaction list: one ``<path> <label>`` per line, path relative to
+  ``video_root`` (default: the list file's folder); the label is a class index, or a class
+  name (quoted when it contains spaces) mapped like the CSV labels.
+
+Class indices come from the sorted normalised label names (quotes stripped, spaces to
+``_``), so the same names always give the same indices; :func:`write_class_map` stores the
+mapping beside a checkpoint.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "Annotations",
+    "VideoRecord",
+    "is_kinetics_csv",
+    "load_annotations",
+    "normalize_label",
+    "read_class_map",
+    "read_kinetics_csv",
+    "read_path_label_list",
+    "write_class_map",
+]
+
+_CSV_FIELDS = ("label", "youtube_id", "time_start", "time_end")
+_VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi")
+# "<path> <label>": the label is the last field, or a quoted name that may contain spaces.
+_LIST_LINE = re.compile(r"""^\s*(.+?)\s+("[^"]*"|'[^']*'|\S+)\s*$""")
+
+
+@dataclass(frozen=True)
+class VideoRecord:
+    """One annotated video: its file (which may be missing) and class index."""
+
+    path: Path
+    label: int
+
+
+@dataclass(frozen=True)
+class Annotations:
+    records: list[VideoRecord]
+    classes: list[str]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def normalize_label(raw: str) -> str:
+    """``' "air drumming" '`` -> ``'air_drumming'``."""
+    return raw.strip().strip("\"'").strip().replace(" ", "_")
+
+
+def _class_index(classes: list[str], name: str, where: str) -> int:
+    try:
+        return classes.index(name)
+    except ValueError:
+        raise ValueError(f"{where}: label {name!r} is not one of the {len(classes)} known classes") from None
+
+
+def _find_video(root: Path, raw_label: str, stem: str) -> Path:
+    """First existing candidate among class folder (as written / underscored) and flat, any extension."""
+    folders = [root / raw_label.strip().strip("\"'"), root / normalize_label(raw_label), root]
+    for folder in folders:
+        for ext in _VIDEO_EXTS:
+            if (folder / f"{stem}{ext}").is_file():
+                return folder / f"{stem}{ext}"
+    return folders[1] / f"{stem}.mp4"  # reported as missing when loaded
+
+
+def read_kinetics_csv(
+    csv_path: str | Path, video_root: str | Path | None = None, classes: list[str] | None = None
+) -> Annotations:
+    """Parse an official Kinetics CSV.
+
+    Args:
+        csv_path: the annotation file.
+        video_root: folder holding the videos (default: ``<csv folder>/<split>`` when it exists,
+            else the CSV's folder).
+        classes: a fixed class list (e.g. the training set's for the validation CSV); by default
+            the sorted normalised labels of this file.
+    """
+    csv_path = Path(csv_path)
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"{csv_path}: no annotation rows")
+    missing = [k for k in _CSV_FIELDS if k not in rows[0]]
+    if missing:
+        raise ValueError(
+            f"{csv_path}: missing columns {missing}; expected a header {','.join(_CSV_FIELDS)},split"
+        )
+    if classes is None:
+        classes = sorted({normalize_label(r["label"]) for r in rows})
+    root = Path(video_root) if video_root is not None else None
+    records = []
+    for line, row in enumerate(rows, start=2):
+        where = f"{csv_path}:{line}"
+        try:
+            stem = f"{row['youtube_id']}_{int(row['time_start']):06d}_{int(row['time_end']):06d}"
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: time_start/time_end must be integers, got {row}") from None
+        split_root = root
+        if split_root is None:
+            split_dir = csv_path.parent / (row.get("split") or "")
+            split_root = split_dir if split_dir.is_dir() else csv_path.parent
+        label = _class_index(classes, normalize_label(row["label"]), where)
+        records.append(VideoRecord(_find_video(split_root, row["label"], stem), label))
+    return Annotations(records, list(classes))
+
+
+def read_path_label_list(
+    list_path: str | Path, video_root: str | Path | None = None, classes: list[str] | None = None
+) -> Annotations:
+    """Parse a ``<path> <label>`` list (paths may contain spaces: the label is the last field)."""
+    list_path = Path(list_path)
+    root = Path(video_root) if video_root is not None else list_path.parent
+    pairs = []
+    for line_no, line in enumerate(list_path.read_text().splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        match = _LIST_LINE.match(line)
+        if match is None:
+            raise ValueError(f"{list_path}:{line_no}: expected '<path> <label>', got {line!r}")
+        pairs.append((line_no, match.group(1), match.group(2)))
+    if not pairs:
+        raise ValueError(f"{list_path}: no annotation lines")
+    numeric = all(lab.lstrip("-").isdigit() for _, _, lab in pairs)
+    if classes is None:
+        if numeric:
+            classes = [str(i) for i in range(max(int(lab) for _, _, lab in pairs) + 1)]
+        else:
+            classes = sorted({normalize_label(lab) for _, _, lab in pairs})
+    records = []
+    for line_no, rel, lab in pairs:
+        where = f"{list_path}:{line_no}"
+        if numeric:
+            label = int(lab)
+            if not 0 <= label < len(classes):
+                raise ValueError(f"{where}: class index {label} outside [0, {len(classes)})")
+        else:
+            label = _class_index(classes, normalize_label(lab), where)
+        path = Path(rel)
+        records.append(VideoRecord(path if path.is_absolute() else root / path, label))
+    return Annotations(records, list(classes))
+
+
+def is_kinetics_csv(path: str | Path) -> bool:
+    """True when the file starts with the official Kinetics CSV header."""
+    with open(path) as f:
+        first = f.readline()
+    return first.lower().startswith("label,") or "youtube_id" in first
+
+
+def load_annotations(
+    path: str | Path, video_root: str | Path | None = None, classes: list[str] | None = None
+) -> Annotations:
+    """Read either format, recognised by the CSV header line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"annotation file not found: {path}")
+    if is_kinetics_csv(path):
+        return read_kinetics_csv(path, video_root, classes)
+    return read_path_label_list(path, video_root, classes)
+
+
+def write_class_map(classes: list[str], path: str | Path) -> Path:
+    """Write ``{"classes": [...], "index": {name: i}}`` as JSON (kept beside checkpoints)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps({"classes": classes, "index": {c: i for i, c in enumerate(classes)}}, indent=1)
+    )
+    return path
+
+
+def read_class_map(path: str | Path) -> list[str]:
+    """Class names from :func:`write_class_map` output or a plain JSON list."""
+    data = json.loads(Path(path).read_text())
+    return list(data["classes"] if isinstance(data, dict) else data)

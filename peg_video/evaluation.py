@@ -1,0 +1,109 @@
+"""The Kinetics multi-view evaluator.
+
+Each test video is seen as ``num_clips × num_crops`` views.  The evaluator collects one score
+vector per view, merges the views of all processes (``DistributedSampler`` pads the last
+shard with repeated videos: duplicates are removed by ``(video index, view index)``), fuses
+the views of each video and reports
+
+* ``top1`` / ``top5``: video-level accuracy of the fused scores,
+* ``mean_class_accuracy``: video-level top-1 averaged over the classes present,
+* ``clip_top1``: accuracy of the single views,
+* ``num_videos`` / ``num_views``, and the broken videos that were skipped.
+
+Fusion (``reduction``): ``"mean"`` of softmax probabilities (the usual protocol), ``"sum"``
+of probabilities, element-wise ``"max"`` of probabilities, or ``"logits"`` (mean of the raw
+logits).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from peg_core.utils import all_gather_object
+
+__all__ = ["REDUCTIONS", "KineticsEvaluator"]
+
+REDUCTIONS = ("mean", "sum", "max", "logits")
+
+
+class KineticsEvaluator:
+    """Accumulate per-view scores; :meth:`summarize` merges ranks and computes the metrics."""
+
+    def __init__(self, num_classes: int, reduction: str = "mean", topk: tuple[int, ...] = (1, 5)) -> None:
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        self.num_classes = num_classes
+        self.reduction = reduction
+        self.topk = topk
+        self._views: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
+        self._skipped: dict[str, str] = {}
+
+    def update(
+        self, logits: torch.Tensor, labels: torch.Tensor, video_index: torch.Tensor, view_index: torch.Tensor
+    ) -> None:
+        """Add views.  ``logits`` ``(N, K)``; ``labels``, ``video_index``, ``view_index`` ``(N,)``."""
+        if logits.ndim != 2 or logits.shape[1] != self.num_classes:
+            raise ValueError(f"logits must be (N, {self.num_classes}), got {tuple(logits.shape)}")
+        n = logits.shape[0]
+        for name, t in (("labels", labels), ("video_index", video_index), ("view_index", view_index)):
+            if t.shape != (n,):
+                raise ValueError(f"{name} must have shape ({n},), got {tuple(t.shape)}")
+        logits = logits.detach().float().cpu()
+        for row, lab, vid, view in zip(logits, labels.tolist(), video_index.tolist(), view_index.tolist()):
+            self._views[(int(vid), int(view))] = (row, int(lab))
+
+    def add_skipped(self, skipped: list[tuple[str, str]]) -> None:
+        """Record broken videos as ``(path, reason)``."""
+        for path, reason in skipped:
+            self._skipped[path] = reason
+
+    def _merged(self) -> tuple[dict[tuple[int, int], tuple[torch.Tensor, int]], dict[str, str]]:
+        views: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
+        skipped: dict[str, str] = {}
+        for rank_views, rank_skipped in all_gather_object((self._views, self._skipped)):
+            views.update(rank_views)  # same key twice = a padded duplicate: identical scores
+            skipped.update(rank_skipped)
+        return views, skipped
+
+    def summarize(self) -> dict[str, Any]:
+        """Metrics over all processes (call on every rank: it gathers)."""
+        views, skipped = self._merged()
+        result: dict[str, Any] = {
+            "num_videos": 0,
+            "num_views": len(views),
+            "skipped": len(skipped),
+            "skipped_videos": [{"path": p, "reason": r} for p, r in sorted(skipped.items())],
+        }
+        if not views:
+            result.update({f"top{k}": float("nan") for k in self.topk})
+            result.update(mean_class_accuracy=float("nan"), clip_top1=float("nan"))
+            return result
+        keys = sorted(views)
+        scores = torch.stack([views[k][0] for k in keys])  # (V, K) logits
+        view_labels = torch.tensor([views[k][1] for k in keys])
+        video_ids = torch.tensor([k[0] for k in keys])
+        videos, inverse = torch.unique(video_ids, return_inverse=True)
+        probs = scores if self.reduction == "logits" else scores.softmax(dim=1)
+        fused = torch.zeros(len(videos), self.num_classes)
+        if self.reduction == "max":
+            fused.fill_(float("-inf")).scatter_reduce_(0, inverse[:, None].expand_as(probs), probs, "amax")
+        else:
+            fused.index_add_(0, inverse, probs)
+            if self.reduction != "sum":
+                fused /= torch.bincount(inverse, minlength=len(videos))[:, None].float()
+        labels = torch.empty(len(videos), dtype=torch.long)
+        labels[inverse] = view_labels
+        ranked = fused.argsort(dim=1, descending=True)
+        hits = ranked == labels[:, None]
+        for k in self.topk:
+            result[f"top{k}"] = hits[:, : min(k, self.num_classes)].any(dim=1).float().mean().item()
+        correct = hits[:, 0].float()
+        present = labels.unique()
+        result["mean_class_accuracy"] = (
+            torch.stack([correct[labels == c].mean() for c in present]).mean().item()
+        )
+        result["clip_top1"] = (scores.argmax(dim=1) == view_labels).float().mean().item()
+        result["num_videos"] = len(videos)
+        return result
