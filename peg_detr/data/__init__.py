@@ -1,0 +1,30 @@
+"""Data for DETR: COCO-format datasets, DETR's v2 augmentation, and a synthetic shapes generator."""
+
+from .coco import CocoDetr, collate_detr, infer_num_classes, resolve_coco_paths
+from .synthetic import SHAPES, SyntheticSpec, make_synthetic_coco
+from .transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    RandomSizeCrop,
+    make_train_transforms,
+    make_val_transforms,
+    scaled_max_size,
+    to_detr_target,
+)
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "SHAPES",
+    "CocoDetr",
+    "RandomSizeCrop",
+    "SyntheticSpec",
+    "collate_detr",
+    "infer_num_classes",
+    "make_synthetic_coco",
+    "make_train_transforms",
+    "make_val_transforms",
+    "resolve_coco_paths",
+    "scaled_max_size",
+    "to_detr_target",
+]

@@ -1,0 +1,151 @@
+"""DETR's augmentation on ``torchvision.transforms.v2`` with ``tv_tensors.BoundingBoxes``.
+
+Training (DETR, ``main.py``'s recipe): horizontal flip, then with equal odds
+either a random short side from ``scales`` (long side capped at ``max_size``),
+or a resize to one of ``crop_resize`` followed by a random crop whose sides lie
+in ``crop_size`` and then the same multi-scale resize.  Validation: a fixed
+short side.  Boxes move with the image; boxes that shrink to nothing after a
+crop are removed by ``SanitizeBoundingBoxes`` (together with their labels).
+
+The pipelines return an image tensor normalised with ImageNet mean/std and the
+target with XYXY pixel boxes; :func:`to_detr_target` turns those into DETR's
+normalised cxcywh boxes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchvision import tv_tensors
+from torchvision.ops import box_convert
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+__all__ = [
+    "DETR_CROP_RESIZE",
+    "DETR_CROP_SIZE",
+    "DETR_MAX_SIZE",
+    "DETR_SCALES",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "RandomSizeCrop",
+    "make_boxes",
+    "make_train_transforms",
+    "make_val_transforms",
+    "scaled_max_size",
+    "to_detr_target",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DETR_SCALES: tuple[int, ...] = tuple(range(480, 801, 32))  # 480, 512, ..., 800
+DETR_MAX_SIZE = 1333
+DETR_CROP_RESIZE: tuple[int, ...] = (400, 500, 600)
+DETR_CROP_SIZE: tuple[int, int] = (384, 600)
+
+
+class RandomSizeCrop(v2.Transform):
+    """Crop a random window whose height and width are drawn uniformly from ``[min_size, max_size]``.
+
+    A side larger than the image is clipped to the image.  Boxes are cropped
+    with the image (``F.crop`` on ``BoundingBoxes``) and may become empty; run
+    ``SanitizeBoundingBoxes`` afterwards.
+    """
+
+    def __init__(self, min_size: int, max_size: int) -> None:
+        super().__init__()
+        if not 0 < min_size <= max_size:
+            raise ValueError(f"RandomSizeCrop needs 0 < min_size <= max_size, got {min_size}, {max_size}")
+        self.min_size = min_size
+        self.max_size = max_size
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        h, w = v2.query_size(flat_inputs)
+        ch = int(torch.randint(min(self.min_size, h), min(h, self.max_size) + 1, ()))
+        cw = int(torch.randint(min(self.min_size, w), min(w, self.max_size) + 1, ()))
+        top = int(torch.randint(0, h - ch + 1, ()))
+        left = int(torch.randint(0, w - cw + 1, ()))
+        return {"top": top, "left": left, "height": ch, "width": cw}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        return self._call_kernel(F.crop, inpt, **params)
+
+
+def scaled_max_size(short_side: int, ref_short: int = 800, ref_max: int = DETR_MAX_SIZE) -> int:
+    """Long-side cap that keeps DETR's 800/1333 ratio for another short side."""
+    return round(short_side * ref_max / ref_short)
+
+
+def _finish(with_boxes: bool = True) -> list[v2.Transform]:
+    boxes = [v2.ClampBoundingBoxes(), v2.SanitizeBoundingBoxes(min_size=1.0)] if with_boxes else []
+    return [
+        *boxes,
+        v2.ToImage(),
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ]
+
+
+def make_train_transforms(
+    scales: Sequence[int] = DETR_SCALES,
+    max_size: int = DETR_MAX_SIZE,
+    crop_resize: Sequence[int] | None = DETR_CROP_RESIZE,
+    crop_size: tuple[int, int] = DETR_CROP_SIZE,
+    hflip: float = 0.5,
+) -> v2.Compose:
+    """DETR's training augmentation; ``crop_resize=None`` disables the resize-crop branch."""
+    multi_scale = v2.RandomShortestSize(list(scales), max_size=max_size)
+    if crop_resize:
+        resize = v2.RandomChoice(
+            [
+                multi_scale,
+                v2.Compose(
+                    [
+                        v2.RandomShortestSize(list(crop_resize)),
+                        RandomSizeCrop(*crop_size),
+                        v2.RandomShortestSize(list(scales), max_size=max_size),
+                    ]
+                ),
+            ]
+        )
+    else:
+        resize = multi_scale
+    return v2.Compose([v2.RandomHorizontalFlip(hflip), resize, *_finish()])
+
+
+def make_val_transforms(
+    size: int | None = 800, max_size: int | None = DETR_MAX_SIZE, with_boxes: bool = True
+) -> v2.Compose:
+    """Deterministic resize of the short side to ``size`` (long side at most ``max_size``).
+
+    ``size=None`` keeps the image at its own resolution (only normalises);
+    ``with_boxes=False`` for images without targets (inference).
+    """
+    # v2.Resize, not RandomShortestSize([size]): the latter draws from the global RNG even with one
+    # choice, so evaluating would shift the training run's random stream (and break exact resume).
+    resize = [] if size is None else [v2.Resize(size, max_size=max_size)]
+    return v2.Compose([*resize, *_finish(with_boxes)])
+
+
+def to_detr_target(target: dict[str, Any], image: Tensor) -> dict[str, Tensor]:
+    """XYXY pixel ``BoundingBoxes`` -> DETR's cxcywh boxes normalised by the (augmented) image size.
+
+    Returns ``labels`` int64 ``(n,)``, ``boxes`` float32 ``(n, 4)``, ``size``
+    ``(2,)`` = (h, w) after augmentation, and passes the other keys through.
+    """
+    h, w = image.shape[-2:]
+    boxes = torch.as_tensor(target["boxes"]).float().reshape(-1, 4)
+    boxes = box_convert(boxes, "xyxy", "cxcywh") / torch.tensor([w, h, w, h], dtype=torch.float32)
+    out = {k: v for k, v in target.items() if k not in ("boxes", "labels")}
+    out["boxes"] = boxes
+    out["labels"] = torch.as_tensor(target["labels"], dtype=torch.int64).reshape(-1)
+    out["size"] = torch.tensor([h, w])
+    return out
+
+
+def make_boxes(xyxy: Tensor, canvas_size: tuple[int, int]) -> tv_tensors.BoundingBoxes:
+    """``(n, 4)`` XYXY pixel boxes as a ``BoundingBoxes`` on an image of size ``(h, w)``."""
+    return tv_tensors.BoundingBoxes(xyxy.reshape(-1, 4), format="XYXY", canvas_size=canvas_size)

@@ -1,0 +1,96 @@
+"""The DETR part of ``make demo``: a tiny DETR-PEG trained on the synthetic shapes on a CPU.
+
+``run_demo(out_dir)`` writes the synthetic set under ``out_dir/data`` (kept
+for the next run), trains the ``demo_tiny`` recipe through the same
+``python -m peg_detr train`` code path users run, evaluates with the COCO
+evaluator at several input sizes and returns the headline numbers.
+
+Measured (2026-12-02, 2 shared CPU cores, one torch thread): AP 0.301, AP50 0.700 at
+80 px after 8 epochs of 1024 images (2048 steps of batch 4), 281 s including data
+generation and evaluation; AP50 at 60 / 100 px: 0.587 / 0.190 (trained at 64-96 px).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .data import SyntheticSpec, make_synthetic_coco
+from .train import main as train_main
+
+__all__ = ["DEMO_DATA", "run_demo"]
+
+# (train images, val images, spec): the full demo and the seconds-long smoke run.
+DEMO_DATA: dict[bool, tuple[int, int, SyntheticSpec]] = {
+    False: (1024, 100, SyntheticSpec(size=80, num_classes=3, min_objects=1, max_objects=3)),
+    True: (16, 8, SyntheticSpec(size=48, num_classes=3, min_objects=0, max_objects=2)),
+}
+
+
+def _dataset(root: Path, quick: bool, seed: int = 0) -> Path:
+    """Generate the demo data once; a stamp file records what was generated."""
+    n_train, n_val, spec = DEMO_DATA[quick]
+    stamp = root / "spec.json"
+    wanted = {"train": n_train, "val": n_val, "seed": seed, **spec.__dict__}
+    if not (stamp.is_file() and json.loads(stamp.read_text()) == wanted):
+        make_synthetic_coco(root, n_train, n_val, seed=seed, spec=spec)
+        stamp.write_text(json.dumps(wanted))
+    return root
+
+
+def run_demo(out_dir: Path, quick: bool = False) -> dict[str, Any]:
+    """Train and evaluate the demo DETR-PEG; return ``ap``, ``ap50``, ``ap_by_size``, ``ap50_by_size``, ``seconds``.
+
+    ``quick`` shrinks data and training to seconds (a smoke run for tests; its numbers mean nothing).
+    """
+    t0 = time.time()
+    out_dir = Path(out_dir)
+    data = _dataset(out_dir / ("data_quick" if quick else "data"), quick)
+    size = DEMO_DATA[quick][2].size
+    eval_sizes = [size * 3 // 4, size, size * 5 // 4]  # 60, 80, 100 for the 80 px demo
+    # A fresh run each time (the log appends and a stale checkpoint would be confusing); data is kept.
+    shutil.rmtree(out_dir / "train", ignore_errors=True)
+    argv = [
+        "--config",
+        "demo_tiny",
+        "--coco-path",
+        str(data),
+        "--output-dir",
+        str(out_dir / "train"),
+        "--val-size",
+        str(size),
+        "--num-workers",
+        "0",
+        "--threads",
+        "1",  # the demo model's ops are tiny: one thread avoids OpenMP sync costs (and shared-CPU stalls)
+        "--no-progress",
+        "--eval-sizes",
+        ",".join(map(str, eval_sizes)),
+    ]
+    if quick:
+        argv += ["--epochs", "1", "--train-scales", "48"]
+    threads = torch.get_num_threads()
+    try:
+        result = train_main(argv)
+    finally:
+        torch.set_num_threads(threads)  # the next demo part gets the process's setting back
+    table = result["eval"]
+    main = table[size]
+    summary = {
+        "ap": main["ap"],
+        "ap50": main["ap50"],
+        "ap_by_size": {str(s): table[s]["ap"] for s in eval_sizes},
+        "ap50_by_size": {str(s): table[s]["ap50"] for s in eval_sizes},
+        "final_loss": result["train"]["loss"],
+        "seconds": round(time.time() - t0, 1),
+    }
+    print(
+        f"DETR-PEG demo: AP {summary['ap']:.3f}, AP50 {summary['ap50']:.3f} at {size} px "
+        f"({summary['seconds']} s)"
+    )
+    return summary

@@ -1,0 +1,87 @@
+"""``python -m peg_detr predict``: annotated images and a detections json from a training checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms.v2.functional import pil_to_tensor
+
+from peg_detr.__main__ import main as cli
+from peg_detr.data import SyntheticSpec, make_synthetic_coco
+from peg_detr.predict import Predictor
+from peg_detr.train import main as train_main
+
+
+def _read(path) -> torch.Tensor:
+    with Image.open(path) as im:
+        return pil_to_tensor(im.convert("RGB"))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("pred")
+    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3)
+    data = make_synthetic_coco(root / "data", num_train=4, num_val=2, seed=4, spec=spec)
+    train_main(
+        [
+            "--coco-path", str(data), "--output-dir", str(root / "run"), "--epochs", "1", "--backbone", "tiny",
+            "--hidden-dim", "32", "--nheads", "2", "--enc-layers", "1", "--dec-layers", "1",
+            "--dim-feedforward", "64", "--num-queries", "5", "--train-scales", "64", "--crop-resize", "",
+            "--val-size", "64", "--total-batch-size", "2", "--num-workers", "0", "--no-progress",
+        ]
+    )  # fmt: skip
+    yield data, root / "run" / "checkpoint.pth"
+    torch.set_num_threads(before)
+
+
+def test_predict_cli_writes_images_and_json(checkpoint, tmp_path):
+    data, ckpt = checkpoint
+    images = sorted((data / "val2017").glob("*.jpg"))
+    out = tmp_path / "preds"
+    assert (
+        cli(
+            ["predict", *map(str, images), "--checkpoint", str(ckpt), "--threshold", "0.0", "--out", str(out)]
+        )
+        == 0
+    )
+    report = json.loads((out / "detections.json").read_text())
+    assert sorted(report) == sorted(map(str, images))
+    predictor = Predictor(ckpt)
+    for path in images:
+        original = _read(path)
+        drawn = _read(out / f"{path.stem}.png")
+        assert drawn.shape == original.shape
+        dets = report[str(path)]
+        assert len(dets) == 5  # threshold 0: every query (softmax scores are > 0)
+        h, w = original.shape[-2:]
+        for d in dets:
+            assert d["name"] in ("square", "disc", "triangle") and 0 < d["score"] <= 1
+            x0, y0, x1, y1 = d["box"]
+            assert -1e-3 <= x0 <= x1 <= w + 1e-3 and -1e-3 <= y0 <= y1 <= h + 1e-3
+        assert not torch.equal(drawn, original)  # boxes were drawn
+        # The json holds exactly what the Predictor computes.
+        direct = predictor(original, threshold=0.0)
+        torch.testing.assert_close(torch.tensor([d["score"] for d in dets]), direct["scores"])
+        torch.testing.assert_close(torch.tensor([d["box"] for d in dets]), direct["boxes"])
+
+
+def test_predict_threshold_and_errors(checkpoint, tmp_path):
+    data, ckpt = checkpoint
+    image = sorted((data / "val2017").glob("*.jpg"))[0]
+    out = tmp_path / "o"
+    assert (
+        cli(["predict", str(image), "--checkpoint", str(ckpt), "--threshold", "1.0", "--out", str(out)]) == 0
+    )
+    report = json.loads((out / "detections.json").read_text())
+    assert report[str(image)] == []
+    with pytest.raises(SystemExit, match="not found"):
+        cli(["predict", str(tmp_path / "missing.jpg"), "--checkpoint", str(ckpt)])
+    bad = tmp_path / "bad.pth"
+    torch.save({"weights": torch.zeros(1)}, bad)
+    with pytest.raises(KeyError, match="not a peg_detr training checkpoint"):
+        Predictor(bad)
