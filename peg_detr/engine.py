@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from peg_core.utils import MetricLogger, check_finite, progress, reduce_mean
+from peg_core.utils import MetricLogger, autocast_context, check_finite, progress, reduce_mean
 
 from .evaluation import CocoEvaluator
 from .structures import ImageBatch
 
-__all__ = ["autocast_context", "evaluate", "train_one_epoch", "weighted_loss"]
-
-_AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast_context(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
-    """bf16/fp16 autocast on CUDA; a no-op for ``amp="none"`` or on CPU."""
-    if amp not in ("none", *_AMP_DTYPES):
-        raise ValueError(f"--amp must be one of none, bf16, fp16; got {amp!r}")
-    if amp == "none" or device.type != "cuda":
-        return contextlib.nullcontext()
-    return torch.autocast("cuda", dtype=_AMP_DTYPES[amp])
+__all__ = ["evaluate", "train_one_epoch", "weighted_loss"]
 
 
 def _to_float(x: Any) -> Any:

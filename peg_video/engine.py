@@ -8,7 +8,6 @@ optional ``view_offset`` (first view index of the batch's views, default 0) and 
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -17,17 +16,11 @@ import torch
 from torch import nn
 
 from peg_core.utils import check_finite, progress, reduce_mean
+from peg_core.utils.amp import autocast_context
 
 from .evaluation import KineticsEvaluator
 
-__all__ = ["autocast_context", "evaluate", "train_one_epoch"]
-
-
-def autocast_context(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
-    """bf16/fp16 autocast on CUDA; nothing on CPU or with ``amp="none"``."""
-    if amp == "none" or device.type != "cuda":
-        return contextlib.nullcontext()
-    return torch.autocast("cuda", dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+__all__ = ["evaluate", "train_one_epoch"]
 
 
 def train_one_epoch(

@@ -5,6 +5,7 @@ metrics logger (JSON lines, optional TensorBoard).  Nothing here imports more
 than torch at module level; tqdm and tensorboard are used when installed.
 """
 
+from .amp import autocast_context
 from .checkpoint import (
     atomic_save,
     capture_rng_state,
@@ -32,6 +33,7 @@ __all__ = [
     "MetricLogger",
     "all_gather_object",
     "atomic_save",
+    "autocast_context",
     "barrier",
     "capture_rng_state",
     "check_finite",
