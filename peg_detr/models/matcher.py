@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 from torchvision.ops import box_convert, generalized_box_iou
 
@@ -76,6 +75,9 @@ class HungarianMatcher(nn.Module):
         cost = cost.view(b, q, -1).cpu()
         if not torch.isfinite(cost).all():
             raise ValueError("matching cost has NaN/inf entries: check pred_boxes and the target boxes")
+        # Imported here so that building a model needs no scipy (tools/gpu_check.py runs with torch alone).
+        from scipy.optimize import linear_sum_assignment
+
         indices = []
         for i, block in enumerate(cost.split(sizes, dim=-1)):
             rows, cols = linear_sum_assignment(block[i].numpy())

@@ -1,0 +1,40 @@
+"""``python -m tools.demo --quick``: what ``make demo`` runs, as a seconds-long smoke run with its summary checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_demo_quick_writes_summary(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.demo", "--quick", "--out", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+
+    assert set(summary) == {"classify", "detect", "video", "seconds"}
+    assert summary["seconds"] >= sum(summary[p]["seconds"] for p in ("classify", "detect", "video")) - 1.0
+    for part, keys in (("classify", ("top1",)), ("detect", ("ap", "ap50")), ("video", ("top1", "top5"))):
+        for key in keys:
+            assert 0.0 <= summary[part][key] <= 1.0, (part, key, summary[part])
+    # top-5 can never be below top-1; AP50 never below AP.
+    assert summary["video"]["top5"] >= summary["video"]["top1"]
+    assert summary["detect"]["ap50"] >= summary["detect"]["ap"]
+    # The classifier is evaluated at 0.75x..2x its training size with the same weights.
+    assert len(summary["classify"]["top1_by_size"]) == 4
+
+    # The headline numbers are printed last, one line per part, then the total.
+    tail = proc.stdout.rstrip().splitlines()[-4:]
+    assert [line.split()[0] for line in tail] == ["classify", "detect", "video", "total"]

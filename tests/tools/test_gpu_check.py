@@ -1,0 +1,85 @@
+"""``tools/gpu_check.py --device cpu --quick``: the GPU check's own smoke run, with its JSON checked."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_gpu_check_cpu_quick(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_check.json"
+    # One intra-op thread: on a shared 2-core machine OpenMP spinning makes tiny ops far slower with 2.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "gpu_check.py"), "--device", "cpu", "--quick", "--json", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+
+    assert set(result) >= {"env", "correctness", "detr", "video", "peg_vs_copy", "seconds", "all_correct"}
+    assert result["env"]["device"] == "cpu" and result["env"]["quick"] is True
+
+    # Correctness: PEG2d (plain, separable, prefix tokens, 1-row grid) and PEG3d (plain, factorized, T=1).
+    checks = result["correctness"]
+    assert len(checks) == 6
+    assert sum(c["check"].startswith("PEG2d") for c in checks) == 3
+    assert sum(c["check"].startswith("PEG3d") for c in checks) == 3
+    for c in checks:
+        assert c["ok"] is True, c
+        for key in ("max_err_out", "max_err_grad_x", "max_err_grad_w"):
+            assert 0 <= c[key] < 1e-3, c
+    assert result["all_correct"] is True
+
+    # Timings: both DETR encodings and the video model, positive throughput.
+    assert {r["model"].split()[-1] for r in result["detr"]} == {"peg", "sine"}
+    for r in result["detr"]:
+        assert r["img_per_s"] > 0 and r["step_ms"] > 0 and r["compile"] is False
+        assert math.isclose(r["img_per_s"] * r["step_ms"] / 1e3, 2, rel_tol=1e-6)  # batch 2 in quick mode
+    assert len(result["video"]) == 1 and result["video"][0]["clips_per_s"] > 0
+
+    # PEG vs copy: two 2D shapes, one 3D shape in both variants; every ratio positive and consistent.
+    ops = [r["op"] for r in result["peg_vs_copy"]]
+    assert sum(o.startswith("PEG2d") for o in ops) == 2 and sum(o.startswith("PEG3d") for o in ops) == 2
+    for r in result["peg_vs_copy"]:
+        assert r["ratio"] > 0
+        assert math.isclose(r["ratio"], r["peg_ms"] / r["copy_ms"], rel_tol=1e-6)
+
+    # The table is printed last.
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("JSON:")
+    assert "| check |" in proc.stdout and "| op | peg_ms | copy_ms | ratio |" in proc.stdout
+
+
+_WITHOUT_OPTIONAL = """
+import runpy, sys
+for name in ("scipy", "pycocotools", "decord", "pytorchvideo", "av"):
+    sys.modules[name] = None  # any import of them now raises ImportError
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_with_torch_and_torchvision_only(tmp_path: Path) -> None:
+    """A GPU image may have only torch and torchvision: every other package is optional."""
+    out = tmp_path / "gpu_check.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    script = str(REPO / "tools" / "gpu_check.py")
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_OPTIONAL, script, "--device", "cpu", "--quick", "--json", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["all_correct"] is True
+    assert {r["loss"] for r in result["detr"]} == {"sum (no scipy)"}
+    assert all(r["img_per_s"] > 0 for r in result["detr"]) and result["video"][0]["clips_per_s"] > 0
