@@ -465,6 +465,11 @@ def build_eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--workers", type=int)
     p.add_argument("--reduction", choices=("mean", "sum", "max", "logits"))
+    p.add_argument(
+        "--pos-interpolation",
+        choices=("nearest", "bilinear", "bicubic"),
+        help="resize mode of a learned table's spatial part at another crop (default: the trained one)",
+    )
     p.add_argument("--amp", choices=("none", "bf16", "fp16"))
     p.add_argument("--device", default="auto")
     p.add_argument("--out", type=Path, help="write the metrics to OUT/eval_report.json")
@@ -478,6 +483,8 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     try:
         ckpt = load_checkpoint(args.checkpoint)
         saved = dict(ckpt["args"])
+        if args.pos_interpolation is not None:
+            saved["model_opts"] = {**saved.get("model_opts", {}), "pos_interpolation": args.pos_interpolation}
         model = build_model(saved, len(ckpt["classes"]))
         model.load_state_dict(ckpt["model"])
         model.to(info.device)

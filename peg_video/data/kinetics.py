@@ -103,8 +103,8 @@ class KineticsVideoDataset(Dataset):
         self.mode = mode
         self.num_frames, self.stride, self.num_clips = num_frames, stride, num_clips
         self.cfg = transform or ClipTransformConfig()
-        self.train_transform = TrainClipTransform(self.cfg)
-        self.test_transform = EvalClipTransform(self.cfg)
+        # Only the mode's own transform is built: a test-only set may use a larger crop than training.
+        self.transform = TrainClipTransform(self.cfg) if mode == "train" else EvalClipTransform(self.cfg)
         self.seed = seed
         self.epoch = 0
         self.max_substitutions = max_substitutions
@@ -143,7 +143,7 @@ class KineticsVideoDataset(Dataset):
             clip = frames_to_clip(torch.from_numpy(frames[inverse]))
             gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
             return {
-                "video": self.train_transform(clip, gen),
+                "video": self.transform(clip, gen),
                 "label": record.label,
                 "index": current,
                 "skipped": skipped,
@@ -166,7 +166,7 @@ class KineticsVideoDataset(Dataset):
             item["skipped"] = [(str(record.path), str(e))]
             return item
         frames_t = torch.from_numpy(frames)
-        views = [self.test_transform(frames_to_clip(frames_t[clip_idx])) for clip_idx in inverse]
+        views = [self.transform(frames_to_clip(frames_t[clip_idx])) for clip_idx in inverse]
         item["video"] = torch.cat(views)  # (num_clips * num_crops, C, T, S, S), clip-major
         return item
 

@@ -51,10 +51,16 @@ class ClipTransformConfig:
     def __post_init__(self) -> None:
         if self.num_crops not in (1, 3):
             raise ValueError(f"num_crops must be 1 (centre) or 3 (left/centre/right), got {self.num_crops}")
-        if self.train_scale[0] > self.train_scale[1] or min(self.train_scale[0], self.test_scale) < self.crop:
+        if self.train_scale[0] > self.train_scale[1] or self.test_scale < self.crop:
             raise ValueError(
-                f"scales {self.train_scale}, {self.test_scale} must be ordered and >= crop {self.crop}"
+                f"train_scale {self.train_scale} must be ordered and test_scale {self.test_scale} >= crop {self.crop}"
             )
+
+    def check_train(self) -> None:
+        """The training crop must fit the smallest training scale (checked only where training uses it,
+        so a model can be evaluated with a larger crop than it was trained with)."""
+        if self.train_scale[0] < self.crop:
+            raise ValueError(f"train_scale {self.train_scale} must be >= crop {self.crop} for training")
 
 
 def frames_to_clip(frames: torch.Tensor) -> torch.Tensor:
@@ -73,6 +79,7 @@ class TrainClipTransform:
     """``(C, T, H, W)`` float clip -> ``(C, T, crop, crop)`` augmented, normalised clip."""
 
     def __init__(self, cfg: ClipTransformConfig) -> None:
+        cfg.check_train()
         self.cfg = cfg
 
     def __call__(self, clip: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -103,3 +103,29 @@ def test_eval_command_at_a_longer_clip(data, tmp_path, capsys):
     metrics = json.loads((tmp_path / "ev" / "eval_report.json").read_text())
     assert metrics["num_frames"] == 8 and metrics["num_videos"] == 6 and metrics["num_views"] == 6 * 2 * 3
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["top1"] == metrics["top1"]
+
+
+def test_eval_at_a_larger_crop_resizes_a_learned_table(data, tmp_path, monkeypatch):
+    """Same weights at a larger crop than training (32 -> 40 px): the learned table is resized with the
+    mode asked for (recorded at peg_core's resize); training scales are not re-checked for eval."""
+    import peg_video.models.pos_embed as pos_embed
+
+    out = tmp_path / "run"
+    train(_args(data, out, "--epochs", "1", "--pos-enc", "learned"))
+    calls = []
+    real = pos_embed.resize_pos_embed
+
+    def spy(posemb, new_size, *a, **kw):
+        calls.append((tuple(new_size), kw.get("mode")))
+        return real(posemb, new_size, *a, **kw)
+
+    monkeypatch.setattr(pos_embed, "resize_pos_embed", spy)
+    for mode in ("nearest", "bicubic"):
+        calls.clear()
+        ev = tmp_path / f"ev_{mode}"
+        argv = ["--checkpoint", str(out / "checkpoint.pt"), "--crop", "40", "--pos-interpolation", mode,
+                "--out", str(ev), "--no-progress"]  # fmt: skip
+        assert main_eval(argv) == 0
+        metrics = json.loads((ev / "eval_report.json").read_text())
+        assert metrics["crop"] == 40 and metrics["num_videos"] == 6
+        assert calls and set(calls) == {((5, 5), mode)}  # 40 px / 8 px tubelets
