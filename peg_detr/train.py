@@ -71,6 +71,7 @@ _MODEL_OPTIONS = (
     "dropout",
     "peg_at",
     "decoder_key_pos",
+    "learned_grid",
 )
 
 
@@ -117,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--pos-enc", default="peg", help="encoder position encoding: peg | sine | learned | none")
     m.add_argument("--peg-at", help="comma-separated encoder layers followed by a PEG (default: 0)")
     m.add_argument("--decoder-key-pos", help="cross-attention key positions: sine | none | peg-output")
+    m.add_argument(
+        "--learned-grid",
+        help="HxW feature grid the learned table is built for (default: that of an 800x1333 image)",
+    )
     m.add_argument("--hidden-dim", type=int)
     m.add_argument("--nheads", type=int)
     m.add_argument("--enc-layers", type=int)
@@ -177,8 +182,20 @@ def model_kwargs_from_args(args: argparse.Namespace, num_classes: int) -> dict[s
         value = getattr(args, name, None)
         if value is None:
             continue
-        kw[name] = _ints(value) if name == "peg_at" else value
+        if name == "peg_at":
+            value = _ints(value)
+        elif name == "learned_grid":
+            value = _grid(value)
+        kw[name] = value
     return kw
+
+
+def _grid(text: str) -> list[int]:
+    """``"5x7"`` -> ``[5, 7]`` (a learned table's feature grid)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--learned-grid expects HxW with positive integers, e.g. 25x42; got {text!r}")
+    return [int(p) for p in parts]
 
 
 def build_model_from_args(kwargs: dict[str, Any]) -> tuple[nn.Module, nn.Module, nn.Module]:

@@ -170,3 +170,19 @@ def test_demo_quick(tmp_path):
     assert all(-1.0 <= v <= 1.0 for v in summary["ap_by_size"].values())
     assert summary["ap50"] == summary["ap50_by_size"]["48"]
     assert (tmp_path / "train" / "checkpoint.pth").is_file()
+
+
+def test_learned_grid_flag_reaches_the_model():
+    from peg_detr.train import build_model_from_args, model_kwargs_from_args
+
+    args = parse_args(
+        ["--config", "demo_tiny", "--coco-path", "x", "--pos-enc", "learned", "--learned-grid", "5x7"]
+    )
+    kw = model_kwargs_from_args(args, num_classes=4)
+    assert kw["learned_grid"] == [5, 7]
+    model, _, _ = build_model_from_args(kw)
+    table = dict(model.named_parameters())
+    (name,) = [k for k in table if k.endswith("pos_embed")]
+    assert table[name].shape == (1, 5 * 7, args.hidden_dim)
+    with pytest.raises(ValueError, match="HxW"):
+        model_kwargs_from_args(parse_args(["--coco-path", "x", "--learned-grid", "5"]), num_classes=4)
