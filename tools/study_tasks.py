@@ -44,11 +44,11 @@ class Budget:
 
 #: (task, quick) -> budget; the full ones fit --task all in ~15 min on 2 CPU cores
 BUDGETS: dict[tuple[str, bool], Budget] = {
-    ("classify", False): Budget(epochs=6, n_train=2048, n_val=512, train_size=48, batch_size=64),
+    ("classify", False): Budget(epochs=6, n_train=2048, n_val=512, train_size=48, batch_size=32),
     ("classify", True): Budget(epochs=1, n_train=64, n_val=32, train_size=32, batch_size=32),
-    ("detect", False): Budget(epochs=12, n_train=256, n_val=64, train_size=128, batch_size=8),
+    ("detect", False): Budget(epochs=6, n_train=1024, n_val=100, train_size=80, batch_size=4),
     ("detect", True): Budget(epochs=1, n_train=8, n_val=4, train_size=64, batch_size=4),
-    ("video", False): Budget(epochs=20, n_train=120, n_val=36, train_size=32, batch_size=8),
+    ("video", False): Budget(epochs=24, n_train=240, n_val=60, train_size=32, batch_size=8),
     ("video", True): Budget(epochs=1, n_train=12, n_val=6, train_size=32, batch_size=4),
 }
 IMAGE_SCALES = (0.75, 1.0, 1.5, 2.0)
