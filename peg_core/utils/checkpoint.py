@@ -20,8 +20,12 @@ import torch
 __all__ = ["atomic_save", "capture_rng_state", "load_checkpoint", "restore_rng_state", "save_training_state"]
 
 
-def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
-    """``torch.save`` to ``path`` through a temporary file and an atomic rename."""
+def atomic_save(obj: Any, path: str | os.PathLike, keep_previous: str | os.PathLike | None = None) -> Path:
+    """``torch.save`` to ``path`` through a temporary file and an atomic rename.
+
+    With ``keep_previous``, an existing ``path`` is renamed to it once the new file is
+    fully written (a kill at any moment leaves at least one complete file).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -30,6 +34,8 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        if keep_previous is not None and path.exists():
+            os.replace(path, keep_previous)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -1,0 +1,263 @@
+"""One command-line convention for ``python -m peg_core|peg_detr|peg_video``.
+
+Every package has the verbs ``make-data``, ``train``, ``eval`` and ``predict``
+(:func:`dispatch`).  Every ``train`` takes the flags of :func:`add_train_args`,
+every ``eval`` those of :func:`add_eval_args`.  Flags with several values use
+one syntax everywhere: comma-separated (``--eval-sizes 60,80,100``,
+``--peg-at 0,1``), grids as ``HxW`` (``--learned-grid 25x42``).  Option values
+are checked by argparse types (:func:`positive_int`, ...), so a bad value is a
+one-line usage error before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import ArgumentParser, run_command
+
+__all__ = [
+    "AMP_CHOICES",
+    "add_eval_args",
+    "add_train_args",
+    "device_arg",
+    "dispatch",
+    "float_list",
+    "grid_arg",
+    "int_list",
+    "json_safe",
+    "nonnegative_float",
+    "nonnegative_int",
+    "parse_with_config",
+    "positive_float",
+    "positive_int",
+    "positive_int_list",
+    "unit_fraction",
+]
+
+AMP_CHOICES = ("off", "bf16", "fp16")
+
+
+def _number(text: str, kind: type, what: str, ok: Callable[[Any], bool]) -> Any:
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """``argparse`` type: an integer >= 1."""
+    return _number(text, int, "a positive integer", lambda v: v >= 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """``argparse`` type: an integer >= 0."""
+    return _number(text, int, "an integer >= 0", lambda v: v >= 0)
+
+
+def positive_float(text: str) -> float:
+    """``argparse`` type: a finite number > 0."""
+    return _number(text, float, "a number > 0", lambda v: 0 < v < float("inf"))
+
+
+def nonnegative_float(text: str) -> float:
+    """``argparse`` type: a finite number >= 0."""
+    return _number(text, float, "a number >= 0", lambda v: 0 <= v < float("inf"))
+
+
+def unit_fraction(text: str) -> float:
+    """``argparse`` type: a fraction in ``[0, 1]`` (``0.01`` or ``1%``)."""
+    text = str(text).strip()
+    if text.endswith("%"):
+        return _number(text[:-1], float, "a percentage in [0, 100]", lambda v: 0 <= v <= 100) / 100
+    return _number(text, float, "a fraction in [0, 1] (or a percentage like 1%)", lambda v: 0 <= v <= 1)
+
+
+def _list(text: str, kind: Callable[[str], Any], what: str) -> list:
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or any(not p for p in parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}, e.g. 1,2,3; got {text!r}")
+    try:
+        return [kind(p) for p in parts]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+
+
+def int_list(text: str) -> list[int]:
+    """``argparse`` type: ``"0,1,2"`` -> ``[0, 1, 2]`` (integers >= 0)."""
+    return _list(text, nonnegative_int, "integers >= 0")
+
+
+def positive_int_list(text: str) -> list[int]:
+    """``argparse`` type: ``"60,80,100"`` -> ``[60, 80, 100]`` (integers >= 1)."""
+    return _list(text, positive_int, "positive integers")
+
+
+def float_list(text: str) -> list[float]:
+    """``argparse`` type: ``"0.75,1,1.5"`` -> ``[0.75, 1.0, 1.5]`` (numbers > 0)."""
+    return _list(text, positive_float, "numbers > 0")
+
+
+def grid_arg(text: str) -> list[int]:
+    """``argparse`` type: ``"25x42"`` -> ``[25, 42]``; ``"24"`` -> ``[24, 24]`` (positive sides)."""
+    parts = str(text).lower().replace("×", "x").split("x")
+    try:
+        sides = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected HxW with positive integers, e.g. 24x32; got {text!r}"
+        ) from None
+    if len(sides) == 1:
+        sides = sides * 2
+    if len(sides) != 2 or min(sides) < 1:
+        raise argparse.ArgumentTypeError(f"expected HxW with positive integers, e.g. 24x32; got {text!r}")
+    return sides
+
+
+def device_arg(text: str) -> str:
+    """``argparse`` type: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (availability is checked at start)."""
+    t = str(text).strip().lower()
+    if t in ("auto", "cpu", "cuda") or (t.startswith("cuda:") and t[5:].isdigit()):
+        return t
+    raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N; got {text!r}")
+
+
+def add_train_args(
+    p: argparse.ArgumentParser, *, output_dir: str, configs: Mapping[str, Any] | None = None
+) -> None:
+    """The flags every ``train`` command takes (a task adds its own data / model flags).
+
+    Defaults that depend on the task (epochs, batch size, lr, ...) come from the task's
+    ``set_defaults`` or a ``--config`` recipe; ``None`` here means "the recipe's value".
+    """
+    g = p.add_argument_group("run (common to every package)")
+    if configs is not None:
+        g.add_argument("--config", choices=sorted(configs), help="named recipe; explicit flags override it")
+    g.add_argument("--output-dir", type=Path, default=Path(output_dir), help="checkpoints, logs, report.json")
+    g.add_argument(
+        "--resume",
+        help="'auto': continue from OUTPUT_DIR/checkpoint.pth when there is one (the previous checkpoint "
+        "if the newest is unreadable); or a checkpoint path",
+    )
+    g.add_argument("--epochs", type=positive_int, help="epochs in the schedule")
+    g.add_argument("--batch-size", type=positive_int, help="samples per process and step")
+    g.add_argument("--lr", type=positive_float, help="peak learning rate")
+    g.add_argument("--workers", type=nonnegative_int, default=2, help="DataLoader worker processes")
+    g.add_argument("--amp", choices=AMP_CHOICES, default="off", help="autocast dtype on CUDA (off on CPU)")
+    g.add_argument("--clip-max-norm", type=nonnegative_float, help="gradient-norm clipping (0: off)")
+    g.add_argument("--device", type=device_arg, default="auto", help="auto | cpu | cuda | cuda:N")
+    g.add_argument("--seed", type=int, default=0, help="seed of data order, augmentation and init")
+    g.add_argument(
+        "--eval-every", type=nonnegative_int, default=1, help="evaluate every N epochs (0: at the end)"
+    )
+    g.add_argument(
+        "--save-every", type=nonnegative_int, default=0, help="also keep checkpointNNNN.pth every N epochs"
+    )
+    g.add_argument(
+        "--stop-after-epoch",
+        type=positive_int,
+        help="leave after this many epochs, as a job time limit would (the schedule stays that of --epochs)",
+    )
+    g.add_argument(
+        "--max-broken",
+        type=unit_fraction,
+        default=0.01,
+        help="stop when more than this fraction of a split is broken (default 1%%)",
+    )
+    g.add_argument(
+        "--threads", type=positive_int, help="torch intra-op CPU threads (default: torch's choice)"
+    )
+    g.add_argument("--find-unused-parameters", action="store_true", help="DDP flag, for frozen branches only")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress display")
+    g.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+
+
+def add_eval_args(p: argparse.ArgumentParser, *, batch_size: int | None = None) -> None:
+    """The flags every ``eval`` command takes."""
+    g = p.add_argument_group("run (common to every package)")
+    g.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pth written by train")
+    g.add_argument(
+        "--output-dir", type=Path, help="where report.json goes (default: the checkpoint's folder)"
+    )
+    g.add_argument("--batch-size", type=positive_int, default=batch_size, help="samples per process")
+    g.add_argument("--workers", type=nonnegative_int, default=2, help="DataLoader worker processes")
+    g.add_argument("--amp", choices=AMP_CHOICES, default="off", help="autocast dtype on CUDA (off on CPU)")
+    g.add_argument("--device", type=device_arg, default="auto", help="auto | cpu | cuda | cuda:N")
+    g.add_argument(
+        "--max-broken", type=unit_fraction, default=0.01, help="stop when more than this fraction is broken"
+    )
+    g.add_argument("--threads", type=positive_int, help="torch intra-op CPU threads")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress display")
+    g.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+
+
+def parse_with_config(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, configs: Mapping[str, Mapping[str, Any]]
+) -> argparse.Namespace:
+    """Parse ``argv``; ``--config NAME`` supplies defaults (``configs[NAME]``) that explicit flags override.
+
+    Recipe keys are argparse destinations; a key the parser does not know is a bug in the recipe.
+    """
+    pre, _ = parser.parse_known_args(argv)
+    name = getattr(pre, "config", None)
+    if name:
+        known = {a.dest for a in parser._actions}
+        unknown = sorted(set(configs[name]) - known)
+        if unknown:
+            raise KeyError(f"recipe {name!r} sets unknown options {unknown}")
+        parser.set_defaults(**configs[name])
+    return parser.parse_args(argv)
+
+
+def json_safe(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON- and ``weights_only``-safe copy of parsed arguments (paths as strings, tuples as lists)."""
+    items = vars(args).items() if isinstance(args, argparse.Namespace) else args.items()
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, Path):
+            return str(v)
+        if isinstance(v, tuple | list):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): conv(x) for k, x in v.items()}
+        return v
+
+    return {k: conv(v) for k, v in items}
+
+
+def dispatch(
+    prog: str, doc: str, commands: Mapping[str, Callable[[list[str]], Any]], argv: Sequence[str] | None = None
+) -> int:
+    """``python -m PACKAGE COMMAND ...``: run ``commands[COMMAND](rest)`` under the failure policy.
+
+    No command or ``-h`` prints the package's help; an unknown command is a usage error.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(doc.strip())
+        print(f"\ncommands: {', '.join(commands)} (add -h for the options of each)")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in commands:
+        print(
+            f"error: {prog}: unknown command {name!r}; choose from {', '.join(commands)}",
+            file=sys.stderr,
+        )
+        return 2
+    return run_command(commands[name], rest)
+
+
+def new_parser(prog: str, description: str | None = None) -> ArgumentParser:
+    """An :class:`~peg_core.engine.errors.ArgumentParser` with the raw-description formatter."""
+    return ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+__all__ += ["new_parser"]

@@ -1,0 +1,531 @@
+"""The training and evaluation engine shared by classify, detect and video.
+
+A task supplies only what is specific to it, in a :class:`TrainParts` (model,
+optimizer, data, one ``step`` that returns the loss, ``evaluate``) or an
+:class:`EvalParts`; :func:`fit` and :func:`evaluate_checkpoint` do the rest:
+
+* process group under ``torchrun`` (one node or many), device checks, seeding;
+* ``--resume auto|PATH``: model, optimizer, scheduler, AMP scaler, epoch, step and
+  every rank's RNG, so a resumed run continues exactly; the previous checkpoint
+  when the newest is unreadable;
+* DDP wrapping, one AMP path (``torch.autocast`` + ``GradScaler``, both disabled
+  by ``--amp off`` or on CPU), gradient clipping, a NaN/inf stop that keeps the
+  last good checkpoint (exit code 3);
+* an atomic ``checkpoint.pth`` every epoch, JSONL + TensorBoard logs, progress;
+* broken samples skipped, counted and listed in ``report.json``, with a stop
+  above ``--max-broken``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from ..utils.amp import AMP_DTYPES
+from ..utils.checkpoint import capture_rng_state
+from ..utils.distributed import (
+    DistInfo,
+    all_gather_object,
+    barrier,
+    cleanup_distributed,
+    init_distributed,
+    reduce_mean,
+    seed_everything,
+)
+from ..utils.logging import MetricLogger
+from .broken import BrokenLog, SampleBatch
+from .checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    CheckpointStore,
+    read_checkpoint,
+    remove_stale_temp_files,
+    restore_rank_rng,
+)
+from .cli import json_safe
+from .errors import TrainingDiverged, UserError
+from .progress import Progress
+
+__all__ = [
+    "EvalParts",
+    "RunContext",
+    "StepOutput",
+    "Task",
+    "TrainParts",
+    "evaluate_checkpoint",
+    "fit",
+    "write_json",
+]
+
+
+@dataclass
+class StepOutput:
+    """What a task's ``step`` returns: the loss to back-propagate and scalars to log (rank-averaged)."""
+
+    loss: Tensor
+    logs: Mapping[str, Tensor | float] = field(default_factory=dict)
+
+
+@dataclass
+class TrainParts:
+    """Everything task-specific that :func:`fit` needs.
+
+    Attributes:
+        model: the bare model (the engine wraps it in DDP and moves nothing: put it on ``ctx.device``).
+        optimizer: its optimizer.
+        train_loader: yields :class:`~peg_core.engine.broken.SampleBatch` (or plain batches).
+        train_size: samples in the training split (for ``--max-broken``).
+        step: ``step(model, data, ctx) -> StepOutput``; runs the forward under ``ctx.autocast()``.
+        evaluate: ``evaluate(model, ctx) -> dict`` of JSON-safe metrics (merged over ranks).
+        scheduler: stepped every epoch or every step (``scheduler_interval``).
+        model_config: JSON-safe keywords that rebuild the model (stored in the checkpoint).
+        meta: JSON-safe task data for the checkpoint (class names, categories, ...).
+        on_epoch_start: called with the epoch before it runs (samplers, data sets).
+        summary: one-line text of the metrics of ``evaluate`` for the console.
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    train_loader: Iterable[Any]
+    train_size: int
+    step: Callable[[nn.Module, Any, RunContext], StepOutput]
+    evaluate: Callable[[nn.Module, RunContext], dict[str, Any]] | None = None
+    scheduler: Any = None
+    scheduler_interval: str = "epoch"
+    model_config: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    on_epoch_start: Callable[[int], None] | None = None
+    summary: Callable[[dict[str, Any]], str] | None = None
+
+
+@dataclass
+class EvalParts:
+    """What :func:`evaluate_checkpoint` needs: the loaded model and its evaluation."""
+
+    model: nn.Module
+    evaluate: Callable[[nn.Module, RunContext], dict[str, Any]]
+    summary: Callable[[dict[str, Any]], str] | None = None
+
+
+class Task(Protocol):
+    """A task package's hooks: its name (stored in checkpoints) and how to set up a run."""
+
+    name: str
+
+    def setup_train(
+        self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any] | None
+    ) -> TrainParts: ...
+
+    def setup_eval(self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any]) -> EvalParts: ...
+
+
+class RunContext:
+    """Per-run state handed to the task: device, ranks, AMP, progress and broken-sample logs.
+
+    Made by :func:`fit` / :func:`evaluate_checkpoint` (or directly, for a task's own tests).
+    """
+
+    def __init__(
+        self,
+        dist: DistInfo,
+        out_dir: Path,
+        amp: str = "off",
+        show_progress: bool = True,
+        max_broken: float = 0.01,
+        args: argparse.Namespace | None = None,
+    ) -> None:
+        self.dist = dist
+        self.device = dist.device
+        self.out_dir = Path(out_dir)
+        self.amp = "off" if amp in ("off", "none") or self.device.type != "cuda" else amp
+        self.requested_amp = amp
+        self.show_progress = show_progress and dist.rank == 0
+        self.max_broken = max_broken
+        self.args = args
+        self.broken: dict[str, BrokenLog] = {}
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == "fp16")
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.rank == 0
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward pass's autocast (a no-op for ``--amp off`` and on CPU)."""
+        if self.amp == "off":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
+
+    def print(self, *msg: Any) -> None:
+        """Print on the main process only."""
+        if self.is_main:
+            print(*msg, flush=True)
+
+    def batches(self, loader: Iterable[Any], split: str, total: int, desc: str = "") -> BatchStream:
+        """Iterate ``loader``: yields the usable data of each batch, logs broken samples under ``split``."""
+        log = self.broken.setdefault(split, BrokenLog(split, total, self.max_broken))
+        return BatchStream(loader, log, Progress(loader, desc=desc or split, enable=self.show_progress))
+
+
+class BatchStream:
+    """Iterator over a loader's usable batches (see :meth:`RunContext.batches`).
+
+    After the last batch the broken samples of every rank are merged and checked
+    (all ranks reach that point together, so the check never hangs DDP).
+    """
+
+    def __init__(self, loader: Iterable[Any], log: BrokenLog, bar: Progress) -> None:
+        self.loader = loader
+        self.log = log
+        self.bar = bar
+        self.used = 0
+
+    def set_postfix(self, **values: Any) -> None:
+        self.bar.set_postfix(**values)
+
+    def __iter__(self) -> Iterator[Any]:
+        local: dict[str, str] = {}
+        for batch in self.bar:
+            if isinstance(batch, SampleBatch):
+                for path, reason in batch.broken:
+                    local.setdefault(path, reason)
+                if batch.data is None:
+                    continue
+                batch = batch.data
+            self.used += 1
+            yield batch
+        parts = all_gather_object((local, self.used))
+        self.log.merge([p for p, _ in parts])
+        self.log.check(nothing_read=sum(n for _, n in parts) == 0)
+
+
+# ------------------------------------------------------------------------------------------ set-up
+
+
+def _check_device(device: str) -> None:
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError("CUDA is not available on this machine (torch.cuda.is_available() is False)",
+                            f"--device {device}")  # fmt: skip
+        index = device.partition(":")[2]
+        if index and int(index) >= torch.cuda.device_count():
+            raise UserError(f"only {torch.cuda.device_count()} CUDA devices", f"--device {device}")
+
+
+def ensure_writable(folder: Path) -> None:
+    """Create ``folder`` and check that files can be written there (before any long work)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"output folder is not writable ({e.strerror or e})", folder) from None
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON through a temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _start(args: argparse.Namespace, out_dir: Path) -> RunContext:
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    device = getattr(args, "device", "auto")
+    _check_device(device)
+    if int(os.environ.get("RANK", "0")) == 0:
+        ensure_writable(out_dir)
+    dist = init_distributed(device)
+    return RunContext(
+        dist,
+        out_dir,
+        amp=getattr(args, "amp", "off"),
+        show_progress=getattr(args, "progress", True),
+        max_broken=getattr(args, "max_broken", 0.01),
+        args=args,
+    )
+
+
+# -------------------------------------------------------------------------------------------- fit
+
+
+def fit(task: Task, args: argparse.Namespace) -> dict[str, Any]:
+    """Train ``task`` as ``args`` say; returns the run's report (also written to ``report.json``)."""
+    out = Path(args.output_dir)
+    ctx = _start(args, out)
+    try:
+        return _Fit(task, args, ctx).run()
+    finally:
+        cleanup_distributed()
+
+
+class _Fit:
+    """One training run: set-up from the task and the checkpoint, the epochs, the report."""
+
+    def __init__(self, task: Task, args: argparse.Namespace, ctx: RunContext) -> None:
+        self.task, self.args, self.ctx = task, args, ctx
+        self.out = ctx.out_dir
+        self.store = CheckpointStore(self.out, task.name)
+        self.t0 = time.time()
+
+    def _resume(self) -> tuple[dict[str, Any] | None, Path | None]:
+        resume = getattr(self.args, "resume", None)
+        if not resume:
+            return None, None
+        if resume == "auto":
+            ckpt, path = self.store.find_resume(log=self.ctx.print)
+            if ckpt is None:
+                self.ctx.print(f"--resume auto: no checkpoint in {self.out}; starting from scratch")
+            return ckpt, path
+        return read_checkpoint(resume, self.task.name), Path(resume)
+
+    def run(self) -> dict[str, Any]:
+        ctx, args = self.ctx, self.args
+        if ctx.is_main:
+            for f in remove_stale_temp_files(self.out):
+                print(f"removed {f.name}, left by a run stopped while saving", flush=True)
+        if ctx.requested_amp not in ("off", "none") and ctx.amp == "off":
+            ctx.print(f"--amp {ctx.requested_amp} applies on CUDA only; running in float32 on {ctx.device}")
+        seed_everything(args.seed, ctx.dist.rank)
+        ckpt, ckpt_path = self._resume()
+        parts = self.task.setup_train(args, ctx, ckpt)
+        self.parts = parts
+        start_epoch, step, metrics = 0, 0, {}
+        if ckpt is not None:
+            start_epoch, step, metrics = self._restore(ckpt, ckpt_path)
+        net: nn.Module = parts.model
+        if ctx.dist.distributed:
+            net = nn.parallel.DistributedDataParallel(
+                parts.model,
+                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                find_unused_parameters=getattr(args, "find_unused_parameters", False),
+            )
+        if ctx.is_main:
+            write_json(self.out / "args.json", json_safe(args))
+        logger = MetricLogger(self.out, enabled=ctx.is_main)
+        epochs = args.epochs
+        train_stats: dict[str, float] = {}
+        status = "finished"
+        if start_epoch >= epochs:
+            ctx.print(f"already trained for {start_epoch} of {epochs} epochs ({ckpt_path}); nothing to do")
+        try:
+            for epoch in range(start_epoch, epochs):
+                if parts.on_epoch_start is not None:
+                    parts.on_epoch_start(epoch)
+                train_stats, step = self._train_epoch(net, epoch, step, logger)
+                if parts.scheduler is not None and parts.scheduler_interval == "epoch":
+                    parts.scheduler.step()
+                logger.log(epoch, "train", **train_stats, lr=parts.optimizer.param_groups[0]["lr"])
+                ctx.print(
+                    f"epoch {epoch + 1}/{epochs}: "
+                    + " ".join(f"{k} {_fmt(v)}" for k, v in train_stats.items())
+                    + f" ({time.time() - self.t0:.0f} s)"
+                )
+                last = epoch + 1 == epochs
+                every = getattr(args, "eval_every", 1)
+                if parts.evaluate is not None and (last or (every > 0 and (epoch + 1) % every == 0)):
+                    metrics = parts.evaluate(parts.model, ctx)
+                    self._log_metrics(logger, epoch, metrics)
+                    if parts.summary is not None:
+                        ctx.print(f"epoch {epoch + 1}/{epochs}: {parts.summary(metrics)}")
+                self._save(epoch, step, metrics)
+                stop_after = getattr(args, "stop_after_epoch", None)
+                if stop_after is not None and epoch + 1 >= stop_after and not last:
+                    ctx.print(
+                        f"stopping after epoch {epoch + 1} (--stop-after-epoch); continue with --resume auto"
+                    )
+                    status = "stopped"
+                    break
+        except TrainingDiverged as e:
+            logger.log(step, "error", message=str(e))
+            raise
+        finally:
+            logger.close()
+        report = self._report(status, step, train_stats, metrics)
+        if ctx.is_main:
+            write_json(self.out / "report.json", report)
+        return report
+
+    def _restore(self, ckpt: dict[str, Any], path: Path | None) -> tuple[int, int, dict[str, Any]]:
+        from .checkpoint import load_model_state
+
+        parts, ctx = self.parts, self.ctx
+        load_model_state(parts.model, ckpt["model"], path)
+        try:
+            parts.optimizer.load_state_dict(ckpt["optimizer"])
+            if parts.scheduler is not None and ckpt.get("scheduler") is not None:
+                parts.scheduler.load_state_dict(ckpt["scheduler"])
+            if ckpt.get("scaler"):
+                ctx.scaler.load_state_dict(ckpt["scaler"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(f"checkpoint's optimizer state does not fit this run ({e})", path) from None
+        epoch = int(ckpt["epoch"]) + 1
+        if not restore_rank_rng(ckpt, ctx.dist.rank, ctx.dist.world_size):
+            # Another world size: the run stays reproducible, if not bit-identical.
+            seed_everything(self.args.seed + epoch, ctx.dist.rank)
+        ctx.print(f"resumed from {path} (epoch {epoch}, step {ckpt.get('step', 0)})")
+        return epoch, int(ckpt.get("step", 0)), dict(ckpt.get("metrics") or {})
+
+    def _train_epoch(
+        self, net: nn.Module, epoch: int, step: int, logger: MetricLogger
+    ) -> tuple[dict[str, float], int]:
+        parts, ctx, args = self.parts, self.ctx, self.args
+        clip = getattr(args, "clip_max_norm", 0.0) or 0.0
+        net.train()
+        sums: dict[str, float] = {}
+        steps = 0
+        stream = ctx.batches(
+            parts.train_loader, "train", parts.train_size, desc=f"epoch {epoch + 1}/{args.epochs}"
+        )
+        for data in stream:
+            out = parts.step(net, data, ctx)
+            names = ["loss", *out.logs]
+            values = [out.loss.detach().float()] + [
+                torch.as_tensor(v, dtype=torch.float32, device=ctx.device).detach().reshape(())
+                for v in out.logs.values()
+            ]
+            # One collective for every logged value; the loss check uses the rank mean so all ranks stop together.
+            means = reduce_mean(torch.stack([v.to(ctx.device) for v in values])).tolist()
+            if not math.isfinite(means[0]):
+                raise TrainingDiverged(self._diverged_message(means[0], step + 1, epoch))
+            parts.optimizer.zero_grad(set_to_none=True)
+            ctx.scaler.scale(out.loss).backward()
+            if clip > 0:
+                ctx.scaler.unscale_(parts.optimizer)
+                nn.utils.clip_grad_norm_(net.parameters(), clip)
+            ctx.scaler.step(parts.optimizer)
+            ctx.scaler.update()
+            if parts.scheduler is not None and parts.scheduler_interval == "step":
+                parts.scheduler.step()
+            step += 1
+            steps += 1
+            for k, v in zip(names, means):
+                sums[k] = sums.get(k, 0.0) + v
+            stream.set_postfix(loss=f"{means[0]:.3f}")
+            if step % 10 == 0:
+                logger.log(step, "train_step", loss=means[0], lr=parts.optimizer.param_groups[0]["lr"])
+        stats = {k: v / max(steps, 1) for k, v in sums.items()}
+        stats["steps"] = steps
+        stats["broken"] = ctx.broken["train"].count
+        return stats, step
+
+    def _diverged_message(self, value: float, step: int, epoch: int) -> str:
+        kept = self.store.path
+        where = f"the last good checkpoint is {kept}" if kept.is_file() else "no checkpoint was written yet"
+        return (
+            f"loss is {value} at step {step} (epoch {epoch + 1}); training stopped and {where}: "
+            "lower the learning rate or check the data, then resume with --resume auto"
+        )
+
+    def _log_metrics(self, logger: MetricLogger, epoch: int, metrics: Mapping[str, Any]) -> None:
+        flat = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        if flat:
+            logger.log(epoch, "val", **flat)
+        for key, value in metrics.items():
+            if isinstance(value, Mapping):
+                sub = {
+                    k: v for k, v in value.items() if isinstance(v, int | float) and not isinstance(v, bool)
+                }
+                if sub:
+                    logger.log(epoch, f"val_{key}", **sub)
+
+    def _save(self, epoch: int, step: int, metrics: dict[str, Any]) -> None:
+        parts, ctx, args = self.parts, self.ctx, self.args
+        rng_per_rank = all_gather_object(capture_rng_state())  # every rank's RNG, for an exact resume
+        if ctx.is_main:
+            state = {
+                "format": CHECKPOINT_FORMAT,
+                "task": self.task.name,
+                "model": parts.model.state_dict(),
+                "model_config": parts.model_config,
+                "meta": parts.meta,
+                "optimizer": parts.optimizer.state_dict(),
+                "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else None,
+                "scaler": ctx.scaler.state_dict(),
+                "epoch": epoch,
+                "step": step,
+                "args": json_safe(args),
+                "metrics": _json_roundtrip(metrics),
+                "rng_per_rank": rng_per_rank,
+            }
+            every = getattr(args, "save_every", 0)
+            copy = f"checkpoint{epoch:04d}.pth" if every and (epoch + 1) % every == 0 else None
+            self.store.save(state, keep_copy=copy)
+        barrier()
+
+    def _report(
+        self, status: str, step: int, train: dict[str, Any], metrics: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            "task": self.task.name,
+            "command": "train",
+            "status": status,
+            "epochs": self.args.epochs,
+            "steps": step,
+            "seconds": round(time.time() - self.t0, 1),
+            "train": train,
+            "eval": metrics,
+            "broken": {name: log.report() for name, log in self.ctx.broken.items()},
+            "checkpoint": str(self.out / CHECKPOINT_NAME),
+            "output_dir": str(self.out),
+        }
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def _json_roundtrip(obj: Any) -> Any:
+    """Metrics as plain JSON types (keys as strings), safe for ``weights_only`` loading."""
+    return json.loads(json.dumps(obj, default=str))
+
+
+# --------------------------------------------------------------------------------------- evaluate
+
+
+def evaluate_checkpoint(task: Task, args: argparse.Namespace) -> dict[str, Any]:
+    """Evaluate ``args.checkpoint``; returns the report (also written to OUTPUT_DIR/report.json).
+
+    The output folder is checked before the checkpoint is read, so an unwritable folder fails
+    in a second, not after the whole evaluation.
+    """
+    ckpt_path = Path(args.checkpoint)
+    out = Path(args.output_dir) if getattr(args, "output_dir", None) else ckpt_path.parent
+    args.output_dir = out
+    t0 = time.time()
+    ctx = _start(args, out)
+    try:
+        ckpt = read_checkpoint(ckpt_path, task.name)
+        parts = task.setup_eval(args, ctx, ckpt)
+        parts.model.eval()
+        metrics = parts.evaluate(parts.model, ctx)
+        report = {
+            "task": task.name,
+            "command": "eval",
+            "status": "finished",
+            "checkpoint": str(ckpt_path),
+            "epoch": ckpt.get("epoch"),
+            "seconds": round(time.time() - t0, 1),
+            "eval": _json_roundtrip(metrics),
+            "broken": {name: log.report() for name, log in ctx.broken.items()},
+            "output_dir": str(out),
+        }
+        if ctx.is_main:
+            write_json(out / "report.json", report)
+            if parts.summary is not None:
+                print(parts.summary(metrics), flush=True)
+        return report
+    finally:
+        cleanup_distributed()
