@@ -2,7 +2,7 @@
 
 Public API::
 
-    from peg_core import PEG2d, build_position_encoding, resize_pos_embed
+    from peg_core import PEG2d, PEG3d, build_position_encoding, resize_pos_embed
 
 Depends on torch alone.
 """
@@ -16,7 +16,7 @@ from .encodings import (
     build_position_encoding,
     sincos_2d,
 )
-from .peg import PEG2d, check_tokens, grid_to_tokens, tokens_to_grid
+from .peg import PEG2d, PEG3d, PEGNd, check_size, check_tokens, grid_to_tokens, tokens_to_grid
 from .resize import infer_grid, resize_pos_embed, resize_pos_embed_1d, resize_pos_embed_3d
 
 __version__ = "0.1.0"
@@ -25,10 +25,13 @@ __all__ = [
     "LearnedPositionEncoding2d",
     "NoPositionEncoding",
     "PEG2d",
+    "PEG3d",
+    "PEGNd",
     "PositionEncoding",
     "SinCosPositionEncoding2d",
     "SinePositionEncoding2d",
     "build_position_encoding",
+    "check_size",
     "check_tokens",
     "grid_to_tokens",
     "infer_grid",

@@ -1,12 +1,20 @@
-"""PEG2d: the Positional Encoding Generator of CPVT (Chu et al., 2021).
+"""PEG: the Positional Encoding Generator of CPVT (Chu et al., 2021), over 1D, 2D or 3D grids.
 
-A PEG turns the token sequence back into its grid, runs a depthwise k×k
+A PEG turns the token sequence back into its grid, runs a depthwise
 convolution with zero padding over it and adds the result to the tokens.  The
 zero padding is what lets the convolution tell a border token from a central
 one, so the encoding carries absolute position while working at any grid size.
+
+:class:`PEGNd` holds the one implementation for ``N = 1, 2, 3`` grid dimensions;
+:class:`PEG2d` (images) and :class:`PEG3d` (video, ``(T, H, W)``) are thin
+subclasses fixing ``N`` and their parameter names.
 """
 
 from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +22,68 @@ from torch import Tensor, nn
 
 from .base import PositionEncoding
 
-__all__ = ["PEG2d", "check_tokens", "grid_to_tokens", "peg2d_reference", "tokens_to_grid"]
+__all__ = [
+    "PEG2d",
+    "PEG3d",
+    "PEGNd",
+    "check_size",
+    "check_tokens",
+    "grid_to_tokens",
+    "peg2d_reference",
+    "tokens_to_grid",
+]
+
+_CONVS: dict[int, type[nn.Module]] = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+# permute orders (B, *grid, C) -> (B, C, *grid) by grid rank, and back by map rank; precomputed since
+# they run on every call and building them from ranges costs about a microsecond each time
+_TO_GRID = {n: (0, n + 1, *range(1, n + 1)) for n in _CONVS}
+_TO_TOKENS = {n + 2: (0, *range(2, n + 2), 1) for n in _CONVS}
+
+
+def _axis_names(ndim: int) -> tuple[str, ...]:
+    """Letters for error messages: ``(L,)``, ``(H, W)``, ``(T, H, W)``, else ``(D1, ..., DN)``."""
+    return {1: ("L",), 2: ("H", "W"), 3: ("T", "H", "W")}.get(ndim) or tuple(f"D{i + 1}" for i in range(ndim))
+
+
+def _axes(ndim: int, batch: bool = False, channels: bool = False) -> str:
+    """``"(H, W)"``, ``"(B, T, H, W)"``, ``"(B, C, H, W)"`` ... for messages."""
+    return "(" + ", ".join(("B",) * batch + ("C",) * channels + _axis_names(ndim)) + ")"
+
+
+def check_size(size: Any, name: str = "size") -> tuple[int | torch.SymInt, ...]:
+    """``size`` as a tuple of positive ints; ``ValueError`` naming ``name`` and the value otherwise.
+
+    Zero, negative, fractional (``2.5``) and bool entries are refused.  Symbolic
+    sizes (``torch.SymInt`` under ``torch.compile`` / ``torch.export``) are kept
+    as they are, unchecked, so they are not specialised to ints; integer-like
+    objects (numpy ints, 0-dim integer tensors) become Python ints.
+    """
+    try:
+        dims = tuple(size)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of positive integers; got {size!r}") from None
+    for s in dims:
+        # Fast path for plain ints (every call of every PEG); ``type`` also rules out bool.
+        if type(s) is not int or s < 1:
+            return _check_size_slow(dims, name)
+    return dims
+
+
+def _check_size_slow(dims: tuple[Any, ...], name: str) -> tuple[int | torch.SymInt, ...]:
+    """:func:`check_size` for entries that are not plain positive ints: SymInts, int-likes, errors."""
+    out: list[int | torch.SymInt] = []
+    for s in dims:
+        if isinstance(s, torch.SymInt):
+            out.append(s)  # symbolic: left as it is, so the graph stays dynamic
+            continue
+        try:
+            v = 0 if isinstance(s, bool) else operator.index(s)  # a bool is not a size
+        except TypeError:  # 2.5, None, a float tensor
+            v = 0
+        if v < 1:
+            raise ValueError(f"{name} must be positive integers; got {dims}")
+        out.append(v)
+    return tuple(out)
 
 
 def check_tokens(x: Tensor, size: tuple[int, ...], num_prefix_tokens: int, name: str = "x") -> None:
@@ -37,28 +106,244 @@ def check_tokens(x: Tensor, size: tuple[int, ...], num_prefix_tokens: int, name:
         )
 
 
-def tokens_to_grid(x: Tensor, size: tuple[int, int]) -> Tensor:
-    """``(B, H*W, C)`` tokens -> ``(B, C, H, W)`` map as a *view* (channels-last strides, no copy)."""
+def tokens_to_grid(x: Tensor, size: Sequence[int]) -> Tensor:
+    """``(B, prod(size), C)`` tokens -> ``(B, C, *size)`` map as a *view* (channels-last strides, no copy).
+
+    ``size`` is ``(H, W)`` for images, ``(T, H, W)`` for video, any rank >= 1;
+    the tokens are row-major over it (last axis fastest).
+    """
     b, _, c = x.shape
-    return x.reshape(b, size[0], size[1], c).permute(0, 3, 1, 2)
+    n = len(size)
+    return x.reshape(b, *size, c).permute(*(_TO_GRID.get(n) or (0, n + 1, *range(1, n + 1))))
 
 
 def grid_to_tokens(x: Tensor) -> Tensor:
-    """``(B, C, H, W)`` map -> ``(B, H*W, C)`` tokens; a free view when the map is channels-last."""
-    return x.permute(0, 2, 3, 1).flatten(1, 2)
+    """``(B, C, *size)`` map -> ``(B, prod(size), C)`` tokens; a free view when the map is channels-last."""
+    d = x.dim()
+    return x.permute(*(_TO_TOKENS.get(d) or (0, *range(2, d), 1))).flatten(1, d - 2)
 
 
-def _check_mask(mask: Tensor, batch: int, size: tuple[int, int]) -> None:
-    """``mask`` must be ``(B, H, W)`` bool (True = padding)."""
+def _check_mask(mask: Tensor, batch: int, size: tuple[int, ...]) -> None:
+    """``mask`` must be ``(B, *size)`` bool (True = padding)."""
     if mask.dtype != torch.bool:
         raise ValueError(f"mask must be a bool tensor (True = padding); got dtype {mask.dtype}")
-    if tuple(mask.shape) != (batch, size[0], size[1]):
+    if tuple(mask.shape) != (batch, *size):
+        want = ", ".join(str(s) for s in (batch, *size))
         raise ValueError(
-            f"mask has shape {tuple(mask.shape)}, expected (B, H, W) = ({batch}, {size[0]}, {size[1]})"
+            f"mask has shape {tuple(mask.shape)}, expected {_axes(len(size), batch=True)} = ({want})"
         )
 
 
-class PEG2d(PositionEncoding):
+def _kernel_tuple(kernel_size: int | Sequence[int], ndim: int) -> tuple[int, ...]:
+    """An odd int, or ``ndim`` odd ints, as a tuple; ``ValueError`` otherwise."""
+    sides = kernel_size if isinstance(kernel_size, Sequence) else (kernel_size,) * ndim
+    try:
+        k = tuple(operator.index(s) for s in sides)
+    except TypeError:  # 3.0, "3", None: not a kernel size
+        k = ()
+    if len(k) != ndim or any(s < 1 or s % 2 == 0 for s in k):
+        names = "(" + ", ".join("k" + a for a in _axis_names(ndim)) + ")"
+        raise ValueError(
+            f"kernel_size must be an odd int or {ndim} odd ints {names} so the grid keeps its size; "
+            f"got {kernel_size}"
+        )
+    return k
+
+
+class PEGNd(PositionEncoding):
+    """Positional Encoding Generator over a token grid of ``N = len(kernel_size)`` dimensions.
+
+    ``out = x + DWConv(x)`` on the grid tokens; prefix tokens (class token,
+    registers) pass through unchanged.  :class:`PEG2d` and :class:`PEG3d` are
+    this class with ``N`` fixed; use it directly for other ranks (``N = 1``:
+    a sequence; only tokens then, since a ``(B, C, L)`` map looks like tokens).
+
+    Args:
+        dim: channels ``C``.
+        kernel_size: ``N`` odd sizes ``(k1, ..., kN)``; padding is ``k // 2`` per axis.
+        num_prefix_tokens: tokens before the grid that are left as they are.
+        factorized: a depthwise conv over the last ``N - 1`` axes (kernel
+            ``(1, k2, ..., kN)``) followed by one over the first axis
+            (``(k1, 1, ..., 1)``): ``k1 + k2*...*kN`` weights per channel
+            instead of ``k1*...*kN``.  Needs ``N >= 2``.
+        bias: add a learned per-channel bias to the (last) conv output.
+        zero_init: start the (last) conv at zero, so ``out == x`` until it
+            trains (for adding a PEG to a pretrained model).
+
+    Shapes:
+        ``forward(x, size, mask)`` with ``x`` tokens ``(B, P + prod(size), C)``
+        (row-major over the grid, last axis fastest) and ``size`` the grid
+        ``(D1, ..., DN)``, or a feature map ``(B, C, D1, ..., DN)`` (``size``
+        optional; ``N >= 2``); ``mask`` ``(B, D1, ..., DN)`` bool, True at
+        padding.  Returns the same shape; a feature map keeps its memory format.
+
+    With a mask, padded positions are zeroed before the conv (and between the
+    two factorized convs) and left unchanged after it, so a sample's real
+    positions get the same output whatever padding its batch has (the padding
+    must sit at the end of each axis, as DETR pads).
+
+    The depthwise conv runs on a channels-last view of the tokens: no
+    channels-first (NCHW / NCDHW) copy is ever made, which on CPU is tens of
+    times slower for a depthwise conv.  Behind prefix tokens the grid slice is
+    copied once, straight into channels-last order, and the residual add goes
+    into the conv's own fresh output buffer when it is channels-last.  As a
+    :class:`~peg_core.PositionEncoding` it applies to ``"tokens"`` and its
+    ``position`` is the conv output (zeros at prefix tokens and padding).
+    """
+
+    apply_to = "tokens"
+    conditional = True
+    #: attribute name of the first conv of the factorized variant (kept per subclass for state dicts)
+    _pre_name: ClassVar[str] = "proj_pre"
+
+    def __init__(
+        self,
+        dim: int,
+        kernel_size: Sequence[int],
+        num_prefix_tokens: int = 0,
+        factorized: bool = False,
+        bias: bool = True,
+        zero_init: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(kernel_size, Sequence) or len(kernel_size) not in _CONVS:
+            raise ValueError(
+                f"kernel_size must be 1, 2 or 3 odd ints, one per grid axis; got {kernel_size!r}"
+            )
+        ndim = len(kernel_size)
+        ks = _kernel_tuple(kernel_size, ndim)
+        if dim < 1 or num_prefix_tokens < 0:
+            raise ValueError(f"need dim >= 1 and num_prefix_tokens >= 0; got {dim}, {num_prefix_tokens}")
+        if factorized and ndim < 2:
+            raise ValueError("factorized=True needs a grid of 2 or more dimensions")
+        self.dim = dim
+        self.ndim = ndim
+        self.kernel_size: int | tuple[int, ...] = ks
+        # rank of a feature-map input; for N = 1 a (B, C, L) map has the rank of tokens, so none
+        self._map_rank = ndim + 2 if ndim > 1 else -1
+        self.num_prefix_tokens = num_prefix_tokens
+        self._factorized = factorized
+        conv = _CONVS[ndim]
+        pad = tuple(k // 2 for k in ks)
+        if factorized:
+            # The bias sits on the second conv only: a bias before it would just
+            # be re-weighted by it, adding nothing but border effects.  Registered
+            # first so state dicts list it before ``proj``.
+            pre_k, post_k = (1, *ks[1:]), (ks[0],) + (1,) * (ndim - 1)
+            pre = conv(dim, dim, pre_k, padding=(0, *pad[1:]), groups=dim, bias=False)
+            setattr(self, self._pre_name, pre)
+            self.proj = conv(dim, dim, post_k, padding=(pad[0],) + (0,) * (ndim - 1), groups=dim, bias=bias)
+        else:
+            self.proj = conv(dim, dim, ks, padding=pad, groups=dim, bias=bias)
+        if zero_init:
+            nn.init.zeros_(self.proj.weight)
+            if self.proj.bias is not None:
+                nn.init.zeros_(self.proj.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, kernel_size={self.kernel_size}, num_prefix_tokens={self.num_prefix_tokens}, "
+            f"factorized={self._factorized}"
+        )
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # A PEG2d / PEG3d pickled whole (torch.save(model)) before this base class
+        # existed lacks its private attributes; rebuild them from the public ones.
+        if "_map_rank" not in self.__dict__:
+            self.ndim = self.proj.weight.dim() - 2
+            self._map_rank = self.ndim + 2 if self.ndim > 1 else -1
+            self._factorized = bool(getattr(self, "separable", getattr(self, "factorized", False)))
+
+    def conv(self, grid: Tensor, keep: Tensor | None = None) -> Tensor:
+        """Depthwise conv of a ``(B, C, D1, ..., DN)`` map, same shape, in the map's memory format.
+
+        ``keep`` ``(B, 1, D1, ..., DN)`` (1 = real, 0 = padding) zeroes the
+        padding before the conv, between the two factorized convs and after
+        it.  The multiplies after a conv are in place: a conv's backward needs
+        its input, never its output.
+        """
+        if keep is not None:
+            grid = grid * keep
+        if self._factorized:
+            grid = self._modules[self._pre_name](grid)
+            if keep is not None:
+                grid = grid.mul_(keep)
+        out = self.proj(grid)
+        if keep is not None:
+            out = out.mul_(keep)
+        return out
+
+    def forward(self, x: Tensor, size: Sequence[int] | None = None, mask: Tensor | None = None) -> Tensor:
+        """``x`` plus the conv of its grid; see the class docstring for shapes."""
+        if x.dim() == self._map_rank:
+            return _residual(self._map_delta(x, size, mask), x)
+        size = self._check(x, size)
+        p = self.num_prefix_tokens
+        if p == 0:
+            return _residual(self._token_delta(x, size, mask), x, tokens=True)
+        tokens = x[:, p:]
+        delta = self._token_delta(tokens, size, mask)
+        return torch.cat([x[:, :p], _residual(delta, tokens, tokens=True)], dim=1)
+
+    def position(self, x: Tensor, size: Sequence[int] | None = None, mask: Tensor | None = None) -> Tensor:
+        """The conv output alone (``forward(x) - x`` computed directly), zeros at prefix tokens and padding."""
+        if x.dim() == self._map_rank:
+            return self._map_delta(x, size, mask)
+        size = self._check(x, size)
+        p = self.num_prefix_tokens
+        delta = self._token_delta(x[:, p:], size, mask)
+        return delta if p == 0 else torch.cat([delta.new_zeros(x.shape[0], p, x.shape[2]), delta], dim=1)
+
+    def _token_delta(self, tokens: Tensor, size: tuple[int, ...], mask: Tensor | None) -> Tensor:
+        """Conv output for grid tokens ``(B, prod(size), C)`` -> ``(B, prod(size), C)``."""
+        keep = self._keep(mask, tokens.shape[0], size, tokens.dtype)
+        if keep is None and not tokens.is_contiguous():
+            # Behind prefix tokens the grid slice has a batch stride of
+            # (P + prod(size)) * C, which the conv kernels would copy anyway;
+            # copy it once here, straight into channels-last order (never
+            # channels-first).  With a mask, ``grid * keep`` is that copy.
+            tokens = tokens.contiguous()
+        return grid_to_tokens(self.conv(tokens_to_grid(tokens, size), keep))
+
+    def _map_delta(self, x: Tensor, size: Sequence[int] | None, mask: Tensor | None) -> Tensor:
+        grid = tuple(x.shape[2:])
+        if size is not None and check_size(size) != grid:
+            raise ValueError(f"size={tuple(size)} does not match the feature map's {_axes(self.ndim)}={grid}")
+        if x.shape[1] != self.dim:
+            raise ValueError(
+                f"feature map has C={x.shape[1]} channels (shape {tuple(x.shape)}), "
+                f"{type(self).__name__} has dim={self.dim}"
+            )
+        return self.conv(x, self._keep(mask, x.shape[0], grid, x.dtype))
+
+    def _check(self, x: Tensor, size: Sequence[int] | None) -> tuple[int, ...]:
+        if size is None or not hasattr(size, "__len__") or len(size) != self.ndim:
+            hint = ""
+            if self.ndim > 1:
+                hint = f" (a {_axes(self.ndim, batch=True, channels=True)} map needs no size)"
+            raise ValueError(
+                f"tokens of shape {tuple(x.shape)} need size={_axes(self.ndim)}; got {size!r}{hint}"
+            )
+        size = check_size(size)
+        check_tokens(x, size, self.num_prefix_tokens)
+        if x.shape[-1] != self.dim:
+            raise ValueError(
+                f"x has C={x.shape[-1]} channels (shape {tuple(x.shape)}), "
+                f"{type(self).__name__} was built for dim={self.dim}"
+            )
+        return size
+
+    @staticmethod
+    def _keep(mask: Tensor | None, batch: int, size: tuple[int, ...], dtype: torch.dtype) -> Tensor | None:
+        """``(B, *size)`` padding mask -> ``(B, 1, *size)`` multiplier (1 = real), or ``None``."""
+        if mask is None:
+            return None
+        _check_mask(mask, batch, size)
+        return (~mask).unsqueeze(1).to(dtype)
+
+
+class PEG2d(PEGNd):
     """Positional Encoding Generator over a 2D token grid.
 
     ``out = x + DWConv(x)`` on the grid tokens; prefix tokens (class token,
@@ -68,7 +353,8 @@ class PEG2d(PositionEncoding):
         dim: channels ``C``.
         kernel_size: odd kernel size ``k`` (1, 3, 5, 7, ...); padding is ``k // 2``.
         num_prefix_tokens: tokens before the grid that are left as they are.
-        separable: light variant, a ``1×k`` then a ``k×1`` depthwise conv.
+        separable: light variant, a ``1×k`` (``proj_w``) then a ``k×1``
+            (``proj``) depthwise conv.
         bias: add a learned per-channel bias to the conv output.
         zero_init: start the conv at zero, so ``out == x`` until it trains
             (for adding a PEG to a pretrained model).
@@ -82,19 +368,11 @@ class PEG2d(PositionEncoding):
     With a mask, padded positions are zeroed before the conv (and between the
     two convs of the separable variant) and left unchanged after it, so an
     image's real positions get the same output whatever padding its batch has
-    (the padding must sit at the bottom/right, as DETR pads).
-
-    The depthwise conv runs on a channels-last view of the tokens: no
-    NCHW-contiguous copy is made, and the residual add goes into the conv's
-    own output buffer (one fresh ``(B, N, C)`` tensor per call without prefix
-    tokens or mask; prefix tokens add a channels-last copy of the grid and a
-    concatenation).  As a :class:`~peg_core.PositionEncoding` it applies to
-    ``"tokens"`` and its ``position`` is the conv output (zeros at prefix
-    tokens and padding).
+    (the padding must sit at the bottom/right, as DETR pads).  Layout and
+    allocations: see :class:`PEGNd`.
     """
 
-    apply_to = "tokens"
-    conditional = True
+    _pre_name = "proj_w"
 
     def __init__(
         self,
@@ -105,29 +383,17 @@ class PEG2d(PositionEncoding):
         bias: bool = True,
         zero_init: bool = False,
     ) -> None:
-        super().__init__()
-        if kernel_size < 1 or kernel_size % 2 == 0:
+        try:
+            k = operator.index(kernel_size)
+        except TypeError:
+            k = 0
+        if k < 1 or k % 2 == 0:
             raise ValueError(
                 f"kernel_size must be odd and >= 1 so the grid keeps its size; got {kernel_size}"
             )
-        if dim < 1 or num_prefix_tokens < 0:
-            raise ValueError(f"need dim >= 1 and num_prefix_tokens >= 0; got {dim}, {num_prefix_tokens}")
-        self.dim = dim
-        self.kernel_size = kernel_size
-        self.num_prefix_tokens = num_prefix_tokens
+        super().__init__(dim, (k, k), num_prefix_tokens, separable, bias, zero_init)
+        self.kernel_size = k  # the int k, not the base's (k, k)
         self.separable = separable
-        p = kernel_size // 2
-        if separable:
-            # The bias sits on the second conv only: a bias before the k×1 conv
-            # would just be re-weighted by it, adding nothing but border effects.
-            self.proj_w = nn.Conv2d(dim, dim, (1, kernel_size), padding=(0, p), groups=dim, bias=False)
-            self.proj = nn.Conv2d(dim, dim, (kernel_size, 1), padding=(p, 0), groups=dim, bias=bias)
-        else:
-            self.proj = nn.Conv2d(dim, dim, kernel_size, padding=p, groups=dim, bias=bias)
-        if zero_init:
-            nn.init.zeros_(self.proj.weight)
-            if self.proj.bias is not None:
-                nn.init.zeros_(self.proj.bias)
 
     def extra_repr(self) -> str:
         return (
@@ -135,94 +401,63 @@ class PEG2d(PositionEncoding):
             f"separable={self.separable}"
         )
 
-    def conv(self, grid: Tensor, keep: Tensor | None = None) -> Tensor:
-        """Depthwise conv of a ``(B, C, H, W)`` map, in the map's memory format.
 
-        ``keep`` ``(B, 1, H, W)`` (1 = real, 0 = padding) zeroes the padding
-        before the conv, between the two separable convs and after it.  The
-        multiplies after a conv are in place: a conv's backward needs its
-        input, never its output.
-        """
-        if keep is not None:
-            grid = grid * keep
-        if self.separable:
-            grid = self.proj_w(grid)
-            if keep is not None:
-                grid = grid.mul_(keep)
-        out = self.proj(grid)
-        if keep is not None:
-            out = out.mul_(keep)
-        return out
+class PEG3d(PEGNd):
+    """Positional Encoding Generator over a ``(T, H, W)`` token grid.
 
-    def forward(self, x: Tensor, size: tuple[int, int] | None = None, mask: Tensor | None = None) -> Tensor:
-        """``x`` plus the conv of its grid; see the class docstring for shapes."""
-        if x.dim() == 4:
-            return _residual(self._map_delta(x, size, mask), x)
-        h, w = self._check(x, size)
-        p = self.num_prefix_tokens
-        if p == 0:
-            return _residual(self._token_delta(x, (h, w), mask), x)
-        tokens = x[:, p:]
-        return torch.cat([x[:, :p], _residual(self._token_delta(tokens, (h, w), mask), tokens)], dim=1)
+    ``out = x + DWConv3d(x)`` on the grid tokens; prefix tokens (class token)
+    pass through unchanged.  The zero padding lets the conv tell border
+    tubelets (first/last frame, image edges) from inner ones, so the codes
+    carry absolute position at any clip length or resolution.  UniFormer's
+    "dynamic position embedding" is the same module applied before every block.
 
-    def position(self, x: Tensor, size: tuple[int, int] | None = None, mask: Tensor | None = None) -> Tensor:
-        """The conv output alone (``forward(x) - x`` computed directly), zeros at prefix tokens and padding."""
-        if x.dim() == 4:
-            return self._map_delta(x, size, mask)
-        h, w = self._check(x, size)
-        p = self.num_prefix_tokens
-        delta = self._token_delta(x[:, p:], (h, w), mask)
-        return delta if p == 0 else torch.cat([delta.new_zeros(x.shape[0], p, x.shape[2]), delta], dim=1)
+    Args:
+        dim: channels ``C``.
+        kernel_size: odd ``k`` or ``(kT, kH, kW)``; padding is ``k // 2`` per axis.
+        num_prefix_tokens: tokens before the grid that are left as they are.
+        factorized: a ``(1, kH, kW)`` spatial depthwise conv (``proj_s``)
+            followed by a ``(kT, 1, 1)`` temporal one (``proj``): ``kH*kW + kT``
+            instead of ``kT*kH*kW`` weights per channel.
+        bias: per-channel bias on the (last) conv.
+        zero_init: start the (last) conv at zero, so ``out == x`` until it trains.
 
-    def _token_delta(self, tokens: Tensor, size: tuple[int, int], mask: Tensor | None) -> Tensor:
-        """Conv output for grid tokens ``(B, H*W, C)`` -> ``(B, H*W, C)``."""
-        if not tokens.is_contiguous():
-            # Behind prefix tokens the grid slice has a batch stride of
-            # (P + H*W) * C, which the conv kernels would copy anyway; copy it
-            # once here, straight into channels-last order (never NCHW).
-            tokens = tokens.contiguous()
-        keep = self._keep(mask, tokens.shape[0], size, tokens.dtype)
-        return grid_to_tokens(self.conv(tokens_to_grid(tokens, size), keep))
+    Shapes:
+        ``forward(x, size, mask)`` with ``x`` tokens ``(B, P + T*H*W, C)``
+        (frame-major: ``t`` slowest, ``w`` fastest) and ``size=(T, H, W)``, or
+        a feature map ``(B, C, T, H, W)`` (``size`` optional); ``mask``
+        ``(B, T, H, W)`` bool, True at padding (clips padded at the end of
+        each axis to share one batch).  Returns the same shape.
 
-    def _map_delta(self, x: Tensor, size: tuple[int, int] | None, mask: Tensor | None) -> Tensor:
-        if size is not None and tuple(size) != tuple(x.shape[-2:]):
-            raise ValueError(
-                f"size={tuple(size)} does not match the feature map's (H, W)={tuple(x.shape[-2:])}"
-            )
-        if x.shape[1] != self.dim:
-            raise ValueError(
-                f"feature map has C={x.shape[1]} channels (shape {tuple(x.shape)}), PEG2d has dim={self.dim}"
-            )
-        return self.conv(x, self._keep(mask, x.shape[0], (x.shape[2], x.shape[3]), x.dtype))
+    The conv runs on a channels-last-3d view of the tokens, as in
+    :class:`PEG2d`: no NCDHW-contiguous copy is made; see :class:`PEGNd`.
+    """
 
-    def _check(self, x: Tensor, size: tuple[int, int] | None) -> tuple[int, int]:
-        if size is None:
-            raise ValueError(f"tokens of shape {tuple(x.shape)} need size=(H, W)")
-        if len(size) != 2:
-            raise ValueError(f"size must be (H, W); got {tuple(size)}")
-        h, w = size
-        check_tokens(x, (h, w), self.num_prefix_tokens)
-        if x.shape[-1] != self.dim:
-            raise ValueError(
-                f"x has C={x.shape[-1]} channels (shape {tuple(x.shape)}), PEG2d was built for dim={self.dim}"
-            )
-        return h, w
+    _pre_name = "proj_s"
 
-    @staticmethod
-    def _keep(mask: Tensor | None, batch: int, size: tuple[int, int], dtype: torch.dtype) -> Tensor | None:
-        if mask is None:
-            return None
-        _check_mask(mask, batch, size)
-        return (~mask).unsqueeze(1).to(dtype)
+    def __init__(
+        self,
+        dim: int,
+        kernel_size: int | tuple[int, int, int] = (3, 3, 3),
+        num_prefix_tokens: int = 0,
+        factorized: bool = False,
+        bias: bool = True,
+        zero_init: bool = False,
+    ) -> None:
+        super().__init__(dim, _kernel_tuple(kernel_size, 3), num_prefix_tokens, factorized, bias, zero_init)
+        self.factorized = factorized
 
 
-def _residual(delta: Tensor, x: Tensor) -> Tensor:
-    """``x + delta``, added into ``delta``'s fresh buffer when the dtypes agree (saves an allocation).
+def _residual(delta: Tensor, x: Tensor, tokens: bool = False) -> Tensor:
+    """``x + delta``, added into ``delta``'s fresh buffer when that is safe and keeps the layout.
 
     Under autocast the conv output is half precision while ``x`` is not; then
-    the out-of-place add keeps the residual stream in ``x``'s dtype.
+    the out-of-place add keeps the residual stream in ``x``'s dtype.  For
+    ``tokens`` ``(B, N, C)`` the in-place add also needs ``delta`` dense in
+    token order, i.e. a channels-last conv output; a conv that answers
+    channels-first (CPU float64 conv3d, conv1d) gets the out-of-place add, so
+    the result is laid out like ``x`` and not as a strided view.
     """
-    if delta.dtype == x.dtype:
+    if delta.dtype == x.dtype and (not tokens or delta.is_contiguous()):
         return delta.add_(x)
     return x + delta
 

@@ -8,11 +8,14 @@ tokens (class token, registers) have no place on the grid and are kept aside.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .peg import check_size
 
 __all__ = ["infer_grid", "resize_pos_embed", "resize_pos_embed_1d", "resize_pos_embed_3d"]
 
@@ -23,14 +26,25 @@ _MODES = {
 }
 
 
-def _as_size(size: int | Sequence[int], rank: int | None = None) -> tuple[int, ...]:
-    if isinstance(size, int):
-        return (int(size),) * (rank or 2)
-    return tuple(int(s) for s in size)
+def _as_size(size: int | Sequence[int], name: str, rank: int | None = None) -> tuple[int, ...]:
+    """``size`` (an int means ``rank`` equal sides, 2 by default) as positive ints.
+
+    ``ValueError`` naming ``name`` and the value for zero, negative or
+    fractional entries: ``int()`` would silently truncate ``2.5`` to ``2``.
+    """
+    scalar = not hasattr(size, "__len__")
+    try:
+        return tuple(int(s) for s in check_size((size,) * (rank or 2) if scalar else size, name))
+    except ValueError:
+        what = "a positive integer" if scalar else "positive integers"
+        raise ValueError(f"{name} must be {what}; got {size!r}") from None
 
 
 def infer_grid(num_tokens: int, rank: int = 2) -> tuple[int, ...]:
     """The square (or cubic) grid holding ``num_tokens`` tokens; ``ValueError`` if there is none."""
+    if num_tokens < 1:
+        # A negative count has a complex root, and round() would raise a TypeError about it.
+        raise ValueError(f"a grid needs at least one token; got {num_tokens} grid tokens")
     side = round(num_tokens ** (1.0 / rank))
     for s in (side - 1, side, side + 1):
         if s > 0 and s**rank == num_tokens:
@@ -56,7 +70,8 @@ def resize_pos_embed(
     Args:
         posemb: ``(1, P + prod(old_size), C)`` (or ``(P + prod(old_size), C)``).
         new_size: target grid, ``(H, W)``; ``(T,)`` or ``(T, H, W)`` for video;
-            an int means a square 2D grid.
+            an int means a square 2D grid.  Sizes must be positive ints: zero,
+            negative or fractional entries raise a ``ValueError`` naming them.
         old_size: grid the table was trained for; ``None`` means square (cubic
             for rank 3) and the error says so when the token count is not one.
         num_prefix_tokens: ``P`` leading tokens kept aside and put back as they are.
@@ -77,18 +92,25 @@ def resize_pos_embed(
         posemb = posemb.unsqueeze(0)
     if posemb.dim() != 3:
         raise ValueError(f"posemb must be (1, N, C) or (N, C); got shape {tuple(posemb.shape)}")
-    new = _as_size(new_size)
+    new = _as_size(new_size, "new_size")
     rank = len(new)
     if rank not in _MODES:
         raise ValueError(f"new_size must have 1, 2 or 3 dimensions; got {new}")
-    if min(new) < 1:
-        raise ValueError(f"new_size={new} must be positive")
-    if num_prefix_tokens < 0 or num_prefix_tokens > posemb.shape[1]:
+    n = posemb.shape[1]
+    try:
+        p = -1 if isinstance(num_prefix_tokens, bool) else operator.index(num_prefix_tokens)
+    except TypeError:
+        p = -1
+    if p < 0:
+        raise ValueError(f"num_prefix_tokens must be an int >= 0; got {num_prefix_tokens!r}")
+    num_prefix_tokens = p
+    if num_prefix_tokens >= n:
         raise ValueError(
-            f"num_prefix_tokens={num_prefix_tokens} does not fit a table of shape {tuple(posemb.shape)}"
+            f"num_prefix_tokens={num_prefix_tokens} exceeds the {n} tokens of the table "
+            f"(shape {tuple(posemb.shape)}); at least one grid token must be left"
         )
-    n_grid = posemb.shape[1] - num_prefix_tokens
-    old = infer_grid(n_grid, rank) if old_size is None else _as_size(old_size, rank)
+    n_grid = n - num_prefix_tokens
+    old = infer_grid(n_grid, rank) if old_size is None else _as_size(old_size, "old_size", rank)
     if len(old) != rank:
         raise ValueError(f"old_size={old} and new_size={new} have different ranks")
     if math.prod(old) != n_grid:
@@ -140,10 +162,12 @@ def resize_pos_embed_1d(
     **kw,
 ) -> Tensor:
     """Temporal table ``(1, P + T, C)`` resized to ``new_len`` (see :func:`resize_pos_embed`)."""
-    old = None if old_len is None else (old_len,)
-    if old is None:
-        old = (posemb.shape[-2] - num_prefix_tokens,)
-    return resize_pos_embed(posemb, (new_len,), old, num_prefix_tokens=num_prefix_tokens, mode=mode, **kw)
+    new = _as_size(new_len, "new_len", 1)
+    if old_len is None:
+        old = (posemb.shape[-2] - num_prefix_tokens,)  # checked against the table by resize_pos_embed
+    else:
+        old = _as_size(old_len, "old_len", 1)
+    return resize_pos_embed(posemb, new, old, num_prefix_tokens=num_prefix_tokens, mode=mode, **kw)
 
 
 def resize_pos_embed_3d(
@@ -155,6 +179,8 @@ def resize_pos_embed_3d(
     **kw,
 ) -> Tensor:
     """Space-time table ``(1, P + T*H*W, C)`` resized to ``(T, H, W)`` (see :func:`resize_pos_embed`)."""
-    return resize_pos_embed(
-        posemb, tuple(new_size), old_size, num_prefix_tokens=num_prefix_tokens, mode=mode, **kw
-    )
+    new = _as_size(new_size, "new_size", 3)
+    old = None if old_size is None else _as_size(old_size, "old_size", 3)
+    if len(new) != 3:
+        raise ValueError(f"new_size must be (T, H, W); got {new_size!r}")
+    return resize_pos_embed(posemb, new, old, num_prefix_tokens=num_prefix_tokens, mode=mode, **kw)

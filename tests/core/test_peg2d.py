@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from peg_core import PEG2d
+from peg_core import PEG2d, PEGNd, PositionEncoding
 
 F64 = torch.float64
 
@@ -269,3 +269,68 @@ def test_errors_name_shapes():
     for k in (0, 2, 4, -1):
         with pytest.raises(ValueError, match=f"odd.*got {k}"):
             PEG2d(8, kernel_size=k)
+
+
+@pytest.mark.parametrize("bad", [(0, 5), (-2, 3), (2.5, 4), (3, True), (3, None)])
+def test_bad_sizes_are_value_errors(bad):
+    """Zero, negative and non-integer sizes are named in a ValueError (not truncated, not a torch error)."""
+    peg = PEG2d(4, num_prefix_tokens=1)
+    x = torch.randn(2, 1 + 10, 4)
+    msg = "size must be positive integers; got " + str(bad).replace("(", r"\(").replace(")", r"\)")
+    for call in (peg, peg.position):
+        with pytest.raises(ValueError, match=msg):
+            call(x, bad)
+    with pytest.raises(ValueError, match=msg):
+        peg(torch.randn(2, 4, 2, 5), bad)
+    # integer-like sizes are fine and give the plain-int result
+    import numpy as np
+
+    torch.testing.assert_close(peg(x, (np.int64(2), np.int64(5))), peg(x, (2, 5)), rtol=0, atol=0)
+
+
+def test_state_dict_keys_and_attributes_unchanged():
+    assert list(PEG2d(4).state_dict()) == ["proj.weight", "proj.bias"]
+    sep = PEG2d(4, 5, num_prefix_tokens=2, separable=True)
+    assert list(sep.state_dict()) == ["proj_w.weight", "proj.weight", "proj.bias"]
+    assert sep.proj_w.weight.shape == (4, 1, 1, 5) and sep.proj.weight.shape == (4, 1, 5, 1)
+    assert sep.kernel_size == 5 and sep.separable and sep.num_prefix_tokens == 2 and sep.dim == 4
+    assert "dim=4, kernel_size=5, num_prefix_tokens=2, separable=True" in repr(sep)
+    assert isinstance(sep, PEGNd) and isinstance(sep, PositionEncoding)
+
+
+@pytest.mark.parametrize("num_prefix", [0, 2])
+@pytest.mark.parametrize("masked", [False, True])
+def test_pegnd_1d_matches_conv1d_reference(num_prefix, masked):
+    """The shared implementation at rank 1: a PEG over a token sequence (tokens only, no map input)."""
+    peg = PEGNd(3, (5,), num_prefix_tokens=num_prefix).to(F64)
+    with torch.no_grad():
+        for prm in peg.parameters():
+            prm.normal_()
+    x = torch.randn(2, num_prefix + 9, 3, dtype=F64)
+    mask = torch.zeros(2, 9, dtype=torch.bool)
+    mask[1, 6:] = True
+    m = mask if masked else None
+    keep = (~mask).to(F64)[:, None] if masked else torch.ones(2, 1, 9, dtype=F64)
+    grid = x[:, num_prefix:].mT.contiguous() * keep
+    delta = F.conv1d(grid, peg.proj.weight, peg.proj.bias, padding=2, groups=3) * keep
+    want = torch.cat([x[:, :num_prefix], x[:, num_prefix:] + delta.mT], dim=1)
+    out = peg(x, (9,), m)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    assert out.is_contiguous()  # conv1d answers channels-first: the residual add is out of place
+    with pytest.raises(ValueError, match="factorized=True needs a grid of 2 or more"):
+        PEGNd(3, (3,), factorized=True)
+    with pytest.raises(ValueError, match=r"need size=\(L\)"):
+        peg(x, (3, 3))
+
+
+def test_module_pickled_before_the_shared_base_still_runs():
+    """A whole PEG2d pickled by the old class (no PEGNd attributes) unpickles into a working module."""
+    import pickle
+
+    peg = random_peg(4, num_prefix_tokens=1, separable=True)
+    for name in ("ndim", "_map_rank", "_factorized"):  # what the pre-PEGNd class did not have
+        del peg.__dict__[name]
+    back = pickle.loads(pickle.dumps(peg))
+    x = torch.randn(2, 1 + 12, 4, dtype=F64)
+    torch.testing.assert_close(back(x, (3, 4)), reference(back, x, (3, 4)), atol=1e-12, rtol=0)
+    assert back.ndim == 2 and back.separable

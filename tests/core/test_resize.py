@@ -164,3 +164,64 @@ def test_3d_space_time(mode):
     cube = torch.randn(1, 27, 6)
     assert resize_pos_embed_3d(cube, (3, 3, 3)) is cube
     assert resize_pos_embed_3d(cube, (2, 3, 3), mode=mode).shape == (1, 18, 6)
+
+
+@pytest.mark.parametrize("bad", [(2.5, 3.5), (0, 3), (-1, 3), (3, 2.5)])
+def test_bad_sizes_are_value_errors(bad):
+    """Non-positive or fractional sizes are refused by name: 2.5 is not truncated to 2, -1 is not torch's error."""
+    pe = torch.randn(1, 1 + 12, 4)
+    text = str(bad).replace("(", r"\(").replace(")", r"\)")
+    with pytest.raises(ValueError, match=r"new_size must be positive integers; got " + text):
+        resize_pos_embed(pe, bad, (3, 4))
+    with pytest.raises(ValueError, match=r"old_size must be positive integers; got " + text):
+        resize_pos_embed(pe, (4, 4), bad)
+    cube = torch.randn(1, 24, 4)
+    with pytest.raises(ValueError, match=r"new_size must be positive integers; got \(2, " + text[2:]):
+        resize_pos_embed_3d(cube, (2, *bad))
+    with pytest.raises(ValueError, match=r"old_size must be positive integers; got \(2, " + text[2:]):
+        resize_pos_embed_3d(cube, (2, 3, 4), (2, *bad))
+
+
+@pytest.mark.parametrize("bad", [2.5, 0, -1])
+def test_bad_scalar_sizes_are_value_errors(bad):
+    pe = torch.randn(1, 8, 4)
+    with pytest.raises(ValueError, match=f"new_len must be a positive integer; got {bad}"):
+        resize_pos_embed_1d(pe, bad)
+    with pytest.raises(ValueError, match=f"old_len must be a positive integer; got {bad}"):
+        resize_pos_embed_1d(pe, 4, bad)
+    with pytest.raises(ValueError, match=f"new_size must be a positive integer; got {bad}"):
+        resize_pos_embed(torch.randn(1, 16, 4), bad, num_prefix_tokens=0)
+    # a valid resize still works and keeps its values
+    out = resize_pos_embed_1d(pe, 16, mode="nearest")
+    assert torch.equal(out[0, ::2], pe[0])
+
+
+def test_prefix_tokens_beyond_the_table():
+    """More prefix tokens than rows: a clear error, not round() of a complex square root."""
+    from peg_core import resize_checkpoint
+
+    table = torch.randn(1, 197, 8)
+    with pytest.raises(ValueError, match=r"num_prefix_tokens=500 exceeds the 197 tokens of the table"):
+        resize_pos_embed(table, (7, 7), num_prefix_tokens=500)
+    with pytest.raises(ValueError, match=r"num_prefix_tokens=197 exceeds the 197 tokens"):
+        resize_pos_embed(table, (7, 7), num_prefix_tokens=197)
+    with pytest.raises(ValueError, match=r"num_prefix_tokens must be an int >= 0; got -1"):
+        resize_pos_embed(table, (7, 7), num_prefix_tokens=-1)
+    with pytest.raises(ValueError, match=r"num_prefix_tokens=500 exceeds the 197 tokens of the table"):
+        resize_checkpoint({"pos_embed": table}, (7, 7), num_prefix_tokens=500)
+    with pytest.raises(ValueError, match=r"at least one token; got -303"):
+        infer_grid(197 - 500)
+    # the right count still resizes
+    _, change = resize_checkpoint({"pos_embed": table}, (7, 7), num_prefix_tokens=1)
+    assert change.old_grid == (14, 14) and change.new_shape == (1, 50, 8)
+
+
+def test_cli_prefix_tokens_beyond_the_table(tmp_path, capsys):
+    from peg_core.__main__ import main as cli
+
+    torch.save({"pos_embed": torch.randn(1, 197, 8)}, tmp_path / "in.pth")
+    argv = ["resize-pos-embed", str(tmp_path / "in.pth"), str(tmp_path / "out.pth"), "--grid", "7x7"]
+    assert cli([*argv, "--prefix-tokens", "500"]) == 1
+    err = capsys.readouterr().err
+    assert "num_prefix_tokens=500 exceeds the 197 tokens of the table" in err and "complex" not in err
+    assert not (tmp_path / "out.pth").exists()
