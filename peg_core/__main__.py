@@ -1,9 +1,13 @@
-"""Command line: checkpoint surgery.
+"""python -m peg_core: the CPVT classifier and checkpoint surgery.
 
+    python -m peg_core make-data OUT [--n-train 2048 --n-val 512 --img-size 48 --format png]
+    python -m peg_core train [--config demo] [--data PATH] [--output-dir runs/classify] ...
+    python -m peg_core eval --checkpoint CKPT [--data PATH] [--eval-sizes 36,48,72,96]
+    python -m peg_core predict --checkpoint CKPT IMAGE...
     python -m peg_core resize-pos-embed IN OUT --grid 24x24 [--mode bicubic] [--key K] [--prefix-tokens N]
     python -m peg_core to-cpvt IN OUT [--peg-at 0] [--kernel-size 3]
 
-``IN`` / ``OUT`` are ``.pth`` (read with ``weights_only=True``) or
+Surgery: ``IN`` / ``OUT`` are ``.pth`` (read with ``weights_only=True``) or
 ``.safetensors`` files; ``OUT`` is written in the format its suffix names.
 """
 
@@ -11,80 +15,110 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+from .classify import cli as classify_cli
+from .engine import UserError, dispatch, grid_arg, int_list, new_parser, nonnegative_int, positive_int
 from .surgery import learned_to_cpvt, load_state_file, resize_checkpoint, save_state_file
 
-
-def _grid(text: str) -> tuple[int, int]:
-    """``"24x24"``, ``"24x32"`` or ``"24"`` -> ``(H, W)``."""
-    parts = text.lower().replace("×", "x").split("x")
-    try:
-        size = tuple(int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"grid must look like 24x24 or 24; got {text!r}") from None
-    if len(size) == 1:
-        size = size * 2
-    if len(size) != 2 or min(size) < 1:
-        raise argparse.ArgumentTypeError(f"grid must be HxW with positive sides; got {text!r}")
-    return size
+PROG = "python -m peg_core"
+# what surgery raises for a file that holds no (usable) position table, or a table it cannot change
+SURGERY_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError, ImportError)
 
 
-def _indices(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(i) for i in text.split(",") if i.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--peg-at takes block indices like 0 or 0,1,2; got {text!r}"
-        ) from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m peg_core", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    r = sub.add_parser("resize-pos-embed", help="resize the position table of a ViT checkpoint")
+def _resize_parser() -> argparse.ArgumentParser:
+    r = new_parser(f"{PROG} resize-pos-embed", "Resize the position table of a ViT checkpoint.")
     r.add_argument("input", type=Path)
     r.add_argument("output", type=Path)
-    r.add_argument("--grid", type=_grid, required=True, help="new grid in patches, e.g. 24x24 (384 px / 16)")
+    r.add_argument(
+        "--grid", type=grid_arg, required=True, help="new grid in patches, e.g. 24x24 (384 px / 16)"
+    )
     r.add_argument("--mode", default="bicubic", choices=["nearest", "bilinear", "bicubic", "area"])
     r.add_argument("--key", default=None, help="table key (found by name when omitted)")
-    r.add_argument("--prefix-tokens", type=int, default=None, help="class/distillation tokens in the table")
-    r.add_argument("--old-grid", type=_grid, default=None, help="the table's grid when it is not square")
+    r.add_argument("--prefix-tokens", type=nonnegative_int, help="class/distillation tokens in the table")
+    r.add_argument("--old-grid", type=grid_arg, default=None, help="the table's grid when it is not square")
     r.add_argument("--antialias", action="store_true", help="anti-aliased down-sizing")
+    r.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    return r
 
-    c = sub.add_parser("to-cpvt", help="drop the learned table, add zero-initialised PEG weights")
+
+def _to_cpvt_parser() -> argparse.ArgumentParser:
+    c = new_parser(f"{PROG} to-cpvt", "Drop the learned table, add zero-initialised PEG weights.")
     c.add_argument("input", type=Path)
     c.add_argument("output", type=Path)
-    c.add_argument("--peg-at", type=_indices, default=(0,), help="blocks followed by a PEG, e.g. 0 or 0,1,2")
-    c.add_argument("--kernel-size", type=int, default=3)
+    c.add_argument("--peg-at", type=int_list, default=[0], help="blocks followed by a PEG, e.g. 0 or 0,1,2")
+    c.add_argument("--kernel-size", type=positive_int, default=3)
     c.add_argument("--key", default=None, help="table key (found by name when omitted)")
-    return ap
+    c.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    return c
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _message(e: Exception) -> str:
+    # str(KeyError("x")) is "'x'": take the message itself
+    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+
+
+def _load(path: Path) -> object:
     try:
-        obj = load_state_file(args.input)
-        if args.command == "resize-pos-embed":
-            new, change = resize_checkpoint(
-                obj, args.grid, key=args.key, mode=args.mode, num_prefix_tokens=args.prefix_tokens,
-                old_size=args.old_grid, antialias=args.antialias,
-            )  # fmt: skip
-            summary = str(change)
-        else:
-            new, report = learned_to_cpvt(obj, peg_at=args.peg_at, kernel_size=args.kernel_size, key=args.key)
-            summary = str(report)
+        return load_state_file(path)  # unreadable files: UserError naming the file
+    except ImportError as e:  # the message names the file and the package
+        raise UserError(str(e)) from None
+
+
+def _write(new: object, args: argparse.Namespace, summary: str) -> int:
+    try:
         left_out = save_state_file(new, args.output)
-    except (OSError, KeyError, ValueError, TypeError, RuntimeError, ImportError) as e:
-        print(f"error: {args.input}: {e}", file=sys.stderr)
-        return 1
+    except ImportError as e:
+        raise UserError(str(e)) from None
+    except SURGERY_ERRORS as e:
+        raise UserError(f"cannot write ({_message(e)})", args.output) from None
     print(summary)
     for name in left_out:
         print(f"not written to {args.output.suffix} (tensors only): {name}")
     print(f"wrote {args.output}")
     return 0
+
+
+def resize_pos_embed(argv: Sequence[str]) -> int:
+    args = _resize_parser().parse_args(argv)
+    obj = _load(args.input)
+    try:
+        new, change = resize_checkpoint(
+            obj, args.grid, key=args.key, mode=args.mode, num_prefix_tokens=args.prefix_tokens,
+            old_size=args.old_grid, antialias=args.antialias,
+        )  # fmt: skip
+    except SURGERY_ERRORS as e:
+        raise UserError(_message(e), args.input) from None
+    return _write(new, args, str(change))
+
+
+def to_cpvt(argv: Sequence[str]) -> int:
+    args = _to_cpvt_parser().parse_args(argv)
+    obj = _load(args.input)
+    try:
+        new, report = learned_to_cpvt(obj, peg_at=args.peg_at, kernel_size=args.kernel_size, key=args.key)
+    except SURGERY_ERRORS as e:
+        raise UserError(_message(e), args.input) from None
+    return _write(new, args, str(report))
+
+
+COMMANDS = {
+    "make-data": classify_cli.make_data,
+    "train": classify_cli.train,
+    "eval": classify_cli.evaluate,
+    "predict": classify_cli.predict,
+    "resize-pos-embed": resize_pos_embed,
+    "to-cpvt": to_cpvt,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit code (0 ok, 1 user error, 2 usage, 3 NaN/inf loss)."""
+    try:
+        return dispatch(PROG, __doc__ or "", COMMANDS, argv)
+    except SystemExit as e:  # argparse: usage errors (2) and --help (0)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .engine.checkpoint import read_state_file
+from .engine.errors import UserError
 from .resize import infer_grid, resize_pos_embed
-from .utils.checkpoint import atomic_save, load_checkpoint
+from .utils.checkpoint import atomic_save
 
 __all__ = [
     "ConversionReport",
@@ -195,6 +197,14 @@ def resize_checkpoint(
         source = "from " + ", ".join(names) if names else "no class token in the checkpoint"
         if not names and old_size is None:
             p, source = _prefix_from_count(n, k)
+    if not 0 <= p < n:
+        # Checked here, before infer_grid(n - p) sees a count <= 0.
+        raise ValueError(
+            f"cannot resize {k!r} of shape {tuple(table.shape)}: num_prefix_tokens={p} exceeds the {n} "
+            f"tokens of the table"
+            if p >= n
+            else f"num_prefix_tokens must be >= 0; got {p}"
+        )
     if old_size is None:
         try:
             old = infer_grid(n - p)
@@ -344,19 +354,27 @@ def learned_to_cpvt(
 
 
 def load_state_file(path: str | os.PathLike) -> Any:
-    """Read a ``.safetensors`` file (safetensors imported here only) or a torch file (``weights_only=True``)."""
+    """Read a ``.safetensors`` file (safetensors imported here only) or a torch file (``weights_only=True``).
+
+    A file that cannot be read (missing, empty, truncated, not in its format, a refused pickle)
+    raises a one-line :class:`~peg_core.engine.UserError` naming it; a missing ``safetensors``
+    package raises ``ImportError``.
+    """
     path = Path(path)
-    if path.suffix == ".safetensors":
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint not found: {path}")
-        try:
-            from safetensors.torch import load_file
-        except ImportError as e:
-            raise ImportError(
-                f"reading {path} needs the 'safetensors' package (pip install safetensors)"
-            ) from e
+    if path.suffix != ".safetensors":
+        return read_state_file(path, what="checkpoint")
+    if not path.is_file():
+        raise UserError("checkpoint not found", path)
+    try:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+    except ImportError as e:
+        raise ImportError(f"reading {path} needs the 'safetensors' package (pip install safetensors)") from e
+    try:
         return load_file(str(path))
-    return load_checkpoint(path)
+    except (SafetensorError, OSError) as e:
+        first = " ".join(str(e).split())[:160]
+        raise UserError(f"checkpoint is not a readable safetensors file ({first})", path) from None
 
 
 def save_state_file(obj: Any, path: str | os.PathLike) -> list[str]:

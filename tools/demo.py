@@ -18,7 +18,7 @@ from pathlib import Path
 
 # part name -> (module, function): each returns a flat dict of numbers.
 PARTS = {
-    "classify": ("tools.classify", "run_demo"),
+    "classify": ("peg_core.classify.demo", "run_demo"),
     "detect": ("peg_detr.demo", "run_demo"),
     "video": ("peg_video.demo", "run_demo"),
 }

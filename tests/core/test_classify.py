@@ -1,12 +1,19 @@
-"""Generated shapes set (determinism, labels, rendering) and the classifier trainer / evaluator."""
+"""Generated shapes set (determinism, labels, rendering) and the classifier's parts: data, model, metrics."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
+from peg_core.classify import DEMO_CONFIG, build_model, make_optimizer, scaled_sizes, warmup_cosine
+from peg_core.classify.data import ShapeImages, load_image, open_image_folder
+from peg_core.classify.metrics import accuracy
+from peg_core.classify.shapes import CLASS_NAMES, QUADRANTS, SHAPES
 from peg_core.data import NUM_CLASSES, PALETTE, make_shape_splits, render_scenes, sample_scenes
-from tools.classify import evaluate, evaluate_sizes, scaled_sizes, train_classifier
+from peg_core.engine import BrokenSample, RunContext, UserError
+from peg_core.utils import DistInfo
 
 
 def test_scenes_deterministic_and_balanced():
@@ -57,61 +64,102 @@ def test_same_scenes_at_other_sizes():
     assert s.color.shape == (12, 3) and PALETTE.shape == (3, 3)
 
 
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0, "peg_at": (0, 1)}
+def test_class_names_follow_the_labels():
+    s = sample_scenes(24, seed=0)
+    for label, shape, quadrant in zip(s.labels.tolist(), s.shape.tolist(), s.quadrant.tolist()):
+        assert CLASS_NAMES[label] == f"{SHAPES[shape]}_{QUADRANTS[quadrant]}"
+    assert len(set(CLASS_NAMES)) == NUM_CLASSES and CLASS_NAMES[5] == "ring_top_right"
 
 
-@pytest.mark.slow
-def test_short_training_loss_falls_and_evaluates_at_two_sizes():
-    data = make_shape_splits(256, 96, seed=0)
-    model, history = train_classifier(
-        "peg", epochs=4, seed=0, img_size=32, data=data, batch_size=16, lr=5e-3, model_kwargs=TINY
+def test_shape_images_normalisation_and_class_order():
+    s = sample_scenes(12, seed=1)
+    half = ShapeImages(s, 16)
+    assert torch.equal(half.images, s.images(16)) and torch.equal(half.labels, s.labels)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    imagenet = ShapeImages(s, 16, mean, std)
+    rgb = imagenet.images * torch.tensor(std).view(3, 1, 1) + torch.tensor(mean).view(3, 1, 1)
+    torch.testing.assert_close(rgb * 2 - 1, s.images(16))
+    # A model trained on a make-data folder knows the classes in folder (alphabetical) order.
+    by_name = ShapeImages(s, 16, classes=sorted(CLASS_NAMES))
+    assert [by_name.classes[i] for i in by_name.labels.tolist()] == [
+        CLASS_NAMES[i] for i in s.labels.tolist()
+    ]
+
+
+def test_demo_model_optimizer_groups_and_schedule():
+    model = build_model({"arch": "demo", "num_classes": 12, "img_size": 48, "pos_enc": "peg"})
+    assert (model.embed_dim, len(model.blocks), model.patch_size, model.global_pool) == (64, 4, 8, "token")
+    assert sorted(int(k) for k in model.pos_blocks) == list(DEMO_CONFIG["peg_at"])
+    learned = build_model(
+        {"arch": "demo", "num_classes": 3, "img_size": 32, "pos_enc": "learned", "depth": 1}
     )
-    losses = [h["loss"] for h in history]
-    assert len(history) == 4 and losses[0] > 2.4 and losses[-1] < losses[0] - 0.2, losses  # ln 12 = 2.48
-    assert not model.training
-    acc = evaluate_sizes(model, data[1], scaled_sizes(32, (1.0, 1.5)))
-    assert list(acc) == [32, 48] and all(0.0 <= a <= 1.0 for a in acc.values())
-    assert acc[32] == pytest.approx(history[-1]["val_top1"])
-    assert acc[32] > 1.0 / NUM_CLASSES  # above chance after 64 small steps
-    # evaluate() is plain top-1: recompute it by hand at the other size
-    with torch.no_grad():
-        pred = model(data[1].images(48)).argmax(-1)
-    assert acc[48] == pytest.approx((pred == data[1].labels).float().mean().item())
+    opt = make_optimizer(learned, lr=1e-3, weight_decay=0.05)
+    decay, no_decay = ({id(p) for p in g["params"]} for g in opt.param_groups)
+    named = dict(learned.named_parameters())
+    assert id(named["cls_token"]) in no_decay and id(named["pos_enc.pos_embed"]) in no_decay
+    assert id(named["blocks.0.norm1.weight"]) in no_decay and id(named["head.bias"]) in no_decay
+    assert id(named["blocks.0.attn.qkv.weight"]) in decay and opt.param_groups[1]["weight_decay"] == 0.0
+    assert len(decay) + len(no_decay) == len(named)
+    sched = warmup_cosine(opt, warmup_steps=2, total_steps=6)
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    expected = [0.5, 1.0] + [0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]
+    assert lrs == pytest.approx([1e-3 * f for f in expected])
+    assert scaled_sizes(48) == [36, 48, 72, 96]
 
 
-def test_evaluate_learned_mode_and_tensor_data():
+def test_accuracy_top1_top5_by_hand(tmp_path):
     torch.manual_seed(0)
-    data = make_shape_splits(8, 24, seed=2)
-    model, _ = train_classifier("learned", epochs=1, img_size=32, data=data, batch_size=8, model_kwargs=TINY)
-    assert model.pos_interpolation == "bicubic"
-    val = data[1]
+    model = build_model({"arch": "demo", "num_classes": 12, "img_size": 16, "depth": 1, "embed_dim": 16,
+                         "num_heads": 2, "peg_at": [0]}).eval()  # fmt: skip
+    ds = ShapeImages(sample_scenes(20, seed=3), 16)
+    ctx = RunContext(DistInfo(), tmp_path, show_progress=False)
+    got = accuracy(model, ds, ctx, "val", batch_size=6)
     with torch.no_grad():
-        model.pos_interpolation = "nearest"
-        ref = (model(val.images(48)).argmax(-1) == val.labels).float().mean().item()
-        model.pos_interpolation = "bicubic"
-    assert evaluate(model, val, 48, mode="nearest") == pytest.approx(ref)
-    assert model.pos_interpolation == "bicubic"  # restored
-    # (images, labels) pairs are resized to the asked size
-    pair = (val.images(32), val.labels)
-    assert evaluate(model, pair, 32) == evaluate(model, val, 32)
-    assert 0.0 <= evaluate(model, pair, 40) <= 1.0
+        logits = model(ds.images)
+    top5 = logits.topk(5, -1).indices
+    assert got["samples"] == 20
+    assert got["top1"] == pytest.approx((logits.argmax(-1) == ds.labels).float().mean().item())
+    assert got["top5"] == pytest.approx((top5 == ds.labels[:, None]).any(-1).float().mean().item())
+    assert got["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, ds.labels).item(), rel=1e-5)
+    assert ctx.broken["val"].count == 0 and not model.training
 
 
-def test_image_folder_path(tmp_path):
+def _png(path, size=8):
     from PIL import Image
 
-    data = sample_scenes(16, seed=5)
-    for split in ("train", "val"):
-        for i in range(len(data)):
-            folder = tmp_path / split / f"class_{int(data.quadrant[i])}"  # 4 classes: the quadrant
-            folder.mkdir(parents=True, exist_ok=True)
-            img = ((data.images(40)[i] + 1) * 127.5).clamp(0, 255).to(torch.uint8)
-            Image.fromarray(img.permute(1, 2, 0).numpy()).save(folder / f"{i}.png")
-    model, history = train_classifier(
-        "peg", epochs=1, img_size=32, data=tmp_path, batch_size=8, workers=0, model_kwargs=TINY
-    )
-    assert model.head.out_features == 4 and len(history) == 1
-    assert history[0]["val_top1"] in {k / 16 for k in range(17)}  # 16 validation images
-    assert evaluate(model, tmp_path / "val", 48, workers=0) in {k / 16 for k in range(17)}
-    with pytest.raises(FileNotFoundError, match="must hold train/<class>"):
-        train_classifier("peg", epochs=1, data=tmp_path / "val")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (size, size), (200, 30, 30)).save(path)
+    return path
+
+
+def test_broken_images_raise_broken_sample(tmp_path):
+    good = _png(tmp_path / "good.png", 32)
+    assert load_image(good).size == (32, 32)
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(good.read_bytes()[:60])
+    text = tmp_path / "notes.jpg"
+    text.write_text("not a jpeg")
+    with pytest.raises(BrokenSample, match="cannot decode image") as e:
+        load_image(cut)
+    assert e.value.path == str(cut)
+    with pytest.raises(BrokenSample, match="not an image"):
+        load_image(text)
+
+
+def test_open_image_folder_classes_and_errors(tmp_path):
+    for split, cls in (("train", "cat"), ("train", "dog"), ("val", "dog")):
+        _png(tmp_path / split / cls / "a.png")
+    (tmp_path / "train" / "dog" / "readme.txt").write_text("ignored: no image extension")
+    data = open_image_folder(tmp_path)
+    assert data.classes == ["cat", "dog"] and len(data.train) == 2
+    assert data.val == [(str(tmp_path / "val" / "dog" / "a.png"), 1)]  # indices follow train/
+    _png(tmp_path / "val" / "cow" / "a.png")
+    with pytest.raises(UserError, match="class folder 'cow' is not one of the model's 2 classes"):
+        open_image_folder(tmp_path)
+    (tmp_path / "train" / "eel").mkdir()
+    with pytest.raises(UserError, match=r"class folder holds no images .*: .*train/eel$"):
+        open_image_folder(tmp_path)

@@ -12,6 +12,7 @@ import torch
 
 from peg_core import learned_to_cpvt, resize_checkpoint
 from peg_core.__main__ import main as cli
+from peg_core.engine import UserError
 from peg_core.models import CPVT
 from peg_core.surgery import load_state_file, save_state_file, torchvision_vit_to_deit
 
@@ -188,8 +189,13 @@ def test_file_formats_round_trip(tmp_path):
     back = load_state_file(tmp_path / "a.safetensors")
     assert sorted(back) == sorted(sd) and all(torch.equal(back[k], sd[k]) for k in sd)
     assert load_state_file(tmp_path / "a.pth")["epoch"] == 3
-    with pytest.raises(FileNotFoundError, match=r"checkpoint not found: .*missing\.safetensors"):
+    with pytest.raises(UserError, match=r"checkpoint not found: .*missing\.safetensors"):
         load_state_file(tmp_path / "missing.safetensors")
+    (tmp_path / "garbage.safetensors").write_bytes(b"not a safetensors file at all")
+    with pytest.raises(UserError, match=r"checkpoint is not a readable safetensors file \(.*\): .*garbage"):
+        load_state_file(tmp_path / "garbage.safetensors")
+    with pytest.raises(UserError, match=r"checkpoint is empty \(0 bytes\): .*empty\.pth"):
+        load_state_file(_touch(tmp_path / "empty.pth"))
 
 
 def test_cli_in_process(tmp_path, capsys):
@@ -212,10 +218,34 @@ def test_cli_in_process(tmp_path, capsys):
     assert "pos_embed" not in cpvt and not cpvt["pos_blocks.0.proj.weight"].any()
     assert cli(["resize-pos-embed", str(tmp_path / "in.safetensors"), str(tmp_path / "x.pth"),
                 "--grid", "6", "--key", "nope"]) == 1  # fmt: skip
-    assert "key 'nope' is not in the checkpoint" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cli(["resize-pos-embed", "a.pth", "b.pth", "--grid", "6xq"])
-    assert "grid must look like 24x24" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: key 'nope' is not in the checkpoint") and err.count("\n") == 1
+    assert err.rstrip().endswith(str(tmp_path / "in.safetensors"))
+    assert cli(["resize-pos-embed", "a.pth", "b.pth", "--grid", "6xq"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: python -m peg_core resize-pos-embed: argument --grid: expected HxW")
+    assert cli(["to-cpvt", "a.pth", "b.pth", "--peg-at", "0,x"]) == 2
+    assert "argument --peg-at: expected comma-separated integers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("bad.safetensors", b"garbage bytes", "checkpoint is not a readable safetensors file"),
+        ("bad.pth", b"garbage bytes", "checkpoint is truncated or not a torch file"),
+        ("missing.pth", None, "checkpoint not found"),
+    ],
+)
+@pytest.mark.parametrize("command", [["resize-pos-embed", "--grid", "4"], ["to-cpvt"]])
+def test_cli_unreadable_inputs_are_one_line_errors(tmp_path, capsys, name, content, message, command):
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    code = cli([command[0], str(path), str(tmp_path / "out.pth"), *command[1:]])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"error: {message}") and err.rstrip().endswith(str(path))
+    assert not (tmp_path / "out.pth").exists()
 
 
 def test_cli_subprocess_imports_without_optional_packages(tmp_path):

@@ -1,0 +1,212 @@
+"""``ClassifyTask``: the CPVT classifier on :mod:`peg_core.engine` (model, loss, data, metrics only).
+
+The engine (:func:`~peg_core.engine.fit`, :func:`~peg_core.engine.evaluate_checkpoint`) does the
+rest: devices, DDP, AMP, clipping, resume, checkpoints, logs, broken samples, report.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..engine import EvalParts, RunContext, StepOutput, TrainParts, UserError
+from ..engine.broken import SkipBroken, skipping_collate
+from ..engine.checkpoint import load_model_state
+from ..models import CPVT
+from .data import NORMALIZE, FolderImages, ShapeImages, folder_transform, open_image_folder, open_val_split
+from .metrics import accuracy
+from .model import build_checked, make_optimizer, model_config_from_args, scaled_sizes, warmup_cosine
+from .sampler import EpochShuffle
+from .shapes import CLASS_NAMES, make_shape_splits, sample_scenes
+
+__all__ = ["ClassifyTask", "classify_step", "data_settings", "load_model"]
+
+
+def data_settings(args: argparse.Namespace, on_disk: bool) -> dict[str, Any]:
+    """Normalisation, eval crop and augmentation: the flags, else the data kind's defaults.
+
+    Generated scenes are whole images in ``2 rgb - 1`` (``half``) and are never cropped;
+    a folder defaults to ImageNet statistics, a 0.875 centre crop and flip + random-resized crop.
+    """
+    normalize = args.normalize or ("imagenet" if on_disk else "half")
+    mean, std = NORMALIZE[normalize]
+    return {
+        "mean": list(mean),
+        "std": list(std),
+        "crop_ratio": args.crop_ratio or (0.875 if on_disk else 1.0),
+        "augment": (args.augment or "flip-crop") if on_disk else "none",
+    }
+
+
+def classify_step(net: nn.Module, batch: tuple[Tensor, Tensor], ctx: RunContext) -> StepOutput:
+    """Cross entropy of ``net(images (B, 3, H, W))`` against ``labels (B,)``, computed in float32."""
+    x, y = batch
+    x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+    with ctx.autocast():
+        logits = net(x)
+    logits = logits.float()
+    loss = F.cross_entropy(logits, y)
+    return StepOutput(loss, {"acc": (logits.argmax(-1) == y).float().mean()})
+
+
+def load_model(ckpt: dict[str, Any], path: str | os.PathLike, mode: str | None = None) -> CPVT:
+    """The checkpoint's CPVT with its weights (eval mode); ``mode`` re-sets a learned table's resize mode."""
+    config = ckpt.get("model_config")
+    classes = (ckpt.get("meta") or {}).get("classes")
+    if not isinstance(config, dict) or not config or not isinstance(classes, list):
+        raise UserError(
+            "checkpoint has no model_config / meta.classes (not written by 'peg_core train')", path
+        )
+    config = dict(config)
+    if mode is not None:
+        config["pos_interpolation"] = mode
+    model = build_checked(config, path)
+    if model.num_classes != len(classes):
+        raise UserError(f"checkpoint lists {len(classes)} classes for a {model.num_classes}-way head", path)
+    load_model_state(model, ckpt["model"], path)
+    return model.eval()
+
+
+def _summary(metrics: dict[str, Any]) -> str:
+    text = f"val top-1 {metrics['top1']:.4f}"
+    if "top5" in metrics:
+        text += f" top-5 {metrics['top5']:.4f}"
+    return text + f" loss {metrics['loss']:.4f} ({metrics['samples']} images)"
+
+
+def _size_summary(metrics: dict[str, Any]) -> str:
+    parts = []
+    for size, top1 in metrics["top1_by_size"].items():
+        top5 = metrics.get("top5_by_size", {}).get(size)
+        parts.append(f"{size} px top-1 {top1:.4f}" + (f" top-5 {top5:.4f}" if top5 is not None else ""))
+    return "; ".join(parts)
+
+
+def _train_data(args: argparse.Namespace) -> tuple[Dataset, Dataset, list[str], dict[str, Any]]:
+    """``(train, val at --img-size, class names, data settings for the checkpoint's meta)``."""
+    on_disk = args.data is not None
+    settings = data_settings(args, on_disk)
+    mean, std = settings["mean"], settings["std"]
+    if not on_disk:
+        scenes = make_shape_splits(args.n_train, args.n_val, seed=args.seed)
+        train, val = (ShapeImages(s, args.img_size, mean, std) for s in scenes)
+        settings["data"] = {"kind": "shapes", "path": None, "seed": args.seed, "n_val": args.n_val}
+        return train, val, list(CLASS_NAMES), settings
+    folder = open_image_folder(args.data)
+    crop = settings["crop_ratio"]
+    train_tf = folder_transform(args.img_size, True, settings["augment"], crop, mean, std)
+    val_tf = folder_transform(args.img_size, False, crop_ratio=crop, mean=mean, std=std)
+    # The resolved path lets eval find the data again from another working directory.
+    settings["data"] = {"kind": "folder", "path": str(Path(args.data).resolve())}
+    classes = folder.classes
+    return (
+        FolderImages(folder.train, classes, train_tf),
+        FolderImages(folder.val, classes, val_tf),
+        classes,
+        settings,
+    )
+
+
+class ClassifyTask:
+    """Image classification with a CPVT on generated shapes or an ImageFolder tree."""
+
+    name = "classify"
+
+    # ------------------------------------------------------------------------------------ train
+
+    def setup_train(
+        self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any] | None
+    ) -> TrainParts:
+        train, val, classes, settings = _train_data(args)
+        workers = args.workers if args.data is not None else 0  # generated: in memory, nothing for workers
+        # The data set-up draws nothing from the global RNG: the initialisation depends on --seed alone.
+        config = model_config_from_args(args, len(classes))
+        model = build_checked(config, f"--arch {args.arch}").to(ctx.device)
+        optimizer = make_optimizer(model, args.lr, args.weight_decay)
+
+        sampler = EpochShuffle(len(train), args.seed, ctx.dist.rank, ctx.dist.world_size)  # type: ignore[arg-type]
+        loader = DataLoader(
+            SkipBroken(train),
+            batch_size=args.batch_size,
+            sampler=sampler,
+            num_workers=workers,
+            collate_fn=skipping_collate(torch.utils.data.default_collate),
+            pin_memory=ctx.device.type == "cuda",
+        )
+        steps = len(loader)
+        scheduler = warmup_cosine(optimizer, int(args.warmup_epochs * steps), args.epochs * steps)
+
+        def evaluate(model: nn.Module, ctx: RunContext) -> dict[str, Any]:
+            return accuracy(model, val, ctx, "val", args.batch_size, workers)
+
+        meta = {"classes": classes, "img_size": args.img_size, **settings}
+        return TrainParts(
+            model=model,
+            optimizer=optimizer,
+            train_loader=loader,
+            train_size=len(train),  # type: ignore[arg-type]
+            step=classify_step,
+            evaluate=evaluate,
+            scheduler=scheduler,
+            scheduler_interval="step",
+            model_config=config,
+            meta=meta,
+            on_epoch_start=sampler.set_epoch,  # data order = f(seed, epoch): exact resume
+            summary=_summary,
+        )
+
+    # ------------------------------------------------------------------------------------- eval
+
+    def setup_eval(self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any]) -> EvalParts:
+        path = Path(args.checkpoint)
+        model = load_model(ckpt, path, args.pos_interpolation).to(ctx.device)
+        meta = ckpt["meta"]
+        train_size = int(meta.get("img_size", model.img_size[0]))
+        sizes = args.eval_sizes or scaled_sizes(train_size)
+        val_at = self._eval_data(args, meta, path)
+
+        def evaluate(model: nn.Module, ctx: RunContext) -> dict[str, Any]:
+            by_size = {
+                s: accuracy(model, val_at(s), ctx, f"val_{s}", args.batch_size, args.workers) for s in sizes
+            }
+            out: dict[str, Any] = {"train_size": train_size, "sizes": list(sizes)}
+            if train_size in by_size:
+                out["top1"] = by_size[train_size]["top1"]
+            for key in ("top1", "top5", "loss"):
+                if all(key in m for m in by_size.values()):
+                    out[f"{key}_by_size"] = {str(s): m[key] for s, m in by_size.items()}
+            out["samples"] = next(iter(by_size.values()))["samples"]
+            return out
+
+        return EvalParts(model, evaluate, _size_summary)
+
+    def _eval_data(
+        self, args: argparse.Namespace, meta: dict[str, Any], path: Path
+    ) -> Callable[[int], Dataset]:
+        """``size -> validation set shown at that size``; the data is checked here, before any work."""
+        classes = meta["classes"]
+        data = meta.get("data") or {}
+        mean, std = meta.get("mean", NORMALIZE["half"][0]), meta.get("std", NORMALIZE["half"][1])
+        root = args.data or (data.get("path") if data.get("kind") == "folder" else None)
+        if root is not None:
+            samples = open_val_split(root, classes)
+            crop = float(meta.get("crop_ratio", 0.875))
+
+            def folder_at(size: int) -> Dataset:
+                tf = folder_transform(size, False, crop_ratio=crop, mean=mean, std=std)
+                return FolderImages(samples, classes, tf)
+
+            return folder_at
+        if sorted(classes) != sorted(CLASS_NAMES):
+            raise UserError("the checkpoint's classes are not the generated shapes; pass --data PATH", path)
+        # make_shape_splits' validation scenes: seed + 1
+        scenes = sample_scenes(args.n_val or int(data.get("n_val", 512)), int(data.get("seed", 0)) + 1)
+        return lambda s: ShapeImages(scenes, s, mean, std, classes)

@@ -1,0 +1,250 @@
+"""``python -m peg_core make-data|train|eval|predict`` in process: exact resume, flags, folders, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from peg_core.__main__ import main
+from peg_core.classify.cli import CONFIGS, build_eval_parser, build_train_parser
+from peg_core.engine import CHECKPOINT_KEYS, read_checkpoint
+
+#: a tiny CPVT on 16 px shapes: a run of one or two epochs takes a second or two
+TINY = [
+    "--img-size", "16", "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--peg-at", "0",
+    "--batch-size", "8", "--n-train", "48", "--n-val", "24", "--workers", "0", "--threads", "1",
+    "--no-progress", "--device", "cpu",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _train(out: Path, *extra: str) -> int:
+    return main(["train", *TINY, "--output-dir", str(out), *extra])
+
+
+def _one_line_error(capsys, code: int, expected_code: int = 1) -> str:
+    err = capsys.readouterr().err
+    assert code == expected_code, err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_resume_is_exact(tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert _train(full, "--epochs", "2") == 0
+    assert _train(part, "--epochs", "2", "--stop-after-epoch", "1") == 0
+    assert json.loads((part / "report.json").read_text())["status"] == "stopped"
+    assert _train(part, "--epochs", "2", "--resume", "auto") == 0
+    a, b = (
+        read_checkpoint(full / "checkpoint.pth", "classify"),
+        read_checkpoint(part / "checkpoint.pth", "classify"),
+    )
+    assert a["step"] == b["step"] == 12 and a["epoch"] == b["epoch"] == 1
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    assert a["metrics"] == b["metrics"]
+    for k, v in a["optimizer"]["state"].items():
+        assert torch.equal(v["exp_avg"], b["optimizer"]["state"][k]["exp_avg"]), k
+
+
+def test_train_eval_predict_on_generated_shapes(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run, "--epochs", "1", "--pos-enc", "learned", "--mode", "nearest") == 0
+    ckpt = read_checkpoint(run / "checkpoint.pth", "classify")
+    assert set(CHECKPOINT_KEYS) <= set(ckpt)
+    assert ckpt["model_config"] == {
+        "arch": "demo", "pos_enc": "learned", "img_size": 16, "num_classes": 12, "pos_interpolation": "nearest",
+        "embed_dim": 16, "depth": 1, "num_heads": 2, "peg_at": [0],
+    }  # fmt: skip
+    assert ckpt["meta"]["classes"][:2] == ["square_top_left", "square_top_right"]
+    trained = json.loads((run / "report.json").read_text())
+    assert trained["broken"]["train"] == {"count": 0, "total": 48, "samples": []}
+
+    code = main(["eval", "--checkpoint", str(run / "checkpoint.pth"), "--eval-sizes", "16,24",
+                 "--output-dir", str(tmp_path / "ev"), "--no-progress", "--device", "cpu"])  # fmt: skip
+    assert code == 0
+    ev = json.loads((tmp_path / "ev" / "report.json").read_text())
+    assert ev["command"] == "eval" and ev["eval"]["sizes"] == [16, 24] and ev["eval"]["samples"] == 24
+    assert list(ev["eval"]["top1_by_size"]) == ["16", "24"] and list(ev["eval"]["top5_by_size"]) == [
+        "16",
+        "24",
+    ]
+    # the same weights on the same 24 validation scenes at the training size: the training run's number
+    assert ev["eval"]["top1"] == trained["eval"]["top1"] == ev["eval"]["top1_by_size"]["16"]
+    assert all(round(v * 24) == pytest.approx(v * 24) for v in ev["eval"]["top1_by_size"].values())
+    assert "16 px top-1" in capsys.readouterr().out
+
+    shapes = tmp_path / "shapes"
+    assert main(["make-data", str(shapes), "--n-train", "12", "--n-val", "12", "--img-size", "16"]) == 0
+    images = sorted((shapes / "val").glob("*/*.png"))[:2]
+    (tmp_path / "notes.jpg").write_text("not an image")
+    capsys.readouterr()
+    argv = ["predict", "--checkpoint", str(run / "checkpoint.pth"), "--top-k", "3", "--device", "cpu"]
+    assert (
+        main([*argv, *map(str, images), str(tmp_path / "notes.jpg"), "--output", str(tmp_path / "p.json")])
+        == 0
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and lines[0].startswith(f"{images[0]}: ") and lines[0].count(",") == 2
+    assert lines[2] == f"{tmp_path / 'notes.jpg'}: skipped (not an image (no image format recognised))"
+    rows = json.loads((tmp_path / "p.json").read_text())
+    assert [len(r["top"]) for r in rows] == [3, 3, 0] and rows[2]["skipped"]
+    assert all(r["top"][0]["class"] in ckpt["meta"]["classes"] for r in rows[:2])
+    probs = [t["p"] for t in rows[0]["top"]]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-6
+    # nothing readable: one line, exit 1
+    code = main(["predict", "--checkpoint", str(run / "checkpoint.pth"), str(tmp_path / "notes.jpg")])
+    err = _one_line_error(capsys, code)
+    assert err == f"error: no file could be read as an image (1 skipped): {tmp_path / 'notes.jpg'}"
+
+
+def test_image_folder_from_make_data_with_broken_files(tmp_path, capsys):
+    data = tmp_path / "shapes"
+    assert main(["make-data", str(data), "--n-train", "36", "--n-val", "12", "--img-size", "16"]) == 0
+    out = capsys.readouterr().out
+    assert f"train on them: python -m peg_core train --config demo --data {data}" in out
+    classes = sorted(p.name for p in (data / "train").iterdir())
+    assert len(classes) == 12 and len(list((data / "train").glob("*/*.png"))) == 36
+    good = next((data / "train" / "ring_top_left").glob("*.png"))
+    (data / "train" / "ring_top_left" / "cut.png").write_bytes(good.read_bytes()[:70])
+    (data / "train" / "plus_top_right" / "text.jpg").write_text("not a jpeg")
+
+    run = tmp_path / "run"
+    assert _train(run, "--config", "demo", "--data", str(data), "--epochs", "1", "--max-broken", "10%") == 0
+    report = json.loads((run / "report.json").read_text())
+    broken = report["broken"]["train"]
+    assert broken["count"] == 2 and broken["total"] == 38
+    assert [s["path"] for s in broken["samples"]] == [
+        str(data / "train" / "plus_top_right" / "text.jpg"), str(data / "train" / "ring_top_left" / "cut.png"),
+    ]  # fmt: skip
+    assert broken["samples"][0]["reason"] == "not an image (no image format recognised)"
+    assert broken["samples"][1]["reason"].startswith("cannot decode image (OSError")
+    assert report["eval"]["samples"] == 12
+    meta = read_checkpoint(run / "checkpoint.pth", "classify")["meta"]
+    assert meta["classes"] == classes and meta["data"]["kind"] == "folder" and meta["crop_ratio"] == 1.0
+
+    # eval re-reads the training folder (its path is in the checkpoint) at two sizes
+    assert (
+        main(["eval", "--checkpoint", str(run / "checkpoint.pth"), "--eval-sizes", "12,16", "--no-progress"])
+        == 0
+    )
+    ev = json.loads((run / "report.json").read_text())["eval"]
+    assert ev["top1"] == pytest.approx(report["eval"]["top1"]) and list(ev["top1_by_size"]) == ["12", "16"]
+
+    # the default --max-broken (1%): 2 of 38 stop the run with one line
+    capsys.readouterr()
+    err = _one_line_error(
+        capsys, _train(tmp_path / "run2", "--config", "demo", "--data", str(data), "--epochs", "1")
+    )
+    assert err.startswith(
+        "error: too many broken samples in split 'train': 2 of 38 (more than --max-broken 1.0%)"
+    )
+
+
+def test_common_and_task_flags_parse():
+    args = build_train_parser().parse_args([
+        "--config", "demo", "--output-dir", "o", "--resume", "auto", "--epochs", "3", "--batch-size", "4",
+        "--lr", "1e-3", "--workers", "0", "--amp", "bf16", "--clip-max-norm", "0.5", "--device", "cpu",
+        "--seed", "7", "--eval-every", "0", "--save-every", "1", "--stop-after-epoch", "1", "--max-broken", "5%",
+        "--threads", "1", "--find-unused-parameters", "--no-progress", "--debug", "--data", "d",
+        "--arch", "cpvt_tiny", "--pos-enc", "sincos", "--peg-at", "0,1", "--global-pool", "avg",
+        "--pos-interpolation", "bilinear", "--img-size", "64", "--weight-decay", "0", "--warmup-epochs", "0.5",
+        "--augment", "none", "--crop-ratio", "0.9", "--normalize", "imagenet",
+    ])  # fmt: skip
+    assert (args.epochs, args.batch_size, args.lr, args.amp, args.clip_max_norm, args.seed) == (
+        3,
+        4,
+        1e-3,
+        "bf16",
+        0.5,
+        7,
+    )
+    assert (args.max_broken, args.peg_at, args.resume, args.progress) == (0.05, [0, 1], "auto", False)
+    # --config supplies defaults that explicit flags override; the plain defaults are the demo recipe's
+    from peg_core.engine import parse_with_config
+
+    recipe = parse_with_config(build_train_parser(), ["--config", "demo_quick", "--epochs", "5"], CONFIGS)
+    assert (recipe.epochs, recipe.n_train, recipe.augment, recipe.normalize) == (5, 512, "none", "half")
+    plain = build_train_parser().parse_args([])
+    assert (plain.epochs, plain.batch_size, plain.lr, plain.weight_decay, plain.clip_max_norm) == (
+        6,
+        32,
+        2e-3,
+        0.05,
+        1.0,
+    )
+    ev = build_eval_parser().parse_args(["--checkpoint", "c.pth", "--eval-sizes", "36,48", "--mode", "nearest",
+                                         "--batch-size", "8", "--workers", "0", "--amp", "off", "--threads", "1"])  # fmt: skip
+    assert (ev.eval_sizes, ev.pos_interpolation, ev.batch_size) == ([36, 48], "nearest", 8)
+
+
+def _folder(root: Path, layout: dict[str, list[str]]) -> Path:
+    for split, classes in layout.items():
+        (root / split).mkdir(parents=True, exist_ok=True)
+        for c in classes:
+            (root / split / c).mkdir()
+    return root
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda t: t / "missing", "data folder not found: {data}"),
+        (lambda t: _folder(t / "d", {"val": ["a"]}), "data folder has no train/ folder (expected PATH/train/<class>/*.jpg and PATH/val/<class>/*.jpg): {data}"),
+        (lambda t: _folder(t / "d", {"train": [], "val": []}), "no class folders (expected PATH/train/<class>/*.jpg and PATH/val/<class>/*.jpg): {data}/train"),
+        (lambda t: _folder(t / "d", {"train": ["cat"], "val": ["cat"]}), "class folder holds no images (.jpg, .jpeg, .png, .ppm, ...): {data}/train/cat"),
+    ],
+)  # fmt: skip
+def test_bad_data_folders_are_one_line_errors(tmp_path, capsys, make, message):
+    data = make(tmp_path)
+    err = _one_line_error(capsys, _train(tmp_path / "run", "--data", str(data)))
+    assert err == "error: " + message.format(data=data)
+
+
+def test_usage_and_checkpoint_errors(tmp_path, capsys):
+    err = _one_line_error(capsys, main(["eval", "--eval-sizes", "48"]), 2)
+    assert "the following arguments are required: --checkpoint" in err
+    err = _one_line_error(capsys, _train(tmp_path / "r", "--epochs", "0"), 2)
+    assert (
+        err
+        == "error: python -m peg_core train: argument --epochs: expected a positive integer, got '0' (see --help)"
+    )
+    err = _one_line_error(capsys, _train(tmp_path / "r", "--peg-at", "3"))
+    assert "peg_at=(3,) has indices [3] outside the 1 blocks" in err
+
+    detr = tmp_path / "detr.pth"
+    torch.save({"format": "peg-checkpoint/1", "task": "detect", "model": {"w": torch.zeros(1)}}, detr)
+    err = _one_line_error(capsys, main(["eval", "--checkpoint", str(detr), "--no-progress"]))
+    assert (
+        err == f"error: wrong model: checkpoint is for task 'detect', this command needs 'classify': {detr}"
+    )
+    err = _one_line_error(capsys, main(["predict", "--checkpoint", str(detr), str(detr)]))
+    assert "wrong model" in err
+
+    assert _train(tmp_path / "run", "--epochs", "1") == 0
+    whole = (tmp_path / "run" / "checkpoint.pth").read_bytes()
+    cut = tmp_path / "cut.pth"
+    cut.write_bytes(whole[: len(whole) // 2])
+    capsys.readouterr()
+    err = _one_line_error(capsys, main(["eval", "--checkpoint", str(cut), "--no-progress"]))
+    assert err.startswith("error: checkpoint is truncated") and err.endswith(str(cut))
+    err = _one_line_error(capsys, main(["predict", "--checkpoint", str(cut), str(tmp_path / "nope.png")]))
+    assert err == f"error: image not found: {tmp_path / 'nope.png'}"
+
+
+def test_make_data_refuses_a_used_folder(tmp_path, capsys):
+    (tmp_path / "d" / "val").mkdir(parents=True)
+    err = _one_line_error(capsys, main(["make-data", str(tmp_path / "d"), "--n-train", "1", "--n-val", "1"]))
+    assert (
+        err
+        == f"error: output folder already holds val/; remove it or choose another folder: {tmp_path / 'd'}"
+    )
