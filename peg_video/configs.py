@@ -1,6 +1,8 @@
-"""Named training configurations for ``python -m peg_video train --config NAME``.
+"""Named training recipes for ``python -m peg_video train --config NAME``.
 
-A configuration only sets defaults; any command-line flag overrides it.  The Kinetics-400
+A recipe only sets defaults; any command-line flag overrides it.  Keys are the
+``train`` parser's argparse destinations (``--clip-max-norm`` -> ``clip_max_norm``;
+``model_opts`` holds the model keywords that ``--model-opt KEY=VALUE`` adds to).  The Kinetics-400
 recipes follow the usual ViT-S 16×4 setting (16 frames at stride 4, 224 crop, tubelet
 2×16×16, AdamW, 5 warm-up epochs then cosine, label smoothing 0.1, 3 clips × 3 crops at
 test), varying only the position encoding, so the three runs isolate its effect.
@@ -16,7 +18,7 @@ VideoMAE ViT-B 16×4                           81.5    self-supervised pre-train
 TimeSformer (divided space-time, 8×32)        77.9    ImageNet-21k init
 ============================================  ======  =========================================
 
-These configurations have not been trained to completion in this repository (no GPUs on the
+These recipes have not been trained to completion in this repository (no GPUs on the
 build machines); they are the recipes, not reproduced numbers.
 """
 
@@ -33,9 +35,9 @@ _K400_VIT_S: dict[str, Any] = {
     "num_frames": 16,
     "stride": 4,
     "crop": 224,
-    "train_scale": (256, 320),
+    "train_scale": [256, 320],
     "test_scale": 224,
-    "tubelet": (2, 16, 16),
+    "tubelet": [2, 16, 16],
     "num_clips": 3,
     "num_crops": 3,
     "hflip": True,
@@ -46,7 +48,7 @@ _K400_VIT_S: dict[str, Any] = {
     "weight_decay": 0.05,
     "warmup_epochs": 5,
     "label_smoothing": 0.1,
-    "clip_grad": 1.0,
+    "clip_max_norm": 1.0,
     "amp": "bf16",
     "workers": 8,
     "eval_every": 5,
@@ -64,7 +66,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "num_frames": 4,
         "stride": 12,
         "crop": 160,
-        "train_scale": (182, 228),
+        "train_scale": [182, 228],
         "test_scale": 182,
         "lr": 1.6e-3,
         "model_opts": {},
@@ -76,9 +78,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "num_frames": 8,
         "stride": 2,
         "crop": 32,
-        "train_scale": (32, 36),
+        "train_scale": [32, 36],
         "test_scale": 32,
-        "tubelet": (2, 8, 8),
+        "tubelet": [2, 8, 8],
         "num_clips": 2,
         "num_crops": 1,
         "hflip": False,  # a flip turns "move left" into "move right"
@@ -89,8 +91,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "weight_decay": 0.05,
         "warmup_epochs": 1,
         "label_smoothing": 0.0,
-        "clip_grad": 1.0,
-        "amp": "none",
+        "clip_max_norm": 1.0,
+        "amp": "off",
         "workers": 0,
         "eval_every": 8,
         "model_opts": {"embed_dim": 64, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0, "peg_at": "all"},

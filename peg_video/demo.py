@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .data.synthetic import SyntheticSpec, make_synthetic_kinetics
-from .train import build_eval_parser, evaluate_checkpoint, parse_args, train
+from .train import evaluate, parse_args, parse_eval_args, train
 
 __all__ = ["run_demo"]
 
@@ -40,24 +40,22 @@ def run_demo(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     torch.set_num_threads(1)
     try:
         flags = ["--train-ann", str(data / "train.csv"), "--val-ann", str(data / "val.csv")]
-        flags += ["--config", "synthetic_tiny", "--out", str(out_dir / "run"), "--workers", "1"]
+        flags += ["--config", "synthetic_tiny", "--output-dir", str(out_dir / "run"), "--workers", "1"]
         if quick:
             flags += ["--epochs", "1", "--no-progress"]
         report = train(parse_args(flags))
-        ckpt = out_dir / "run" / "checkpoint.pt"
-        long = evaluate_checkpoint(
-            build_eval_parser().parse_args(
-                ["--checkpoint", str(ckpt), "--num-frames", str(LONG_CLIP), "--workers", "1", "--no-progress"]
-            )
-        )
+        argv = ["--checkpoint", report["checkpoint"], "--num-frames", str(LONG_CLIP), "--workers", "1"]
+        argv += ["--output-dir", str(out_dir / f"eval_{LONG_CLIP}_frames"), "--no-progress"]
+        long = evaluate(parse_eval_args(argv))
     finally:
         torch.set_num_threads(threads)
+    metrics = report["eval"]
     result = {
-        "top1": report["top1"],
-        "top5": report["top5"],
-        "top1_long_clip": long["top1"],
-        "videos_evaluated": report["videos_evaluated"],
-        "skipped": report["skipped"] + report["train_skipped"],
+        "top1": metrics["top1"],
+        "top5": metrics["top5"],
+        "top1_long_clip": long["eval"]["top1"],
+        "videos_evaluated": metrics["num_videos"],
+        "skipped": sum(log["count"] for log in report["broken"].values()),
         "seconds": round(time.time() - t0, 1),
     }
     print(

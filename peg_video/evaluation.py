@@ -8,7 +8,10 @@ the views of each video and reports
 * ``top1`` / ``top5``: video-level accuracy of the fused scores,
 * ``mean_class_accuracy``: video-level top-1 averaged over the classes present,
 * ``clip_top1``: accuracy of the single views,
-* ``num_videos`` / ``num_views``, and the broken videos that were skipped.
+* ``num_videos`` / ``num_views``.
+
+:func:`evaluate_views` runs a model over a loader of multi-view batches; the engine
+(``ctx.batches``) counts and lists the broken videos.
 
 Fusion (``reduction``): ``"mean"`` of softmax probabilities (the usual protocol), ``"sum"``
 of probabilities, element-wise ``"max"`` of probabilities, or ``"logits"`` (mean of the raw
@@ -17,13 +20,16 @@ logits).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch import nn
 
+from peg_core.engine import RunContext
 from peg_core.utils import all_gather_object
 
-__all__ = ["REDUCTIONS", "KineticsEvaluator"]
+__all__ = ["REDUCTIONS", "KineticsEvaluator", "evaluate_views"]
 
 REDUCTIONS = ("mean", "sum", "max", "logits")
 
@@ -38,7 +44,6 @@ class KineticsEvaluator:
         self.reduction = reduction
         self.topk = topk
         self._views: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
-        self._skipped: dict[str, str] = {}
 
     def update(
         self, logits: torch.Tensor, labels: torch.Tensor, video_index: torch.Tensor, view_index: torch.Tensor
@@ -54,28 +59,16 @@ class KineticsEvaluator:
         for row, lab, vid, view in zip(logits, labels.tolist(), video_index.tolist(), view_index.tolist()):
             self._views[(int(vid), int(view))] = (row, int(lab))
 
-    def add_skipped(self, skipped: list[tuple[str, str]]) -> None:
-        """Record broken videos as ``(path, reason)``."""
-        for path, reason in skipped:
-            self._skipped[path] = reason
-
-    def _merged(self) -> tuple[dict[tuple[int, int], tuple[torch.Tensor, int]], dict[str, str]]:
+    def _merged(self) -> dict[tuple[int, int], tuple[torch.Tensor, int]]:
         views: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
-        skipped: dict[str, str] = {}
-        for rank_views, rank_skipped in all_gather_object((self._views, self._skipped)):
+        for rank_views in all_gather_object(self._views):
             views.update(rank_views)  # same key twice = a padded duplicate: identical scores
-            skipped.update(rank_skipped)
-        return views, skipped
+        return views
 
     def summarize(self) -> dict[str, Any]:
         """Metrics over all processes (call on every rank: it gathers)."""
-        views, skipped = self._merged()
-        result: dict[str, Any] = {
-            "num_videos": 0,
-            "num_views": len(views),
-            "skipped": len(skipped),
-            "skipped_videos": [{"path": p, "reason": r} for p, r in sorted(skipped.items())],
-        }
+        views = self._merged()
+        result: dict[str, Any] = {"num_videos": 0, "num_views": len(views)}
         if not views:
             result.update({f"top{k}": float("nan") for k in self.topk})
             result.update(mean_class_accuracy=float("nan"), clip_top1=float("nan"))
@@ -107,3 +100,43 @@ class KineticsEvaluator:
         result["clip_top1"] = (scores.argmax(dim=1) == view_labels).float().mean().item()
         result["num_videos"] = len(videos)
         return result
+
+
+@torch.no_grad()
+def evaluate_views(
+    model: nn.Module,
+    loader: Iterable[Any],
+    ctx: RunContext,
+    num_classes: int,
+    num_videos: int,
+    reduction: str = "mean",
+    split: str = "val",
+    view_chunk: int = 16,
+) -> dict[str, Any]:
+    """Multi-view evaluation of ``model``; returns :meth:`KineticsEvaluator.summarize` (merged over ranks).
+
+    ``loader`` yields :class:`~peg_core.engine.SampleBatch` of dicts (see
+    :func:`peg_video.data.collate_clips`): ``video`` ``(B, V, C, T, S, S)``, ``label``, ``index``
+    and optionally ``view_offset``.  Views run through the model ``view_chunk`` at a time.
+    Broken videos are counted under ``split`` (out of ``num_videos``) by the engine, which
+    stops with one line when too many, or all of them, are broken.
+    """
+    model.eval()
+    evaluator = KineticsEvaluator(num_classes, reduction=reduction)
+    for batch in ctx.batches(loader, split, total=num_videos):
+        video = batch["video"]  # (B, V, C, T, H, W)
+        b, v = video.shape[:2]
+        with ctx.autocast():
+            logits = [
+                model(chunk.to(ctx.device, non_blocking=True))
+                for chunk in video.flatten(0, 1).split(view_chunk)
+            ]
+        offset = batch.get("view_offset", torch.zeros(b, dtype=torch.long))
+        view_index = (offset[:, None] + torch.arange(v)[None, :]).flatten()
+        evaluator.update(
+            torch.cat(logits).float().cpu(),
+            batch["label"].repeat_interleave(v),
+            batch["index"].repeat_interleave(v),
+            view_index,
+        )
+    return evaluator.summarize()

@@ -2,6 +2,7 @@
 pytorchvideo alternative and the synthetic generator."""
 
 from .annotations import (
+    AnnotationError,
     Annotations,
     VideoRecord,
     is_kinetics_csv,
@@ -12,16 +13,19 @@ from .annotations import (
     read_path_label_list,
     write_class_map,
 )
-from .kinetics import KineticsVideoDataset, VideoDecodeError, collate_clips, read_frames
+from .kinetics import ClipBatches, KineticsVideoDataset, VideoDecodeError, collate_clips, read_frames
 from .sampling import clip_indices, clip_span, multiview_clip_starts, multiview_indices, train_clip_indices
-from .synthetic import MOTIONS, SyntheticSpec, make_synthetic_kinetics
+from .synthetic import MOTIONS, FrameSizeError, SyntheticSpec, make_synthetic_kinetics
 from .transforms import ClipTransformConfig, EvalClipTransform, TrainClipTransform
 
 __all__ = [
     "MOTIONS",
+    "AnnotationError",
     "Annotations",
+    "ClipBatches",
     "ClipTransformConfig",
     "EvalClipTransform",
+    "FrameSizeError",
     "KineticsVideoDataset",
     "SyntheticSpec",
     "TrainClipTransform",

@@ -11,6 +11,9 @@
 Class indices come from the sorted normalised label names (quotes stripped, spaces to
 ``_``), so the same names always give the same indices; :func:`write_class_map` stores the
 mapping beside a checkpoint.
+
+Every problem with a file is an :class:`AnnotationError`: one line naming the file (and
+line, for a bad row), e.g. ``error: label 'x' is not one of the 6 known classes: val.csv:3``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from peg_core.engine import UserError
+
 __all__ = [
+    "AnnotationError",
     "Annotations",
     "VideoRecord",
     "is_kinetics_csv",
@@ -37,6 +43,23 @@ _CSV_FIELDS = ("label", "youtube_id", "time_start", "time_end")
 _VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi")
 # "<path> <label>": the label is the last field, or a quoted name that may contain spaces.
 _LIST_LINE = re.compile(r"""^\s*(.+?)\s+("[^"]*"|'[^']*'|\S+)\s*$""")
+
+
+class AnnotationError(UserError, ValueError):
+    """A missing, unreadable or malformed annotation / class file; ``where`` is ``file`` or ``file:line``."""
+
+
+def _read_text(path: Path, what: str = "annotation file") -> str:
+    if not path.exists():
+        raise AnnotationError(f"{what} not found", path)
+    if not path.is_file():
+        raise AnnotationError(f"{what} is not a file", path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise AnnotationError(f"{what} is not UTF-8 text", path) from None
+    except OSError as e:
+        raise AnnotationError(f"{what} is not readable ({e.strerror})", path) from None
 
 
 @dataclass(frozen=True)
@@ -66,7 +89,9 @@ def _class_index(classes: list[str], name: str, where: str) -> int:
     try:
         return classes.index(name)
     except ValueError:
-        raise ValueError(f"{where}: label {name!r} is not one of the {len(classes)} known classes") from None
+        raise AnnotationError(
+            f"label {name!r} is not one of the {len(classes)} known classes", where
+        ) from None
 
 
 def _find_video(root: Path, raw_label: str, stem: str) -> Path:
@@ -92,14 +117,17 @@ def read_kinetics_csv(
             the sorted normalised labels of this file.
     """
     csv_path = Path(csv_path)
-    with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    reader = csv.DictReader(_read_text(csv_path).splitlines())
+    try:
+        rows = list(reader)
+    except csv.Error as e:
+        raise AnnotationError(f"malformed CSV ({e})", csv_path) from None
     if not rows:
-        raise ValueError(f"{csv_path}: no annotation rows")
+        raise AnnotationError("no annotation rows", csv_path)
     missing = [k for k in _CSV_FIELDS if k not in rows[0]]
     if missing:
-        raise ValueError(
-            f"{csv_path}: missing columns {missing}; expected a header {','.join(_CSV_FIELDS)},split"
+        raise AnnotationError(
+            f"missing columns {missing}; expected a header {','.join(_CSV_FIELDS)},split", csv_path
         )
     if classes is None:
         classes = sorted({normalize_label(r["label"]) for r in rows})
@@ -107,10 +135,14 @@ def read_kinetics_csv(
     records = []
     for line, row in enumerate(rows, start=2):
         where = f"{csv_path}:{line}"
+        if None in row.values() or None in row:  # fewer / more fields than the header
+            raise AnnotationError(f"expected {len(reader.fieldnames)} comma-separated fields", where)
         try:
             stem = f"{row['youtube_id']}_{int(row['time_start']):06d}_{int(row['time_end']):06d}"
         except (TypeError, ValueError):
-            raise ValueError(f"{where}: time_start/time_end must be integers, got {row}") from None
+            raise AnnotationError(
+                f"time_start/time_end must be integers, got {row['time_start']!r}, {row['time_end']!r}", where
+            ) from None
         split_root = root
         if split_root is None:
             split_dir = csv_path.parent / (row.get("split") or "")
@@ -127,15 +159,15 @@ def read_path_label_list(
     list_path = Path(list_path)
     root = Path(video_root) if video_root is not None else list_path.parent
     pairs = []
-    for line_no, line in enumerate(list_path.read_text().splitlines(), start=1):
+    for line_no, line in enumerate(_read_text(list_path).splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         match = _LIST_LINE.match(line)
         if match is None:
-            raise ValueError(f"{list_path}:{line_no}: expected '<path> <label>', got {line!r}")
+            raise AnnotationError(f"expected '<path> <label>', got {line[:80]!r}", f"{list_path}:{line_no}")
         pairs.append((line_no, match.group(1), match.group(2)))
     if not pairs:
-        raise ValueError(f"{list_path}: no annotation lines")
+        raise AnnotationError("no annotation lines", list_path)
     numeric = all(lab.lstrip("-").isdigit() for _, _, lab in pairs)
     if classes is None:
         if numeric:
@@ -148,7 +180,7 @@ def read_path_label_list(
         if numeric:
             label = int(lab)
             if not 0 <= label < len(classes):
-                raise ValueError(f"{where}: class index {label} outside [0, {len(classes)})")
+                raise AnnotationError(f"class index {label} outside [0, {len(classes)})", where)
         else:
             label = _class_index(classes, normalize_label(lab), where)
         path = Path(rel)
@@ -158,18 +190,20 @@ def read_path_label_list(
 
 def is_kinetics_csv(path: str | Path) -> bool:
     """True when the file starts with the official Kinetics CSV header."""
-    with open(path) as f:
-        first = f.readline()
+    first = _read_text(Path(path)).partition("\n")[0]
     return first.lower().startswith("label,") or "youtube_id" in first
 
 
 def load_annotations(
     path: str | Path, video_root: str | Path | None = None, classes: list[str] | None = None
 ) -> Annotations:
-    """Read either format, recognised by the CSV header line."""
+    """Read either format, recognised by the CSV header line.
+
+    ``video_root`` must be an existing folder when given (checked here, before any video is read).
+    """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"annotation file not found: {path}")
+    if video_root is not None and not Path(video_root).is_dir():
+        raise AnnotationError("video folder not found", video_root)
     if is_kinetics_csv(path):
         return read_kinetics_csv(path, video_root, classes)
     return read_path_label_list(path, video_root, classes)
@@ -187,5 +221,11 @@ def write_class_map(classes: list[str], path: str | Path) -> Path:
 
 def read_class_map(path: str | Path) -> list[str]:
     """Class names from :func:`write_class_map` output or a plain JSON list."""
-    data = json.loads(Path(path).read_text())
-    return list(data["classes"] if isinstance(data, dict) else data)
+    try:
+        data = json.loads(_read_text(Path(path), "class file"))
+    except json.JSONDecodeError as e:
+        raise AnnotationError(f"class file is not JSON ({e.msg} at line {e.lineno})", path) from None
+    names = data.get("classes") if isinstance(data, dict) else data
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise AnnotationError('class file must hold a list of names or {"classes": [...]}', path)
+    return list(names)

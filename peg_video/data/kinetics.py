@@ -4,12 +4,19 @@
 ``DistributedSampler``.  Only the frames a clip needs are decoded
 (``VideoReader.get_batch`` on the unique indices).
 
-Broken videos (missing, zero-byte, truncated, undecodable) never raise:
+Broken videos (missing, zero-byte, truncated, undecodable) are reported to the engine
+(``peg_core.engine``), which counts them, lists them in ``report.json`` and stops above
+``--max-broken``:
 
-* training substitutes another video (chosen deterministically from the epoch and index)
-  and reports the broken one in the sample's ``"skipped"`` list;
-* testing returns ``video=None`` for it; :func:`collate_clips` drops such samples and
-  keeps their ``"skipped"`` entries, so the loop can count and list them.
+* training substitutes another video (chosen deterministically from the epoch and index, so
+  every process still gets a full batch) and reports the broken one in the sample's
+  ``"skipped"`` list; when ``max_substitutions`` others are broken too it raises
+  :class:`~peg_core.engine.BrokenSample`;
+* testing raises :class:`~peg_core.engine.BrokenSample` for it.
+
+Wrap the dataset in :class:`~peg_core.engine.SkipBroken` and batch with :class:`ClipBatches`:
+batches are :class:`~peg_core.engine.SampleBatch` holding the usable clips and every broken
+video met.
 """
 
 from __future__ import annotations
@@ -22,15 +29,34 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from peg_core.engine import BrokenSample, SampleBatch, skipping_collate
+
 from .annotations import Annotations
 from .sampling import multiview_indices, train_clip_indices
 from .transforms import ClipTransformConfig, EvalClipTransform, TrainClipTransform, frames_to_clip
 
-__all__ = ["KineticsVideoDataset", "VideoDecodeError", "collate_clips", "read_frames"]
+__all__ = [
+    "DECODE_ERRORS",
+    "ClipBatches",
+    "KineticsVideoDataset",
+    "VideoDecodeError",
+    "collate_clips",
+    "first_line",
+    "read_frames",
+]
+
+#: what decord raises on a truncated or foreign file (its DECORDError is not a RuntimeError)
+DECODE_ERRORS = (RuntimeError, decord.DECORDError)
 
 
 class VideoDecodeError(RuntimeError):
     """A video that cannot be used; the message says why (missing, empty, undecodable...)."""
+
+
+def first_line(error: BaseException, limit: int = 160) -> str:
+    """The first line of an exception's message (decoders write several), or its type name."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
 
 
 def read_frames(path: Path, indices_for_length, num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -56,9 +82,8 @@ def read_frames(path: Path, indices_for_length, num_threads: int = 1) -> tuple[n
         frames = batch.asnumpy() if hasattr(batch, "asnumpy") else batch.numpy()
     except VideoDecodeError:
         raise
-    except Exception as e:  # decord raises RuntimeError / DECORDError on truncated or foreign files
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise VideoDecodeError(f"undecodable: {first[:160]}") from None
+    except DECODE_ERRORS as e:
+        raise VideoDecodeError(f"undecodable: {first_line(e)}") from None
     if frames.shape[0] != len(unique):
         raise VideoDecodeError(f"decoded {frames.shape[0]} of {len(unique)} frames (truncated?)")
     return frames, inverse.reshape(wanted.shape)
@@ -69,9 +94,11 @@ class KineticsVideoDataset(Dataset):
 
     Sample dict:
         ``video``: train ``(C, T, S, S)``; test ``(num_clips * num_crops, C, T, S, S)`` (views
-        ordered clip-major) or ``None`` when the video is broken.
+        ordered clip-major).
         ``label``: class index.  ``index``: index of the video actually used.
         ``skipped``: list of ``(path, reason)`` for broken videos met while building the sample.
+    A broken test video, or a training one without a usable substitute, raises
+    :class:`~peg_core.engine.BrokenSample`.
 
     Args:
         annotations: from :func:`~peg_video.data.annotations.load_annotations`.
@@ -125,8 +152,10 @@ class KineticsVideoDataset(Dataset):
         return self._train_item(index) if self.mode == "train" else self._test_item(index)
 
     def _train_item(self, index: int) -> dict[str, Any]:
+        # Clip, crop and substitutes are functions of (seed, epoch, index): a resumed run sees
+        # the same clips whatever worker decodes them.
         rng = np.random.default_rng((self.seed, self.epoch, index))
-        skipped = []
+        skipped: list[tuple[str, str]] = []
         current = index
         for _ in range(self.max_substitutions + 1):
             record = self.records[current]
@@ -148,14 +177,11 @@ class KineticsVideoDataset(Dataset):
                 "index": current,
                 "skipped": skipped,
             }
-        raise RuntimeError(
-            f"{self.max_substitutions + 1} videos in a row could not be decoded, last {skipped[-1]}; "
-            "check the data folder"
-        )
+        path, reason = skipped[0]
+        raise BrokenSample(path, f"{reason} (and the {len(skipped) - 1} substitutes tried were broken too)")
 
     def _test_item(self, index: int) -> dict[str, Any]:
         record = self.records[index]
-        item = {"video": None, "label": record.label, "index": index, "skipped": []}
         try:
             frames, inverse = read_frames(
                 record.path,
@@ -163,31 +189,48 @@ class KineticsVideoDataset(Dataset):
                 self.decode_threads,
             )
         except VideoDecodeError as e:
-            item["skipped"] = [(str(record.path), str(e))]
-            return item
+            raise BrokenSample(record.path, str(e)) from None
         frames_t = torch.from_numpy(frames)
         views = [self.transform(frames_to_clip(frames_t[clip_idx])) for clip_idx in inverse]
-        item["video"] = torch.cat(views)  # (num_clips * num_crops, C, T, S, S), clip-major
-        return item
+        # (num_clips * num_crops, C, T, S, S), clip-major
+        return {"video": torch.cat(views), "label": record.label, "index": index, "skipped": []}
 
 
-def collate_clips(batch: list[dict[str, Any]]) -> dict[str, Any]:
+def collate_clips(items: list[dict[str, Any]]) -> dict[str, Any]:
     """Stack the usable samples; keep the ``skipped`` reports of every sample.
 
-    ``video`` is ``None`` when no sample in the batch was usable.
+    Returns ``video`` (train ``(B, C, T, S, S)``, test ``(B, V, C, T, S, S)``; ``None`` when no
+    sample was usable), ``label`` ``(B,)``, ``index`` ``(B,)`` (video index), ``view_offset``
+    ``(B,)`` (first view index of each sample, when the samples carry one) and ``skipped``.
     """
-    good = [b for b in batch if b["video"] is not None]
-    skipped = [s for b in batch for s in b["skipped"]]
-    if not good:
-        return {
-            "video": None,
-            "label": torch.empty(0, dtype=torch.long),
-            "index": torch.empty(0, dtype=torch.long),
-            "skipped": skipped,
-        }
-    return {
-        "video": torch.stack([b["video"] for b in good]),
-        "label": torch.tensor([b["label"] for b in good], dtype=torch.long),
-        "index": torch.tensor([b["index"] for b in good], dtype=torch.long),
-        "skipped": skipped,
+    good = [b for b in items if b.get("video") is not None]
+    out: dict[str, Any] = {
+        "video": torch.stack([b["video"] for b in good]) if good else None,
+        "label": torch.tensor([int(b["label"]) for b in good], dtype=torch.long),
+        "index": torch.tensor([int(b["index"]) for b in good], dtype=torch.long),
+        "skipped": [s for b in items for s in b.get("skipped", ())],
     }
+    if good and "view_offset" in good[0]:
+        out["view_offset"] = torch.tensor([int(b["view_offset"]) for b in good], dtype=torch.long)
+    return out
+
+
+class ClipBatches:
+    """``collate_fn`` of the video loaders: samples -> :class:`~peg_core.engine.SampleBatch`.
+
+    ``data`` is the :func:`collate_clips` dict without ``skipped`` (``None`` when nothing in the
+    batch was usable); ``broken`` lists every broken video met: the markers of
+    :class:`~peg_core.engine.SkipBroken` and the samples' ``skipped`` reports.
+    A class, not a closure, so DataLoader workers can pickle it.
+    """
+
+    def __init__(self) -> None:
+        self._collate = skipping_collate(collate_clips)
+
+    def __call__(self, items: list[Any]) -> SampleBatch:
+        batch = self._collate(items)
+        data = batch.data
+        if data is None:
+            return batch
+        broken = batch.broken + data.pop("skipped")
+        return SampleBatch(data if data["video"] is not None else None, broken)

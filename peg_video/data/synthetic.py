@@ -26,11 +26,24 @@ from pathlib import Path
 import av
 import numpy as np
 
-__all__ = ["MOTIONS", "SyntheticSpec", "make_synthetic_kinetics", "render_video", "write_mp4"]
+from peg_core.engine import UserError
+
+__all__ = [
+    "MOTIONS",
+    "FrameSizeError",
+    "SyntheticSpec",
+    "make_synthetic_kinetics",
+    "render_video",
+    "write_mp4",
+]
 
 # Label names deliberately contain spaces, like Kinetics ("air drumming").
 MOTIONS = ("move right", "move left", "move down", "move up", "circle clockwise", "circle counterclockwise")
 _ID_CHARS = string.ascii_letters + string.digits + "-_"
+
+
+class FrameSizeError(UserError, ValueError):
+    """A frame size the encoder (odd sides) or decord (some small sizes) cannot handle."""
 
 
 @dataclass(frozen=True)
@@ -137,9 +150,10 @@ def _check_decord(path: Path, spec: SyntheticSpec) -> None:
 
     shape = decord.VideoReader(str(path), num_threads=1)[0].shape
     if tuple(shape) != (spec.height, spec.width, 3):
-        raise ValueError(
-            f"decord reads {path} as {tuple(shape)} instead of {(spec.height, spec.width, 3)}; "
-            f"choose another frame size than {spec.width}x{spec.height} (e.g. 64x48, 80x64)"
+        raise FrameSizeError(
+            f"decord reads the videos as {tuple(shape)} instead of {(spec.height, spec.width, 3)}; "
+            "choose another frame size (e.g. 64x48, 80x64)",
+            f"--width {spec.width} --height {spec.height}",
         )
 
 
@@ -151,7 +165,9 @@ def make_synthetic_kinetics(out: str | Path, spec: SyntheticSpec = SyntheticSpec
     """Generate the set under ``out`` (see module docstring); returns counts and file paths."""
     out = Path(out)
     if spec.width % 2 or spec.height % 2:
-        raise ValueError(f"width and height must be even for yuv420p, got {spec.width}x{spec.height}")
+        raise FrameSizeError(
+            "width and height must be even for yuv420p", f"--width {spec.width} --height {spec.height}"
+        )
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(spec.seed)
     names = sorted(MOTIONS)

@@ -13,26 +13,36 @@ Key by key (both layouts share timm's names)::
 
 With ``inflation="mean"`` and the zero temporal parts, the video model sees a
 clip of identical frames as the image model sees one frame.
+
+Given a file, a missing, garbage or foreign (not a ViT) checkpoint is a one-line
+:class:`Init2dError` naming it; the file is read with ``weights_only=True``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from peg_core import PEG2d, resize_pos_embed
+from peg_core.engine import UserError, read_state_file
 
 from ..peg3d import PEG3d, inflate_peg2d
 from .pos_embed import LearnedPositionEncoding3d
 from .vit import DividedBlock, VideoTransformer
 
-__all__ = ["LoadReport", "inflate_patch_embed", "load_2d_checkpoint"]
+__all__ = ["Init2dError", "LoadReport", "inflate_patch_embed", "load_2d_checkpoint"]
 
 SOURCES = ("cpvt", "deit")
 INFLATIONS = ("mean", "central")
+
+
+class Init2dError(UserError, ValueError):
+    """A 2D checkpoint that does not fit: ``what`` says which key and shapes, ``where`` names the file."""
 
 
 @dataclass
@@ -79,11 +89,16 @@ def inflate_patch_embed(weight: Tensor, frames: int, inflation: str = "mean") ->
 
 
 def _unwrap(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Accept ``{"model": sd}`` / ``{"state_dict": sd}`` checkpoints and DDP's ``module.`` prefix."""
+    """Accept ``{"model": sd}`` / ``{"state_dict": sd}`` checkpoints and DDP's ``module.`` prefix
+    (entries that are not tensors are dropped)."""
     for key in ("model", "state_dict"):
         if key in state_dict and isinstance(state_dict[key], Mapping):
             state_dict = state_dict[key]
-    return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in state_dict.items()}
+    return {
+        (k[len("module.") :] if k.startswith("module.") else k): v
+        for k, v in state_dict.items()
+        if isinstance(k, str) and isinstance(v, Tensor)
+    }
 
 
 def _peg2d_from(sd: dict[str, Tensor], prefix: str, num_prefix_tokens: int) -> PEG2d:
@@ -100,7 +115,7 @@ def _peg2d_from(sd: dict[str, Tensor], prefix: str, num_prefix_tokens: int) -> P
 @torch.no_grad()
 def load_2d_checkpoint(
     model: VideoTransformer,
-    state_dict: Mapping[str, Tensor],
+    state_dict: Mapping[str, Tensor] | str | os.PathLike,
     source: str = "cpvt",
     inflation: str = "mean",
     source_grid: tuple[int, int] | None = None,
@@ -110,7 +125,7 @@ def load_2d_checkpoint(
     Args:
         model: a :class:`~peg_video.models.vit.VideoTransformer` whose width,
             patch size and heads match the checkpoint's.
-        state_dict: ``peg_core.models.CPVT`` weights (``source="cpvt"``; PEGs in
+        state_dict: a file to read, or ``peg_core.models.CPVT`` weights (``source="cpvt"``; PEGs in
             ``pos_blocks.<i>``, a learned table in ``pos_enc.pos_embed``) or a
             timm DeiT state dict (``source="deit"``; ``pos_embed``, optional
             ``dist_token``/``head_dist``).  ``{"model": ...}`` wrappers and a
@@ -120,17 +135,27 @@ def load_2d_checkpoint(
             when it is not square (a square one is inferred from its length).
 
     Raises:
-        ValueError: unknown source, a state dict without a ViT layout, or a
-        tensor whose shape does not fit (the message names key and shapes).
+        ValueError: unknown source or inflation, or a model that is not a VideoTransformer.
+        Init2dError: (a ``UserError`` and a ``ValueError``) an unreadable file, a state dict
+            without a ViT layout, or a tensor whose shape does not fit (the message names
+            key and shapes, and the file).
     """
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}; got {source!r}")
     if not isinstance(model, VideoTransformer):
         raise ValueError(f"load_2d_checkpoint needs a VideoTransformer; got {type(model).__name__}")
+    where = None
+    if isinstance(state_dict, str | os.PathLike):
+        where = Path(state_dict)
+        state_dict = read_state_file(where, what="2D checkpoint")
+    if not isinstance(state_dict, Mapping):
+        raise Init2dError(f"2D checkpoint holds a {type(state_dict).__name__}, not a state dict", where)
     sd = _unwrap(state_dict)
     for key in ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight"):
         if key not in sd:
-            raise ValueError(f"the {source} state dict has no {key!r}: not a DeiT-layout ViT checkpoint")
+            raise Init2dError(
+                f"the {source} state dict has no {key!r}: not a DeiT-layout ViT checkpoint", where
+            )
     target = model.state_dict()
     report = LoadReport()
     new: dict[str, Tensor] = {}
@@ -140,7 +165,9 @@ def load_2d_checkpoint(
         if target[key].shape != value.shape:
             shape = tuple(sd[src].shape) if src in sd else tuple(value.shape)
             made = f" (as {tuple(value.shape)} after {how})" if how else ""
-            raise ValueError(f"{src} {shape}{made} does not fit the model's {key} {tuple(target[key].shape)}")
+            raise Init2dError(
+                f"{src} {shape}{made} does not fit the model's {key} {tuple(target[key].shape)}", where
+            )
         new[key] = value.to(target[key].dtype)
         used.add(src)
         if how is None:
@@ -152,9 +179,10 @@ def load_2d_checkpoint(
     w2 = sd["patch_embed.proj.weight"]
     t = model.tubelet[0]
     if w2.dim() != 4 or tuple(w2.shape[-2:]) != model.tubelet[1:]:
-        raise ValueError(
+        raise Init2dError(
             f"patch_embed.proj.weight {tuple(w2.shape)} is not a 2D kernel of the tubelet's "
-            f"spatial size {model.tubelet[1:]}"
+            f"spatial size {model.tubelet[1:]}",
+            where,
         )
     how = f"{inflation} inflation over {t} frames"
     put("patch_embed.proj.weight", inflate_patch_embed(w2, t, inflation), "patch_embed.proj.weight", how)
@@ -181,9 +209,12 @@ def load_2d_checkpoint(
     if pos is not None:
         if isinstance(model.pos_enc, LearnedPositionEncoding3d):
             grid = model.pos_enc.grid_size
-            spatial = resize_pos_embed(
-                pos, grid[1:], source_grid, num_prefix_tokens=src_prefix, mode=model.pos_enc.interpolation
-            )[:, src_prefix:]
+            try:
+                spatial = resize_pos_embed(
+                    pos, grid[1:], source_grid, num_prefix_tokens=src_prefix, mode=model.pos_enc.interpolation
+                )[:, src_prefix:]
+            except ValueError as e:  # a table that is not a (1, P + H*W, C) grid of the given shape
+                raise Init2dError(f"{pos_key} {tuple(pos.shape)}: {e}", where) from None
             put("pos_enc.spatial", spatial, pos_key, f"{pos_key} grid part resized to {grid[1:]}")
             new["pos_enc.temporal"] = torch.zeros_like(target["pos_enc.temporal"])
             report.converted["pos_enc.temporal"] = "zeros (the 2D model has no time)"
@@ -198,11 +229,15 @@ def load_2d_checkpoint(
         if prefix + "proj.weight" not in sd:
             continue
         peg3d: PEG3d = model.pos_blocks[key]
-        peg2d = _peg2d_from(sd, prefix, peg3d.num_prefix_tokens)
+        try:
+            peg2d = _peg2d_from(sd, prefix, peg3d.num_prefix_tokens)
+        except RuntimeError as e:  # load_state_dict: tensors that do not make a PEG2d
+            raise Init2dError(f"{prefix}*: not a PEG2d ({str(e).splitlines()[0]})", where) from None
         if (peg2d.dim, peg2d.kernel_size, peg2d.kernel_size) != (peg3d.dim, *peg3d.kernel_size[1:]):
-            raise ValueError(
+            raise Init2dError(
                 f"{prefix}proj.weight: a {peg2d.kernel_size}x{peg2d.kernel_size} PEG2d of dim {peg2d.dim} "
-                f"does not inflate into the model's PEG3d {peg3d.kernel_size} of dim {peg3d.dim}"
+                f"does not inflate into the model's PEG3d {peg3d.kernel_size} of dim {peg3d.dim}",
+                where,
             )
         inflated = inflate_peg2d(peg2d, peg3d.kernel_size[0], peg3d.factorized, peg3d.num_prefix_tokens)
         for name, value in inflated.state_dict().items():

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from peg_video.data.annotations import (
+    AnnotationError,
     load_annotations,
     normalize_label,
     read_class_map,
@@ -54,19 +55,23 @@ def test_kinetics_csv_underscored_folders_and_fixed_classes(tmp_path):
     video = _touch(tmp_path / "videos" / "air_drumming" / "q_000007_000017.mp4")
     ann = read_kinetics_csv(csv, video_root=tmp_path / "videos", classes=["a", "air_drumming", "z"])
     assert ann.records[0].path == video and ann.records[0].label == 1
-    with pytest.raises(ValueError, match=r"ann\.csv:2: label 'air_drumming' is not one of the 2"):
+    with pytest.raises(
+        AnnotationError, match=r"^label 'air_drumming' is not one of the 2 known classes: .*ann\.csv:2$"
+    ):
         read_kinetics_csv(csv, video_root=tmp_path, classes=["x", "y"])
 
 
 def test_kinetics_csv_errors_name_the_file(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("label,youtube_id,split\nx,y,train\n")
-    with pytest.raises(ValueError, match=r"bad\.csv: missing columns \['time_start', 'time_end'\]"):
+    with pytest.raises(AnnotationError, match=r"^missing columns \['time_start', 'time_end'\]; .*bad\.csv$"):
         read_kinetics_csv(bad)
     bad.write_text("label,youtube_id,time_start,time_end,split\nx,y,one,2,train\n")
-    with pytest.raises(ValueError, match=r"bad\.csv:2: time_start/time_end must be integers"):
+    with pytest.raises(
+        AnnotationError, match=r"^time_start/time_end must be integers, got 'one', '2': .*bad\.csv:2$"
+    ):
         read_kinetics_csv(bad)
-    with pytest.raises(FileNotFoundError, match=r"nope\.csv"):
+    with pytest.raises(AnnotationError, match=r"^annotation file not found: .*nope\.csv$"):
         load_annotations(tmp_path / "nope.csv")
 
 
@@ -80,7 +85,7 @@ def test_path_label_list_indices_and_spaces(tmp_path):
     assert ann.records[1].path == Path("/abs/c.mp4")
     named = read_path_label_list(lst, video_root="/data", classes=["x", "y", "z"])
     assert named.classes == ["x", "y", "z"] and named.records[2].path == Path("/data/clips/d.mp4")
-    with pytest.raises(ValueError, match=r"train\.txt:2: class index 2 outside \[0, 2\)"):
+    with pytest.raises(AnnotationError, match=r"^class index 2 outside \[0, 2\): .*train\.txt:2$"):
         read_path_label_list(lst, classes=["x", "y"])
 
 
@@ -90,7 +95,9 @@ def test_path_label_list_with_names(tmp_path):
     ann = read_path_label_list(lst)
     assert ann.classes == ["archery", "tai_chi"] and [r.label for r in ann.records] == [1, 0]
     lst.write_text("only_a_path.mp4\n")
-    with pytest.raises(ValueError, match=r"l\.txt:1: expected '<path> <label>'"):
+    with pytest.raises(
+        AnnotationError, match=r"^expected '<path> <label>', got 'only_a_path.mp4': .*l\.txt:1$"
+    ):
         read_path_label_list(lst)
 
 
@@ -99,3 +106,21 @@ def test_class_map_round_trip(tmp_path):
     assert read_class_map(path) == ["b", "a"]
     (tmp_path / "plain.json").write_text('["x", "y"]')
     assert read_class_map(tmp_path / "plain.json") == ["x", "y"]
+
+
+def test_annotation_errors_are_one_line_user_errors(tmp_path):
+    """An AnnotationError is also a ValueError (library callers) and prints as one ``error:`` line."""
+    bad = tmp_path / "v.csv"
+    bad.write_text('label,youtube_id,time_start,time_end,split\n"a\nb",x,1,2,val\n')
+    with pytest.raises(AnnotationError) as e:
+        load_annotations(bad, video_root=tmp_path / "missing")
+    assert (
+        isinstance(e.value, ValueError)
+        and e.value.line() == f"error: video folder not found: {tmp_path / 'missing'}"
+    )
+    (tmp_path / "c.json").write_text("{broken")
+    with pytest.raises(AnnotationError, match=r"^class file is not JSON \(.*\): .*c\.json$"):
+        read_class_map(tmp_path / "c.json")
+    (tmp_path / "c.json").write_text('{"names": 3}')
+    with pytest.raises(AnnotationError, match="class file must hold a list of names"):
+        read_class_map(tmp_path / "c.json")

@@ -142,5 +142,7 @@ def test_bad_arguments(data):
 
 
 def test_sizes_decord_misreads_are_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"decord reads .* choose another frame size than 48x40"):
+    with pytest.raises(
+        ValueError, match=r"decord reads the videos as .* frame size .*: --width 48 --height 40$"
+    ):
         make_synthetic_kinetics(tmp_path, BAD_SIZE)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from peg_video.__main__ import main
 from peg_video.data import SyntheticSpec, make_synthetic_kinetics
-from peg_video.train import main_eval
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def test_two_process_training_and_evaluation(tmp_path):
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         "-m", "peg_video", "train", "--train-ann", str(tmp_path / "d" / "train.csv"),
-        "--val-ann", str(tmp_path / "d" / "val.csv"), "--out", str(out), "--config", "synthetic_tiny",
+        "--val-ann", str(tmp_path / "d" / "val.csv"), "--output-dir", str(out), "--config", "synthetic_tiny",
         "--epochs", "1", "--num-frames", "4", "--batch-size", "2", "--num-clips", "2", "--num-crops", "3",
         "--model-opt", "embed_dim=32", "--model-opt", "depth=1", "--device", "cpu", "--no-progress",
     ]  # fmt: skip
@@ -31,16 +31,15 @@ def test_two_process_training_and_evaluation(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "world size 2" in proc.stdout
-    distributed = json.loads((out / "report.json").read_text())
-    assert distributed["videos_evaluated"] == 5 and distributed["num_views"] == 5 * 6
-    assert distributed["steps"] == 2  # 8 videos / 2 ranks / batch 2
+    report = json.loads((out / "report.json").read_text())
+    distributed = report["eval"]
+    assert distributed["num_videos"] == 5 and distributed["num_views"] == 5 * 6
+    assert report["steps"] == 2  # 8 videos / 2 ranks / batch 2
+    assert report["broken"]["val"] == {"count": 0, "total": 5, "samples": []}
 
-    assert (
-        main_eval(
-            ["--checkpoint", str(out / "checkpoint.pt"), "--out", str(tmp_path / "single"), "--no-progress"]
-        )
-        == 0
-    )
-    single = json.loads((tmp_path / "single" / "eval_report.json").read_text())
+    argv = ["eval", "--checkpoint", str(out / "checkpoint.pth"), "--output-dir", str(tmp_path / "single"),
+            "--no-progress", "--workers", "0"]  # fmt: skip
+    assert main(argv) == 0
+    single = json.loads((tmp_path / "single" / "report.json").read_text())["eval"]
     for key in ("top1", "top5", "mean_class_accuracy", "clip_top1", "num_videos", "num_views"):
         assert distributed[key] == pytest.approx(single[key], abs=1e-6), key

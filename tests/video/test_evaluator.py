@@ -36,7 +36,7 @@ def test_hand_computed_mean_of_softmax():
     assert r["top2"] == pytest.approx(1.0)
     assert r["mean_class_accuracy"] == pytest.approx((0 + 1 + 1) / 3)
     assert r["clip_top1"] == pytest.approx(3 / 5)
-    assert (r["num_videos"], r["num_views"], r["skipped"]) == (3, 5, 0)
+    assert (r["num_videos"], r["num_views"]) == (3, 5)
 
 
 def test_reductions():
@@ -68,16 +68,12 @@ def test_reductions():
     assert ev_sum.summarize()["top1"] == pytest.approx(1.0)  # [1.6 1.4] -> 0
 
 
-def test_duplicates_from_padding_count_once_and_skipped_listed():
+def test_duplicates_from_padding_count_once():
     ev = _evaluator()
     ev.update(P[:2].log(), LABELS[:2], VIDEOS[:2], VIEWS[:2])  # padded repeat of video 0
-    ev.add_skipped([("/d/broken.mp4", "empty (zero-byte) file")])
     r = ev.summarize()
     assert (r["num_videos"], r["num_views"]) == (3, 5)
     assert r["top1"] == pytest.approx(2 / 3)
-    assert r["skipped"] == 1 and r["skipped_videos"] == [
-        {"path": "/d/broken.mp4", "reason": "empty (zero-byte) file"}
-    ]
 
 
 def test_empty_and_bad_shapes():

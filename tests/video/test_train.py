@@ -1,108 +1,130 @@
-"""End-to-end training: the loss falls, --resume continues exactly, NaN stops cleanly."""
+"""``python -m peg_video train|eval`` on the engine: the loss falls, resume is exact, NaN stops, eval at other views."""
 
 import json
 
 import pytest
 import torch
 
-from peg_core.utils import load_checkpoint
-from peg_video.data import SyntheticSpec, make_synthetic_kinetics
-from peg_video.train import main_eval, main_train, parse_args, train
+from peg_core.engine import EXIT_DIVERGED, read_checkpoint
+from peg_video.__main__ import main
+from tests.video.runs import TINY, synthetic_set
 
 pytestmark = pytest.mark.slow
-
-TINY = [
-    "--config", "synthetic_tiny", "--num-frames", "4", "--stride", "2", "--batch-size", "4",
-    "--model-opt", "embed_dim=32", "--model-opt", "depth=1", "--model-opt", "num_heads=2",
-    "--num-clips", "2", "--no-progress", "--workers", "0",
-]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("syn")
-    make_synthetic_kinetics(
-        root, SyntheticSpec(num_train=12, num_val=6, width=64, height=48, frames=12, seed=2)
-    )
-    return root
+    return synthetic_set(tmp_path_factory.mktemp("syn"), num_train=12, num_val=6, seed=2)
 
 
-def _args(data, out, *extra):
-    return parse_args([
-        "--train-ann", str(data / "train.csv"), "--val-ann", str(data / "val.csv"), "--out", str(out), *TINY, *extra,
+def _train(data, out, *extra) -> int:
+    return main([
+        "train", "--train-ann", str(data / "train.csv"), "--val-ann", str(data / "val.csv"),
+        "--output-dir", str(out), *TINY, *extra,
     ])  # fmt: skip
 
 
 def _log(out, tag):
-    return [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["tag"] == tag]
+    """Records of ``tag`` in ``log.jsonl``, without their wall-clock ``time``."""
+    records = map(json.loads, (out / "log.jsonl").read_text().splitlines())
+    return [{k: v for k, v in r.items() if k != "time"} for r in records if r["tag"] == tag]
 
 
-def test_loss_falls_and_outputs_are_written(data, tmp_path):
+def _report(folder):
+    return json.loads((folder / "report.json").read_text())
+
+
+def test_loss_falls_and_outputs_are_written(data, tmp_path, capsys):
     out = tmp_path / "run"
-    report = train(
-        _args(data, out, "--epochs", "8", "--lr", "1e-2", "--warmup-epochs", "0", "--eval-every", "4")
+    assert (
+        _train(data, out, "--epochs", "8", "--lr", "1e-2", "--warmup-epochs", "0", "--eval-every", "4") == 0
     )
     losses = [r["loss"] for r in _log(out, "train")]
-    assert len(losses) == 8
+    assert len(losses) == 8 and all(0.0 <= r["acc"] <= 1.0 for r in _log(out, "train"))
     assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 - 0.1, losses  # 1.87 -> 1.72 here
     assert len(_log(out, "val")) == 2  # epochs 4 and 8
-    assert report["videos_evaluated"] == 6 and report["num_views"] == 12 and report["skipped"] == 0
-    assert 0.0 <= report["top1"] <= report["top5"] <= 1.0
-    saved = json.loads((out / "report.json").read_text())
-    assert saved["top1"] == report["top1"]
+    report = _report(out)
+    assert report["task"] == "video" and report["status"] == "finished" and report["steps"] == 8 * 3
+    metrics = report["eval"]
+    assert metrics["num_videos"] == 6 and metrics["num_views"] == 12
+    assert 0.0 <= metrics["top1"] <= metrics["top5"] <= 1.0
+    assert report["broken"]["train"] == {"count": 0, "total": 12, "samples": []}
+    assert report["broken"]["val"] == {"count": 0, "total": 6, "samples": []}
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["top1"] == metrics["top1"] and printed["broken"] == {"train": 0, "val": 0}
     classes = json.loads((out / "classes.json").read_text())
     assert classes["classes"][0] == "circle_clockwise" and classes["index"]["move_up"] == 5
-    assert (out / "tb").is_dir() and load_checkpoint(out / "checkpoint.pt")["epoch"] == 7
+    ckpt = read_checkpoint(out / "checkpoint.pth", "video")
+    assert ckpt["epoch"] == 7 and ckpt["meta"]["classes"] == classes["classes"]
+    assert ckpt["model_config"] == {
+        "name": "vit_tiny", "pos_enc": "peg3d", "num_classes": 6, "num_frames": 4, "img_size": 32,
+        "tubelet": [2, 8, 8], "embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_ratio": 2.0, "peg_at": "all",
+    }  # fmt: skip
+    assert (out / "tb").is_dir() and (out / "checkpoint_prev.pth").is_file()
+    assert json.loads((out / "args.json").read_text())["clip_max_norm"] == 1.0
 
 
-def test_resume_is_exact(data, tmp_path):
-    common = ("--epochs", "3", "--eval-every", "0")
-    train(_args(data, tmp_path / "straight", *common))
-    train(_args(data, tmp_path / "cut", *common, "--stop-after-epoch", "1"))
-    assert load_checkpoint(tmp_path / "cut" / "checkpoint.pt")["epoch"] == 0
-    # resume in a loader worker: clips do not depend on which process decodes them
-    train(
-        _args(
-            data,
-            tmp_path / "cut",
-            *common,
-            "--resume",
-            str(tmp_path / "cut" / "checkpoint.pt"),
-            "--workers",
-            "1",
-        )
-    )
-    a = load_checkpoint(tmp_path / "straight" / "checkpoint.pt")
-    b = load_checkpoint(tmp_path / "cut" / "checkpoint.pt")
-    assert a["epoch"] == b["epoch"] == 2 and a["step"] == b["step"]
+def test_stop_then_resume_is_exact(data, tmp_path):
+    """An uninterrupted run equals one stopped after each epoch and resumed (by path, then by auto)."""
+    common = ("--epochs", "3", "--eval-every", "1")
+    assert _train(data, tmp_path / "straight", *common) == 0
+    cut = tmp_path / "cut"
+    assert _train(data, cut, *common, "--stop-after-epoch", "1") == 0
+    assert _report(cut)["status"] == "stopped" and read_checkpoint(cut / "checkpoint.pth")["epoch"] == 0
+    # resume by path, in a loader worker: clips do not depend on which process decodes them
+    resumed = ("--resume", str(cut / "checkpoint.pth"), "--workers", "1", "--stop-after-epoch", "2")
+    assert _train(data, cut, *common, *resumed) == 0
+    assert _train(data, cut, *common, "--resume", "auto") == 0
+    a = read_checkpoint(tmp_path / "straight" / "checkpoint.pth", "video")
+    b = read_checkpoint(cut / "checkpoint.pth", "video")
+    assert a["epoch"] == b["epoch"] == 2 and a["step"] == b["step"] == 9
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
-    assert [r["loss"] for r in _log(tmp_path / "straight", "train")] == [
-        r["loss"] for r in _log(tmp_path / "cut", "train")
-    ]
-    assert a["metrics"]["top1"] == b["metrics"]["top1"]
+    for k, v in a["optimizer"]["state"].items():
+        assert torch.equal(v["exp_avg"], b["optimizer"]["state"][k]["exp_avg"]), k
+    assert a["scheduler"] == b["scheduler"]
+    assert _log(tmp_path / "straight", "train") == _log(cut, "train")
+    assert _report(tmp_path / "straight")["eval"] == _report(cut)["eval"]
 
 
-def test_nan_loss_stops_and_keeps_the_last_checkpoint(data, tmp_path, monkeypatch, capsys):
+def test_resume_auto_falls_back_when_the_newest_checkpoint_is_corrupt(data, tmp_path, capsys):
     out = tmp_path / "run"
-    train(_args(data, out, "--epochs", "2", "--stop-after-epoch", "1", "--eval-every", "0"))
-    before = (out / "checkpoint.pt").read_bytes()
+    assert _train(data, out, "--epochs", "3", "--eval-every", "0", "--stop-after-epoch", "2") == 0
+    (out / "checkpoint.pth").write_bytes(b"\x00 half-written")
+    capsys.readouterr()
+    assert _train(data, out, "--epochs", "3", "--eval-every", "0", "--resume", "auto") == 0
+    said = capsys.readouterr().out
+    assert "checkpoint_prev.pth" in said and "resumed from" in said and "(epoch 1," in said
+    assert read_checkpoint(out / "checkpoint.pth", "video")["epoch"] == 2
+
+
+def test_nan_loss_stops_with_exit_3_and_keeps_the_last_checkpoint(data, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    assert _train(data, out, "--epochs", "2", "--stop-after-epoch", "1", "--eval-every", "0") == 0
+    before = (out / "checkpoint.pth").read_bytes()
     monkeypatch.setattr(torch.nn.CrossEntropyLoss, "forward", lambda self, x, y: (x * float("nan")).sum())
-    argv = ["--train-ann", str(data / "train.csv"), "--out", str(out), *TINY, "--epochs", "2"]
-    assert main_train([*argv, "--resume", str(out / "checkpoint.pt")]) == 2
-    assert "loss is nan at step 3; training stopped" in capsys.readouterr().out
-    assert (out / "checkpoint.pt").read_bytes() == before
+    capsys.readouterr()
+    assert _train(data, out, "--epochs", "2", "--resume", "auto") == EXIT_DIVERGED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: loss is nan at step 4 (epoch 2); training stopped")
+    assert f"the last good checkpoint is {out / 'checkpoint.pth'}" in err[0]
+    assert (out / "checkpoint.pth").read_bytes() == before
     assert "training stopped" in _log(out, "error")[0]["message"]
 
 
 def test_eval_command_at_a_longer_clip(data, tmp_path, capsys):
     out = tmp_path / "run"
-    train(_args(data, out, "--epochs", "1"))
-    assert main_eval(["--checkpoint", str(out / "checkpoint.pt"), "--num-frames", "8", "--num-crops", "3",
-                      "--out", str(tmp_path / "ev"), "--no-progress"]) == 0  # fmt: skip
-    metrics = json.loads((tmp_path / "ev" / "eval_report.json").read_text())
+    assert _train(data, out, "--epochs", "1") == 0
+    capsys.readouterr()
+    argv = ["eval", "--checkpoint", str(out / "checkpoint.pth"), "--num-frames", "8", "--num-crops", "3",
+            "--output-dir", str(tmp_path / "ev"), "--no-progress", "--workers", "0"]  # fmt: skip
+    assert main(argv) == 0
+    report = _report(tmp_path / "ev")
+    assert report["command"] == "eval" and report["epoch"] == 0 and report["broken"]["val"]["count"] == 0
+    metrics = report["eval"]
     assert metrics["num_frames"] == 8 and metrics["num_videos"] == 6 and metrics["num_views"] == 6 * 2 * 3
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["top1"] == metrics["top1"]
+    assert _report(out)["command"] == "train"  # the run's report stays
 
 
 def test_eval_at_a_larger_crop_resizes_a_learned_table(data, tmp_path, monkeypatch):
@@ -111,7 +133,7 @@ def test_eval_at_a_larger_crop_resizes_a_learned_table(data, tmp_path, monkeypat
     import peg_video.models.pos_embed as pos_embed
 
     out = tmp_path / "run"
-    train(_args(data, out, "--epochs", "1", "--pos-enc", "learned"))
+    assert _train(data, out, "--epochs", "1", "--pos-enc", "learned") == 0
     calls = []
     real = pos_embed.resize_pos_embed
 
@@ -123,9 +145,36 @@ def test_eval_at_a_larger_crop_resizes_a_learned_table(data, tmp_path, monkeypat
     for mode in ("nearest", "bicubic"):
         calls.clear()
         ev = tmp_path / f"ev_{mode}"
-        argv = ["--checkpoint", str(out / "checkpoint.pt"), "--crop", "40", "--pos-interpolation", mode,
-                "--out", str(ev), "--no-progress"]  # fmt: skip
-        assert main_eval(argv) == 0
-        metrics = json.loads((ev / "eval_report.json").read_text())
+        argv = ["eval", "--checkpoint", str(out / "checkpoint.pth"), "--crop", "40", "--pos-interpolation", mode,
+                "--output-dir", str(ev), "--no-progress", "--workers", "0"]  # fmt: skip
+        assert main(argv) == 0
+        metrics = _report(ev)["eval"]
         assert metrics["crop"] == 40 and metrics["num_videos"] == 6
         assert calls and set(calls) == {((5, 5), mode)}  # 40 px / 8 px tubelets
+
+
+def test_common_flags_are_accepted(data, tmp_path):
+    out = tmp_path / "run"
+    flags = ["--epochs", "1", "--amp", "bf16", "--clip-max-norm", "0.5", "--device", "cpu", "--seed", "3",
+             "--lr", "2e-3", "--threads", "1", "--eval-every", "1", "--save-every", "1", "--max-broken", "5%",
+             "--find-unused-parameters", "--train-scale", "32,40", "--tubelet", "2,8,8", "--hflip"]  # fmt: skip
+    assert _train(data, out, *flags) == 0
+    args = json.loads((out / "args.json").read_text())
+    assert (args["amp"], args["clip_max_norm"], args["seed"], args["max_broken"]) == ("bf16", 0.5, 3, 0.05)
+    assert args["train_scale"] == [32, 40] and args["tubelet"] == [2, 8, 8] and args["hflip"] is True
+    assert (out / "checkpoint0000.pth").is_file() and _report(out)["eval"]["num_videos"] == 6
+
+
+def test_predict_lists_top_classes(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(data, out, "--epochs", "1") == 0
+    videos = sorted((data / "val").rglob("*.mp4"))[:2]
+    capsys.readouterr()
+    assert (
+        main(["predict", "--checkpoint", str(out / "checkpoint.pth"), *map(str, videos), "--top-k", "3"]) == 0
+    )
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    assert [x["video"] for x in lines] == list(map(str, videos))
+    for line in lines:
+        scores = [t["score"] for t in line["top"]]
+        assert len(scores) == 3 and scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1.0001

@@ -1,0 +1,69 @@
+"""DataLoaders of either back-end, sharded over the ranks, yielding :class:`~peg_core.engine.SampleBatch`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from torch.utils.data import DataLoader, DistributedSampler
+
+from peg_core.engine import SkipBroken
+from peg_core.utils import DistInfo
+
+from .annotations import Annotations
+from .kinetics import ClipBatches, KineticsVideoDataset
+from .transforms import ClipTransformConfig
+
+__all__ = ["make_loader", "transform_config"]
+
+
+def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
+    """The spatial recipe of ``args`` (``crop``, ``train_scale``, ``test_scale``, ``num_crops``, ``hflip``)."""
+    return ClipTransformConfig(
+        crop=args.crop,
+        train_scale=tuple(args.train_scale),
+        test_scale=args.test_scale,
+        num_crops=args.num_crops,
+        hflip=bool(args.hflip),
+    )
+
+
+def make_loader(
+    args: argparse.Namespace, ann: Annotations, mode: str, dist: DistInfo, list_dir: Path
+) -> tuple[DataLoader, object]:
+    """``(loader, dataset)`` of ``mode`` (``"train"`` / ``"test"``) for ``args.data_backend``.
+
+    Test batches hold ``batch_size // views`` videos (at least one), so a batch is about as
+    heavy as a training one.  The pytorchvideo back-end writes its ``path label`` list into
+    ``list_dir``.  Call ``dataset.set_epoch(epoch)`` (and the sampler's) before each epoch.
+    """
+    cfg = transform_config(args)
+    views = args.num_clips * args.num_crops if mode == "test" else 1
+    batch = args.batch_size if mode == "train" else max(1, args.batch_size // views)
+    common = {
+        "batch_size": batch,
+        "num_workers": args.workers,
+        "pin_memory": dist.device.type == "cuda",
+        "collate_fn": ClipBatches(),
+    }
+    if args.data_backend == "pytorchvideo":
+        from .pytorchvideo_data import build_pytorchvideo_dataset
+
+        ds = build_pytorchvideo_dataset(
+            ann,
+            Path(list_dir) / f"{mode}_pytorchvideo_rank{dist.rank}.txt",
+            mode,
+            args.num_frames,
+            args.stride,
+            cfg,
+            num_clips=args.num_clips,
+            world_size=dist.world_size,
+        )
+        return DataLoader(ds, **common), ds
+    ds = KineticsVideoDataset(
+        ann, mode, args.num_frames, args.stride, num_clips=args.num_clips, transform=cfg, seed=args.seed
+    )
+    sampler = DistributedSampler(
+        ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=mode == "train", seed=args.seed
+    )
+    return DataLoader(SkipBroken(ds), sampler=sampler, **common), ds

@@ -1,0 +1,275 @@
+"""The video task for ``peg_core.engine``: what ``fit`` / ``evaluate_checkpoint`` need from peg_video.
+
+Only the video-specific parts live here: annotations and classes, the model (by name, with
+its keywords stored as the checkpoint's ``model_config``), AdamW with linear warm-up and a
+per-step cosine decay, label smoothing, the training step and the multi-view evaluation.
+The engine does the rest (resume, DDP, AMP, clipping, checkpoints, logs, broken videos).
+
+Data order, random clips and crops are functions of (seed, epoch, index) (``on_epoch_start``
+sets the epoch of the sampler and the dataset), so a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from peg_core.engine import (
+    EvalParts,
+    RunContext,
+    StepOutput,
+    TrainParts,
+    UserError,
+    json_safe,
+    load_model_state,
+)
+
+from .data import Annotations, is_kinetics_csv, load_annotations, read_class_map, write_class_map
+from .data.loaders import make_loader
+from .evaluation import evaluate_views
+
+__all__ = [
+    "VideoTask",
+    "build_model",
+    "check_clip_fits",
+    "checkpoint_run",
+    "load_data",
+    "model_config",
+    "param_groups",
+    "warmup_cosine",
+]
+
+
+def model_config(args: argparse.Namespace, num_classes: int) -> dict[str, Any]:
+    """JSON-safe keywords of :func:`peg_video.build_video_model` for ``args``."""
+    return json_safe(
+        {
+            "name": args.model,
+            "pos_enc": args.pos_enc,
+            "num_classes": num_classes,
+            "num_frames": args.num_frames,
+            "img_size": args.crop,
+            "tubelet": list(args.tubelet),
+            **args.model_opts,
+        }
+    )
+
+
+def build_model(config: dict[str, Any]) -> nn.Module:
+    """``build_video_model(**config)``; options that do not fit the model are a :class:`UserError`."""
+    from .models import build_video_model
+
+    try:
+        return build_video_model(**config)
+    except (ValueError, TypeError) as e:  # the constructors' checks of sizes and keywords
+        raise UserError(f"cannot build the model ({e})", f"--model {config.get('name')}") from None
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: no weight decay on biases, norms and the names in ``model.no_weight_decay()``.
+
+    The video transformer names its class token and learned position tables there, as CPVT
+    does; PEG kernels keep their decay.  A model without the method (X3D) exempts 1-d tensors only.
+    """
+    exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 or name in exempt else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_ratio: float
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over ``warmup_steps``, then cosine down to ``min_ratio`` × lr at ``total_steps``
+    (stepped once per optimizer step)."""
+    fn = partial(_lr_factor, warmup=warmup_steps, total=total_steps, min_ratio=min_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def _classes_beside_list(path: Path) -> list[str] | None:
+    """Class names of an integer-labelled list from a ``classes.json`` next to it, if any."""
+    beside = Path(path).parent / "classes.json"
+    if Path(path).is_file() and not is_kinetics_csv(path) and beside.is_file():
+        return read_class_map(beside)
+    return None
+
+
+def load_data(
+    args: argparse.Namespace, classes: list[str] | None = None
+) -> tuple[Annotations | None, Annotations | None, list[str]]:
+    """Training / validation annotations of ``args`` with one class list (the training set's)."""
+    if classes is None and getattr(args, "classes", None) is not None:
+        classes = read_class_map(args.classes)
+    train_ann = val_ann = None
+    if getattr(args, "train_ann", None) is not None:
+        classes = classes or _classes_beside_list(args.train_ann)
+        train_ann = load_annotations(args.train_ann, args.train_root, classes)
+        classes = train_ann.classes
+    if getattr(args, "val_ann", None) is not None:
+        classes = classes or _classes_beside_list(args.val_ann)
+        val_ann = load_annotations(args.val_ann, args.val_root, classes)
+        classes = val_ann.classes
+    if classes is None:
+        raise UserError("no annotations given", "--train-ann / --val-ann")
+    for flag, ann in (("--train-ann", train_ann), ("--val-ann", val_ann)):
+        if ann is not None and not any(r.path.is_file() for r in ann.records):
+            # A wrong video folder: say so now, not after an epoch of failed decodes.
+            raise UserError(
+                f"none of the {len(ann.records)} videos of {flag} exists (the first would be "
+                f"{ann.records[0].path}); check {flag.replace('-ann', '-root')}",
+                getattr(args, flag[2:].replace("-", "_")),
+            )
+    return train_ann, val_ann, classes
+
+
+def summary(metrics: dict[str, Any]) -> str:
+    """One console line of the multi-view metrics."""
+    return (
+        f"val top1 {metrics['top1']:.4f} top5 {metrics['top5']:.4f} "
+        f"mean class acc {metrics['mean_class_accuracy']:.4f} clip top1 {metrics['clip_top1']:.4f} "
+        f"({metrics['num_videos']} videos, {metrics['num_views']} views)"
+    )
+
+
+class VideoTask:
+    """``peg_core.engine`` hooks of ``python -m peg_video train|eval``."""
+
+    name = "video"
+
+    def setup_train(
+        self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any] | None
+    ) -> TrainParts:
+        resumed_classes = (ckpt.get("meta") or {}).get("classes") if ckpt is not None else None
+        train_ann, val_ann, classes = load_data(args, resumed_classes)
+        if ctx.is_main:
+            write_class_map(classes, ctx.out_dir / "classes.json")
+        config = model_config(args, len(classes))
+        model = build_model(config)
+        if ckpt is None and args.init_2d is not None:
+            ctx.print(self._init_from_2d(model, args))
+        model.to(ctx.device)
+        optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr)
+        train_loader, train_ds = make_loader(args, train_ann, "train", ctx.dist, ctx.out_dir)
+        steps = len(train_loader)
+        scheduler = warmup_cosine(
+            optimizer, int(args.warmup_epochs * steps), args.epochs * steps, args.min_lr / args.lr
+        )
+        criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+
+        def step(net: nn.Module, batch: dict[str, Any], ctx: RunContext) -> StepOutput:
+            video = batch["video"].to(ctx.device, non_blocking=True)  # (B, C, T, S, S)
+            labels = batch["label"].to(ctx.device, non_blocking=True)  # (B,)
+            with ctx.autocast():
+                logits = net(video)  # (B, K)
+            loss = criterion(logits.float(), labels)  # float32 outside autocast
+            return StepOutput(loss, {"acc": (logits.argmax(1) == labels).float().mean()})
+
+        def on_epoch_start(epoch: int) -> None:
+            sampler = getattr(train_loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+            train_ds.set_epoch(epoch)
+
+        ctx.print(
+            f"training {args.model}/{args.pos_enc} on {len(train_ann.records)} videos, {len(classes)} classes, "
+            f"{args.epochs} epochs x {steps} steps, world size {ctx.dist.world_size}, device {ctx.device}"
+        )
+        return TrainParts(
+            model=model,
+            optimizer=optimizer,
+            train_loader=train_loader,
+            train_size=len(train_ann.records),
+            step=step,
+            evaluate=self._evaluator(args, val_ann, len(classes), ctx) if val_ann is not None else None,
+            scheduler=scheduler,
+            scheduler_interval="step",
+            model_config=config,
+            meta={"classes": classes},
+            on_epoch_start=on_epoch_start,
+            summary=summary,
+        )
+
+    def setup_eval(self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any]) -> EvalParts:
+        path = args.checkpoint
+        config, classes, saved = checkpoint_run(ckpt, path)
+        run = _eval_args(args, saved)
+        if args.pos_interpolation is not None:
+            config["pos_interpolation"] = args.pos_interpolation
+        model = build_model(config)
+        load_model_state(model, ckpt["model"], path)
+        check_clip_fits(model, run)
+        if run.val_ann is None:
+            raise UserError("no validation annotations: give --val-ann", path)
+        _, val_ann, classes = load_data(run, classes)
+        evaluate = self._evaluator(run, val_ann, len(classes), ctx)
+
+        def evaluate_with_clip(model: nn.Module, ctx: RunContext) -> dict[str, Any]:
+            return {**evaluate(model, ctx), "num_frames": run.num_frames, "crop": run.crop}
+
+        return EvalParts(model.to(ctx.device), evaluate_with_clip, summary)
+
+    @staticmethod
+    def _evaluator(args: argparse.Namespace, val_ann: Annotations, num_classes: int, ctx: RunContext):
+        loader, _ = make_loader(args, val_ann, "test", ctx.dist, ctx.out_dir)
+
+        def evaluate(model: nn.Module, ctx: RunContext) -> dict[str, Any]:
+            return evaluate_views(model, loader, ctx, num_classes, len(val_ann.records), args.reduction)
+
+        return evaluate
+
+    @staticmethod
+    def _init_from_2d(model: nn.Module, args: argparse.Namespace) -> str:
+        from .models import VideoTransformer, load_2d_checkpoint
+
+        if not isinstance(model, VideoTransformer):
+            raise UserError("--init-2d needs a video transformer (vit_*)", f"--model {args.model}")
+        report = load_2d_checkpoint(model, args.init_2d, source=args.init_2d_source)
+        return str(report).splitlines()[0] + f" from {args.init_2d}"
+
+
+def checkpoint_run(ckpt: dict[str, Any], path: Path) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """``(model_config, classes, training arguments)`` of a video checkpoint; a missing one is a :class:`UserError`."""
+    for key in ("model_config", "meta", "args"):
+        if not isinstance(ckpt.get(key), dict):
+            raise UserError(f"checkpoint has no {key!r} entry", path)
+    classes = ckpt["meta"].get("classes")
+    if not isinstance(classes, list) or not classes:
+        raise UserError("checkpoint has no class list in its 'meta' entry", path)
+    return dict(ckpt["model_config"]), list(classes), dict(ckpt["args"])
+
+
+def _eval_args(args: argparse.Namespace, saved: dict[str, Any]) -> argparse.Namespace:
+    """The training run's data and view options, overridden by those given to ``eval``."""
+    merged = dict(saved)
+    merged.update({k: v for k, v in vars(args).items() if v is not None})
+    run = argparse.Namespace(**merged)
+    for key in ("val_ann", "val_root", "classes"):
+        setattr(run, key, Path(merged[key]) if merged.get(key) else None)
+    run.train_ann = run.train_root = None
+    run.test_scale = max(run.test_scale, run.crop)  # a larger eval crop scales the short side with it
+    return run
+
+
+def check_clip_fits(model: nn.Module, run: argparse.Namespace) -> None:
+    """A transformer's clips must split into its tubelets; say so before decoding any video."""
+    tubelet = getattr(model, "tubelet", None)
+    if tubelet is None:
+        return
+    for flag, value, size in (("--num-frames", run.num_frames, tubelet[0]), ("--crop", run.crop, tubelet[1])):
+        if value % size:
+            raise UserError(f"must be a multiple of the model's tubelet {tuple(tubelet)}", f"{flag} {value}")
