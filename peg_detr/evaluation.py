@@ -4,7 +4,10 @@ Each process adds the post-processed detections of the images it saw;
 :meth:`CocoEvaluator.summarize` gathers them with
 ``peg_core.utils.all_gather_object``, keeps one copy per ``image_id`` (a
 ``DistributedSampler`` pads the last batch with repeated images), runs
-``COCOeval`` and returns the 12 standard numbers.
+``COCOeval`` and returns the 12 standard numbers.  Only the images that were
+read are evaluated: a broken image (skipped by the data loader) is left out of
+``imgIds`` rather than counted as all-missed, and :func:`evaluate_coco` reports
+how many images the numbers cover.
 """
 
 from __future__ import annotations
@@ -18,14 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
-from torch import Tensor
+from torch import Tensor, nn
 from torchvision.ops import box_convert
 
+from peg_core.engine import RunContext
 from peg_core.utils import all_gather_object, is_main_process
 
-__all__ = ["STAT_NAMES", "CocoEvaluator", "coco_stats", "to_coco_results"]
+from .structures import to_float
+
+__all__ = ["STAT_NAMES", "CocoEvaluator", "coco_stats", "evaluate_coco", "to_coco_results"]
 
 # The order of COCOeval.stats for iouType="bbox".
 STAT_NAMES: tuple[str, ...] = (
@@ -97,6 +104,7 @@ class CocoEvaluator:
     def __init__(self, coco_gt: COCO) -> None:
         self.coco_gt = coco_gt
         self.predictions: dict[int, dict[str, Tensor]] = {}
+        self.evaluated_ids: list[int] = []  #: image ids of the last summarize (all ranks)
 
     def update(self, predictions: Mapping[int, Mapping[str, Tensor]]) -> None:
         """Add ``{image_id: {"scores", "labels", "boxes" xyxy abs}}`` (post-processor output)."""
@@ -116,6 +124,7 @@ class CocoEvaluator:
         results, image_ids = self.gather()
         if not image_ids:
             raise RuntimeError("CocoEvaluator.summarize: no image was evaluated (empty validation set?)")
+        self.evaluated_ids = image_ids
         return coco_stats(self.coco_gt, results, image_ids, verbose=verbose)
 
     def write_results(self, path: str | Path) -> Path:
@@ -127,3 +136,32 @@ class CocoEvaluator:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results))
         return path
+
+
+@torch.no_grad()
+def evaluate_coco(
+    model: nn.Module,
+    postprocessor: nn.Module,
+    loader: Any,
+    coco_gt: COCO,
+    ctx: RunContext,
+    split: str,
+    total: int,
+) -> dict[str, float]:
+    """COCO bbox numbers of ``model`` on ``loader`` (merged over ranks), plus ``images``: how many were evaluated.
+
+    ``loader`` yields :class:`~peg_core.engine.SampleBatch` es of ``(ImageBatch, targets)``; broken
+    images are logged under ``split`` by ``ctx.batches`` and left out of the evaluation.  Boxes are
+    rescaled to each image's ``orig_size``, so the numbers do not depend on the evaluation
+    resolution's coordinate frame.
+    """
+    model.eval()
+    evaluator = CocoEvaluator(coco_gt)
+    for samples, targets in ctx.batches(loader, split, total=total):
+        with ctx.autocast():
+            outputs = model(samples.to(ctx.device))
+        sizes = torch.stack([t["orig_size"] for t in targets]).to(ctx.device)
+        results = postprocessor(to_float(outputs), sizes)
+        evaluator.update({int(t["image_id"]): r for t, r in zip(targets, results)})
+    stats: dict[str, float] = evaluator.summarize(verbose=False)
+    return {**stats, "images": len(evaluator.evaluated_ids)}

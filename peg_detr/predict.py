@@ -1,30 +1,41 @@
 """Run a trained DETR on image files; write annotated images and a JSON of detections.
 
-    python -m peg_detr predict a.jpg b.png --checkpoint runs/detr/checkpoint.pth --threshold 0.7 --out preds/
+    python -m peg_detr predict a.jpg b.png --checkpoint runs/detr/checkpoint.pth --threshold 0.7 --output-dir preds
 
 For each input ``NAME.ext`` the output folder gets ``NAME.png`` with the boxes
 and ``label score`` captions drawn by ``torchvision.utils.draw_bounding_boxes``,
 and ``detections.json`` maps each input path to its detections
 (``label``, ``name``, ``score``, ``box`` as ``[x0, y0, x1, y1]`` pixels).
+A single unreadable image is an error; among several, unreadable ones are
+skipped and listed in ``report.json`` (``broken``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
 from torch import Tensor, nn
 from torchvision.transforms.v2 import functional as F
 from torchvision.utils import draw_bounding_boxes
 
-from peg_core.utils import load_checkpoint
+from peg_core.engine import (
+    BrokenLog,
+    BrokenSample,
+    UserError,
+    device_arg,
+    ensure_writable,
+    new_parser,
+    positive_int,
+    read_checkpoint,
+    unit_fraction,
+    write_json,
+)
 
-from .data import make_val_transforms, scaled_max_size
-from .train import build_model_from_args
+from .data import make_val_transforms, read_rgb, scaled_max_size
+from .model_io import model_from_checkpoint
 
 __all__ = ["Predictor", "main"]
 
@@ -39,18 +50,12 @@ class Predictor:
     """
 
     def __init__(self, checkpoint: str | Path, size: int | None = None, device: str = "cpu") -> None:
-        ckpt = load_checkpoint(checkpoint)
-        if "model_kwargs" not in ckpt or "model" not in ckpt:
-            raise KeyError(
-                f"{checkpoint} is not a peg_detr training checkpoint (no 'model_kwargs'/'model'); "
-                "official DETR files go through `--pretrained` of `python -m peg_detr train`"
-            )
+        ckpt = read_checkpoint(checkpoint, task="detect")
+        model, self.postprocessor, meta = model_from_checkpoint(ckpt, checkpoint)
         self.device = torch.device(device)
-        model, _, self.postprocessor = build_model_from_args(dict(ckpt["model_kwargs"]))
-        model.load_state_dict(ckpt["model"])
         self.model: nn.Module = model.to(self.device).eval()
-        self.names = {int(c["id"]): str(c["name"]) for c in ckpt.get("categories", [])}
-        size = size or int(ckpt.get("args", {}).get("val_size", 800))
+        self.names = {int(c["id"]): str(c["name"]) for c in meta.get("categories", [])}
+        size = size or int(meta.get("val_size") or 800)
         self.transform = make_val_transforms(size, scaled_max_size(size), with_boxes=False)
 
     @torch.no_grad()
@@ -76,35 +81,49 @@ def _draw(image: Tensor, det: dict[str, Tensor], predictor: Predictor) -> Tensor
     return draw_bounding_boxes(image, det["boxes"], labels=captions, colors="yellow", width=2)
 
 
-def main(argv: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
-    p = argparse.ArgumentParser(prog="python -m peg_detr predict", description=__doc__)
+def _parser():
+    p = new_parser("python -m peg_detr predict", __doc__)
     p.add_argument("images", nargs="+", type=Path)
-    p.add_argument("--checkpoint", required=True, type=Path)
-    p.add_argument("--threshold", type=float, default=0.7, help="keep detections scoring above this")
-    p.add_argument("--out", type=Path, default=Path("predictions"))
-    p.add_argument("--size", type=int, help="short side at inference (default: the run's --val-size)")
-    p.add_argument("--device", default="cpu")
-    args = p.parse_args(argv)
-    missing = [str(f) for f in args.images if not f.is_file()]
-    if missing:
-        raise SystemExit(f"image file(s) not found: {', '.join(missing)}")
+    p.add_argument("--checkpoint", required=True, type=Path, help="checkpoint.pth written by train")
+    p.add_argument("--threshold", type=unit_fraction, default=0.7, help="keep detections scoring above this")
+    p.add_argument("--output-dir", "--out", dest="output_dir", type=Path, default=Path("predictions"))
+    p.add_argument(
+        "--size", type=positive_int, help="short side at inference (default: the run's --val-size)"
+    )
+    p.add_argument("--device", type=device_arg, default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    return p
 
-    predictor = Predictor(args.checkpoint, size=args.size, device=args.device)
-    args.out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, list[dict[str, Any]]] = {}
+
+def main(argv: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """``python -m peg_detr predict ...``; returns ``{image path: detections}``."""
+    args = _parser().parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("CUDA is not available on this machine", f"--device {args.device}")
+    ensure_writable(args.output_dir)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    predictor = Predictor(args.checkpoint, size=args.size, device=device)
+    broken = BrokenLog("predict", len(args.images), max_fraction=1.0)
+    detections: dict[str, list[dict[str, Any]]] = {}
     for path in args.images:
-        with Image.open(path) as pil:
-            image = F.pil_to_tensor(pil.convert("RGB"))
+        try:
+            image = F.pil_to_tensor(read_rgb(path))
+        except BrokenSample as e:
+            if len(args.images) == 1:
+                raise UserError(e.reason, e.path) from None
+            print(f"skipped {e.path}: {e.reason}")
+            broken.add([(e.path, e.reason)])
+            continue
         det = predictor(image, args.threshold)
-        F.to_pil_image(_draw(image, det, predictor)).save(args.out / f"{path.stem}.png")
-        report[str(path)] = [
+        F.to_pil_image(_draw(image, det, predictor)).save(args.output_dir / f"{path.stem}.png")
+        detections[str(path)] = [
             {"label": int(lb), "name": predictor.label_name(int(lb)), "score": float(s), "box": b.tolist()}
             for lb, s, b in zip(det["labels"], det["scores"], det["boxes"])
         ]
-        print(f"{path}: {len(report[str(path)])} detection(s)")
-    (args.out / "detections.json").write_text(json.dumps(report, indent=2) + "\n")
-    return report
-
-
-if __name__ == "__main__":
-    main()
+        print(f"{path}: {len(detections[str(path)])} detection(s)")
+    broken.check(nothing_read=not detections)
+    (args.output_dir / "detections.json").write_text(json.dumps(detections, indent=2) + "\n")
+    report = {"task": "detect", "command": "predict", "checkpoint": str(args.checkpoint), "images": len(detections),
+              "broken": {"predict": broken.report()}, "output_dir": str(args.output_dir)}  # fmt: skip
+    write_json(args.output_dir / "report.json", report)
+    return detections

@@ -1,13 +1,13 @@
-"""A padded image batch with its padding mask (DETR's NestedTensor)."""
+"""A padded image batch with its padding mask (DETR's NestedTensor), and moving DETR's outputs/targets."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["ImageBatch", "pad_images"]
+__all__ = ["ImageBatch", "pad_images", "targets_to", "to_float"]
 
 
 class ImageBatch(NamedTuple):
@@ -42,3 +42,19 @@ def pad_images(images: list[Tensor], size_divisibility: int = 1) -> ImageBatch:
         tensors[i, :, : im.shape[1], : im.shape[2]].copy_(im)
         mask[i, : im.shape[1], : im.shape[2]] = False
     return ImageBatch(tensors, mask)
+
+
+def to_float(x: Any) -> Any:
+    """Floating tensors in nested outputs as float32 (matching, losses and boxes run in full precision)."""
+    if isinstance(x, Tensor):
+        return x.float() if x.is_floating_point() else x
+    if isinstance(x, dict):
+        return {k: to_float(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(to_float(v) for v in x)
+    return x
+
+
+def targets_to(targets: list[dict[str, Any]], device: torch.device) -> list[dict[str, Any]]:
+    """Each target's tensors on ``device``."""
+    return [{k: v.to(device) if isinstance(v, Tensor) else v for k, v in t.items()} for t in targets]

@@ -7,8 +7,8 @@ mode, measures the encoding's parameters and FLOPs at the training size
 (:mod:`tools.study_cost`) and returns a :class:`TaskResult`.
 
 Everything goes through the packages' own public code paths: the classifier
-through :mod:`tools.classify`, DETR through ``python -m peg_detr train`` /
-``peg_detr.engine.evaluate``, the video model through ``python -m peg_video
+through ``python -m peg_core train`` / ``eval``, DETR through ``python -m peg_detr train`` /
+``eval``, the video model through ``python -m peg_video
 train`` / ``eval``.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from peg_core.utils import atomic_save, load_checkpoint, seed_everything
+from peg_core.utils import seed_everything
 
 from .study_cost import encoding_cost
 
@@ -102,37 +102,45 @@ def _modes(enc: str) -> tuple[str | None, ...]:
 
 
 def run_classify(out: Path, quick: bool, seed: int, data: Path | None = None, epochs: int | None = None):
-    """CPVT (small, :data:`tools.classify.DEMO_CONFIG`) with peg / sincos / learned / none."""
-    from peg_core.data import make_shape_splits
+    """CPVT (small, :data:`peg_core.classify.DEMO_CONFIG`) with peg / sincos / learned / none.
 
-    from .classify import DEMO_CONFIG, evaluate_sizes, scaled_sizes, train_classifier
+    Trained and evaluated by ``python -m peg_core train`` / ``eval`` (their functions, in process).
+    """
+    from peg_core.classify import DEMO_CONFIG, load_classifier, scaled_sizes
+    from peg_core.classify.cli import evaluate, train
 
     budget = BUDGETS["classify", quick]
     epochs = epochs or budget.epochs
     size = budget.train_size
+    common = ["--device", "cpu", "--no-progress"]
+    argv = [*common, "--seed", str(seed), "--epochs", str(epochs), "--img-size", str(size),
+            "--batch-size", str(budget.batch_size), "--eval-every", "0"]  # fmt: skip
     if data is None:
-        splits = make_shape_splits(budget.n_train, budget.n_val, seed=seed)
-        train_data, val = splits, splits[1]
+        argv += ["--n-train", str(budget.n_train), "--n-val", str(budget.n_val)]
         data_name = f"generated shapes ({budget.n_train} train / {budget.n_val} val)"
     else:
-        train_data, val = data, data / "val"
+        argv += ["--data", str(data)]
         data_name = str(data)
     sizes = scaled_sizes(size, IMAGE_SCALES)
     labels = [f"{s} px" for s in sizes]
     rows: list[Row] = []
     for enc in ("peg", "sincos", "learned", "none"):
-        model, _ = train_classifier(
-            enc, epochs=epochs, seed=seed, img_size=size, data=train_data, n_train=budget.n_train,
-            n_val=budget.n_val, batch_size=budget.batch_size, out_dir=out / enc,
-        )  # fmt: skip
+        run_dir = out / enc
+        train([*argv, "--pos-enc", enc, "--output-dir", str(run_dir)])
+        ckpt = run_dir / "checkpoint.pth"
+        model, _ = load_classifier(ckpt)
         x = torch.zeros(1, 3, size, size)
         cost = encoding_cost(
             {"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks}, lambda m=model, x=x: m(x)
         )
 
-        def evaluate_at(mode, model=model):
-            by_size = evaluate_sizes(model, val, sizes, mode=mode)
-            return {lab: by_size[s] for lab, s in zip(labels, sizes)}, {}
+        def evaluate_at(mode, ckpt=ckpt, run_dir=run_dir):
+            eval_argv = [*common, "--checkpoint", str(ckpt), "--eval-sizes", ",".join(map(str, sizes)),
+                         "--output-dir", str(run_dir / f"eval_{mode or 'default'}")]  # fmt: skip
+            if mode is not None:
+                eval_argv += ["--pos-interpolation", mode]
+            by_size = evaluate(eval_argv)["eval"]["top1_by_size"]
+            return {lab: by_size[str(s)] for lab, s in zip(labels, sizes)}, {}
 
         rows += _rows_for(enc, evaluate_at, _modes(enc), cost.params, cost.flops)
         print(f"[study classify] {enc}: " + _fmt_scores(rows[-1].scores), flush=True)
@@ -147,36 +155,30 @@ def run_classify(out: Path, quick: bool, seed: int, data: Path | None = None, ep
 
 def _detr_eval(
     ckpt_path: Path, coco: Path, sizes: list[int], mode: str | None, batch: int
-) -> dict[int, dict]:
-    """COCO numbers of a ``peg_detr`` checkpoint at each short side (learned table resized with ``mode``)."""
-    from torch.utils.data import DataLoader
+) -> dict[str, dict]:
+    """COCO numbers of a ``peg_detr`` checkpoint per short side (``"80"``: stats; learned table resized by ``mode``)."""
+    from peg_core.engine import evaluate_checkpoint
+    from peg_detr.evaluate import parse_eval_args
+    from peg_detr.task import DetectTask
 
-    from peg_detr.data import CocoDetr, collate_detr, make_val_transforms, resolve_coco_paths, scaled_max_size
-    from peg_detr.engine import evaluate
-    from peg_detr.train import build_model_from_args
+    def set_mode(model: torch.nn.Module) -> None:
+        if mode is not None:
+            model.transformer.encoder.pos.interpolation = mode
 
-    ckpt = load_checkpoint(ckpt_path)
-    model, _, post = build_model_from_args(dict(ckpt["model_kwargs"]))
-    model.load_state_dict(ckpt["model"])
-    pos = model.transformer.encoder.pos
-    if mode is not None:
-        pos.interpolation = mode
-    img_dir, ann = resolve_coco_paths(coco, "val", None)
-    table = {}
-    for s in sizes:
-        ds = CocoDetr(img_dir, ann, make_val_transforms(s, scaled_max_size(s)))
-        loader = DataLoader(ds, batch, collate_fn=collate_detr)
-        table[s] = evaluate(
-            model, post, loader, ds.coco, torch.device("cpu"), show_progress=False, verbose=False
-        )
-    return table
+    args = parse_eval_args([
+        "--checkpoint", str(ckpt_path), "--coco-path", str(coco), "--eval-sizes", ",".join(map(str, sizes)),
+        "--batch-size", str(batch), "--output-dir", str(ckpt_path.parent / f"eval_{mode or 'default'}"),
+        "--workers", "0", "--no-progress", "--device", "cpu",
+    ])  # fmt: skip
+    return evaluate_checkpoint(DetectTask(adjust_model=set_mode), args)["eval"]["sizes"]
 
 
 def run_detect(out: Path, quick: bool, seed: int, data: Path | None = None, epochs: int | None = None):
     """Tiny DETR (``demo_tiny`` recipe) with peg / sine / learned / none in the encoder."""
+    from peg_core.engine import read_checkpoint
     from peg_detr.data import SyntheticSpec, make_synthetic_coco
-    from peg_detr.train import build_model_from_args
-    from peg_detr.train import main as train_main
+    from peg_detr.model_io import model_from_checkpoint
+    from peg_detr.train import main as train
 
     budget = BUDGETS["detect", quick]
     epochs = epochs or budget.epochs
@@ -200,11 +202,11 @@ def run_detect(out: Path, quick: bool, seed: int, data: Path | None = None, epoc
             # one training size (no multi-scale, no crop): every other test size is unseen
             "--train-scales", str(size), "--crop-resize", "", "--val-size", str(size),
             "--max-size", str(2 * size), "--eval-sizes", str(size), "--eval-every", "0",
-            "--num-workers", "0", "--no-progress", "--device", "cpu",
+            "--workers", "0", "--no-progress", "--device", "cpu",
         ]  # fmt: skip
-        train_main(argv)
+        train(argv)
         ckpt = run_dir / "checkpoint.pth"
-        model, _, _ = build_model_from_args(dict(load_checkpoint(ckpt)["model_kwargs"]))
+        model, _, _ = model_from_checkpoint(read_checkpoint(ckpt, "detect"), ckpt)
         enc_mods = model.transformer.encoder
         n_layers = len(enc_mods.layers)
         x = [torch.zeros(3, size, size)]
@@ -215,8 +217,8 @@ def run_detect(out: Path, quick: bool, seed: int, data: Path | None = None, epoc
 
         def evaluate_at(mode, ckpt=ckpt):
             table = _detr_eval(ckpt, data, sizes, mode, budget.batch_size)
-            scores = {lab: table[s]["ap50"] for lab, s in zip(labels, sizes)}
-            return scores, {"ap": {lab: table[s]["ap"] for lab, s in zip(labels, sizes)}}
+            scores = {lab: table[str(s)]["ap50"] for lab, s in zip(labels, sizes)}
+            return scores, {"ap": {lab: table[str(s)]["ap"] for lab, s in zip(labels, sizes)}}
 
         rows += _rows_for(enc, evaluate_at, _modes(enc), cost.params, cost.flops)
         print(f"[study detect] {enc}: " + _fmt_scores(rows[-1].scores), flush=True)
@@ -248,26 +250,17 @@ def _video_views(train_frames: int, crop: int, tubelet_hw: int) -> list[tuple[st
 
 
 def _video_eval(ckpt_path: Path, frames: int, crop: int, mode: str | None, batch: int) -> dict[str, Any]:
-    """``python -m peg_video eval`` on a checkpoint; a learned table resized with ``mode``.
+    """``python -m peg_video eval`` on a checkpoint at ``frames`` x ``crop``; a learned table resized with ``mode``.
 
-    The eval command rebuilds the model and transforms from the arguments saved in the checkpoint,
-    so a resize mode goes into a copy of it (``model_opts``), and so does a training scale raised
-    to the test crop (the transform config checks it even when only evaluating).
+    Each view writes its ``report.json`` to its own folder beside the checkpoint.
     """
-    from peg_video.train import build_eval_parser, evaluate_checkpoint
+    from peg_video.train import evaluate, parse_eval_args
 
-    ckpt = load_checkpoint(ckpt_path)
-    saved = ckpt["args"]
-    path = ckpt_path
-    if mode is not None or min(saved["train_scale"]) < crop:
-        if mode is not None:
-            saved["model_opts"] = {**saved.get("model_opts", {}), "pos_interpolation": mode}
-        saved["train_scale"] = [max(crop, s) for s in saved["train_scale"]]
-        path = ckpt_path.with_name(f"checkpoint_eval_{mode or 'default'}_{crop}.pt")
-        atomic_save(ckpt, path)
-    argv = ["--checkpoint", str(path), "--num-frames", str(frames), "--crop", str(crop)]
+    out = ckpt_path.parent / f"eval_{frames}fr_{crop}px_{mode or 'default'}"
+    argv = ["--checkpoint", str(ckpt_path), "--num-frames", str(frames), "--crop", str(crop)]
     argv += ["--batch-size", str(batch), "--device", "cpu", "--no-progress", "--workers", "0"]
-    return evaluate_checkpoint(build_eval_parser().parse_args(argv))
+    argv += ["--output-dir", str(out)] + (["--pos-interpolation", mode] if mode is not None else [])
+    return evaluate(parse_eval_args(argv))["eval"]
 
 
 def run_video(out: Path, quick: bool, seed: int, data: Path | None = None, epochs: int | None = None):
@@ -275,9 +268,11 @@ def run_video(out: Path, quick: bool, seed: int, data: Path | None = None, epoch
 
     ``data``: a folder with ``train.csv`` + ``val.csv`` (or ``train.txt`` + ``val.txt``) and the videos.
     """
+    from peg_core.engine import read_checkpoint
     from peg_video.configs import CONFIGS
     from peg_video.data.synthetic import SyntheticSpec, make_synthetic_kinetics
-    from peg_video.train import build_model, parse_args, train
+    from peg_video.task import build_model
+    from peg_video.train import parse_args, train
 
     budget = BUDGETS["video", quick]
     epochs = epochs or budget.epochs
@@ -299,14 +294,14 @@ def run_video(out: Path, quick: bool, seed: int, data: Path | None = None, epoch
         argv = [
             "--config", "synthetic_tiny", "--train-ann", str(ann["train"]), "--val-ann", str(ann["val"]),
             "--pos-enc", enc,
-            "--out", str(run_dir), "--epochs", str(epochs), "--batch-size", str(budget.batch_size),
+            "--output-dir", str(run_dir), "--epochs", str(epochs), "--batch-size", str(budget.batch_size),
             "--crop", str(crop), "--seed", str(seed), "--eval-every", "0", "--device", "cpu", "--no-progress",
         ]  # fmt: skip
         report = train(parse_args(argv))
         ckpt_path = Path(report["checkpoint"])
-        ckpt = load_checkpoint(ckpt_path)
+        ckpt = read_checkpoint(ckpt_path, "video")
         seed_everything(seed)
-        model = build_model(dict(ckpt["args"]), len(ckpt["classes"])).eval()
+        model = build_model(dict(ckpt["model_config"])).eval()
         x = torch.zeros(1, 3, frames, crop, crop)
         cost = encoding_cost(
             {"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks}, lambda m=model, x=x: m(x)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -71,14 +72,17 @@ def read_state_file(path: str | os.PathLike, what: str = "checkpoint") -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         # torch's message suggests weights_only=False, which would run the file's code: never say that.
-        first = str(e).split("\n")[0][:200]
-        if "weights_only" in str(e) or "Unsupported" in str(e) or "GLOBAL" in str(e):
+        # Every weights-only failure mentions weights_only; a refused class or function names a GLOBAL,
+        # garbage bytes give e.g. "Unsupported operand 110".
+        if "GLOBAL" in str(e):
             raise UserError(
                 f"{what} refused: it holds pickled objects other than tensors and plain containers "
                 "(loaded with weights_only=True; nothing in it was executed)",
                 path,
             ) from e
-        raise UserError(f"{what} is corrupt ({first})", path) from e
+        detail = re.search(r"WeightsUnpickler error: *([^\n]+)", str(e))
+        reason = detail.group(1)[:120] if detail else "not a pickle"
+        raise UserError(f"{what} is truncated or not a torch file ({reason})", path) from e
     except (EOFError, zipfile.BadZipFile) as e:
         raise UserError(f"{what} is truncated or corrupt ({type(e).__name__})", path) from e
     except RuntimeError as e:

@@ -429,17 +429,16 @@ class _Fit:
             "lower the learning rate or check the data, then resume with --resume auto"
         )
 
-    def _log_metrics(self, logger: MetricLogger, epoch: int, metrics: Mapping[str, Any]) -> None:
+    def _log_metrics(
+        self, logger: MetricLogger, epoch: int, metrics: Mapping[str, Any], tag: str = "val"
+    ) -> None:
+        """Numbers under ``tag``; nested mappings under ``tag_key`` (e.g. ``val_sizes_800``)."""
         flat = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         if flat:
-            logger.log(epoch, "val", **flat)
+            logger.log(epoch, tag, **flat)
         for key, value in metrics.items():
             if isinstance(value, Mapping):
-                sub = {
-                    k: v for k, v in value.items() if isinstance(v, int | float) and not isinstance(v, bool)
-                }
-                if sub:
-                    logger.log(epoch, f"val_{key}", **sub)
+                self._log_metrics(logger, epoch, value, f"{tag}_{key}")
 
     def _save(self, epoch: int, step: int, metrics: dict[str, Any]) -> None:
         parts, ctx, args = self.parts, self.ctx, self.args

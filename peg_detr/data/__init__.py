@@ -1,6 +1,7 @@
-"""Data for DETR: COCO-format datasets, DETR's v2 augmentation, and a synthetic shapes generator."""
+"""Data for DETR: checked COCO-format datasets, DETR's v2 augmentation, and a synthetic shapes generator."""
 
-from .coco import CocoDetr, collate_detr, infer_num_classes, resolve_coco_paths
+from .annotations import CocoAnnotations, load_coco_annotations
+from .coco import CocoDetr, collate_detr, infer_num_classes, read_rgb, resolve_coco_paths
 from .synthetic import SHAPES, SyntheticSpec, make_synthetic_coco
 from .transforms import (
     IMAGENET_MEAN,
@@ -16,14 +17,17 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "SHAPES",
+    "CocoAnnotations",
     "CocoDetr",
     "RandomSizeCrop",
     "SyntheticSpec",
     "collate_detr",
     "infer_num_classes",
+    "load_coco_annotations",
     "make_synthetic_coco",
     "make_train_transforms",
     "make_val_transforms",
+    "read_rgb",
     "resolve_coco_paths",
     "scaled_max_size",
     "to_detr_target",

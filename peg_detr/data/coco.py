@@ -1,31 +1,47 @@
-"""COCO-format detection data: ``torchvision.datasets.CocoDetection`` -> DETR targets.
+"""COCO-format detection data: images and checked annotations -> DETR targets.
 
 Any data set in COCO's json format works (COCO 2017, the synthetic shapes, your
 own).  Labels are the json's category ids, as in DETR, so the classifier has
 ``max(category id) + 1`` outputs (91 for COCO) unless ``--num-classes`` says
-otherwise.
+otherwise.  An image that cannot be used (missing or truncated file, not an
+image, a malformed annotation) raises :class:`~peg_core.engine.BrokenSample`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor
-from torchvision.datasets import CocoDetection
+from torch.utils.data import Dataset
+
+from peg_core.engine import BrokenSample, UserError
 
 from ..structures import ImageBatch, pad_images
+from .annotations import CocoAnnotations, load_coco_annotations
 from .transforms import make_boxes, to_detr_target
 
-__all__ = ["CocoDetr", "collate_detr", "infer_num_classes", "resolve_coco_paths"]
+__all__ = ["CocoDetr", "collate_detr", "infer_num_classes", "read_rgb", "resolve_coco_paths"]
 
 
-class CocoDetr(CocoDetection):
+def read_rgb(path: str | os.PathLike) -> Image.Image:
+    """Decode an image file to RGB; :class:`BrokenSample` when it is missing, truncated or not an image."""
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")  # decodes now: a truncated file fails here, not in a transform
+    except FileNotFoundError:
+        raise BrokenSample(path, "image file not found") from None
+    except UnidentifiedImageError:
+        raise BrokenSample(path, "not an image file (PIL cannot identify it)") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise BrokenSample(path, f"unreadable image ({e})") from None
+
+
+class CocoDetr(Dataset):
     """COCO detection with DETR targets.
 
     ``__getitem__`` returns ``(image, target)``: ``image`` ``(3, H, W)`` float
@@ -39,26 +55,40 @@ class CocoDetr(CocoDetection):
 
     Args:
         root: folder holding the images.
-        ann_file: COCO instances json.
+        annotations: COCO instances json, or one already read by
+            :func:`~peg_detr.data.annotations.load_coco_annotations` (shared by
+            the datasets of several evaluation sizes).
         transforms: a v2 transform called as ``transforms(image, target)`` with
             ``target["boxes"]`` a XYXY ``BoundingBoxes`` and ``target["labels"]``.
     """
 
-    def __init__(self, root: str | Path, ann_file: str | Path, transforms: Callable | None = None) -> None:
-        root, ann_file = Path(root), Path(ann_file)
-        if not ann_file.is_file():
-            raise FileNotFoundError(f"COCO annotation file not found: {ann_file}")
-        if not root.is_dir():
-            raise FileNotFoundError(f"COCO image folder not found: {root}")
-        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its loading steps
-            super().__init__(str(root), str(ann_file))
-        self._detr_transforms = transforms
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        annotations: str | os.PathLike | CocoAnnotations,
+        transforms: Callable | None = None,
+    ) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise UserError("image folder not found", self.root)
+        if not isinstance(annotations, CocoAnnotations):
+            annotations = load_coco_annotations(annotations)
+        self.annotations = annotations
+        self.coco = annotations.coco
+        self.ids = sorted(self.coco.imgs)
+        self.transforms = transforms
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
     def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Any]]:
-        image, anns = super().__getitem__(index)
         image_id = self.ids[index]
+        path = self.root / self.coco.imgs[image_id]["file_name"]
+        if image_id in self.annotations.broken:
+            raise BrokenSample(path, self.annotations.broken[image_id])
+        image = read_rgb(path)
         w, h = image.size
-        kept = [a for a in anns if not a.get("iscrowd", 0)]
+        kept = [a for a in self.coco.imgToAnns[image_id] if not a.get("iscrowd", 0)]
         xywh = torch.tensor([a["bbox"] for a in kept], dtype=torch.float32).reshape(-1, 4)
         xyxy = torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], dim=1)
         target: dict[str, Any] = {
@@ -67,8 +97,8 @@ class CocoDetr(CocoDetection):
             "image_id": torch.tensor(image_id),
             "orig_size": torch.tensor([h, w]),
         }
-        if self._detr_transforms is not None:
-            image, target = self._detr_transforms(image, target)
+        if self.transforms is not None:
+            image, target = self.transforms(image, target)
         if not isinstance(image, Tensor):
             raise TypeError(f"transforms must end with a tensor image, got {type(image).__name__}")
         return image, to_detr_target(target, image)
@@ -76,14 +106,14 @@ class CocoDetr(CocoDetection):
     @property
     def categories(self) -> list[dict[str, Any]]:
         """The json's categories, sorted by id."""
-        return [self.coco.cats[c] for c in sorted(self.coco.cats)]
+        return self.annotations.categories
 
 
-def infer_num_classes(coco_json_categories: list[dict[str, Any]]) -> int:
+def infer_num_classes(categories: list[dict[str, Any]], source: Any = None) -> int:
     """DETR's convention: one logit per category id up to the largest (ids used directly as labels)."""
-    if not coco_json_categories:
-        raise ValueError("the annotation file lists no categories; pass --num-classes")
-    return max(int(c["id"]) for c in coco_json_categories) + 1
+    if not categories:
+        raise UserError("the annotation file lists no categories; pass --num-classes", source)
+    return max(int(c["id"]) for c in categories) + 1
 
 
 def resolve_coco_paths(

@@ -12,13 +12,16 @@ file lacks are reported and set to zero, so a ``peg`` model loaded from a
 encoder computes; ``class_embed.*`` is dropped with a message when the class
 count differs (fine-tuning on another data set); any other missing or
 unexpected key, or any shape mismatch, is an error that lists the keys.
+
+Every problem with the file (missing, empty, truncated, not a torch file,
+refused pickle, keys that do not fit) is a one-line
+:class:`~peg_core.engine.UserError` naming it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from peg_core import PEG2d
+from peg_core.engine import UserError, read_state_file
 from peg_core.utils import is_main_process
 
 __all__ = ["LoadReport", "load_official_checkpoint", "read_official_checkpoint"]
@@ -59,33 +63,45 @@ def read_official_checkpoint(
 ) -> tuple[dict[str, Tensor], dict[str, Any] | None]:
     """Read ``path`` -> ``(state_dict with "module." stripped, args as a dict or None)``."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    if trust_pickle:
-        obj = torch.load(path, map_location="cpu", weights_only=False)
-    else:
-        try:
-            with torch.serialization.safe_globals(SAFE_GLOBALS):
-                obj = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:
-            raise RuntimeError(
-                f"{path}: refused to unpickle with weights_only=True (allowed classes: "
-                f"{[c.__qualname__ for c in SAFE_GLOBALS]}).  Only if you trust this file, pass "
-                f"trust_pickle=True (--trust-pickle), which runs any code the file contains.\n{e}"
+    what = "pretrained checkpoint"
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            obj = read_state_file(path, what=what)
+    except UserError as e:
+        if "refused" not in e.what:
+            raise
+        if not trust_pickle:
+            raise UserError(
+                f"{e.what}; only if you trust the file, pass --trust-pickle (trust_pickle=True), which runs any "
+                "code it contains",
+                path,
             ) from None
+        obj = _load_trusted(path, what)
     if not isinstance(obj, dict):
-        raise ValueError(
-            f"{path}: expected a dict (a state dict or {{'model': state_dict}}); got {type(obj)}"
+        raise UserError(
+            f"{what} is not a dict (a state dict or {{'model': state_dict}}; got {type(obj).__name__})", path
         )
     state = obj.get("model", obj)
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"{path}: 'model' is not a state dict of tensors")
+        raise UserError(f"{what}'s 'model' is not a state dict of tensors", path)
     if state and all(k.startswith("module.") for k in state):
         state = {k.removeprefix("module."): v for k, v in state.items()}
     args = obj.get("args") if state is not obj else None
     if isinstance(args, argparse.Namespace):
         args = vars(args)
     return state, args if isinstance(args, dict) else None
+
+
+def _load_trusted(path: Path, what: str) -> Any:
+    """Full unpickling: only on the user's explicit ``trust_pickle`` for a file weights_only refused."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except (AttributeError, ImportError, RuntimeError, ValueError, TypeError, EOFError) as e:
+        raise UserError(f"{what} could not be unpickled ({type(e).__name__}: {str(e)[:120]})", path) from None
+
+
+def _keys(keys: list[str]) -> str:
+    return f"{keys[:5]}{f' and {len(keys) - 5} more' if len(keys) > 5 else ''}"
 
 
 def _peg_keys(model: nn.Module) -> set[str]:
@@ -106,15 +122,17 @@ def load_official_checkpoint(
         num_classes: the class count wanted; default the model's.  When the
             file's differs, ``class_embed.*`` is dropped and keeps its fresh init.
 
-    Returns a :class:`LoadReport`; raises ``ValueError`` listing keys on any
-    other mismatch (nothing is loaded then).
+    Returns a :class:`LoadReport`; raises :class:`~peg_core.engine.UserError` listing keys on
+    any other mismatch (nothing is loaded then).
     """
     model = getattr(model, "module", model)
     state, args = read_official_checkpoint(path, trust_pickle)
     own = model.state_dict()
     model_classes = own["class_embed.weight"].shape[0] - 1
     if num_classes is not None and num_classes != model_classes:
-        raise ValueError(f"num_classes={num_classes} but the model was built with {model_classes} classes")
+        raise UserError(
+            f"num_classes={num_classes} but the model was built with {model_classes} classes", path
+        )
     report = LoadReport(path=str(path), args=args)
 
     file_classes = state["class_embed.weight"].shape[0] - 1 if "class_embed.weight" in state else None
@@ -139,9 +157,10 @@ def load_official_checkpoint(
         if state[k].shape != own[k].shape
     ]
     if missing_other or unexpected or wrong_shape:
-        raise ValueError(
-            f"{path} does not fit the model:\n  missing keys: {missing_other}\n  unexpected keys: {unexpected}"
-            f"\n  shape mismatches: {wrong_shape}"
+        raise UserError(
+            f"pretrained checkpoint does not fit the model (missing keys: {_keys(missing_other)}; unexpected keys: "
+            f"{_keys(unexpected)}; shape mismatches: {_keys(wrong_shape)})",
+            path,
         )
     model.load_state_dict(state, strict=False)
     report.loaded = sorted(state)

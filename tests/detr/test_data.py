@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
+from peg_core.engine import UserError
 from peg_detr.__main__ import main as cli
 from peg_detr.data import (
     IMAGENET_MEAN,
@@ -20,6 +21,7 @@ from peg_detr.data import (
     SyntheticSpec,
     collate_detr,
     infer_num_classes,
+    load_coco_annotations,
     make_synthetic_coco,
     make_train_transforms,
     make_val_transforms,
@@ -232,9 +234,64 @@ def test_collate_pads_with_mask():
 def test_num_classes_and_paths(tmp_path, shapes_root):
     assert infer_num_classes(_json(shapes_root, "train")["categories"]) == 4
     assert infer_num_classes([{"id": 90}, {"id": 1}]) == 91
-    with pytest.raises(ValueError, match="num-classes"):
+    with pytest.raises(UserError, match="num-classes"):
         infer_num_classes([])
     img_dir, ann = resolve_coco_paths(tmp_path, "val", "x/y.json")
     assert img_dir == tmp_path / "val2017" and ann == tmp_path / "x" / "y.json"
-    with pytest.raises(FileNotFoundError, match=r"y\.json"):
+    img_dir.mkdir()
+    with pytest.raises(UserError, match=r"annotation file not found: .*y\.json"):
         CocoDetr(img_dir, ann)
+    with pytest.raises(UserError, match="image folder not found"):
+        CocoDetr(tmp_path / "nope", ann)
+
+
+def test_annotation_files_are_checked(tmp_path, shapes_root):
+    """Keys COCOeval needs are filled in; what makes the file unusable is a one-line error naming it."""
+    doc = _json(shapes_root, "val")
+    for a in doc["annotations"]:
+        del a["area"], a["iscrowd"]
+    del doc["annotations"][0]["id"]
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(doc))
+    ann = load_coco_annotations(path)
+    a = ann.coco.anns[max(ann.coco.anns)]
+    assert a["iscrowd"] == 0 and a["area"] == a["bbox"][2] * a["bbox"][3] and not ann.broken
+    assert len(ann.coco.anns) == len(doc["annotations"])
+
+    def error(mutate) -> str:
+        d = _json(shapes_root, "val")
+        text = mutate(d)
+        path.write_text(text if isinstance(text, str) else json.dumps(d))
+        with pytest.raises(UserError) as e:
+            load_coco_annotations(path)
+        assert e.value.line().endswith(f": {path}")
+        return e.value.what
+
+    not_json = error(lambda d: "[1, 2")
+    assert not_json == "annotation file is not JSON (Expecting ',' delimiter at line 1 column 6)"
+    assert error(lambda d: "[]") == "annotation file is not a COCO object (its top level is a list)"
+    assert error(lambda d: d["images"].append({"id": d["images"][0]["id"], "file_name": "x.jpg"})) == (
+        f"image id {_json(shapes_root, 'val')['images'][0]['id']} is listed twice in 'images'"
+    )
+    missing_name = error(lambda d: d["images"][1].pop("file_name") and None)
+    assert missing_name == "image entry 1 has no integer 'id' and string 'file_name'"
+    assert error(lambda d: d["annotations"][0].update(image_id=5)) == (
+        f"annotation {d_first_id(shapes_root)} has image_id 5, which is not in 'images'"
+    )
+    assert error(lambda d: d.update(annotations={})) == "annotation file's 'annotations' is not a list"
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UserError, match="not JSON"):
+        load_coco_annotations(path)
+    # Malformed boxes: the image is marked broken and its annotations left out, the file stays usable.
+    d = _json(shapes_root, "val")
+    first = d["annotations"][0]
+    for bad in ([1, 2, 3, "4"], [0, 0, -1, 5], None, [0, 0, float("nan"), 1]):
+        first["bbox"] = bad
+        path.write_text(json.dumps(d))
+        ann = load_coco_annotations(path)
+        assert list(ann.broken) == [first["image_id"]] and "malformed bbox" in ann.broken[first["image_id"]]
+        assert ann.coco.getAnnIds(imgIds=[first["image_id"]]) == []
+
+
+def d_first_id(root) -> int:
+    return _json(root, "val")["annotations"][0]["id"]

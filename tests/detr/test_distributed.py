@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from peg_detr import build_detr
 from peg_detr.data import SyntheticSpec, make_synthetic_coco
+from peg_detr.evaluate import main as eval_main
 from peg_detr.train import main as train_main
 
 pytestmark = pytest.mark.slow
@@ -84,10 +85,11 @@ def _worker(rank: int, world: int, port: int, data: str, out: str) -> None:
             "--coco-path", data, "--output-dir", out, "--epochs", "1", "--backbone", "tiny", "--hidden-dim", "32",
             "--nheads", "2", "--enc-layers", "1", "--dec-layers", "1", "--dim-feedforward", "64",
             "--num-queries", "5", "--train-scales", "64", "--max-size", "96", "--crop-resize", "",
-            "--val-size", "64", "--total-batch-size", "4", "--num-workers", "0", "--no-progress", "--device", "cpu",
+            "--val-size", "64", "--total-batch-size", "4", "--workers", "0", "--no-progress", "--device", "cpu",
         ]
     )  # fmt: skip
-    report["eval"] = result["eval"][64]
+    report["eval"] = result["eval"]["sizes"]["64"]
+    report["steps"] = result["steps"]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
 
@@ -101,16 +103,16 @@ def test_two_process_gloo(tmp_path):
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     for r in reports:
         assert r["ranks_equal"] and r["equals_mean_of_local"] and r["local_differ"] and r["grad_norm"] > 0
-    assert reports[0]["eval"] == reports[1]["eval"]
+    assert reports[0]["eval"] == reports[1]["eval"] and reports[0]["eval"]["images"] == 5
+    assert reports[0]["steps"] == 2  # 8 images over 2 processes, --total-batch-size 4: 2 per process and step
 
     # Single process, same checkpoint: the same 12 numbers.
     torch.set_num_threads(1)
-    single = train_main(
+    single = eval_main(
         [
-            "--coco-path", str(data), "--output-dir", str(tmp_path / "single"), "--eval-only",
-            "--resume", str(out / "checkpoint.pth"), "--val-size", "64", "--total-batch-size", "1",
-            "--num-workers", "0", "--no-progress", "--device", "cpu",
+            "--checkpoint", str(out / "checkpoint.pth"), "--output-dir", str(tmp_path / "single"),
+            "--batch-size", "1", "--workers", "0", "--no-progress", "--device", "cpu",
         ]
     )  # fmt: skip
-    for k, v in single["eval"][64].items():
+    for k, v in single["eval"]["sizes"]["64"].items():
         assert v == pytest.approx(reports[0]["eval"][k], abs=1e-9), k

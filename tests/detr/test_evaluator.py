@@ -12,10 +12,11 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch.utils.data import DataLoader
 
+from peg_core.engine import RunContext, SkipBroken, skipping_collate
+from peg_core.utils import DistInfo
 from peg_detr import build_detr
 from peg_detr.data import CocoDetr, SyntheticSpec, collate_detr, make_synthetic_coco, make_val_transforms
-from peg_detr.engine import evaluate
-from peg_detr.evaluation import STAT_NAMES, CocoEvaluator, coco_stats, to_coco_results
+from peg_detr.evaluation import STAT_NAMES, CocoEvaluator, coco_stats, evaluate_coco, to_coco_results
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -142,7 +143,7 @@ def _tiny_peg():
     return model.eval(), post
 
 
-def test_ap_independent_of_eval_batch_size(gt_root):
+def test_ap_independent_of_eval_batch_size(gt_root, tmp_path):
     """Images of mixed sizes (multiples of 16): batch 1 (no padding) vs batch 4 (padding + mask).
 
     The tiny backbone has no stride-1 convolution, so with sides that are
@@ -159,10 +160,11 @@ def test_ap_independent_of_eval_batch_size(gt_root):
 
     def run(batch_size):
         loader = DataLoader(ds, batch_size, collate_fn=collate_detr)
-        if batch_size == 1:  # also through the engine's evaluate()
-            stats = evaluate(
-                model, post, loader, ds.coco, torch.device("cpu"), show_progress=False, verbose=False
-            )
+        if batch_size == 1:  # also through evaluate_coco, as train / eval run it
+            ctx = RunContext(DistInfo(), tmp_path, show_progress=False)
+            skipping = DataLoader(SkipBroken(ds), 1, collate_fn=skipping_collate(collate_detr))
+            stats = evaluate_coco(model, post, skipping, ds.coco, ctx, "val", len(ds))
+            assert stats.pop("images") == len(ds) and ctx.broken["val"].count == 0
         ev = CocoEvaluator(ds.coco)
         with torch.no_grad():
             for batch, targets in loader:

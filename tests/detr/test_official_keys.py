@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from peg_core.engine import UserError
 from peg_detr import build_detr, load_official_checkpoint
 
 REFERENCE = (
@@ -101,8 +102,9 @@ def test_official_file_needs_allow_list_and_loads_strict(tmp_path):
 def test_untrusted_pickle_refused_unless_trusted(tmp_path):
     path = tmp_path / "evil.pth"
     torch.save({"model": small("sine").state_dict(), "extra": Untrusted()}, path)
-    with pytest.raises(RuntimeError, match="trust_pickle"):
+    with pytest.raises(UserError, match="trust_pickle") as e:
         load_official_checkpoint(small("sine"), path)
+    assert "weights_only=False" not in e.value.line() and e.value.line().endswith(f": {path}")
     report = load_official_checkpoint(small("sine"), path, trust_pickle=True)
     assert len(report.loaded) == len(small("sine").state_dict())
 
@@ -143,20 +145,38 @@ def test_num_classes_change_drops_class_embed(tmp_path, capsys):
     assert "5 classes" in capsys.readouterr().out
     torch.testing.assert_close(dst.class_embed.weight, fresh, rtol=0, atol=0)
     torch.testing.assert_close(dst.query_embed.weight, src.query_embed.weight, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="num_classes=4"):
+    with pytest.raises(UserError, match="num_classes=4"):
         load_official_checkpoint(dst, path, num_classes=4)
 
 
 def test_mismatches_are_listed(tmp_path):
     path = official_file(tmp_path, small("sine"))
-    with pytest.raises(ValueError, match=r"missing keys: \['transformer.encoder.pos.pos_embed'\]"):
+    with pytest.raises(UserError, match=r"missing keys: \['transformer.encoder.pos.pos_embed'\]"):
         load_official_checkpoint(small("learned", learned_grid=(4, 6)), path)
     with pytest.raises(
-        ValueError, match=re.escape("shape mismatches: ['query_embed.weight: file (10, 32) vs model (7, 32)")
+        UserError, match=re.escape("shape mismatches: ['query_embed.weight: file (10, 32) vs model (7, 32)")
     ):
         load_official_checkpoint(small("sine", num_queries=7), path)
     peg_path = official_file(tmp_path, small("peg"), name="peg.pth")
-    with pytest.raises(ValueError, match=r"unexpected keys: \['transformer.encoder.pegs.0.proj.bias'"):
+    with pytest.raises(UserError, match=r"unexpected keys: \['transformer.encoder.pegs.0.proj.bias'") as e:
         load_official_checkpoint(small("sine"), peg_path)
-    with pytest.raises(FileNotFoundError):
-        load_official_checkpoint(small("sine"), tmp_path / "missing.pth")
+    assert "\n" not in e.value.line() and e.value.line().endswith(f": {peg_path}")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "pretrained checkpoint not found"), (b"", r"pretrained checkpoint is empty \(0 bytes\)"),
+     (b"\x80\x02garbage", "pretrained checkpoint is truncated or not a torch file"),
+     (b"PK\x03\x04cut", "pretrained checkpoint is truncated")],
+)  # fmt: skip
+@pytest.mark.parametrize("trust", [False, True])
+def test_missing_and_garbage_files_are_one_line_errors(tmp_path, content, message, trust):
+    path = tmp_path / "detr.pth"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(UserError, match=message) as e:
+        load_official_checkpoint(small("sine"), path, trust_pickle=trust)
+    assert "\n" not in e.value.line() and e.value.line().endswith(f": {path}")
+    torch.save([1, 2], path)
+    with pytest.raises(UserError, match="is not a dict"):
+        load_official_checkpoint(small("sine"), path, trust_pickle=trust)

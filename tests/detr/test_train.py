@@ -1,4 +1,4 @@
-"""Training entry point on synthetic data: loss falls, exact resume, NaN stop, eval sizes, configs."""
+"""``python -m peg_detr train`` / ``eval`` on synthetic data: outputs, loss falls, exact resume, NaN stop, configs."""
 
 from __future__ import annotations
 
@@ -8,13 +8,18 @@ import shutil
 import pytest
 import torch
 
-import peg_detr.engine
+import peg_detr.task
+from peg_core.engine import CHECKPOINT_KEYS, EXIT_DIVERGED, UserError, read_checkpoint
 from peg_detr.__main__ import main as cli
 from peg_detr.configs import CONFIGS, PUBLISHED_AP
 from peg_detr.data import SyntheticSpec, make_synthetic_coco
+from peg_detr.evaluate import main as eval_main
 from peg_detr.evaluation import STAT_NAMES
-from peg_detr.train import _per_process_batch, main, parse_args
+from peg_detr.model_io import build_model
+from peg_detr.options import model_kwargs_from_args
+from peg_detr.task import per_process_batch
 from peg_detr.train import main as train_main
+from peg_detr.train import parse_train_args
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +46,7 @@ def _argv(data, out, epochs, *extra):
         "--backbone", "tiny", "--pos-enc", "peg", "--hidden-dim", "32", "--nheads", "2",
         "--enc-layers", "1", "--dec-layers", "2", "--dim-feedforward", "64", "--dropout", "0.1",
         "--num-queries", "6", "--train-scales", "56,64", "--max-size", "96", "--crop-resize", "64",
-        "--crop-size", "40,64", "--val-size", "64", "--total-batch-size", "4", "--num-workers", "0",
+        "--crop-size", "40,64", "--val-size", "64", "--total-batch-size", "4", "--workers", "0",
         "--lr", "1e-3", "--lr-backbone", "5e-4", "--lr-drop", "1", "--seed", "7", "--no-progress",
         *extra,
     ]  # fmt: skip
@@ -50,30 +55,35 @@ def _argv(data, out, epochs, *extra):
 @pytest.fixture(scope="module")
 def one_epoch(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
-    result = train_main(_argv(data, out, 1, "--save-every", "1"))
-    return out, result
+    return out, train_main(_argv(data, out, 1, "--save-every", "1"))
 
 
-def _state(path):
-    return torch.load(path, map_location="cpu", weights_only=True)
+def _model(path):
+    return read_checkpoint(path, "detect")["model"]
 
 
 def test_outputs_written(one_epoch):
-    out, result = one_epoch
-    assert set(result["eval"]) == {64} and list(result["eval"][64]) == list(STAT_NAMES)
-    ckpt = _state(out / "checkpoint.pth")
-    assert ckpt["epoch"] == 0 and (out / "checkpoint0000.pth").is_file()
-    assert ckpt["model_kwargs"]["backbone"] == "tiny" and ckpt["model_kwargs"]["num_classes"] == 4
-    assert [c["name"] for c in ckpt["categories"]] == ["square", "disc", "triangle"]
+    out, report = one_epoch
+    assert report["status"] == "finished" and report["task"] == "detect" and report["steps"] == 4
+    metrics = report["eval"]
+    assert (metrics["size"], metrics["images"], metrics["excluded"]) == (64, 4, 0)
+    assert set(metrics["sizes"]) == {"64"} and list(metrics["sizes"]["64"]) == [*STAT_NAMES, "images"]
+    assert metrics["ap50"] == metrics["sizes"]["64"]["ap50"]
+    ckpt = read_checkpoint(out / "checkpoint.pth", "detect")
+    assert set(CHECKPOINT_KEYS) <= set(ckpt) and ckpt["epoch"] == 0 and (out / "checkpoint0000.pth").is_file()
+    assert ckpt["model_config"]["backbone"] == "tiny" and ckpt["model_config"]["num_classes"] == 4
+    assert [c["name"] for c in ckpt["meta"]["categories"]] == ["square", "disc", "triangle"]
+    assert (ckpt["meta"]["val_size"], ckpt["meta"]["batch_size"]) == (64, 4)
     assert json.loads((out / "args.json").read_text())["lr"] == 1e-3
-    assert json.loads((out / "label_map.json").read_text())["num_classes"] == 4
+    assert json.loads((out / "report.json").read_text())["eval"]["sizes"]["64"]["ap"] == metrics["ap"]
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    assert {r["tag"] for r in records} >= {"train", "val_64"}
-    assert any((out / "tb").iterdir())
+    assert {r["tag"] for r in records} >= {"train", "val", "val_sizes_64"}
+    train = next(r for r in records if r["tag"] == "train")
+    assert {"loss", "loss_ce", "loss_bbox", "loss_giou", "loss_ce_0"} <= set(train)
 
 
 def test_loss_falls(data, tmp_path):
-    main(_argv(data, tmp_path, 8, "--crop-resize", "", "--lr-drop", "100", "--eval-every", "0"))
+    train_main(_argv(data, tmp_path, 8, "--crop-resize", "", "--lr-drop", "100", "--eval-every", "0"))
     losses = [
         json.loads(line)["loss"]
         for line in (tmp_path / "log.jsonl").read_text().splitlines()
@@ -83,31 +93,41 @@ def test_loss_falls(data, tmp_path):
     assert sum(losses[-2:]) / 2 < 0.85 * losses[0], losses
 
 
-def test_resume_is_exact(data, one_epoch, tmp_path):
-    straight = tmp_path / "straight"
-    # No evaluation after epoch 0 here, one in the resumed path: evaluating must not shift the RNG.
-    main(_argv(data, straight, 2, "--eval-every", "0"))
-    resumed = tmp_path / "resumed"
-    shutil.copytree(one_epoch[0], resumed)
-    main(_argv(data, resumed, 2, "--resume", "auto", "--eval-every", "1"))
-    a, b = _state(straight / "checkpoint.pth"), _state(resumed / "checkpoint.pth")
-    assert a["epoch"] == b["epoch"] == 1
-    assert a["lr_scheduler"] == b["lr_scheduler"]
+def test_resume_is_exact_and_auto_falls_back(data, tmp_path, capsys):
+    straight, part = tmp_path / "straight", tmp_path / "part"
+    train_main(_argv(data, straight, 3, "--eval-every", "0"))
+    # Stopped after 2 of 3 epochs (evaluating each epoch: evaluation must not shift the RNG) ...
+    report = train_main(_argv(data, part, 3, "--stop-after-epoch", "2"))
+    assert report["status"] == "stopped"
+    fallback = tmp_path / "fallback"
+    shutil.copytree(part, fallback)
+    # ... then continued: the weights equal the uninterrupted run's bit for bit.
+    train_main(_argv(data, part, 3, "--resume", "auto"))
+    a = read_checkpoint(straight / "checkpoint.pth", "detect")
+    b = read_checkpoint(part / "checkpoint.pth", "detect")
+    assert a["epoch"] == b["epoch"] == 2 and a["scheduler"] == b["scheduler"]
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
     for k, st in a["optimizer"]["state"].items():
         for name, v in st.items():
             assert torch.equal(v, b["optimizer"]["state"][k][name]), (k, name)
-    # The second epoch changed the weights (the comparison is not trivially between two copies).
-    first = _state(one_epoch[0] / "checkpoint.pth")["model"]
-    assert any(not torch.equal(v, first[k]) for k, v in a["model"].items())
+    first = _model(fallback / "checkpoint_prev.pth")
+    assert any(not torch.equal(v, first[k]) for k, v in a["model"].items())  # training changed the weights
+
+    # A corrupt newest checkpoint: --resume auto says so and continues from checkpoint_prev.pth (epoch 0).
+    (fallback / "checkpoint.pth").write_bytes(b"PK\x03\x04 cut short")
+    capsys.readouterr()
+    train_main(_argv(data, fallback, 3, "--resume", "auto"))
+    assert "trying the previous checkpoint" in capsys.readouterr().out
+    for k, v in a["model"].items():
+        assert torch.equal(v, _model(fallback / "checkpoint.pth")[k]), k
 
 
 def test_nan_loss_stops_and_keeps_last_checkpoint(data, one_epoch, tmp_path, monkeypatch, capsys):
     out = tmp_path / "nan"
     shutil.copytree(one_epoch[0], out)
     before = (out / "checkpoint.pth").read_bytes()
-    real = peg_detr.engine.weighted_loss
+    real = peg_detr.task.weighted_loss
     calls = []
 
     def poisoned(loss_dict, weight_dict):
@@ -115,50 +135,70 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(data, one_epoch, tmp_path, mon
         loss = real(loss_dict, weight_dict)
         return loss * float("nan") if len(calls) == 2 else loss
 
-    monkeypatch.setattr(peg_detr.engine, "weighted_loss", poisoned)
-    rc = cli(["train", *_argv(data, out, 3, "--resume", "auto")])
-    assert rc == 1 and len(calls) == 2
-    err = capsys.readouterr().err
-    assert "DETR loss is nan at step 5" in err and f"last good checkpoint is {out / 'checkpoint.pth'}" in err
+    monkeypatch.setattr(peg_detr.task, "weighted_loss", poisoned)
+    capsys.readouterr()
+    assert cli(["train", *_argv(data, out, 3, "--resume", "auto")]) == EXIT_DIVERGED and len(calls) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: loss is nan at step 6 (epoch 2)")
+    assert f"the last good checkpoint is {out / 'checkpoint.pth'}" in err[0]
     assert (out / "checkpoint.pth").read_bytes() == before
 
 
 def test_eval_command_multi_size(data, one_epoch, capsys):
-    out = one_epoch[0]
-    argv = _argv(data, out / "ev", 1, "--resume", str(out / "checkpoint.pth"), "--eval-sizes", "48,64")
-    result = train_main([*argv, "--eval-only"])
-    assert set(result["eval"]) == {48, 64}
+    out, trained = one_epoch
+    argv = ["--checkpoint", str(out / "checkpoint.pth"), "--output-dir", str(out / "ev"), "--eval-sizes", "48,64",
+            "--val-size", "64", "--workers", "0", "--no-progress"]  # fmt: skip
+    report = eval_main(argv)
+    assert report["command"] == "eval" and set(report["eval"]["sizes"]) == {"48", "64"}
     assert "short side |   AP" in capsys.readouterr().out
-    # Evaluating the saved model at the training run's size reproduces its numbers.
-    assert result["eval"][64] == pytest.approx(one_epoch[1]["eval"][64], abs=1e-9)
-    assert cli(["eval", *argv]) == 0
+    # The saved model at the training run's size and batch reproduces the run's numbers (data from the checkpoint).
+    for k in STAT_NAMES:
+        assert report["eval"][k] == pytest.approx(trained["eval"][k], abs=1e-9), k
+    assert json.loads((out / "ev" / "report.json").read_text())["eval"]["size"] == 64
+    assert cli(["eval", *argv, "--coco-path", str(data)]) == 0
 
 
 def test_named_configs():
-    a = parse_args(["--config", "cpvt_peg_50ep", "--coco-path", "x"])
+    a = parse_train_args(["--config", "cpvt_peg_50ep", "--coco-path", "x"])
     assert (a.pos_enc, a.lr, a.lr_backbone, a.epochs, a.lr_drop, a.total_batch_size) == (
-        "peg",
-        1e-4,
-        2e-5,
-        50,
-        40,
-        32,
+        "peg", 1e-4, 2e-5, 50, 40, 32,
+    )  # fmt: skip
+    assert (
+        a.train_scales == list(range(480, 801, 32))
+        and a.crop_resize == [400, 500, 600]
+        and a.crop_size == [384, 600]
     )
-    b = parse_args(["--config", "detr_r50_500ep", "--lr-drop", "300"])
+    b = parse_train_args(["--config", "detr_r50_500ep", "--lr-drop", "300", "--coco-path", "x"])
     assert (b.pos_enc, b.lr_backbone, b.epochs, b.lr_drop, b.total_batch_size) == ("sine", 1e-5, 500, 300, 64)
-    assert parse_args(["--config", "cpvt_none_50ep"]).pos_enc == "none"
+    assert parse_train_args(["--config", "cpvt_none_50ep", "--coco-path", "x"]).pos_enc == "none"
+    assert parse_train_args(["--config", "demo_tiny", "--coco-path", "x"]).crop_resize == []
     assert PUBLISHED_AP == {
-        "detr_r50_500ep": 42.0,
-        "cpvt_sine_50ep": 33.7,
-        "cpvt_none_50ep": 32.8,
-        "cpvt_peg_50ep": 33.9,
-    }
+        "detr_r50_500ep": 42.0, "cpvt_sine_50ep": 33.7, "cpvt_none_50ep": 32.8, "cpvt_peg_50ep": 33.9,
+    }  # fmt: skip
     assert set(PUBLISHED_AP) < set(CONFIGS) and "demo_tiny" in CONFIGS
-    assert _per_process_batch(b, 8) == 8
-    with pytest.raises(SystemExit, match="not divisible"):
-        _per_process_batch(b, 3)
-    with pytest.raises(SystemExit, match="coco-path"):
-        main(["--epochs", "1"])
+    assert per_process_batch(b, 8) == 8
+    with pytest.raises(UserError, match="not divisible by the 3 processes") as e:
+        per_process_batch(b, 3)
+    assert e.value.line().endswith(": --total-batch-size 64")
+    b.batch_size = 3
+    assert per_process_batch(b, 8) == 3  # --batch-size (per process) wins
+
+
+def test_common_flags_accepted():
+    a = parse_train_args(
+        ["--coco-path", "x", "--config", "demo_tiny", "--output-dir", "o", "--resume", "auto", "--epochs", "2",
+         "--batch-size", "3", "--lr", "0.01", "--workers", "1", "--amp", "bf16", "--clip-max-norm", "0",
+         "--device", "cpu", "--seed", "5", "--eval-every", "2", "--save-every", "1", "--stop-after-epoch", "1",
+         "--max-broken", "5%", "--threads", "1", "--find-unused-parameters", "--no-progress", "--debug",
+         "--eval-sizes", "60,80,100", "--peg-at", "0,1", "--learned-grid", "5x7"]
+    )  # fmt: skip
+    expected = dict(
+        resume="auto", epochs=2, batch_size=3, lr=0.01, workers=1, amp="bf16", clip_max_norm=0.0, device="cpu",
+        seed=5, eval_every=2, save_every=1, stop_after_epoch=1, max_broken=0.05, threads=1,
+        find_unused_parameters=True, progress=False, debug=True, eval_sizes=[60, 80, 100], peg_at=[0, 1],
+        learned_grid=[5, 7],
+    )  # fmt: skip
+    assert {k: getattr(a, k) for k in expected} == expected
 
 
 def test_demo_quick(tmp_path):
@@ -173,16 +213,12 @@ def test_demo_quick(tmp_path):
 
 
 def test_learned_grid_flag_reaches_the_model():
-    from peg_detr.train import build_model_from_args, model_kwargs_from_args
-
-    args = parse_args(
+    args = parse_train_args(
         ["--config", "demo_tiny", "--coco-path", "x", "--pos-enc", "learned", "--learned-grid", "5x7"]
     )
     kw = model_kwargs_from_args(args, num_classes=4)
     assert kw["learned_grid"] == [5, 7]
-    model, _, _ = build_model_from_args(kw)
+    model, _, _ = build_model(kw)
     table = dict(model.named_parameters())
     (name,) = [k for k in table if k.endswith("pos_embed")]
     assert table[name].shape == (1, 5 * 7, args.hidden_dim)
-    with pytest.raises(ValueError, match="HxW"):
-        model_kwargs_from_args(parse_args(["--coco-path", "x", "--learned-grid", "5"]), num_classes=4)

@@ -10,8 +10,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from peg_core import PEG2d, build_position_encoding
+from peg_core.classify import DEMO_CONFIG
 from peg_video import PEG3d
-from tools.classify import DEMO_CONFIG
 from tools.study import main, markdown_table, write_report
 from tools.study_cost import encoding_cost
 from tools.study_tasks import Row, TaskResult

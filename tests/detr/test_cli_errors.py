@@ -1,0 +1,273 @@
+"""User errors of ``python -m peg_detr ...``: one line naming the file/key/value, before any long work.
+
+Exit codes: 1 for a user error (``error: <what>: <where>``), 2 for a bad option value (argparse).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from peg_detr.__main__ import main as cli
+from peg_detr.data import SyntheticSpec, make_synthetic_coco
+from peg_detr.train import main as train_main
+
+pytestmark = pytest.mark.slow
+
+MODEL = ["--backbone", "tiny", "--hidden-dim", "32", "--nheads", "2", "--enc-layers", "1", "--dec-layers", "1",
+         "--dim-feedforward", "64", "--num-queries", "5"]  # fmt: skip
+RUN = ["--train-scales", "64", "--crop-resize", "", "--val-size", "64", "--total-batch-size", "4", "--workers", "0",
+       "--no-progress", "--epochs", "1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3)
+    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=8, num_val=2, seed=3, spec=spec)
+
+
+@pytest.fixture(scope="module")
+def ckpt(data, tmp_path_factory):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("run")
+    train_main(["--coco-path", str(data), "--output-dir", str(out), *MODEL, *RUN])
+    torch.set_num_threads(before)
+    return out / "checkpoint.pth"
+
+
+def run(argv, capsys):
+    """``(exit code, stderr lines)`` of ``python -m peg_detr ARGV`` run in this process."""
+    capsys.readouterr()
+    try:
+        code = cli(argv)
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _train(data, out, *extra):
+    return ["train", "--coco-path", str(data), "--output-dir", str(out), *MODEL, *RUN, *extra]
+
+
+def _edited(data, tmp_path, split, edit):
+    """A copy of the data set whose ``split`` annotation json is ``edit(doc)`` (or the text it returns)."""
+    root = tmp_path / "edited"
+    shutil.copytree(data, root)
+    path = root / "annotations" / f"instances_{split}2017.json"
+    doc = edit(json.loads(path.read_text()))
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return root, path
+
+
+def _drop(key):
+    def edit(doc):
+        del doc[key]
+        return doc
+
+    return edit
+
+
+def _bad_category(doc):
+    doc["annotations"][0]["category_id"] = 9
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("split", "edit", "message"),
+    [
+        ("train", lambda d: "{not json", "annotation file is not JSON (Expecting property name enclosed in double "
+                                         "quotes at line 1 column 2)"),
+        ("train", _drop("images"), "annotation file has no 'images' key"),
+        ("val", _drop("categories"), "annotation file has no 'categories' key"),
+        ("train", lambda d: {**d, "images": []}, "annotation file lists no images ('images' is empty)"),
+        ("val", _bad_category, "annotation 1 (image 1000001) has category_id 9, which is not in 'categories' "
+                               "(ids [1, 2, 3])"),
+    ],
+)  # fmt: skip
+def test_bad_annotation_files_train(data, tmp_path, capsys, split, edit, message):
+    root, path = _edited(data, tmp_path, split, edit)
+    code, err = run(_train(root, tmp_path / "out"), capsys)
+    assert (code, err) == (1, [f"error: {message}: {path}"])
+    assert not (tmp_path / "out" / "checkpoint.pth").exists()  # stopped before training
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [(_drop("categories"), "annotation file has no 'categories' key"),
+     (_bad_category, "annotation 1 (image 1000001) has category_id 9, which is not in 'categories' (ids [1, 2, 3])")],
+)  # fmt: skip
+def test_bad_annotation_files_eval(data, ckpt, tmp_path, capsys, edit, message):
+    root, path = _edited(data, tmp_path, "val", edit)
+    argv = ["eval", "--checkpoint", str(ckpt), "--coco-path", str(root), "--output-dir", str(tmp_path / "ev")]
+    assert run(argv, capsys) == (1, [f"error: {message}: {path}"])
+
+
+def test_missing_paths(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run(["train", "--coco-path", "/no/such/coco", "--output-dir", str(out), *RUN], capsys) == (
+        1, ["error: --coco-path folder not found: /no/such/coco"],
+    )  # fmt: skip
+    for flag, message in (
+        ("--resume", "checkpoint not found"),
+        ("--pretrained", "--pretrained file not found"),
+        ("--backbone-weights", "--backbone-weights file not found"),
+    ):
+        code, err = run(_train(data, out, flag, "/nonexistent/x.pth"), capsys)
+        assert (code, err) == (1, [f"error: {message}: /nonexistent/x.pth"])
+    missing = data / "annotations" / "nope.json"
+    assert run(_train(data, out, "--train-json", "annotations/nope.json"), capsys) == (
+        1, [f"error: annotation file not found (--train-json): {missing}"],
+    )  # fmt: skip
+    assert run(["eval", "--checkpoint", "/nonexistent/c.pth"], capsys) == (
+        1, ["error: checkpoint not found: /nonexistent/c.pth"],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--coco-path", "x", "--backbone", "nosuch"], "argument --backbone: invalid choice: 'nosuch'"),
+        (["train", "--coco-path", "x", "--pos-enc", "nosuch"], "argument --pos-enc: invalid choice: 'nosuch'"),
+        (["train", "--coco-path", "x", "--learned-grid", "0x5"], "argument --learned-grid: expected HxW with positive "
+                                                                  "integers, e.g. 24x32; got '0x5'"),
+        (["train", "--coco-path", "x", "--batch-size", "0"], "argument --batch-size: expected a positive integer, "
+                                                              "got '0'"),
+        (["train", "--coco-path", "x", "--epochs", "0"], "argument --epochs: expected a positive integer, got '0'"),
+        (["train", "--coco-path", "x", "--eval-sizes", "80,abc"], "argument --eval-sizes: expected comma-separated "
+                                                                   "positive integers, got '80,abc'"),
+        (["train", "--coco-path", "x", "--eval-sizes", "0"], "argument --eval-sizes: expected comma-separated "
+                                                              "positive integers, got '0'"),
+        (["train", "--coco-path", "x", "--crop-size", "600,384"], "argument --crop-size: expected MIN,MAX with "
+                                                                   "MIN <= MAX, e.g. 384,600; got '600,384'"),
+        (["train", "--coco-path", "x", "--amp", "none"], "argument --amp: invalid choice: 'none'"),
+        (["train", "--epochs", "1"], "the following arguments are required: --coco-path"),
+        (["eval", "--coco-path", "x"], "the following arguments are required: --checkpoint"),
+        (["make-data", "d", "--num-classes", "9"], "argument --num-classes: expected an integer in 1..4, got '9'"),
+        (["make-data", "d", "--size", "8"], "argument --size: expected an integer in 16..4096, got '8'"),
+        (["make-data", "d", "--min-objects", "4"], "--min-objects 4 is more than --max-objects 3"),
+        (["predict", "a.jpg", "--checkpoint", "c.pth", "--threshold", "2"], "argument --threshold: expected a "
+                                                                             "fraction in [0, 1]"),
+    ],
+)  # fmt: skip
+def test_bad_option_values_are_usage_lines(argv, message, capsys):
+    code, err = run(argv, capsys)
+    prog = f"python -m peg_detr {argv[0]}"
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {prog}: {message}"), err
+    assert err[0].endswith("(see --help)")
+
+
+def test_cuda_without_gpu(data, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert run(_train(data, tmp_path, "--device", "cuda"), capsys) == (
+        1, ["error: CUDA is not available on this machine (torch.cuda.is_available() is False): --device cuda"],
+    )  # fmt: skip
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def _checkpoints(tmp_path, ckpt):
+    """Broken and foreign checkpoint files: (path, expected message)."""
+    good = ckpt.read_bytes()
+    files = {
+        "empty.pth": (b"", "checkpoint is empty (0 bytes)"),
+        "cut.pth": (
+            good[: len(good) // 2],
+            "checkpoint is truncated or not a torch file (PytorchStreamReader failed reading zip archive",
+        ),
+    }
+    out = []
+    for name, (content, message) in files.items():
+        (tmp_path / name).write_bytes(content)
+        out.append((tmp_path / name, message))
+    video = tmp_path / "video.pth"
+    torch.save({"task": "video", "model": {"w": torch.zeros(1)}, "epoch": 0}, video)
+    out.append((video, "wrong model: checkpoint is for task 'video', this command needs 'detect'"))
+    official = tmp_path / "official.pth"
+    torch.save({"model": {"w": torch.zeros(1)}}, official)
+    out.append((official, "not a peg training checkpoint (no 'task'/'model' keys; it holds ['model'])"))
+    evil = tmp_path / "evil.pth"
+    torch.save({"task": "detect", "model": Evil()}, evil)
+    out.append((evil, "checkpoint refused: it holds pickled objects other than tensors and plain containers "
+                      "(loaded with weights_only=True; nothing in it was executed)"))  # fmt: skip
+    return out
+
+
+def test_bad_checkpoints(data, ckpt, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    image = str(data / "val2017" / "000001000001.jpg")
+    for path, message in _checkpoints(tmp_path, ckpt):
+        for argv in (
+            ["eval", "--checkpoint", str(path), "--output-dir", str(tmp_path / "ev")],
+            _train(data, tmp_path / "out", "--resume", str(path)),
+            ["predict", image, "--checkpoint", str(path), "--out", str(tmp_path / "p")],
+        ):
+            code, err = run(argv, capsys)
+            assert code == 1 and len(err) == 1, (argv, err)
+            assert err[0].startswith(f"error: {message}") and err[0].endswith(f": {path}"), err
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_pretrained_garbage_and_refused(data, tmp_path, capsys):
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"not a torch file at all")
+    code, err = run(_train(data, tmp_path / "out", "--pretrained", str(garbage)), capsys)
+    assert code == 1 and len(err) == 1
+    assert err[0].startswith("error: pretrained checkpoint is truncated or not a torch file")
+    assert err[0].endswith(f": {garbage}")
+    evil = tmp_path / "evil.pth"
+    torch.save({"model": {"w": torch.zeros(1)}, "x": Evil()}, evil)
+    code, err = run(_train(data, tmp_path / "out", "--pretrained", str(evil)), capsys)
+    assert code == 1 and len(err) == 1 and "refused" in err[0] and "--trust-pickle" in err[0]
+    assert "weights_only=False" not in err[0] and err[0].endswith(str(evil))
+
+
+def test_predict_errors(data, ckpt, tmp_path, capsys):
+    text = tmp_path / "notes.jpg"
+    text.write_text("not an image")
+    out = tmp_path / "p"
+    assert run(["predict", str(text), "--checkpoint", str(ckpt), "--out", str(out)], capsys) == (
+        1, [f"error: not an image file (PIL cannot identify it): {text}"],
+    )  # fmt: skip
+    assert run(["predict", str(tmp_path / "missing.jpg"), "--checkpoint", str(ckpt), "--out", str(out)], capsys) == (
+        1, [f"error: image file not found: {tmp_path / 'missing.jpg'}"],
+    )  # fmt: skip
+    # Among several images an unreadable one is skipped and reported.
+    image = data / "val2017" / "000001000001.jpg"
+    code, err = run(["predict", str(image), str(text), "--checkpoint", str(ckpt), "--out", str(out)], capsys)
+    assert (code, err) == (0, [])
+    report = json.loads((out / "report.json").read_text())
+    assert report["images"] == 1 and report["broken"]["predict"]["samples"] == [
+        {"path": str(text), "reason": "not an image file (PIL cannot identify it)"}
+    ]
+    assert list(json.loads((out / "detections.json").read_text())) == [str(image)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "start"),
+    [
+        (["eval"], 2, "error: python -m peg_detr eval: the following arguments are required: --checkpoint"),
+        (
+            ["train", "--coco-path", "/no/such/coco", "--epochs", "1"],
+            1,
+            "error: --coco-path folder not found: /no/such/coco",
+        ),
+    ],
+)
+def test_subprocess_exit_code_and_no_traceback(argv, code, start, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "peg_detr", *argv, *(["--output-dir", str(tmp_path)] if argv[0] == "train" else [])],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == code and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(start)
