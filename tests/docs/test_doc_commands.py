@@ -81,15 +81,28 @@ def shell_commands(code: str) -> list[list[str]]:
 
 # (module, first argument or None) -> argparse check of the remaining arguments
 def _detr_train(argv: list[str]) -> None:
-    from peg_detr.train import parse_args
+    from peg_detr.train import parse_train_args
 
-    parse_args(argv)
+    parse_train_args(argv)
 
 
 def _detr_eval(argv: list[str]) -> None:
-    from peg_detr.train import parse_args
+    from peg_detr.evaluate import parse_eval_args
 
-    parse_args([*argv, "--eval-only"])
+    parse_eval_args(argv)
+
+
+def _core_train(argv: list[str]) -> None:
+    from peg_core.classify.cli import CONFIGS, build_train_parser
+    from peg_core.engine import parse_with_config
+
+    parse_with_config(build_train_parser(), argv, CONFIGS)
+
+
+def _core_eval(argv: list[str]) -> None:
+    from peg_core.classify.cli import build_eval_parser
+
+    build_eval_parser().parse_args(argv)
 
 
 def _video_train(argv: list[str]) -> None:
@@ -131,6 +144,8 @@ PARSERS: dict[tuple[str, str | None], Callable[[list[str]], None]] = {
     ("peg_detr", "eval"): _detr_eval,
     ("peg_video", "train"): _video_train,
     ("peg_video", "eval"): _video_eval,
+    ("peg_core", "train"): _core_train,
+    ("peg_core", "eval"): _core_eval,
     ("tools.study", None): _study,
     ("tools.gpu_check", None): _gpu_check,
 }
@@ -141,6 +156,7 @@ RUNNABLE: list[tuple[str, str | None, str | None]] = [
     ("peg_detr", "predict", None),
     ("peg_video", "make-data", None),
     ("peg_core", "resize-pos-embed", None),
+    ("peg_core", "make-data", None),
 ]
 #: cheap commands that a dedicated test already runs for real (same flags): only parsed here, to keep
 #: the suite's time down
@@ -229,8 +245,8 @@ def _detr_checkpoint(path: Path) -> None:
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_save(
-        {"model": model.state_dict(), "model_kwargs": model.build_config, "categories": cats,
-         "args": {"val_size": 64}},
+        {"task": "detect", "model": model.state_dict(), "model_config": model.build_config,
+         "meta": {"categories": cats, "val_size": 64}},
         path,
     )  # fmt: skip
 
