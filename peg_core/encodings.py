@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import PositionEncoding
@@ -220,23 +221,73 @@ class LearnedPositionEncoding2d(PositionEncoding):
         )
 
     def position(self, x: Tensor, size: tuple[int, int], mask: Tensor | None = None) -> Tensor:
-        """``(1, P + H*W, C)`` table, or ``(B, P + H*W, C)`` per-image tables under a mask."""
-        h, w = int(size[0]), int(size[1])
+        """``(1, P + H*W, C)`` table, or ``(B, P + H*W, C)`` per-image tables under a mask.
+
+        Under a mask, ``bilinear``/``bicubic`` tables (no antialias) are resampled
+        on the device with ``grid_sample`` (no host copy of the extents, one graph
+        for torch.compile / ONNX); ``nearest``/``area``/antialiased tables fall
+        back to one ``resize_pos_embed`` per image, which reads the extents on the host.
+        """
+        h, w = size
         check_tokens(x, (h, w), self.num_prefix_tokens)
-        if mask is not None:
-            _check_mask(mask, x.shape[0], (h, w))
-        if mask is None or not bool(mask.any()):
+        if mask is None:
             return self.table((h, w)).to(x.dtype)
-        # Per-image extents: rows/cols with at least one real pixel.
+        _check_mask(mask, x.shape[0], (h, w))
+        if self.interpolation in ("bilinear", "bicubic") and not self.antialias:
+            return self._masked_tables(mask).to(x.dtype)
+        return self._masked_tables_host(x, (int(h), int(w)), mask)
+
+    def _extents(self, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-image real extents ``(B,)``: rows / columns with at least one real pixel, at least 1."""
         real = ~mask
-        heights = real.any(2).sum(1).tolist()
-        widths = real.any(1).sum(1).tolist()
+        return real.any(2).sum(1).clamp(min=1), real.any(1).sum(1).clamp(min=1)
+
+    def _masked_tables(self, mask: Tensor) -> Tensor:
+        """Each image's table resized to its real extent, top-left, zeros elsewhere: ``(B, P + h*w, C)``.
+
+        ``F.interpolate(align_corners=False)`` reads output cell ``j`` of a side
+        of length ``n`` at input coordinate ``(j + 0.5) * n0 / n - 0.5``;
+        ``grid_sample(align_corners=False)`` maps the normalised coordinate
+        ``(2j + 1) / n - 1`` to exactly that, and its ``border`` padding clamps
+        the taps as ``interpolate`` does, so the values agree (to rounding).
+        """
+        b, h, w = mask.shape
+        p = self.num_prefix_tokens
+        compute = _compute_dtype(self.pos_embed.dtype)
+        heights, widths = (e.to(compute) for e in self._extents(mask))  # (B,)
+        rows = torch.arange(h, device=mask.device, dtype=compute)
+        cols = torch.arange(w, device=mask.device, dtype=compute)
+        gy = (2 * rows + 1)[None, :] / heights[:, None] - 1  # (B, h)
+        gx = (2 * cols + 1)[None, :] / widths[:, None] - 1  # (B, w)
+        grid = torch.stack(
+            (gx[:, None, :].expand(b, h, w), gy[:, :, None].expand(b, h, w)), dim=-1
+        )  # (B, h, w, 2) as (x, y)
+        h0, w0 = self.grid_size
+        table = self.pos_embed[:, p:].to(compute).reshape(1, h0, w0, self.dim).movedim(-1, 1)
+        out = F.grid_sample(
+            table.expand(b, -1, -1, -1),
+            grid,
+            mode=self.interpolation,
+            padding_mode="border",
+            align_corners=False,
+        )  # (B, C, h, w)
+        # Cells beyond the image's real extent (the padding) get no code.
+        inside = (rows[None, :, None] < heights[:, None, None]) & (
+            cols[None, None, :] < widths[:, None, None]
+        )
+        out = out.movedim(1, -1) * inside[..., None].to(compute)  # (B, h, w, C)
+        prefix = self.pos_embed[:, :p].to(compute).expand(b, -1, -1)
+        return torch.cat([prefix, out.flatten(1, 2)], dim=1)
+
+    def _masked_tables_host(self, x: Tensor, size: tuple[int, int], mask: Tensor) -> Tensor:
+        """:meth:`_masked_tables` for the modes ``grid_sample`` lacks: one resize per image (reads extents)."""
+        h, w = size
+        heights, widths = (e.tolist() for e in self._extents(mask))
         p = self.num_prefix_tokens
         out = x.new_zeros(x.shape[0], p + h * w, self.dim)
         for b, (hb, wb) in enumerate(zip(heights, widths)):
-            tab = self.table((max(hb, 1), max(wb, 1))).to(x.dtype)
-            canvas = out[b, p:].view(h, w, self.dim)
-            canvas[: max(hb, 1), : max(wb, 1)] = tab[0, p:].view(max(hb, 1), max(wb, 1), self.dim)
+            tab = self.table((hb, wb)).to(x.dtype)
+            out[b, p:].view(h, w, self.dim)[:hb, :wb] = tab[0, p:].view(hb, wb, self.dim)
             out[b, :p] = tab[0, :p]
         return out
 

@@ -20,6 +20,7 @@ from peg_core.engine import (
     unit_fraction,
 )
 
+from .evaluation import BACKENDS
 from .models import BACKBONES, DECODER_KEY_POS, POS_ENCODINGS
 
 __all__ = [
@@ -68,6 +69,12 @@ def add_val_args(p: argparse.ArgumentParser, *, required: bool) -> None:
         "--eval-sizes",
         type=positive_int_list,
         help="comma-separated short sides to evaluate at, e.g. 512,800,1024 (default: --val-size)",
+    )
+    g.add_argument(
+        "--coco-eval-backend",
+        choices=BACKENDS,
+        default=BACKENDS[0],
+        help="COCO evaluation code: faster (faster-coco-eval, default) or pycocotools (reference); same numbers",
     )
 
 
@@ -118,7 +125,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--dropout", type=unit_fraction)
     m.add_argument("--num-queries", type=positive_int)
     m.add_argument("--no-aux-loss", dest="aux_loss", action="store_false")
-    m.add_argument("--pretrained", type=Path, help="official DETR checkpoint (.pth) to start from")
+    m.add_argument(
+        "--pretrained",
+        type=Path,
+        help="official DETR checkpoint (.pth) or Hugging Face DETR folder / weights file to start from",
+    )
     m.add_argument("--trust-pickle", action="store_true", help="allow full unpickling of --pretrained")
 
 

@@ -97,7 +97,15 @@ class ValSets:
     The numbers at ``val_size`` (the first size when it is not among them) are the headline.
     """
 
-    def __init__(self, coco_path: Path, val_json: str | None, sizes: list[int], val_size: int) -> None:
+    def __init__(
+        self,
+        coco_path: Path,
+        val_json: str | None,
+        sizes: list[int],
+        val_size: int,
+        backend: str = "faster",
+    ) -> None:
+        self.backend = backend  # COCO evaluation backend (peg_detr.evaluation.BACKENDS)
         img_dir, self.ann_path = _split_paths(coco_path, "val", val_json)
         annotations = load_coco_annotations(self.ann_path)
         self.categories = annotations.categories
@@ -119,7 +127,9 @@ class ValSets:
                 num_workers=workers, generator=torch.Generator().manual_seed(0),
             )  # fmt: skip
             split = "val" if size == self.headline else f"val_{size}"
-            table[str(size)] = evaluate_coco(model, postprocessor, loader, ds.coco, ctx, split, len(ds))
+            table[str(size)] = evaluate_coco(
+                model, postprocessor, loader, ds.coco, ctx, split, len(ds), self.backend
+            )
         head = table[str(self.headline)]
         excluded = len(self.sets[self.headline]) - int(head["images"])
         return {**head, "size": self.headline, "excluded": excluded, "sizes": table}
@@ -210,7 +220,10 @@ class DetectTask:
             raise UserError(
                 f"{len(train_ds)} training images are fewer than one batch ({batch} per process)", ann
             )
-        val = ValSets(args.coco_path, args.val_json, args.eval_sizes or [args.val_size], args.val_size)
+        val = ValSets(
+            args.coco_path, args.val_json, args.eval_sizes or [args.val_size], args.val_size,
+            getattr(args, "coco_eval_backend", "faster"),
+        )  # fmt: skip
         num_classes = args.num_classes
         if num_classes is None:
             num_classes = infer_num_classes(train_ds.categories, ann)
@@ -256,7 +269,10 @@ class DetectTask:
             coco_path, val_json = Path(run["coco_path"]), val_json or run.get("val_json")
         model, postprocessor, meta = model_from_checkpoint(ckpt, args.checkpoint)
         val_size = args.val_size or int(meta.get("val_size") or 800)
-        val = ValSets(coco_path, val_json, args.eval_sizes or [val_size], val_size)
+        val = ValSets(
+            coco_path, val_json, args.eval_sizes or [val_size], val_size,
+            getattr(args, "coco_eval_backend", "faster"),
+        )  # fmt: skip
         _check_categories(val, int(ckpt["model_config"]["num_classes"]))
         if self.adjust_model is not None:
             self.adjust_model(model)

@@ -11,6 +11,10 @@ are optional).  In one run, in this order:
 4. PEG2d and PEG3d alone against a device-to-device copy of the same tensor
    (the bandwidth floor), as a ratio.
 
+Steps 2 and 3 also count the host-device synchronisations of one training
+step under ``torch.cuda.set_sync_debug_mode("warn")`` ("syncs per step"; the
+DETR step's expected 1 is the Hungarian matcher's transfer; n/a on CPU).
+
 It prints a table last and writes every number to JSON::
 
     python tools/gpu_check.py                      # on a GPU, < 8 minutes
@@ -28,6 +32,7 @@ import json
 import platform
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -166,7 +171,27 @@ def _train_step_timer(model, make_batch, loss_fn, device, amp_dtype, compile_mod
     first = time.perf_counter() - t0
     sec = _time(step, device, warmup, iters)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    return sec, first, peak
+    return sec, first, peak, _count_syncs(step, device)
+
+
+def _count_syncs(step: Callable[[], object], device: torch.device) -> int | str:
+    """Host-device synchronisations in one training step (CUDA's sync debug mode), "n/a" elsewhere.
+
+    Each synchronising CUDA call (``.item()``, a blocking copy, ``nonzero``...) issues one warning;
+    all are recorded, repeats included.  A DETR step with the Hungarian loss should show 1 (the
+    matcher's transfer of the cost matrices).
+    """
+    if device.type != "cuda":
+        return "n/a"
+    _sync(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def bench_detr(device, quick, amp_dtype, compile_modes) -> list[dict]:
@@ -212,7 +237,7 @@ def bench_detr(device, quick, amp_dtype, compile_modes) -> list[dict]:
                     )
                 return out["pred_logits"].float().sum() * 0 + out["pred_boxes"].float().sum()
 
-            sec, first, peak = _train_step_timer(
+            sec, first, peak, syncs = _train_step_timer(
                 model, make_batch, loss_fn, device, amp_dtype, comp, warmup, iters
             )
             rows.append(
@@ -224,6 +249,7 @@ def bench_detr(device, quick, amp_dtype, compile_modes) -> list[dict]:
                     "step_ms": sec * 1e3,
                     "first_step_s": first,
                     "peak_mem_gib": peak,
+                    "syncs_per_step": syncs,
                     "loss": "hungarian" if use_criterion else "sum (no scipy)",
                 }
             )
@@ -251,7 +277,7 @@ def bench_video(device, quick, amp_dtype, compile_modes) -> list[dict]:
                 device
             )
 
-        sec, first, peak = _train_step_timer(
+        sec, first, peak, syncs = _train_step_timer(
             model,
             make_batch,
             lambda o, y: F.cross_entropy(o.float(), y),
@@ -270,6 +296,7 @@ def bench_video(device, quick, amp_dtype, compile_modes) -> list[dict]:
                 "step_ms": sec * 1e3,
                 "first_step_s": first,
                 "peak_mem_gib": peak,
+                "syncs_per_step": syncs,
             }
         )
         del model
@@ -372,12 +399,34 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         _table(
             detr,
-            ["model", "input", "compile", "img_per_s", "step_ms", "first_step_s", "peak_mem_gib", "loss"],
+            [
+                "model",
+                "input",
+                "compile",
+                "img_per_s",
+                "step_ms",
+                "first_step_s",
+                "peak_mem_gib",
+                "syncs_per_step",
+                "loss",
+            ],
         )
     )
     print()
     print(
-        _table(video, ["model", "input", "compile", "clips_per_s", "step_ms", "first_step_s", "peak_mem_gib"])
+        _table(
+            video,
+            [
+                "model",
+                "input",
+                "compile",
+                "clips_per_s",
+                "step_ms",
+                "first_step_s",
+                "peak_mem_gib",
+                "syncs_per_step",
+            ],
+        )
     )
     print()
     print(_table(peg, ["op", "peg_ms", "copy_ms", "ratio"]))

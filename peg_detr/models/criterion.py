@@ -82,38 +82,45 @@ class SetCriterion(nn.Module):
                 raise ValueError(
                     f"target {i}: boxes {tuple(boxes.shape)} and labels {tuple(labels.shape)} must be (M, 4), (M,)"
                 )
-            if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
-                raise ValueError(
-                    f"target {i}: labels {labels.tolist()} outside [0, num_classes={self.num_classes})"
-                )
+            # The label range is checked on the host by the matcher (its one transfer): no sync here.
 
     def forward(self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         self._check_targets(outputs, targets)
         device = outputs["pred_logits"].device
-        num_boxes = reduce_sum(torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device))
-        num_boxes = torch.clamp(num_boxes / get_world_size(), min=1).item()
+        # Built on the device (a fill, not a host copy) and kept a tensor: no sync for the normalisation.
+        count = torch.full((), float(sum(len(t["labels"]) for t in targets)), device=device)
+        num_boxes = torch.clamp(reduce_sum(count) / get_world_size(), min=1)
 
-        indices = self.matcher(outputs, targets)
-        losses = self._losses(outputs, targets, indices, num_boxes)
-        losses.update(self._logged(outputs, targets, indices))
+        layers = [outputs, *outputs.get("aux_outputs", [])]
+        # All layers matched with the step's single device-to-host copy, the indices sent back in one copy.
+        per_layer = self.matcher.match_layers(layers, targets, self.num_classes)
+        flat = _device_indices(per_layer, targets, device)
+        labels = torch.cat([t["labels"] for t in targets]).to(device)
+        boxes = torch.cat([t["boxes"] for t in targets]).to(device)
+        losses = self._losses(outputs, labels, boxes, flat[0], num_boxes)
+        losses.update(self._logged(outputs, targets, labels, flat[0]))
         for i, aux in enumerate(outputs.get("aux_outputs", [])):
-            aux_losses = self._losses(aux, targets, self.matcher(aux, targets), num_boxes)
+            aux_losses = self._losses(aux, labels, boxes, flat[i + 1], num_boxes)
             losses.update({f"{k}_{i}": v for k, v in aux_losses.items()})
         return losses
 
     def _losses(
-        self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]], indices, num_boxes: float
+        self,
+        outputs: dict[str, Tensor],
+        labels: Tensor,
+        boxes: Tensor,
+        index: tuple[Tensor, Tensor, Tensor],
+        num_boxes: Tensor,
     ) -> dict[str, Tensor]:
+        """Class, L1 and GIoU losses; ``labels (M,)`` / ``boxes (M, 4)`` all targets, ``index`` from :func:`_device_indices`."""
         logits = outputs["pred_logits"].float()
-        batch_idx, query_idx = _flat_indices(indices, logits.device)
+        batch_idx, query_idx, target_idx = index
         classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
-        classes[batch_idx, query_idx] = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)]).to(
-            logits.device
-        )
+        classes[batch_idx, query_idx] = labels[target_idx]
         loss_ce = F.cross_entropy(logits.transpose(1, 2), classes, weight=self.empty_weight.to(logits.device))
 
         src = outputs["pred_boxes"][batch_idx, query_idx].float()
-        tgt = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices)]).to(src)
+        tgt = boxes[target_idx].to(src)
         loss_bbox = F.l1_loss(src, tgt, reduction="sum") / num_boxes
         giou = generalized_box_iou(box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy"))
         loss_giou = (1 - torch.diag(giou)).sum() / num_boxes
@@ -121,23 +128,37 @@ class SetCriterion(nn.Module):
 
     @torch.no_grad()
     def _logged(
-        self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]], indices
+        self,
+        outputs: dict[str, Tensor],
+        targets: list[dict[str, Tensor]],
+        labels: Tensor,
+        index: tuple[Tensor, Tensor, Tensor],
     ) -> dict[str, Tensor]:
         logits = outputs["pred_logits"]
-        batch_idx, query_idx = _flat_indices(indices, logits.device)
-        labels = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)]).to(logits.device)
-        if labels.numel():
-            correct = (logits[batch_idx, query_idx].argmax(-1) == labels).float().mean()
+        batch_idx, query_idx, target_idx = index
+        if target_idx.numel():
+            correct = (logits[batch_idx, query_idx].argmax(-1) == labels[target_idx]).float().mean()
             class_error = 100.0 * (1 - correct)
         else:
             class_error = logits.new_zeros(())
         n_pred = (logits.argmax(-1) != self.num_classes).sum(1).float()
-        n_tgt = torch.tensor([float(len(t["labels"])) for t in targets], device=logits.device)
+        n_tgt = torch.tensor([float(len(t["labels"])) for t in targets]).to(logits.device, non_blocking=True)
         return {"class_error": class_error.float(), "cardinality_error": F.l1_loss(n_pred, n_tgt)}
 
 
-def _flat_indices(indices: list[tuple[Tensor, Tensor]], device: torch.device) -> tuple[Tensor, Tensor]:
-    """Per-image ``(query_idx, target_idx)`` -> flat ``(batch_idx, query_idx)`` for advanced indexing."""
-    batch_idx = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)])
-    query_idx = torch.cat([q for q, _ in indices])
-    return batch_idx.to(device), query_idx.to(device)
+def _device_indices(
+    per_layer: list[list[tuple[Tensor, Tensor]]], targets: list[dict[str, Tensor]], device: torch.device
+) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Host matches -> per layer ``(batch_idx, query_idx, target_idx)`` on ``device``, ``target_idx``
+    into the concatenated targets; all layers go in one non-blocking host-to-device copy."""
+    offsets = [0]
+    for t in targets[:-1]:
+        offsets.append(offsets[-1] + len(t["labels"]))
+    rows = []
+    for indices in per_layer:
+        for b, (q, j) in enumerate(indices):
+            rows.append(torch.stack([torch.full_like(q, b), q, j + offsets[b]]))
+    counts = [sum(len(q) for q, _ in indices) for indices in per_layer]
+    flat = torch.cat(rows, dim=1) if rows else torch.empty(3, 0, dtype=torch.int64)
+    flat = flat.to(device, non_blocking=True)
+    return [tuple(part.unbind(0)) for part in flat.split(counts, dim=1)]

@@ -55,6 +55,11 @@ def to_image_batch(samples: ImageBatch | Tensor | Sequence[Tensor]) -> ImageBatc
     return batch
 
 
+def _full_precision(x: Tensor) -> Tensor:
+    """float16/bfloat16 -> float32; float32 and float64 unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 class DETR(nn.Module):
     """DEtection TRansformer (Carion et al., 2020) with a pluggable encoder position encoding.
 
@@ -94,11 +99,11 @@ class DETR(nn.Module):
         batch = to_image_batch(samples)
         features, mask = self.backbone(batch)
         hs = self.transformer(self.input_proj(features), mask, self.query_embed.weight)
-        logits = self.class_embed(hs)
-        boxes = self.bbox_embed(hs)
-        # Under bf16/fp16 autocast keep the box coordinates in float32: half precision
-        # resolves only ~0.002 around 0.5, coarser than the L1 loss cares about.
-        boxes = (boxes.float() if boxes.dtype in (torch.float16, torch.bfloat16) else boxes).sigmoid()
+        # The one float32 cast of the model, at its output (float64 stays float64): under bf16/fp16
+        # autocast half precision resolves only ~0.002 around 0.5, coarser than the L1 loss cares
+        # about, and the loss, matcher and post-processor then need no casts of their own.
+        logits = _full_precision(self.class_embed(hs))
+        boxes = _full_precision(self.bbox_embed(hs)).sigmoid()
         out: dict = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
         if self.aux_loss:
             out["aux_outputs"] = [

@@ -54,34 +54,65 @@ class HungarianMatcher(nn.Module):
     def forward(
         self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]
     ) -> list[tuple[Tensor, Tensor]]:
-        logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
+        return self.match_layers([outputs], targets)[0]
+
+    @torch.no_grad()
+    def match_layers(
+        self,
+        layers: list[dict[str, Tensor]],
+        targets: list[dict[str, Tensor]],
+        num_classes: int | None = None,
+    ) -> list[list[tuple[Tensor, Tensor]]]:
+        """:meth:`forward` for several decoder layers' outputs with one device-to-host copy.
+
+        The cost matrices of all ``L`` layers ``(L, B, Q, M)`` (and, with
+        ``num_classes``, the concatenated target labels, to check their range
+        on the host) travel in a single transfer: the only synchronisation of a
+        DETR training step.  Returns ``L`` lists of per-image ``(query_idx, target_idx)``.
+        """
+        logits = layers[0]["pred_logits"]
         if len(targets) != logits.shape[0]:
             raise ValueError(f"{len(targets)} targets for a batch of {logits.shape[0]} predictions")
         b, q = logits.shape[:2]
         sizes = [len(t["boxes"]) for t in targets]
         empty = torch.empty(0, dtype=torch.int64)
         if sum(sizes) == 0:
-            return [(empty, empty) for _ in targets]
-        # One cost matrix for the whole batch, then one block per image: fewer small kernel launches.
+            return [[(empty, empty) for _ in targets] for _ in layers]
+        labels = torch.cat([t["labels"] for t in targets])
+        tgt_boxes = torch.cat([t["boxes"] for t in targets])
+        # Out-of-range labels are reported after the transfer; clamped meanwhile so the
+        # cost's gather cannot fault on the device.
+        safe = labels.clamp(0, logits.shape[-1] - 1)
+        # One cost matrix for all layers and images, then one block per image: fewer kernel launches.
         cost = match_cost(
-            logits.flatten(0, 1),
-            boxes.flatten(0, 1),
-            torch.cat([t["labels"] for t in targets]),
-            torch.cat([t["boxes"] for t in targets]),
+            torch.cat([o["pred_logits"].flatten(0, 1) for o in layers]),
+            torch.cat([o["pred_boxes"].flatten(0, 1) for o in layers]),
+            safe,
+            tgt_boxes,
             self.cost_class,
             self.cost_bbox,
             self.cost_giou,
         )
-        cost = cost.view(b, q, -1).cpu()
+        host = torch.cat([cost.flatten(), labels.to(cost.dtype)]).cpu()
+        cost, host_labels = host[: cost.numel()].view(len(layers), b, q, -1), host[cost.numel() :]
+        if num_classes is not None:
+            for i, lab in enumerate(host_labels.to(torch.int64).split(sizes)):
+                if lab.numel() and (int(lab.min()) < 0 or int(lab.max()) >= num_classes):
+                    raise ValueError(
+                        f"target {i}: labels {lab.tolist()} outside [0, num_classes={num_classes})"
+                    )
         if not torch.isfinite(cost).all():
             raise ValueError("matching cost has NaN/inf entries: check pred_boxes and the target boxes")
         # Imported here so that building a model needs no scipy (tools/gpu_check.py runs with torch alone).
         from scipy.optimize import linear_sum_assignment
 
-        indices = []
-        for i, block in enumerate(cost.split(sizes, dim=-1)):
-            rows, cols = linear_sum_assignment(block[i].numpy())
-            indices.append(
-                (torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64))
-            )
-        return indices
+        out = []
+        for layer_cost in cost:
+            indices = []
+            for i, block in enumerate(layer_cost.split(sizes, dim=-1)):
+                rows, cols = linear_sum_assignment(block[i].numpy())
+                indices.append(
+                    (torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64))
+                )
+            out.append(indices)
+        return out

@@ -177,9 +177,13 @@ class TransformerEncoder(nn.Module):
         self.pegs = nn.ModuleDict({str(i): pegs[i] for i in sorted(pegs)})
         self.norm = norm
 
-    def forward(self, src: Tensor, size: tuple[int, int], mask: Tensor) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, src: Tensor, size: tuple[int, int], mask: Tensor, pos: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """``pos`` ``(B|1, N, C)``: codes already computed by the caller (shared with the decoder keys)."""
         kpm = mask.flatten(1)
-        pos = None if self.pos is None else self.pos.position(src, size, mask)
+        if pos is None and self.pos is not None:
+            pos = self.pos.position(src, size, mask)
         peg_out = None
         for i, layer in enumerate(self.layers):
             src = layer(src, pos, kpm)
@@ -257,6 +261,14 @@ class Transformer(nn.Module):
         self.decoder_key_pos = decoder_key_pos
         if decoder_key_pos == "sine":
             self.key_pos = SinePositionEncoding2d(d_model, normalize=True)
+        # Sine encoder codes with the decoder keys' settings are computed once per forward.
+        enc = self.encoder.pos
+        self._share_sine = (
+            decoder_key_pos == "sine"
+            and isinstance(enc, SinePositionEncoding2d)
+            and (enc.dim, enc.temperature, enc.normalize, enc.scale, enc.num_prefix_tokens)
+            == (d_model, self.key_pos.temperature, self.key_pos.normalize, self.key_pos.scale, 0)
+        )
         self.d_model = d_model
         self.nhead = nhead
         self._reset_parameters()
@@ -274,9 +286,16 @@ class Transformer(nn.Module):
         if mask.shape != (b, h, w):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (B, h, w) = {(b, h, w)}")
         tokens = src.flatten(2).transpose(1, 2)
-        memory, peg_out = self.encoder(tokens, (h, w), mask)
+        sine = None
         if self.decoder_key_pos == "sine":
-            key_pos = self.key_pos.position(memory, (h, w), mask)
+            # One (B, h*w, C) table in float32 (float64 for float64 inputs), cast per use as
+            # position() would: under autocast the tokens are half and the memory float32.
+            compute = torch.float64 if tokens.dtype == torch.float64 else torch.float32
+            sine = self.key_pos.grid(mask, compute).flatten(1, 2)
+        enc_pos = sine.to(tokens.dtype) if self._share_sine else None
+        memory, peg_out = self.encoder(tokens, (h, w), mask, enc_pos)
+        if sine is not None:
+            key_pos = sine.to(memory.dtype)
         elif self.decoder_key_pos == "peg-output":
             key_pos = peg_out
         else:

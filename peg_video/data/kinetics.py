@@ -32,6 +32,8 @@ from torch.utils.data import Dataset
 from peg_core.engine import BrokenSample, SampleBatch, skipping_collate
 
 from .annotations import Annotations
+from .datasets import segment_indices
+from .decode import open_video, transform_short_side
 from .sampling import multiview_indices, train_clip_indices
 from .transforms import ClipTransformConfig, EvalClipTransform, TrainClipTransform, frames_to_clip
 
@@ -59,8 +61,13 @@ def first_line(error: BaseException, limit: int = 160) -> str:
     return text.splitlines()[0][:limit] if text else type(error).__name__
 
 
-def read_frames(path: Path, indices_for_length, num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def read_frames(
+    path: Path, indices_for_length, num_threads: int = 1, max_short_side: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Decode the frames ``indices_for_length(num_video_frames)`` asks for.
+
+    ``max_short_side``: the largest short side the clip transform will scale to; a video well
+    above it is decoded at that size (see :mod:`peg_video.data.decode`), ``None`` decodes full frames.
 
     Returns ``(frames, indices)`` with ``frames`` ``(N, H, W, 3)`` uint8 holding the unique
     sorted indices and ``indices`` mapping each requested frame into ``frames``.
@@ -71,15 +78,13 @@ def read_frames(path: Path, indices_for_length, num_threads: int = 1) -> tuple[n
     if path.stat().st_size == 0:
         raise VideoDecodeError("empty (zero-byte) file")
     try:
-        reader = decord.VideoReader(str(path), num_threads=num_threads, ctx=decord.cpu(0))
+        reader = open_video(path, num_threads, max_short_side)
         length = len(reader)
         if length < 1:
             raise VideoDecodeError("no video frames")
         wanted = np.asarray(indices_for_length(length), dtype=np.int64)
         unique, inverse = np.unique(wanted, return_inverse=True)
-        batch = reader.get_batch(unique.tolist())
-        # pytorchvideo's decord reader switches decord's global bridge to torch.
-        frames = batch.asnumpy() if hasattr(batch, "asnumpy") else batch.numpy()
+        frames = reader.get_batch(unique.tolist())
     except VideoDecodeError:
         raise
     except DECODE_ERRORS as e:
@@ -107,6 +112,9 @@ class KineticsVideoDataset(Dataset):
         transform: spatial recipe (``num_crops`` lives there).
         seed: base seed of the per-sample generators; :meth:`set_epoch` changes them per epoch.
         max_substitutions: how many other videos training tries before giving up.
+        sampling: ``"stride"`` (``num_frames`` frames ``stride`` apart) or ``"segment"`` (one
+            frame per ``1 / num_frames`` of the whole video, see
+            :func:`~peg_video.data.datasets.segment_indices`; ``stride`` is then unused).
     """
 
     def __init__(
@@ -120,9 +128,13 @@ class KineticsVideoDataset(Dataset):
         seed: int = 0,
         max_substitutions: int = 50,
         decode_threads: int = 1,
+        sampling: str = "stride",
     ) -> None:
         if mode not in ("train", "test"):
             raise ValueError(f"mode must be 'train' or 'test', got {mode!r}")
+        if sampling not in ("stride", "segment"):
+            raise ValueError(f"sampling must be 'stride' or 'segment', got {sampling!r}")
+        self.sampling = sampling
         if not annotations.records:
             raise ValueError("no videos in the annotations")
         self.records = annotations.records
@@ -136,6 +148,8 @@ class KineticsVideoDataset(Dataset):
         self.epoch = 0
         self.max_substitutions = max_substitutions
         self.decode_threads = decode_threads
+        # Decode large videos at the largest short side the transform asks for; None: full frames.
+        self.decode_short_side: int | None = transform_short_side(self.cfg, mode)
 
     @property
     def num_views(self) -> int:
@@ -147,6 +161,18 @@ class KineticsVideoDataset(Dataset):
     def set_epoch(self, epoch: int) -> None:
         """New random clips each epoch; call before creating the epoch's DataLoader iterator."""
         self.epoch = epoch
+
+    def _train_indices(self, video_len: int, rng: np.random.Generator) -> np.ndarray:
+        """``(num_frames,)`` frame indices of one training clip."""
+        if self.sampling == "segment":
+            return segment_indices(video_len, self.num_frames, rng)
+        return train_clip_indices(video_len, self.num_frames, self.stride, rng)
+
+    def _test_indices(self, video_len: int) -> np.ndarray:
+        """``(num_clips, num_frames)`` frame indices of the test clips."""
+        if self.sampling == "segment":
+            return segment_indices(video_len, self.num_frames, num_clips=self.num_clips)
+        return multiview_indices(video_len, self.num_frames, self.stride, self.num_clips)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self._train_item(index) if self.mode == "train" else self._test_item(index)
@@ -162,8 +188,9 @@ class KineticsVideoDataset(Dataset):
             try:
                 frames, inverse = read_frames(
                     record.path,
-                    lambda n: train_clip_indices(n, self.num_frames, self.stride, rng),
+                    lambda n: self._train_indices(n, rng),
                     self.decode_threads,
+                    self.decode_short_side,
                 )
             except VideoDecodeError as e:
                 skipped.append((str(record.path), str(e)))
@@ -185,8 +212,9 @@ class KineticsVideoDataset(Dataset):
         try:
             frames, inverse = read_frames(
                 record.path,
-                lambda n: multiview_indices(n, self.num_frames, self.stride, self.num_clips),
+                lambda n: self._test_indices(n),
                 self.decode_threads,
+                self.decode_short_side,
             )
         except VideoDecodeError as e:
             raise BrokenSample(record.path, str(e)) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg_core import PositionEncoding, check_tokens, resize_pos_embed, resize_pos_embed_1d, sincos_2d
@@ -103,7 +104,14 @@ class LearnedPositionEncoding3d(PositionEncoding):
         return f"dim={self.dim}, grid_size={self.grid_size}, num_prefix_tokens={self.num_prefix_tokens}"
 
     def tables(self, size: Sequence[int]) -> tuple[Tensor, Tensor]:
-        """Spatial ``(1, H*W, C)`` and temporal ``(1, T, C)`` tables resized to ``size=(T, H, W)``."""
+        """Spatial ``(1, H*W, C)`` and temporal ``(1, T, C)`` tables resized to ``size=(T, H, W)``.
+
+        Under torch.export / ONNX / ``torch.compile(dynamic=True)`` the sizes are
+        symbolic: ``resize_pos_embed`` would turn them into constants (``int()``),
+        so the tables are interpolated directly, with the same modes and float32 math.
+        """
+        if torch.compiler.is_compiling() or any(isinstance(s, torch.SymInt) for s in size):
+            return self._traced_tables(tuple(size))
         t, h, w = (int(s) for s in size)
         spatial = resize_pos_embed(
             self.spatial, (h, w), self.grid_size[1:], num_prefix_tokens=0, mode=self.interpolation
@@ -113,9 +121,27 @@ class LearnedPositionEncoding3d(PositionEncoding):
         )
         return spatial, temporal
 
+    def _traced_tables(self, size: tuple) -> tuple[Tensor, Tensor]:
+        """:meth:`tables` for symbolic ``(T, H, W)``: ``F.interpolate`` with a traced output size."""
+        t, h, w = size
+        h0, w0 = self.grid_size[1:]
+        compute = torch.float64 if self.spatial.dtype == torch.float64 else torch.float32
+        spatial_mode = self.interpolation  # bicubic / bilinear / nearest / area: F.interpolate's names
+        temporal_mode = (
+            "linear" if self.temporal_interpolation in ("linear", "bilinear") else self.temporal_interpolation
+        )
+        grid = self.spatial.to(compute).reshape(1, h0, w0, self.dim).movedim(-1, 1)  # (1, C, H0, W0)
+        kw = {"align_corners": False} if spatial_mode in ("bilinear", "bicubic") else {}
+        grid = F.interpolate(grid, size=(h, w), mode=spatial_mode, **kw)
+        spatial = grid.movedim(1, -1).reshape(1, -1, self.dim).to(self.spatial.dtype)  # (1, H*W, C)
+        line = self.temporal.to(compute).movedim(-1, 1)  # (1, C, T0)
+        kw = {"align_corners": False} if temporal_mode == "linear" else {}
+        line = F.interpolate(line, size=(t,), mode=temporal_mode, **kw)
+        return spatial, line.movedim(1, -1).to(self.temporal.dtype)  # (1, T, C)
+
     def position(self, x: Tensor, size: Sequence[int], mask: Tensor | None = None) -> Tensor:
         """Codes ``(1, P + T*H*W, C)`` in ``x``'s dtype."""
-        t, h, w = (int(s) for s in size)
+        t, h, w = size
         check_tokens(x, (t, h, w), self.num_prefix_tokens)
         spatial, temporal = self.tables((t, h, w))
         pos = _space_plus_time(spatial[0], temporal[0]).to(x.dtype)

@@ -1,0 +1,156 @@
+"""``python -m peg_video prepare``: sizes, frame counts, annotations, broken files, resume, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from peg_video.__main__ import main
+from peg_video.data import load_annotations
+from peg_video.data.synthetic import SyntheticSpec, make_synthetic_kinetics, render_video, write_mp4
+from peg_video.prepare import REPORT_NAME, scaled_size
+
+
+def probe(path: Path) -> tuple[int, int, int, float]:
+    """``(width, height, decoded frames, duration in s)`` of a video."""
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        frames = sum(1 for _ in c.decode(s))
+        return s.width, s.height, frames, float(c.duration or 0) / 1e6
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, int]]:
+    """sha256 and mtime of every file under ``root``."""
+    return {
+        str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    """Nested class layout (train/val) + CSV and lists, a flat split, a small video, a broken one,
+    and a list with absolute paths into the tree."""
+    src = tmp_path_factory.mktemp("prep") / "src"
+    make_synthetic_kinetics(
+        src, SyntheticSpec(num_train=3, num_val=2, width=96, height=64, frames=10, fps=12)
+    )
+    rng = np.random.default_rng(0)
+    # Flat layout: split/ID_start_end.mp4, a 64x96 portrait video and a 40x32 one already small enough.
+    write_mp4(
+        src / "flat" / "portraitAAAA_000001_000011.mp4",
+        render_video(0, SyntheticSpec(width=64, height=96, frames=9), rng),
+        12,
+    )
+    write_mp4(
+        src / "flat" / "smallBBBBBB_000002_000012.mp4",
+        render_video(1, SyntheticSpec(width=40, height=32, frames=9), rng),
+        12,
+    )
+    (src / "flat.csv").write_text(
+        "label,youtube_id,time_start,time_end,split\n"
+        '"move right",portraitAAAA,1,11,flat\n'
+        '"move left",smallBBBBBB,2,12,flat\n'
+    )
+    (src / "train" / "move_up").mkdir(parents=True, exist_ok=True)
+    (src / "train" / "move_up" / "brokenCCCCC_000003_000013.mp4").write_bytes(
+        b"\x00\x00\x00\x18ftypmp42" + b"x" * 200
+    )
+    first = sorted((src / "train").rglob("*.mp4"))[0]
+    (src / "absolute.txt").write_text(f"{first.resolve()} 0\n")
+    return src
+
+
+@pytest.fixture(scope="module")
+def prepared(tree, tmp_path_factory):
+    dst = tmp_path_factory.mktemp("prep_out") / "dst"
+    before = snapshot(tree)
+    code = main(["prepare", str(tree), str(dst), "--short-side", "32", "--workers", "2", "--no-progress"])
+    assert code == 0
+    assert snapshot(tree) == before  # the source is only read
+    return dst
+
+
+def test_scaled_size():
+    assert scaled_size(1280, 720, 320) == (568, 320)
+    assert scaled_size(640, 272, 320) == (752, 320)  # 752.9 -> nearest even
+    assert scaled_size(360, 640, 320) == (320, 568)
+    assert scaled_size(96, 64, 31) == (48, 32)  # short side rounded up to even
+
+
+def test_outputs_sizes_frames_and_report(tree, prepared):
+    report = json.loads((prepared / REPORT_NAME).read_text())
+    assert (report["videos"], report["encoded"], report["copied"], report["broken"]["count"]) == (8, 6, 1, 1)
+    assert report["broken"]["samples"][0]["path"].endswith("brokenCCCCC_000003_000013.mp4")
+    assert not (prepared / "train" / "move_up" / "brokenCCCCC_000003_000013.mp4").exists()
+    for src in sorted(tree.rglob("*.mp4")):
+        if "broken" in src.name:
+            continue
+        out = prepared / src.relative_to(tree)
+        sw, sh, sf, sd = probe(src)
+        w, h, f, d = probe(out)
+        if min(sw, sh) <= 32:
+            assert out.read_bytes() == src.read_bytes()  # copied, not re-encoded
+            continue
+        assert min(w, h) == 32 and w % 2 == 0 and h % 2 == 0, (src, w, h)
+        assert abs(w / h - sw / sh) < 2 / 32  # aspect kept up to the even rounding
+        assert abs(f - sf) <= 1 and abs(d - sd) < 0.1, (src, f, sf, d, sd)
+    assert not list(prepared.rglob("*prepare-tmp"))
+
+
+def test_annotations_stay_valid(tree, prepared):
+    for name in ("train.csv", "val.csv", "train.txt", "val.txt", "flat.csv", "absolute.txt"):
+        ann = load_annotations(prepared / name)
+        assert ann.records, name
+        for r in ann.records:
+            assert r.path.is_file() and prepared.resolve() in r.path.resolve().parents, (name, r.path)
+        assert ann.classes == load_annotations(tree / name).classes
+    assert str(tree.resolve()) not in (prepared / "absolute.txt").read_text()
+    assert (prepared / "classes.json").read_text() == (tree / "classes.json").read_text()
+
+
+def test_resume_skips_and_completes(tree, prepared, capsys):
+    outputs = {p: p.stat().st_mtime_ns for p in prepared.rglob("*.mp4")}
+    assert (
+        main(["prepare", str(tree), str(prepared), "--short-side", "32", "--workers", "1", "--no-progress"])
+        == 0
+    )
+    report = json.loads((prepared / REPORT_NAME).read_text())
+    assert (report["encoded"], report["copied"], report["done"]) == (0, 0, 7)
+    assert {p: p.stat().st_mtime_ns for p in prepared.rglob("*.mp4")} == outputs
+    # A killed run: one output missing, a temporary file left behind.
+    victim = sorted(outputs)[0]
+    victim.unlink()
+    stale = victim.with_name(f".{victim.name}.999.prepare-tmp")
+    stale.write_bytes(b"half a video")
+    assert (
+        main(["prepare", str(tree), str(prepared), "--short-side", "32", "--workers", "1", "--no-progress"])
+        == 0
+    )
+    report = json.loads((prepared / REPORT_NAME).read_text())
+    assert report["encoded"] + report["copied"] == 1 and report["done"] == 6
+    assert victim.is_file() and not stale.exists()
+    assert "1 broken" in capsys.readouterr().out
+
+
+def test_user_errors(tree, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("a file, not a folder")  # (chmod cannot stop root)
+    cases = [
+        ([str(tmp_path / "nope"), str(tmp_path / "out")], "source folder not found"),
+        ([str(tree), str(tree / "inside")], "output folder is inside the source folder"),
+        ([str(tree), str(tmp_path / "a_file" / "out")], "output folder is not writable"),
+    ]
+    for args, message in cases:
+        assert main(["prepare", *args, "--no-progress"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and message in err and "\n" not in err
+    assert not (tree / "inside").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", str(tree), str(tmp_path / "o"), "--short-side", "0"])
+    assert e.value.code == 2
