@@ -46,3 +46,8 @@ __all__ = [
 from .surgery import learned_to_cpvt, resize_checkpoint
 
 __all__ += ["learned_to_cpvt", "resize_checkpoint"]
+
+# Live-model conversion (timm / torchvision ViT -> CPVT); timm itself stays optional (peg_core.timm).
+from .convert import convert_to_cpvt  # noqa: E402 (after the base API, as surgery above)
+
+__all__ += ["convert_to_cpvt"]

@@ -4,6 +4,8 @@
 * ``train``: train on a COCO-format set (works under ``torchrun``); see ``train -h``.
 * ``eval --checkpoint CKPT``: COCO box AP of a checkpoint, at one or several ``--eval-sizes``.
 * ``predict IMAGE... --checkpoint CKPT``: draw detections on image files.
+* ``export-hf CKPT DIR``: write a ``sine`` checkpoint as a Hugging Face DETR folder.
+* ``export CKPT OUT.onnx``: the detector as an ONNX graph (dynamic batch, height, width).
 
 Exit codes: 0 done, 1 user error (one line ``error: ...``), 2 bad option, 3 NaN/inf loss.
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from peg_core.engine import dispatch, ensure_writable, new_parser, nonnegative_int, positive_int
 
-from . import evaluate, predict, train
+from . import evaluate, hf, predict, train
 from .data import SHAPES, SyntheticSpec, make_synthetic_coco
 
 
@@ -57,7 +59,21 @@ def make_data(argv: list[str]) -> Path:
     return out
 
 
-COMMANDS = {"make-data": make_data, "train": train.main, "eval": evaluate.main, "predict": predict.main}
+def _export(argv: list[str]) -> int:
+    """``export CKPT OUT.onnx``: the detector as ONNX with dynamic batch, height and width."""
+    from .export import main as export_main  # imports onnx only when asked
+
+    return export_main(argv)
+
+
+COMMANDS = {
+    "make-data": make_data,
+    "train": train.main,
+    "eval": evaluate.main,
+    "predict": predict.main,
+    "export": _export,
+    "export-hf": hf.main,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,9 @@ encoder computes; ``class_embed.*`` is dropped with a message when the class
 count differs (fine-tuning on another data set); any other missing or
 unexpected key, or any shape mismatch, is an error that lists the keys.
 
+Hugging Face DETR weights (a ``save_pretrained`` folder or its weights file)
+are read too: their keys are renamed to the official ones by :mod:`peg_detr.hf`.
+
 Every problem with the file (missing, empty, truncated, not a torch file,
 refused pickle, keys that do not fit) is a one-line
 :class:`~peg_core.engine.UserError` naming it.
@@ -32,6 +35,8 @@ from torch import Tensor, nn
 from peg_core import PEG2d
 from peg_core.engine import UserError, read_state_file
 from peg_core.utils import is_main_process
+
+from ..hf import hf_to_official, is_hf_source, looks_like_hf, read_hf_state
 
 __all__ = ["LoadReport", "load_official_checkpoint", "read_official_checkpoint"]
 
@@ -117,7 +122,10 @@ def load_official_checkpoint(
 
     Args:
         model: the model (a DDP wrapper is unwrapped).
-        path: ``.pth`` file, ``{"model": state_dict, "args": Namespace}`` or a bare state dict.
+        path: ``.pth`` file, ``{"model": state_dict, "args": Namespace}`` or a bare state dict; or a
+            Hugging Face DETR folder (``config.json`` + ``model.safetensors`` / ``pytorch_model.bin``)
+            or either weights file, whose keys are mapped by :func:`peg_detr.hf.hf_to_official`
+            (``LoadReport.args`` is then the folder's ``config.json``).
         trust_pickle: allow ``weights_only=False`` (explicit user choice only).
         num_classes: the class count wanted; default the model's.  When the
             file's differs, ``class_embed.*`` is dropped and keeps its fresh init.
@@ -126,7 +134,18 @@ def load_official_checkpoint(
     any other mismatch (nothing is loaded then).
     """
     model = getattr(model, "module", model)
-    state, args = read_official_checkpoint(path, trust_pickle)
+    if is_hf_source(path):  # a Hugging Face folder / .safetensors / pytorch_model.bin
+        state, args = read_hf_state(path)
+        state = hf_to_official(state)
+        if args and args.get("auxiliary_loss") and is_main_process():
+            print(
+                f"{path}: config.json has auxiliary_loss=true; transformers then layer-norms the decoder input "
+                "between layers and DETR (peg_detr) does not, so outputs differ from that configuration's"
+            )
+    else:
+        state, args = read_official_checkpoint(path, trust_pickle)
+        if looks_like_hf(state):  # a Hugging Face state dict saved under another file name
+            state = hf_to_official(state)
     own = model.state_dict()
     model_classes = own["class_embed.weight"].shape[0] - 1
     if num_classes is not None and num_classes != model_classes:

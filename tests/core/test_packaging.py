@@ -19,7 +19,11 @@ IMPORT_ALL = """
 import importlib, json, pkgutil, sys
 import peg_core
 names = []
+# modules of optional extras (peg-core[timm]) bring their own dependencies by design
+OPTIONAL = {"peg_core.timm"}
 for info in pkgutil.walk_packages(peg_core.__path__, "peg_core."):
+    if info.name in OPTIONAL:
+        continue
     if info.name.endswith(".__main__"):
         sys.argv = ["peg_core", "--help"]  # in case it runs its CLI on import
         try:

@@ -1,0 +1,181 @@
+"""``python -m peg_detr export CKPT OUT.onnx``: a trained detector as an ONNX graph with dynamic sizes.
+
+    python -m peg_detr export runs/detr/checkpoint.pth detr.onnx --check
+
+The graph takes ``images`` ``(B, 3, H, W)`` float32, normalised with the
+ImageNet mean/std, one un-padded batch (every image of the batch has the same
+size; there is no padding-mask input), and returns ``pred_logits``
+``(B, Q, K+1)`` (the last class is no-object) and ``pred_boxes`` ``(B, Q, 4)``
+cxcywh in ``[0, 1]`` of the image.  ``B``, ``H`` and ``W`` are dynamic (``H``, ``W`` at
+least twice the backbone's stride): every
+position encoding (``peg``, ``sine``, ``learned``, ``sincos``, ``none``)
+computes its codes from the input's grid inside the graph, and a learned table
+is resized to it there.  ``--height/--width`` only set the example input the
+graph is traced with.  The checkpoint's categories are stored in the model's
+metadata (``peg_categories``, JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from peg_core.engine import UserError, ensure_writable, new_parser, positive_int, read_checkpoint
+
+from .model_io import model_from_checkpoint
+
+__all__ = ["DetrForExport", "build_parser", "export_onnx", "main"]
+
+MIN_OPSET, MAX_OPSET = 18, 23
+
+
+def opset_arg(text: str) -> int:
+    """``argparse`` type: an ONNX opset the dynamo exporter writes."""
+    value = positive_int(text)
+    if not MIN_OPSET <= value <= MAX_OPSET:
+        raise argparse.ArgumentTypeError(f"expected an opset in {MIN_OPSET}..{MAX_OPSET}, got {text!r}")
+    return value
+
+
+def side_arg(text: str) -> int:
+    """``argparse`` type: an example image side, at least 16 pixels."""
+    value = positive_int(text)
+    if value < 16:
+        raise argparse.ArgumentTypeError(f"expected at least 16 pixels, got {text!r}")
+    return value
+
+
+class DetrForExport(nn.Module):
+    """``images (B, 3, H, W) -> (pred_logits (B, Q, K+1), pred_boxes (B, Q, 4))``; no auxiliary outputs."""
+
+    def __init__(self, detr: nn.Module) -> None:
+        super().__init__()
+        self.detr = detr
+
+    def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        out = self.detr(images)
+        return out["pred_logits"], out["pred_boxes"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = new_parser("python -m peg_detr export", __doc__)
+    p.add_argument("checkpoint", type=Path, help="checkpoint.pth written by train")
+    p.add_argument("out", type=Path, help="the .onnx file to write")
+    p.add_argument(
+        "--opset", type=opset_arg, default=MAX_OPSET - 3, help=f"ONNX opset ({MIN_OPSET}..{MAX_OPSET})"
+    )
+    p.add_argument("--height", type=side_arg, default=256, help="example input height (the graph takes any)")
+    p.add_argument("--width", type=side_arg, default=320, help="example input width (the graph takes any)")
+    p.add_argument("--check", action="store_true", help="run onnxruntime on the example and compare")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    return p
+
+
+def check_output_path(out: Path) -> None:
+    """The output must be a file in a writable folder (a :class:`UserError` before any tracing)."""
+    if out.is_dir():
+        raise UserError("output is a folder, expected an .onnx file path", out)
+    ensure_writable(out.parent if str(out.parent) else Path("."))
+
+
+def export_onnx(
+    model: nn.Module,
+    example: Tensor,
+    out: Path,
+    dynamic_shapes: tuple[dict[int, Any], ...],
+    input_name: str,
+    output_names: list[str],
+    opset: int,
+    metadata: dict[str, str],
+) -> None:
+    """``torch.onnx.export(dynamo=True)`` of ``model`` on ``example``, saved to ``out`` with ``metadata``.
+
+    The exporter's progress lines are kept off the console (shown only if it fails).
+    """
+    import onnx
+
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                model,
+                (example,),
+                dynamo=True,
+                dynamic_shapes=dynamic_shapes,
+                input_names=[input_name],
+                output_names=output_names,
+                opset_version=opset,
+                verbose=False,
+            )
+            program.save(str(out))
+    except Exception:
+        sys.stderr.write(log.getvalue())
+        raise
+    proto = onnx.load(str(out))
+    onnx.helper.set_model_props(proto, metadata)
+    onnx.save(proto, str(out))
+
+
+def compare_onnxruntime(out: Path, feed: dict[str, Tensor], expected: tuple[Tensor, ...]) -> float:
+    """Largest absolute difference between onnxruntime's outputs for ``feed`` and ``expected``."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = session.run(None, {k: v.numpy() for k, v in feed.items()})
+    diffs = []
+    for g, e in zip(got, expected):
+        if tuple(g.shape) != tuple(e.shape):
+            raise UserError(
+                f"onnxruntime output shape {tuple(g.shape)} differs from PyTorch's {tuple(e.shape)}", out
+            )
+        diffs.append(float((torch.from_numpy(g) - e).abs().max()) if e.numel() else 0.0)
+    return max(diffs)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    ckpt = read_checkpoint(args.checkpoint, task="detect")
+    check_output_path(args.out)
+    model, _, meta = model_from_checkpoint(ckpt, args.checkpoint)
+    wrapper = DetrForExport(model.cpu().eval()).eval()
+    # Batch 2: a batch of 1 would be traced as a constant (PyTorch specialises sizes 0 and 1).
+    example = torch.randn(2, 3, args.height, args.width, generator=torch.Generator().manual_seed(0))
+    # At least two feature cells per side: a one-cell side would be traced as a constant.
+    least = 2 * model.backbone.stride
+    if min(args.height, args.width) < least:
+        raise UserError(
+            f"the example image must be at least {least} pixels per side (2 × the backbone's stride)",
+            f"--height {args.height} --width {args.width}",
+        )
+    dim = torch.export.Dim
+    dynamic = (
+        {
+            0: dim("batch", min=1, max=1024),
+            2: dim("height", min=least, max=8192),
+            3: dim("width", min=least, max=8192),
+        },
+    )
+    metadata = {"peg_task": "detect", "peg_categories": json.dumps(meta.get("categories", []))}
+    export_onnx(
+        wrapper, example, args.out, dynamic, "images", ["pred_logits", "pred_boxes"], args.opset, metadata
+    )
+    result: dict[str, Any] = {"onnx": str(args.out), "opset": args.opset, "example": list(example.shape)}
+    if args.check:
+        with torch.no_grad():
+            expected = wrapper(example)
+        diff = compare_onnxruntime(args.out, {"images": example}, expected)
+        result["max_abs_diff"] = diff
+        if diff > 1e-4:
+            raise UserError(f"onnxruntime outputs differ from PyTorch's by {diff:.2e} (> 1e-4)", args.out)
+    print(json.dumps(result))
+    return 0
