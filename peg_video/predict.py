@@ -67,6 +67,7 @@ def predict(args: argparse.Namespace) -> list[dict[str, Any]]:
         run.stride,
         run.num_clips,
         transform_config(run),
+        sampling=getattr(run, "sampling", None) or "stride",  # SSv2 runs sample segments
     )
     results = []
     for i, path in enumerate(args.videos):

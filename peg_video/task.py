@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from peg_core.engine import (
@@ -29,8 +30,10 @@ from peg_core.engine import (
     json_safe,
     load_model_state,
 )
+from peg_core.engine.recipes import apply_position_recipe
 
 from .data import Annotations, is_kinetics_csv, load_annotations, read_class_map, write_class_map
+from .data.datasets import SPLIT_DATASETS, load_dataset
 from .data.loaders import make_loader
 from .evaluation import evaluate_views
 
@@ -109,10 +112,36 @@ def _classes_beside_list(path: Path) -> list[str] | None:
     return None
 
 
+def _load_official(
+    args: argparse.Namespace, classes: list[str] | None, train: bool
+) -> tuple[Annotations | None, Annotations, list[str]]:
+    """Training (when ``train``) and test annotations of ``--dataset`` under ``--data-root``."""
+    train_ann = None
+    split = args.split if args.split in (1, 2, 3) else 1
+    if train:
+        train_ann = load_dataset(args.dataset, args.data_root, "train", split, classes)
+        classes = train_ann.classes
+    val_ann = load_dataset(args.dataset, args.data_root, "test", split, classes)
+    where = f"--dataset {args.dataset} --data-root {args.data_root}"
+    for ann in (train_ann, val_ann):
+        if ann is not None and not any(r.path.is_file() for r in ann.records):
+            raise UserError(
+                f"none of the {len(ann.records)} listed videos exists (the first would be {ann.records[0].path})",
+                where,
+            )
+    return train_ann, val_ann, val_ann.classes
+
+
 def load_data(
-    args: argparse.Namespace, classes: list[str] | None = None
+    args: argparse.Namespace, classes: list[str] | None = None, train: bool = True
 ) -> tuple[Annotations | None, Annotations | None, list[str]]:
-    """Training / validation annotations of ``args`` with one class list (the training set's)."""
+    """Training / validation annotations of ``args`` with one class list (the training set's).
+
+    ``--dataset kinetics`` reads ``--train-ann`` / ``--val-ann``; the others read their official
+    files under ``--data-root`` (the training list only when ``train``).
+    """
+    if getattr(args, "dataset", "kinetics") != "kinetics":
+        return _load_official(args, classes, train)
     if classes is None and getattr(args, "classes", None) is not None:
         classes = read_class_map(args.classes)
     train_ann = val_ann = None
@@ -135,6 +164,19 @@ def load_data(
                 getattr(args, flag[2:].replace("-", "_")),
             )
     return train_ann, val_ann, classes
+
+
+def summary_all_splits(metrics: dict[str, Any]) -> str:
+    """Console lines of ``eval --split all``: each split's top-1 / top-5 and their mean."""
+    lines = [f"{name} top1 {metrics[name]['top1']:.4f} top5 {metrics[name]['top5']:.4f} "
+             f"({metrics[name]['num_videos']} videos)" for name in ("split1", "split2", "split3")]  # fmt: skip
+    lines.append(f"mean  top1 {metrics['mean']['top1']:.4f} top5 {metrics['mean']['top5']:.4f}")
+    if metrics.get("trained_split") is not None:
+        lines.append(
+            f"(one checkpoint, trained on split {metrics['trained_split']}: its training videos are in the "
+            "other splits' test lists; the published protocol trains one model per split)"
+        )
+    return "\n".join(lines)
 
 
 def summary(metrics: dict[str, Any]) -> str:
@@ -164,6 +206,13 @@ class VideoTask:
             ctx.print(self._init_from_2d(model, args))
         model.to(ctx.device)
         optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr)
+        apply_position_recipe(  # before the scheduler, which records each group's lr
+            optimizer,
+            model,
+            freeze=getattr(args, "freeze_pos", False),
+            lr_scale=getattr(args, "pos_lr_scale", None),
+        )
+        _check_recipe_sizes(model, args)
         train_loader, train_ds = make_loader(args, train_ann, "train", ctx.dist, ctx.out_dir)
         steps = len(train_loader)
         scheduler = warmup_cosine(
@@ -202,6 +251,7 @@ class VideoTask:
             meta={"classes": classes},
             on_epoch_start=on_epoch_start,
             summary=summary,
+            resize_batch=partial(resize_clips, device=ctx.device),
         )
 
     def setup_eval(self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any]) -> EvalParts:
@@ -213,9 +263,17 @@ class VideoTask:
         model = build_model(config)
         load_model_state(model, ckpt["model"], path)
         check_clip_fits(model, run)
-        if run.val_ann is None:
+        if args.split is not None and run.dataset not in SPLIT_DATASETS:
+            raise UserError(f"{run.dataset} has no official splits (only {', '.join(SPLIT_DATASETS)})",
+                            f"--split {run.split}")  # fmt: skip
+        if run.dataset != "kinetics" and args.val_ann is not None:
+            raise UserError(f"the checkpoint reads --dataset {run.dataset}; add --dataset kinetics to evaluate "
+                            "a Kinetics-format file", f"--val-ann {args.val_ann}")  # fmt: skip
+        if run.split == "all":
+            return EvalParts(model.to(ctx.device), self._all_splits(run, classes, ctx), summary_all_splits)
+        if run.dataset == "kinetics" and run.val_ann is None:
             raise UserError("no validation annotations: give --val-ann", path)
-        _, val_ann, classes = load_data(run, classes)
+        _, val_ann, classes = load_data(run, classes, train=False)
         evaluate = self._evaluator(run, val_ann, len(classes), ctx)
 
         def evaluate_with_clip(model: nn.Module, ctx: RunContext) -> dict[str, Any]:
@@ -223,12 +281,36 @@ class VideoTask:
 
         return EvalParts(model.to(ctx.device), evaluate_with_clip, summary)
 
+    def _all_splits(self, run: argparse.Namespace, classes: list[str], ctx: RunContext):
+        """An evaluation of one model on the three official test lists, with their mean."""
+        evaluators = {}
+        for split in (1, 2, 3):  # every list is read (and checked) before any video is decoded
+            _, val_ann, _ = load_data(
+                argparse.Namespace(**{**vars(run), "split": split}), classes, train=False
+            )
+            evaluators[f"split{split}"] = self._evaluator(
+                run, val_ann, len(classes), ctx, f"val_split{split}"
+            )
+        trained = getattr(run, "trained_split", None)
+
+        def evaluate(model: nn.Module, ctx: RunContext) -> dict[str, Any]:
+            per_split = {name: fn(model, ctx) for name, fn in evaluators.items()}
+            mean = {k: sum(m[k] for m in per_split.values()) / 3 for k in ("top1", "top5")}
+            return {**per_split, "mean": mean, **mean, "trained_split": trained,
+                    "num_frames": run.num_frames, "crop": run.crop}  # fmt: skip
+
+        return evaluate
+
     @staticmethod
-    def _evaluator(args: argparse.Namespace, val_ann: Annotations, num_classes: int, ctx: RunContext):
+    def _evaluator(
+        args: argparse.Namespace, val_ann: Annotations, num_classes: int, ctx: RunContext, split: str = "val"
+    ):
         loader, _ = make_loader(args, val_ann, "test", ctx.dist, ctx.out_dir)
 
         def evaluate(model: nn.Module, ctx: RunContext) -> dict[str, Any]:
-            return evaluate_views(model, loader, ctx, num_classes, len(val_ann.records), args.reduction)
+            return evaluate_views(
+                model, loader, ctx, num_classes, len(val_ann.records), args.reduction, split
+            )
 
         return evaluate
 
@@ -255,14 +337,43 @@ def checkpoint_run(ckpt: dict[str, Any], path: Path) -> tuple[dict[str, Any], li
 
 def _eval_args(args: argparse.Namespace, saved: dict[str, Any]) -> argparse.Namespace:
     """The training run's data and view options, overridden by those given to ``eval``."""
-    merged = dict(saved)
+    # Checkpoints from before --dataset read Kinetics-format files with stride sampling.
+    merged = {"dataset": "kinetics", "data_root": None, "split": None, "sampling": "stride", **saved}
+    merged["trained_split"] = saved.get("split") if merged["dataset"] in SPLIT_DATASETS else None
     merged.update({k: v for k, v in vars(args).items() if v is not None})
     run = argparse.Namespace(**merged)
-    for key in ("val_ann", "val_root", "classes"):
+    for key in ("val_ann", "val_root", "classes", "data_root"):
         setattr(run, key, Path(merged[key]) if merged.get(key) else None)
     run.train_ann = run.train_root = None
     run.test_scale = max(run.test_scale, run.crop)  # a larger eval crop scales the short side with it
     return run
+
+
+def resize_clips(batch: dict[str, Any], size: int, device: torch.device | None = None) -> dict[str, Any]:
+    """The batch with its clips ``(B, C, T, H, W)`` at ``size × size`` (multi-scale / progressive recipes).
+
+    Frames are resampled independently (bilinear, antialiased), on ``device`` when given.
+    """
+    video = batch["video"]
+    if device is not None:
+        video = video.to(device, non_blocking=True)
+    b, c, t, h, w = video.shape
+    if (h, w) != (size, size):
+        frames = video.reshape(b, c * t, h, w)  # interpolation is per channel: fold T into C
+        frames = F.interpolate(frames, (size, size), mode="bilinear", antialias=True, align_corners=False)
+        video = frames.reshape(b, c, t, size, size)
+    return {**batch, "video": video}
+
+
+def _check_recipe_sizes(model: nn.Module, args: argparse.Namespace) -> None:
+    """Recipe sizes must split into the transformer's tubelets (checked before any video is read)."""
+    tubelet = getattr(model, "tubelet", None)
+    for flag in ("train_sizes", "progressive_sizes"):
+        sizes = getattr(args, flag, None) or []
+        bad = [s for s in sizes if tubelet is not None and (s % tubelet[1] or s % tubelet[2])]
+        if bad:
+            raise UserError(f"sizes must be multiples of the tubelet {tuple(tubelet)}",
+                            f"--{flag.replace('_', '-')} {','.join(map(str, sizes))}")  # fmt: skip
 
 
 def check_clip_fits(model: nn.Module, run: argparse.Namespace) -> None:

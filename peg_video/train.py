@@ -5,7 +5,9 @@
 multi-view evaluation every ``--eval-every`` epochs.  ``OUTPUT_DIR`` gets ``checkpoint.pth``
 (every epoch; ``checkpoint_prev.pth`` before it), ``classes.json``, ``args.json``,
 ``log.jsonl`` + ``tb/`` and ``report.json`` (metrics, broken videos with reasons).
-``--resume auto`` continues exactly where a run stopped.
+``--resume auto`` continues exactly where a run stopped.  ``--dataset ssv2|ucf101|hmdb51|folder``
+with ``--data-root DIR`` reads those data sets' official files instead of ``--train-ann`` /
+``--val-ann`` (see ``docs/data.md``), with their protocol defaults (SSv2: segment sampling, no flip).
 
 ``eval`` evaluates a checkpoint with the multi-view protocol; data and view options default
 to the training run's, and ``--num-frames`` / ``--crop`` may differ from training.
@@ -17,6 +19,7 @@ import argparse
 import ast
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +35,10 @@ from peg_core.engine import (
     positive_int_list,
     unit_fraction,
 )
+from peg_core.engine.recipes import add_recipe_args
 
 from .configs import CONFIGS
+from .data.datasets import DATASETS, SPLIT_DATASETS
 from .evaluation import REDUCTIONS
 from .models import VIT_CONFIGS, list_video_models
 from .models.vit import POS_ENCODINGS
@@ -53,6 +58,7 @@ __all__ = [
 #: defaults without ``--config``: the synthetic recipe's data and schedule, a full-size vit_tiny
 DEFAULTS: dict[str, Any] = {**CONFIGS["synthetic_tiny"], "model_opts": {}}
 BACKENDS = ("peg", "pytorchvideo")
+SAMPLINGS = ("stride", "segment")
 
 
 def _sized_list(count: int, what: str):
@@ -84,8 +90,30 @@ class _ModelOpt(argparse.Action):
         namespace.explicit_model_opts = {**getattr(namespace, "explicit_model_opts", {}), key: value}
 
 
+def split_arg(text: str) -> int | str:
+    """``argparse`` type of ``eval --split``: 1, 2, 3 or ``all``."""
+    if text.strip().lower() == "all":
+        return "all"
+    if text.strip() in ("1", "2", "3"):
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected 1, 2, 3 or all, got {text!r}")
+
+
 def _add_view_args(g: argparse._ArgumentGroup) -> None:
     """Data / view flags that ``train`` and ``eval`` share (``eval`` defaults them to the run's)."""
+    g.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        help="kinetics: --train-ann/--val-ann files; others: the official files under --data-root "
+        "(see docs/data.md)",
+    )
+    g.add_argument("--data-root", type=Path, help="folder of an ssv2 / ucf101 / hmdb51 / folder data set")
+    g.add_argument(
+        "--sampling",
+        choices=SAMPLINGS,
+        help="stride: --num-frames frames --stride apart; segment: one frame per 1/num-frames of the "
+        "video (default: segment for ssv2, else stride)",
+    )
     g.add_argument("--val-ann", type=Path, help="validation annotations: Kinetics CSV or 'path label' list")
     g.add_argument("--val-root", type=Path, help="folder of the validation videos (default: beside the file)")
     g.add_argument(
@@ -110,8 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--train-ann",
         type=Path,
-        required=True,
-        help="training annotations: Kinetics CSV or 'path label' list",
+        help="training annotations of --dataset kinetics: Kinetics CSV or 'path label' list",
+    )
+    g.add_argument(
+        "--split", type=int, choices=(1, 2, 3), help="official split of ucf101 / hmdb51 (default 1)"
     )
     g.add_argument("--train-root", type=Path, help="folder of the training videos (default: beside the file)")
     g.add_argument(
@@ -122,7 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_view_args(g)
     g.add_argument("--train-scale", type=scale_range, metavar="MIN,MAX", help="random short side in training")
-    g.add_argument("--hflip", action=argparse.BooleanOptionalAction, help="random horizontal flips")
+    g.add_argument(
+        "--hflip",
+        action=argparse.BooleanOptionalAction,
+        help="random horizontal flips (refused for ssv2, whose labels say left / right)",
+    )
     m = p.add_argument_group("model")
     m.add_argument("--model", choices=list_video_models())
     m.add_argument("--pos-enc", choices=POS_ENCODINGS)
@@ -143,14 +177,47 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--weight-decay", type=nonnegative_float)
     o.add_argument("--warmup-epochs", type=nonnegative_float, help="linear warm-up (fractions allowed)")
     o.add_argument("--label-smoothing", type=unit_fraction)
-    p.set_defaults(**DEFAULTS, data_backend="peg", reduction="mean")
+    add_recipe_args(p)
+    p.set_defaults(**DEFAULTS, data_backend="peg", reduction="mean", dataset="kinetics")
     return p
+
+
+def _check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> None:
+    """``--dataset`` against the data flags; fills the data set's protocol defaults (sampling, flip, split)."""
+    if args.dataset == "kinetics":
+        if args.train_ann is None:
+            p.error("the following arguments are required with --dataset kinetics: --train-ann")
+        if args.data_root is not None:
+            p.error("argument --data-root: not used by --dataset kinetics (give --train-ann / --val-ann)")
+    else:
+        if args.data_root is None:
+            p.error(f"the following arguments are required with --dataset {args.dataset}: --data-root")
+        for flag in ("train_ann", "val_ann", "train_root", "val_root"):
+            if getattr(args, flag) is not None:
+                p.error(f"argument --{flag.replace('_', '-')}: not used by --dataset {args.dataset} "
+                        "(it reads its official files under --data-root)")  # fmt: skip
+    if args.split is not None and args.dataset not in SPLIT_DATASETS:
+        p.error(f"argument --split: {args.dataset} has no official splits (only {', '.join(SPLIT_DATASETS)})")
+    args.split = (args.split or 1) if args.dataset in SPLIT_DATASETS else None
+    if args.dataset == "ssv2":
+        if any(a == "--hflip" for a in argv):
+            p.error(
+                'argument --hflip: refused for ssv2: its labels name directions ("from left to right"), '
+                "so a flipped clip contradicts its label"
+            )
+        args.hflip = False  # whatever a recipe made for another data set says
+    if args.sampling is None:
+        args.sampling = "segment" if args.dataset == "ssv2" else "stride"
+    if args.sampling == "segment" and args.data_backend == "pytorchvideo":
+        p.error("argument --sampling: segment sampling needs --data-backend peg")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse ``train`` arguments (recipe defaults, then flags) and check the options against each other."""
     p = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_with_config(p, argv, CONFIGS)
+    _check_dataset(p, args, argv)
     explicit = vars(args).pop("explicit_model_opts", {})
     recipe = CONFIGS[args.config] if args.config else DEFAULTS
     if args.model != recipe["model"]:
@@ -186,6 +253,12 @@ def build_eval_parser() -> argparse.ArgumentParser:
     add_eval_args(p)
     g = p.add_argument_group("data and views (default: the training run's)")
     _add_view_args(g)
+    g.add_argument(
+        "--split",
+        type=split_arg,
+        help="ucf101 / hmdb51 test list 1, 2, 3, or all: each of the three and their mean (one checkpoint "
+        "on all three lists; the published protocol trains one model per split)",
+    )
     g.add_argument(
         "--pos-interpolation",
         choices=("nearest", "bilinear", "bicubic"),

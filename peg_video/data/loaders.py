@@ -7,7 +7,7 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader, DistributedSampler
 
-from peg_core.engine import SkipBroken
+from peg_core.engine import SkipBroken, UserError
 from peg_core.utils import DistInfo
 
 from .annotations import Annotations
@@ -18,7 +18,15 @@ __all__ = ["make_loader", "transform_config"]
 
 
 def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
-    """The spatial recipe of ``args`` (``crop``, ``train_scale``, ``test_scale``, ``num_crops``, ``hflip``)."""
+    """The spatial recipe of ``args`` (``crop``, ``train_scale``, ``test_scale``, ``num_crops``, ``hflip``).
+
+    A flip is refused for SSv2 here too (not only by the parser), so no other way of building
+    the arguments can train it with flipped "left to right" clips.
+    """
+    if args.hflip and getattr(args, "dataset", "kinetics") == "ssv2":
+        raise UserError(
+            "horizontal flips contradict SSv2's left / right labels", "--hflip with --dataset ssv2"
+        )
     return ClipTransformConfig(
         crop=args.crop,
         train_scale=tuple(args.train_scale),
@@ -47,6 +55,8 @@ def make_loader(
         "collate_fn": ClipBatches(),
     }
     if args.data_backend == "pytorchvideo":
+        if getattr(args, "sampling", "stride") != "stride":
+            raise UserError("segment sampling needs the peg back-end", "--data-backend pytorchvideo")
         from .pytorchvideo_data import build_pytorchvideo_dataset
 
         ds = build_pytorchvideo_dataset(
@@ -61,7 +71,14 @@ def make_loader(
         )
         return DataLoader(ds, **common), ds
     ds = KineticsVideoDataset(
-        ann, mode, args.num_frames, args.stride, num_clips=args.num_clips, transform=cfg, seed=args.seed
+        ann,
+        mode,
+        args.num_frames,
+        args.stride,
+        num_clips=args.num_clips,
+        transform=cfg,
+        seed=args.seed,
+        sampling=getattr(args, "sampling", "stride"),
     )
     sampler = DistributedSampler(
         ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=mode == "train", seed=args.seed

@@ -13,6 +13,13 @@ Layout written under ``out`` (the official Kinetics download layout)::
     out/classes.json              class names, in index order (sorted label names)
     out/{split}/{label_with_underscores}/{youtube_id}_{start:06d}_{end:06d}.mp4
 
+:func:`make_synthetic_dataset` writes the same videos in the official layouts of the other
+data sets (``python -m peg_video make-data --dataset ssv2|ucf101|hmdb51|folder``, see
+:mod:`peg_video.data.datasets` and ``docs/data.md``): SSv2 as VP9 ``.webm`` with
+direction templates ("Pushing [something] from left to right"), so a horizontal flip
+changes the label; UCF101 / HMDB51 as MPEG-4 ``.avi`` with three splits (every video is its
+own group, and split ``k`` tests the videos whose group is ``k`` modulo 3); folder as mp4.
+
 Everything is a deterministic function of ``seed``.
 """
 
@@ -32,6 +39,7 @@ __all__ = [
     "MOTIONS",
     "FrameSizeError",
     "SyntheticSpec",
+    "make_synthetic_dataset",
     "make_synthetic_kinetics",
     "render_video",
     "write_mp4",
@@ -137,6 +145,10 @@ def write_mp4(
         stream.thread_count = 1  # deterministic output
         if codec == "libx264":
             stream.options = {"crf": "18", "bframes": "0", "g": str(gop)}
+        elif codec == "libvpx-vp9":  # fast constant-quality VP9 (SSv2's codec)
+            stream.options = {"deadline": "realtime", "cpu-used": "8", "crf": "20", "b": "0", "g": str(gop)}
+        elif codec == "mpeg4":
+            stream.options = {"bf": "0", "g": str(gop)}
         for array in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")):
                 container.mux(packet)
@@ -193,3 +205,129 @@ def make_synthetic_kinetics(out: str | Path, spec: SyntheticSpec = SyntheticSpec
         (out / f"{split}.txt").write_text("\n".join(list_lines) + "\n")
         counts[split] = num
     return {"root": str(out), "classes": len(names), **counts}
+
+
+#: SSv2-style templates of the motions: the direction is in the label, as in the real set
+SSV2_TEMPLATES = {
+    "move right": "Pushing [something] from left to right",
+    "move left": "Pushing [something] from right to left",
+    "move down": "Moving [something] down",
+    "move up": "Moving [something] up",
+    "circle clockwise": "Moving [something] in a circle clockwise",
+    "circle counterclockwise": "Moving [something] in a circle counterclockwise",
+}
+_OBJECTS = ("a box", "a cup", "a pen", "a ball")
+
+
+def _videos(spec: SyntheticSpec, count: int, rng: np.random.Generator):
+    """``count`` balanced ``(index, motion, frames, per-video generator)`` in class-cycling order."""
+    for i in range(count):
+        motion = MOTIONS[i % len(MOTIONS)]
+        vid_rng = np.random.default_rng(rng.integers(2**63))
+        yield i, motion, render_video(MOTIONS.index(motion), spec, vid_rng), vid_rng
+
+
+def _write_ssv2(out: Path, spec: SyntheticSpec, rng: np.random.Generator) -> dict:
+    videos = out / "20bn-something-something-v2"
+    labels = {t.replace("[", "").replace("]", ""): str(i) for i, t in enumerate(SSV2_TEMPLATES.values())}
+    (out / "something-something-v2-labels.json").write_text(json.dumps(labels, indent=1) + "\n")
+    next_id = 1
+    for subset, num in (("train", spec.num_train), ("validation", spec.num_val)):
+        entries = []
+        for _, motion, frames, vid_rng in _videos(spec, num, rng):
+            thing = str(vid_rng.choice(_OBJECTS))
+            template = SSV2_TEMPLATES[motion]
+            write_mp4(videos / f"{next_id}.webm", frames, spec.fps, "libvpx-vp9")
+            entries.append({
+                "id": str(next_id),
+                "label": template.replace("[something]", thing).lower(),
+                "template": template,
+                "placeholders": [thing],
+            })  # fmt: skip
+            next_id += 1
+        (out / f"something-something-v2-{subset}.json").write_text(json.dumps(entries, indent=1) + "\n")
+    return {"classes": len(labels), "train": spec.num_train, "val": spec.num_val, "first": videos / "1.webm"}
+
+
+def _split_of(i: int) -> int:
+    """Official split (1-3) whose test list holds synthetic video ``i``: thirds of every class."""
+    return (i + i // len(MOTIONS)) % 3 + 1
+
+
+def _write_ucf101(out: Path, spec: SyntheticSpec, rng: np.random.Generator) -> dict:
+    names = sorted("".join(w.capitalize() for w in m.split()) for m in MOTIONS)  # "MoveRight"
+    lists = out / "ucfTrainTestlist"
+    lists.mkdir(parents=True, exist_ok=True)
+    # the official lists are CRLF text
+    (lists / "classInd.txt").write_text("".join(f"{i} {n}\r\n" for i, n in enumerate(names, 1)))
+    rows = []
+    for i, motion, frames, _ in _videos(spec, spec.num_train + spec.num_val, rng):
+        name = "".join(w.capitalize() for w in motion.split())
+        rel = f"{name}/v_{name}_g{i + 1:02d}_c01.avi"
+        write_mp4(out / "UCF-101" / rel, frames, spec.fps, "mpeg4")
+        rows.append((rel, names.index(name) + 1, _split_of(i)))
+    for k in (1, 2, 3):
+        train = "".join(f"{rel} {label}\r\n" for rel, label, test in rows if test != k)
+        (lists / f"trainlist0{k}.txt").write_text(train)
+        (lists / f"testlist0{k}.txt").write_text("".join(f"{rel}\r\n" for rel, _, test in rows if test == k))
+    first = out / "UCF-101" / rows[0][0]
+    return {"classes": len(names), "videos": len(rows), "first": first}
+
+
+def _write_hmdb51(out: Path, spec: SyntheticSpec, rng: np.random.Generator) -> dict:
+    splits = out / "testTrainMulti_7030_splits"
+    splits.mkdir(parents=True, exist_ok=True)
+    lines: dict[str, list[tuple[str, int]]] = {_label_folder(m): [] for m in MOTIONS}
+    first = None
+    for i, motion, frames, _ in _videos(spec, spec.num_train + spec.num_val, rng):
+        cls = _label_folder(motion)
+        name = f"synthetic_{cls}_{i:03d}_f_cm_np1_fr_med_0.avi"  # HMDB-style name with its tags
+        write_mp4(out / cls / name, frames, spec.fps, "mpeg4")
+        first = first or out / cls / name
+        lines[cls].append((name, _split_of(i)))
+    for cls, videos in lines.items():
+        for k in (1, 2, 3):
+            text = "".join(
+                f"{name} {2 if test == k else 1} \n" for name, test in videos
+            )  # trailing space as in the official files
+            (splits / f"{cls}_test_split{k}.txt").write_text(text)
+    return {"classes": len(lines), "videos": sum(map(len, lines.values())), "first": first}
+
+
+def _write_folder(out: Path, spec: SyntheticSpec, rng: np.random.Generator) -> dict:
+    first = None
+    for subset, num in (("train", spec.num_train), ("val", spec.num_val)):
+        for i, motion, frames, _ in _videos(spec, num, rng):
+            path = out / subset / _label_folder(motion) / f"{subset}_{i:04d}.mp4"
+            write_mp4(path, frames, spec.fps, spec.codec)
+            first = first or path
+    return {"classes": len(MOTIONS), "train": spec.num_train, "val": spec.num_val, "first": first}
+
+
+_WRITERS = {"ssv2": _write_ssv2, "ucf101": _write_ucf101, "hmdb51": _write_hmdb51, "folder": _write_folder}
+
+
+def make_synthetic_dataset(out: str | Path, dataset: str, spec: SyntheticSpec = SyntheticSpec()) -> dict:
+    """Generate the moving-shapes set under ``out`` in the official layout of ``dataset``.
+
+    ``kinetics`` is :func:`make_synthetic_kinetics`.  For ``ucf101`` / ``hmdb51`` the
+    ``num_train + num_val`` videos are all written once and each official split tests a third
+    of them.  Returns counts and the root.
+    """
+    if dataset == "kinetics":
+        return make_synthetic_kinetics(out, spec)
+    if dataset not in _WRITERS:
+        raise ValueError(f"no synthetic layout for data set {dataset!r}")
+    out = Path(out)
+    if spec.width % 2 or spec.height % 2:
+        raise FrameSizeError(
+            "width and height must be even for yuv420p", f"--width {spec.width} --height {spec.height}"
+        )
+    if dataset in ("ucf101", "hmdb51") and spec.num_train + spec.num_val < 3:
+        raise UserError(
+            "three splits need at least 3 videos", f"--num-train {spec.num_train} --num-val {spec.num_val}"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    info = _WRITERS[dataset](out, spec, np.random.default_rng(spec.seed))
+    _check_decord(info.pop("first"), spec)
+    return {"root": str(out), "dataset": dataset, **info}
