@@ -6,6 +6,7 @@
     python -m peg_core predict --checkpoint CKPT IMAGE...
     python -m peg_core resize-pos-embed IN OUT --grid 24x24 [--mode bicubic] [--key K] [--prefix-tokens N]
     python -m peg_core to-cpvt IN OUT [--peg-at 0] [--kernel-size 3]
+    python -m peg_core quantize CKPT OUT.pt2 [--calib 256] [--calib-data PATH] [--img-size S]
 
 Surgery: ``IN`` / ``OUT`` are ``.pth`` (read with ``weights_only=True``) or
 ``.safetensors`` files; ``OUT`` is written in the format its suffix names.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from .classify import cli as classify_cli
 from .engine import UserError, dispatch, grid_arg, int_list, new_parser, nonnegative_int, positive_int
+from .quantize import main as quantize_cli
 from .surgery import learned_to_cpvt, load_state_file, resize_checkpoint, save_state_file
 
 PROG = "python -m peg_core"
@@ -110,6 +112,7 @@ COMMANDS = {
     "predict": classify_cli.predict,
     "resize-pos-embed": resize_pos_embed,
     "to-cpvt": to_cpvt,
+    "quantize": quantize_cli,
 }
 
 

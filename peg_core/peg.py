@@ -12,6 +12,7 @@ subclasses fixing ``N`` and their parameter names.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 _CONVS: dict[int, type[nn.Module]] = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+_CONV_FNS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+#: ``padding_mode`` values: ``zeros`` (CPVT), ``circular`` (wraps around: no absolute position), ``replicate``
+PADDING_MODES = ("zeros", "circular", "replicate")
 # permute orders (B, *grid, C) -> (B, C, *grid) by grid rank, and back by map rank; precomputed since
 # they run on every call and building them from ranges costs about a microsecond each time
 _TO_GRID = {n: (0, n + 1, *range(1, n + 1)) for n in _CONVS}
@@ -168,7 +172,23 @@ class PEGNd(PositionEncoding):
             instead of ``k1*...*kN``.  Needs ``N >= 2``.
         bias: add a learned per-channel bias to the (last) conv output.
         zero_init: start the (last) conv at zero, so ``out == x`` until it
-            trains (for adding a PEG to a pretrained model).
+            trains (for adding a PEG to a pretrained model); with ``dynamic``
+            the whole kernel bank and its biases are zeroed.
+        padding_mode: ``"zeros"`` (CPVT: the border tells absolute position),
+            ``"circular"`` (the grid wraps around, so the PEG is exactly
+            translation-equivariant on the torus and carries no absolute
+            position: CPVT's "without zero padding" ablation) or
+            ``"replicate"``.  Masks need ``"zeros"``.
+        dynamic: a per-sample kernel (dynamic convolution / CondConv): the mean
+            of the sample's real grid tokens ``(B, C)`` goes through ``route``
+            (``Linear(C, K)``) and a softmax to ``K`` weights that mix a bank
+            of ``K`` depthwise kernels (and biases); all samples then run as one
+            grouped conv with ``groups = B*C``.  Not with ``factorized``.
+        num_kernels: ``K``, the size of the kernel bank (``dynamic`` only).
+
+    State dict: ``proj.weight`` ``(C, 1, *k)``, ``proj.bias`` ``(C,)`` (plus the
+    first factorized conv); with ``dynamic``: ``route.weight`` ``(K, C)``,
+    ``route.bias`` ``(K,)``, ``weight`` ``(K, C, 1, *k)``, ``bias`` ``(K, C)``.
 
     Shapes:
         ``forward(x, size, mask)`` with ``x`` tokens ``(B, P + prod(size), C)``
@@ -204,6 +224,10 @@ class PEGNd(PositionEncoding):
         factorized: bool = False,
         bias: bool = True,
         zero_init: bool = False,
+        *,
+        padding_mode: str = "zeros",
+        dynamic: bool = False,
+        num_kernels: int = 4,
     ) -> None:
         super().__init__()
         if not isinstance(kernel_size, Sequence) or len(kernel_size) not in _CONVS:
@@ -216,6 +240,12 @@ class PEGNd(PositionEncoding):
             raise ValueError(f"need dim >= 1 and num_prefix_tokens >= 0; got {dim}, {num_prefix_tokens}")
         if factorized and ndim < 2:
             raise ValueError("factorized=True needs a grid of 2 or more dimensions")
+        if padding_mode not in PADDING_MODES:
+            raise ValueError(f"padding_mode must be one of {PADDING_MODES}; got {padding_mode!r}")
+        if dynamic and factorized:
+            raise ValueError("dynamic=True does not combine with factorized=True (separable); choose one")
+        if dynamic and (isinstance(num_kernels, bool) or not isinstance(num_kernels, int) or num_kernels < 1):
+            raise ValueError(f"num_kernels must be an int >= 1; got {num_kernels!r}")
         self.dim = dim
         self.ndim = ndim
         self.kernel_size: int | tuple[int, ...] = ks
@@ -223,18 +253,38 @@ class PEGNd(PositionEncoding):
         self._map_rank = ndim + 2 if ndim > 1 else -1
         self.num_prefix_tokens = num_prefix_tokens
         self._factorized = factorized
+        self.padding_mode = padding_mode
+        self.dynamic = dynamic
+        self.num_kernels = num_kernels if dynamic else 0
         conv = _CONVS[ndim]
         pad = tuple(k // 2 for k in ks)
+        if dynamic:
+            self.route = nn.Linear(dim, num_kernels)
+            # Each bank entry is initialised as nn.Conv would initialise a depthwise kernel.
+            self.weight = nn.Parameter(torch.empty(num_kernels, dim, 1, *ks))
+            self.register_parameter("bias", nn.Parameter(torch.empty(num_kernels, dim)) if bias else None)
+            bound = 1 / math.prod(ks) ** 0.5  # a depthwise kernel's fan-in is its volume
+            nn.init.uniform_(self.weight, -bound, bound)
+            if self.bias is not None:
+                nn.init.uniform_(self.bias, -bound, bound)
+            if zero_init:
+                nn.init.zeros_(self.weight)
+                if self.bias is not None:
+                    nn.init.zeros_(self.bias)
+            return
         if factorized:
             # The bias sits on the second conv only: a bias before it would just
             # be re-weighted by it, adding nothing but border effects.  Registered
             # first so state dicts list it before ``proj``.
             pre_k, post_k = (1, *ks[1:]), (ks[0],) + (1,) * (ndim - 1)
-            pre = conv(dim, dim, pre_k, padding=(0, *pad[1:]), groups=dim, bias=False)
+            pre = conv(
+                dim, dim, pre_k, padding=(0, *pad[1:]), groups=dim, bias=False, padding_mode=padding_mode
+            )
             setattr(self, self._pre_name, pre)
-            self.proj = conv(dim, dim, post_k, padding=(pad[0],) + (0,) * (ndim - 1), groups=dim, bias=bias)
+            self.proj = conv(dim, dim, post_k, padding=(pad[0],) + (0,) * (ndim - 1), groups=dim, bias=bias,
+                             padding_mode=padding_mode)  # fmt: skip
         else:
-            self.proj = conv(dim, dim, ks, padding=pad, groups=dim, bias=bias)
+            self.proj = conv(dim, dim, ks, padding=pad, groups=dim, bias=bias, padding_mode=padding_mode)
         if zero_init:
             nn.init.zeros_(self.proj.weight)
             if self.proj.bias is not None:
@@ -243,8 +293,13 @@ class PEGNd(PositionEncoding):
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, kernel_size={self.kernel_size}, num_prefix_tokens={self.num_prefix_tokens}, "
-            f"factorized={self._factorized}"
+            f"factorized={self._factorized}" + self._variant_repr()
         )
+
+    def _variant_repr(self) -> str:
+        """``", padding_mode=..., dynamic=True, num_kernels=K"`` for the non-default variants only."""
+        text = "" if self.padding_mode == "zeros" else f", padding_mode={self.padding_mode!r}"
+        return text + (f", dynamic=True, num_kernels={self.num_kernels}" if self.dynamic else "")
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -254,6 +309,10 @@ class PEGNd(PositionEncoding):
             self.ndim = self.proj.weight.dim() - 2
             self._map_rank = self.ndim + 2 if self.ndim > 1 else -1
             self._factorized = bool(getattr(self, "separable", getattr(self, "factorized", False)))
+        # pickled before the padding modes and the dynamic kernel existed
+        self.__dict__.setdefault("padding_mode", "zeros")
+        self.__dict__.setdefault("dynamic", False)
+        self.__dict__.setdefault("num_kernels", 0)
 
     def conv(self, grid: Tensor, keep: Tensor | None = None) -> Tensor:
         """Depthwise conv of a ``(B, C, D1, ..., DN)`` map, same shape, in the map's memory format.
@@ -263,6 +322,11 @@ class PEGNd(PositionEncoding):
         it.  The multiplies after a conv are in place: a conv's backward needs
         its input, never its output.
         """
+        if keep is not None and self.padding_mode != "zeros":
+            # a wrapped / replicated border would read another sample's padding, breaking invariance
+            raise ValueError(f"padding masks need padding_mode='zeros'; this PEG has {self.padding_mode!r}")
+        if self.dynamic:
+            return self._dynamic_conv(grid, keep)
         if keep is not None:
             grid = grid * keep
         if self._factorized:
@@ -273,6 +337,53 @@ class PEGNd(PositionEncoding):
         if keep is not None:
             out = out.mul_(keep)
         return out
+
+    def kernels(self, grid: Tensor, keep: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Per-sample depthwise kernels of the dynamic PEG: ``(B, C, 1, *k)`` and biases ``(B, C)`` (or ``None``).
+
+        ``grid`` ``(B, C, D1, ..., DN)``, already zeroed at padding; ``keep``
+        ``(B, 1, D1, ..., DN)``.  The routing input is the mean over the real
+        positions only, so padding never changes a sample's kernel.
+        """
+        dims = tuple(range(2, grid.dim()))
+        if keep is None:
+            pooled = grid.mean(dims)
+        else:
+            pooled = grid.sum(dims) / keep.sum(dims).clamp_min(1)  # (B, C) / (B, 1)
+        mix = self.route(pooled).softmax(-1)  # (B, K)
+        weight = (mix @ self.weight.flatten(1)).unflatten(1, self.weight.shape[1:])
+        bias = None if self.bias is None else mix @ self.bias
+        return weight, bias
+
+    def _dynamic_conv(self, grid: Tensor, keep: Tensor | None) -> Tensor:
+        """:meth:`conv` with per-sample kernels: one grouped conv over a ``(1, B*C, D1, ..., DN)`` view."""
+        if keep is not None:
+            grid = grid * keep
+        weight, bias = self.kernels(grid, keep)
+        b, c, *spatial = grid.shape
+        n = len(spatial)
+        # The batch is folded into channels in channels-last order (memory (D1, ..., DN, B, C)):
+        # one copy of the tokens, and the conv keeps its channels-last kernel (an NCHW fold is
+        # 1.1-2.2x slower in tools/bench_core.py).  Built by a full-rank reshape, not unsqueeze(0):
+        # with the short batch stride unsqueeze leaves, oneDNN takes a ~20x slower path on CPU.
+        flat = grid.permute(*range(2, n + 2), 0, 1).reshape(1, *spatial, b * c)
+        flat = flat.permute(0, n + 1, *range(1, n + 1))  # (1, B*C, *spatial), channels-last strides
+        pad = [k // 2 for k in self.kernel_tuple]
+        if self.padding_mode != "zeros":
+            flat = F.pad(flat, [q for p in reversed(pad) for q in (p, p)], mode=self.padding_mode)
+            pad = [0] * n
+        w = weight.reshape(b * c, 1, *weight.shape[3:])
+        out = _CONV_FNS[n](flat, w, None if bias is None else bias.reshape(b * c), padding=pad, groups=b * c)
+        out = out.reshape(b, c, *out.shape[2:])  # a view for channels-last and contiguous outputs alike
+        if keep is not None:
+            out = out.mul_(keep)
+        return out
+
+    @property
+    def kernel_tuple(self) -> tuple[int, ...]:
+        """The kernel size as ``N`` ints (``kernel_size`` is an int for :class:`PEG2d`)."""
+        k = self.kernel_size
+        return (k,) * self.ndim if isinstance(k, int) else tuple(k)
 
     def forward(self, x: Tensor, size: Sequence[int] | None = None, mask: Tensor | None = None) -> Tensor:
         """``x`` plus the conv of its grid; see the class docstring for shapes."""
@@ -298,11 +409,12 @@ class PEGNd(PositionEncoding):
     def _token_delta(self, tokens: Tensor, size: tuple[int, ...], mask: Tensor | None) -> Tensor:
         """Conv output for grid tokens ``(B, prod(size), C)`` -> ``(B, prod(size), C)``."""
         keep = self._keep(mask, tokens.shape[0], size, tokens.dtype)
-        if keep is None and not tokens.is_contiguous():
+        if keep is None and not self.dynamic and not tokens.is_contiguous():
             # Behind prefix tokens the grid slice has a batch stride of
             # (P + prod(size)) * C, which the conv kernels would copy anyway;
             # copy it once here, straight into channels-last order (never
-            # channels-first).  With a mask, ``grid * keep`` is that copy.
+            # channels-first).  With a mask, ``grid * keep`` is that copy; the dynamic PEG makes
+            # its own (batch folded into channels).
             tokens = tokens.contiguous()
         return grid_to_tokens(self.conv(tokens_to_grid(tokens, size), keep))
 
@@ -358,6 +470,9 @@ class PEG2d(PEGNd):
         bias: add a learned per-channel bias to the conv output.
         zero_init: start the conv at zero, so ``out == x`` until it trains
             (for adding a PEG to a pretrained model).
+        padding_mode, dynamic, num_kernels: ``"zeros"`` / ``"circular"`` /
+            ``"replicate"`` borders and the per-sample (dynamic) kernel; see
+            :class:`PEGNd`.
 
     Shapes:
         ``forward(x, size, mask)`` with ``x`` tokens ``(B, P + H*W, C)`` and
@@ -382,6 +497,10 @@ class PEG2d(PEGNd):
         separable: bool = False,
         bias: bool = True,
         zero_init: bool = False,
+        *,
+        padding_mode: str = "zeros",
+        dynamic: bool = False,
+        num_kernels: int = 4,
     ) -> None:
         try:
             k = operator.index(kernel_size)
@@ -391,14 +510,17 @@ class PEG2d(PEGNd):
             raise ValueError(
                 f"kernel_size must be odd and >= 1 so the grid keeps its size; got {kernel_size}"
             )
-        super().__init__(dim, (k, k), num_prefix_tokens, separable, bias, zero_init)
+        super().__init__(
+            dim, (k, k), num_prefix_tokens, separable, bias, zero_init,
+            padding_mode=padding_mode, dynamic=dynamic, num_kernels=num_kernels,
+        )  # fmt: skip
         self.kernel_size = k  # the int k, not the base's (k, k)
         self.separable = separable
 
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, kernel_size={self.kernel_size}, num_prefix_tokens={self.num_prefix_tokens}, "
-            f"separable={self.separable}"
+            f"separable={self.separable}" + self._variant_repr()
         )
 
 
@@ -420,6 +542,7 @@ class PEG3d(PEGNd):
             instead of ``kT*kH*kW`` weights per channel.
         bias: per-channel bias on the (last) conv.
         zero_init: start the (last) conv at zero, so ``out == x`` until it trains.
+        padding_mode, dynamic, num_kernels: see :class:`PEGNd`.
 
     Shapes:
         ``forward(x, size, mask)`` with ``x`` tokens ``(B, P + T*H*W, C)``
@@ -442,8 +565,15 @@ class PEG3d(PEGNd):
         factorized: bool = False,
         bias: bool = True,
         zero_init: bool = False,
+        *,
+        padding_mode: str = "zeros",
+        dynamic: bool = False,
+        num_kernels: int = 4,
     ) -> None:
-        super().__init__(dim, _kernel_tuple(kernel_size, 3), num_prefix_tokens, factorized, bias, zero_init)
+        super().__init__(
+            dim, _kernel_tuple(kernel_size, 3), num_prefix_tokens, factorized, bias, zero_init,
+            padding_mode=padding_mode, dynamic=dynamic, num_kernels=num_kernels,
+        )  # fmt: skip
         self.factorized = factorized
 
 

@@ -17,6 +17,13 @@ kernel.  Shapes: DeiT-tiny (C=192, 14×14 + class token) and the DETR encoder
 (C=256, 25×34 with a padding mask).  Each implementation is timed
 ``--repeats`` times in turn and the smallest median is kept, so a burst of
 load from other processes does not land on one implementation only.
+
+A second table times the dynamic-kernel PEG (``PEG2d(dynamic=True,
+num_kernels=4)``: router, kernel mix and one grouped conv with ``groups =
+B*C``) against the static PEG on the same shapes (``dynamic/static``), and
+against the same dynamic PEG with the batch folded into channels in
+channels-first order (``nchw-fold``: ``(1, B*C, H, W)`` contiguous), the
+layout its implementation avoids.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.benchmark import Timer
 
@@ -139,6 +147,98 @@ def measure(case: Case, threads: int, min_run_time: float, repeats: int, cpu_tim
     return rows
 
 
+@dataclass
+class DynRow:
+    case: str
+    batch: int
+    pass_: str
+    static_us: float
+    dynamic_us: float
+    nchw_us: float
+
+    @property
+    def vs_static(self) -> float:
+        return self.dynamic_us / self.static_us
+
+    @property
+    def nchw_vs_dynamic(self) -> float:
+        return self.nchw_us / self.dynamic_us
+
+
+def dynamic_nchw(peg: PEG2d, x: Tensor, size: tuple[int, int], mask: Tensor | None) -> Tensor:
+    """The dynamic PEG with the batch folded into channels through an NCHW-contiguous copy (the baseline)."""
+    p = peg.num_prefix_tokens
+    tokens = x[:, p:]
+    b, _, c = tokens.shape
+    keep = None if mask is None else (~mask).unsqueeze(1).to(x.dtype)
+    grid = tokens.transpose(1, 2).reshape(b, c, *size)
+    if keep is not None:
+        grid = grid * keep
+    weight, bias = peg.kernels(grid, keep)
+    out = F.conv2d(grid.reshape(1, b * c, *size), weight.reshape(b * c, 1, *weight.shape[3:]),
+                   None if bias is None else bias.reshape(-1), padding=peg.kernel_size // 2, groups=b * c)  # fmt: skip
+    out = out.reshape(b, c, *size)
+    if keep is not None:
+        out = out * keep
+    return torch.cat([x[:, :p], tokens + out.flatten(2).transpose(1, 2)], dim=1)
+
+
+def measure_dynamic(
+    case: Case, threads: int, min_run_time: float, repeats: int, cpu_time: bool
+) -> list[DynRow]:
+    """Static vs dynamic PEG2d (and the NCHW-fold baseline), forward and forward+backward."""
+    b, c, (h, w), p = case.batch, case.dim, case.size, case.num_prefix
+    static = PEG2d(c, kernel_size=3, num_prefix_tokens=p)
+    dyn = PEG2d(c, kernel_size=3, num_prefix_tokens=p, dynamic=True, num_kernels=4)
+    mask = detr_mask(b, case.size) if case.masked else None
+    x = torch.randn(b, p + h * w, c)
+    impls: dict[str, tuple[torch.nn.Module, Callable[[Tensor], Tensor]]] = {
+        "static": (static, lambda t: static(t, (h, w), mask)),
+        "dynamic": (dyn, lambda t: dyn(t, (h, w), mask)),
+        "nchw": (dyn, lambda t: dynamic_nchw(dyn, t, (h, w), mask)),
+    }
+    torch.testing.assert_close(impls["dynamic"][1](x), impls["nchw"][1](x), atol=1e-5, rtol=1e-5)
+    rows = []
+    for pass_ in ("fwd", "fwd+bwd"):
+        calls: dict[str, Callable[[], object]] = {}
+        for name, (mod, f) in impls.items():
+            if pass_ == "fwd":
+                calls[name] = lambda f=f: f(x)
+                continue
+            xg = x.clone().requires_grad_()
+            params = [xg, *mod.parameters()]
+
+            def step(f=f, xg=xg, params=params) -> None:
+                for t in params:
+                    t.grad = None
+                out = f(xg)
+                out.backward(torch.ones_like(out))
+
+            calls[name] = step
+        us = dict.fromkeys(calls, float("inf"))
+        for _ in range(repeats):
+            for name, call in calls.items():
+                with torch.set_grad_enabled(pass_ != "fwd"):
+                    us[name] = min(us[name], timed(call, threads, min_run_time, cpu_time) * 1e6)
+        rows.append(DynRow(case.name, b, pass_, us["static"], us["dynamic"], us["nchw"]))
+    return rows
+
+
+def markdown_dynamic(rows: list[DynRow]) -> str:
+    lines = [
+        "Dynamic-kernel PEG2d (K=4, one grouped conv, groups = B*C) vs the static PEG2d; median µs per call",
+        "",
+        "| shape | B | pass | static µs | dynamic µs | nchw-fold µs | dynamic/static | nchw-fold/dynamic |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.case} | {r.batch} | {r.pass_} | {r.static_us:.0f} | {r.dynamic_us:.0f} | {r.nchw_us:.0f} "
+            f"| {r.vs_static:.2f} | {r.nchw_vs_dynamic:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(rows: list[Row], threads: int, cpu_time: bool) -> str:
     clock = "thread CPU time" if cpu_time else "wall clock"
     lines = [
@@ -187,6 +287,13 @@ def main(argv: list[str] | None = None) -> None:
         f"\nworst PEG2d/naive = {worst_naive:.2f} (target <= 1), "
         f"worst PEG2d/copy = {worst_copy:.1f} (target <= 4)"
     )
+    dyn_rows = [
+        row
+        for case in cases(args.quick)
+        for row in measure_dynamic(case, args.threads, min_run_time, repeats, args.cpu_time)
+    ]
+    print("\n" + markdown_dynamic(dyn_rows))
+    print(f"\nworst dynamic/static = {max(r.vs_static for r in dyn_rows):.2f}")
     if args.json:
         payload = {
             "threads": args.threads,
@@ -195,6 +302,9 @@ def main(argv: list[str] | None = None) -> None:
             "rows": [
                 asdict(r) | {"vs_naive": r.vs_naive, "vs_copy": r.vs_copy, "conv_vs_copy": r.conv_vs_copy}
                 for r in rows
+            ],
+            "dynamic_rows": [
+                asdict(r) | {"vs_static": r.vs_static, "nchw_vs_dynamic": r.nchw_vs_dynamic} for r in dyn_rows
             ],
         }
         with open(args.json, "w") as fh:

@@ -13,21 +13,51 @@ Counting rule (the same for every encoding, so the columns compare):
 
 Generating fixed codes (sin/cos) and resizing a learned table are not counted
 (they depend on the grid only and can be cached per size).
+
+The share of a whole CPVT (:func:`cpvt_encoding_cost`, ``python -m
+tools.study_cost``) is measured differently, from the model itself: one
+forward under ``torch.utils.flop_counter.FlopCounterMode`` on the meta device
+(no arithmetic is done, so CPVT-B at 384 px costs nothing), reading the FLOPs
+of the ``pos_blocks.*`` and ``pos_enc`` modules against the model's total, and
+parameters counted from the modules.  FlopCounterMode counts matrix products
+and convolutions only, so elementwise adds (a table added once, a PEG's
+residual) are in neither the encoding's nor the model's figure.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from peg_core import PositionEncoding
+from peg_core import models as cpvt_models
 
-__all__ = ["EncodingCost", "encoding_cost"]
+__all__ = [
+    "COST_ENCODINGS",
+    "COST_MODELS",
+    "EncodingCost",
+    "cost_table",
+    "cpvt_encoding_cost",
+    "encoding_cost",
+]
+
+#: the CPVT sizes and encodings of the cost table (``peg-dynamic``: ``pos_enc="peg", peg_dynamic=True``)
+COST_MODELS = ("cpvt_tiny", "cpvt_small", "cpvt_base")
+COST_ENCODINGS = ("peg", "peg-dynamic", "learned", "sincos", "none")
+#: what the write-ups say, printed next to the measurement
+CLAIMS = (
+    'Claim (CPVT write-ups): a PEG adds < 1% parameters ("~960 for DeiT-Tiny") and ~3% FLOPs. '
+    "Formula: a 3×3 depthwise conv at width 192 has 3·3·192 = 1,728 weights + 192 biases = 1,920 "
+    "parameters, and costs 2·k²·C·H·W = 2·9·192·14·14 = 677,376 FLOPs at 224 px."
+)
 
 
 @dataclass(frozen=True)
@@ -119,3 +149,126 @@ class _count_codes:
 
     def __exit__(self, *exc) -> None:
         del self.enc.position, self.enc.forward  # back to the class methods
+
+
+# ---------------------------------------------------------------------------------- whole-model share
+
+
+def cpvt_encoding_cost(model: nn.Module, img_size: int | Sequence[int]) -> dict[str, Any]:
+    """The position encoding's parameters and FLOPs in a :class:`~peg_core.models.CPVT` and their shares.
+
+    One forward of a ``(1, 3, H, W)`` input (on the model's device; build the
+    model under ``torch.device("meta")`` to count without computing) under
+    ``FlopCounterMode``.  Prefer meta: with CPU tensors FlopCounterMode does
+    not see the fused SDPA kernel, so the model total lacks the attention
+    products; on meta SDPA runs as (counted) matmuls.  The encoding is the ``pos_blocks.*`` PEGs (their
+    routers included) and the ``pos_enc`` module.
+
+    Returns ``{"params", "model_params", "params_share", "flops", "model_flops",
+    "flops_share"}`` (shares as fractions; FLOPs = 2 × multiply-adds of
+    matmuls and convolutions).
+    """
+    h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    encoding = [m for m in (getattr(model, "pos_enc", None), *getattr(model, "pos_blocks", {}).values()) if m]
+    params = sum(p.numel() for m in encoding for p in m.parameters())
+    model_params = sum(p.numel() for p in model.parameters())
+    device = next(model.parameters()).device
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.zeros(1, 3, h, w, device=device))
+    # Module names read "<Root>.pos_blocks.<i>" / "<Root>.pos_enc"; a parent's figure includes its children.
+    flops = 0
+    for name, ops in counter.get_flop_counts().items():
+        parts = name.split(".")
+        if (parts[1:2] == ["pos_enc"] and len(parts) == 2) or (
+            parts[1:2] == ["pos_blocks"] and len(parts) == 3
+        ):
+            flops += sum(ops.values())
+    model_flops = counter.get_total_flops()
+    return {
+        "params": params,
+        "model_params": model_params,
+        "params_share": params / model_params,
+        "flops": flops,
+        "model_flops": model_flops,
+        "flops_share": flops / model_flops if model_flops else 0.0,
+    }
+
+
+def _build(arch: str, encoding: str) -> nn.Module:
+    kwargs: dict[str, Any] = (
+        {"pos_enc": "peg", "peg_dynamic": True} if encoding == "peg-dynamic" else {"pos_enc": encoding}
+    )
+    with torch.device("meta"):  # shapes only: nothing is allocated or computed
+        return getattr(cpvt_models, arch)(**kwargs).eval()
+
+
+def cost_table(
+    archs: Sequence[str] = COST_MODELS,
+    encodings: Sequence[str] = COST_ENCODINGS,
+    sizes: Sequence[int] = (224, 384),
+) -> tuple[str, dict[tuple[str, str, int], dict[str, Any]]]:
+    """Markdown table (one row per model and encoding, a column pair per size) and the raw figures."""
+    figures: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for arch in archs:
+        for enc in encodings:
+            model = _build(arch, enc)
+            for size in sizes:
+                figures[arch, enc, size] = cpvt_encoding_cost(model, size)
+    head = "| model | encoding | params | % of model params |" + "".join(
+        f" MFLOPs {s} | % of FLOPs {s} |" for s in sizes
+    )
+    lines = [head, "|---|---|---:|---:|" + "---:|---:|" * len(sizes)]
+    for arch in archs:
+        for enc in encodings:
+            first = figures[arch, enc, sizes[0]]
+            row = f"| {arch} | {enc} | {first['params']:,} | {100 * first['params_share']:.3f} |"
+            for size in sizes:
+                f = figures[arch, enc, size]
+                row += f" {f['flops'] / 1e6:.3f} | {100 * f['flops_share']:.3f} |"
+            lines.append(row)
+    return "\n".join(lines), figures
+
+
+def verdict(figures: dict[tuple[str, str, int], dict[str, Any]]) -> str:
+    """One line comparing the measurement with :data:`CLAIMS` (CPVT-Ti with one PEG, first size)."""
+    keys = [k for k in figures if k[0] == "cpvt_tiny" and k[1] == "peg"]
+    if not keys:
+        return ""
+    f = figures[min(keys, key=lambda k: k[2])]
+    worst_p = max(v["params_share"] for k, v in figures.items() if k[1] == "peg")
+    worst_f = max(v["flops_share"] for k, v in figures.items() if k[1] == "peg")
+    size = min(keys, key=lambda k: k[2])[2]
+    formula = "holds" if f["params"] == 1920 else "does not hold"
+    return (
+        f"Measured: CPVT-Ti's PEG has {f['params']:,} parameters ({100 * f['params_share']:.4f}% of "
+        f'{f["model_params"]:,}; the 1,920 formula {formula}, "~960" is half of it) and costs '
+        f"{f['flops']:,} FLOPs ({100 * f['flops_share']:.4f}% of {f['model_flops'] / 1e9:.2f} GFLOPs) at {size} px. "
+        f"Over the models and sizes measured a PEG is at most {100 * worst_p:.3f}% of the parameters "
+        f"(< 1%: {'yes' if worst_p < 0.01 else 'no'}) and {100 * worst_f:.3f}% of the FLOPs "
+        f"({'about' if 0.015 <= worst_f <= 0.05 else 'not'} the ~3% claimed)."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    """``python -m tools.study_cost``: print the encoding-cost table and the claim check; returns the text."""
+    parser = argparse.ArgumentParser(description="Parameters and FLOPs of CPVT's position encodings.")
+    parser.add_argument("--archs", default=",".join(COST_MODELS), help="comma-separated CPVT sizes")
+    parser.add_argument("--encodings", default=",".join(COST_ENCODINGS), help="comma-separated encodings")
+    parser.add_argument("--sizes", default="224,384", help="comma-separated input sizes (px)")
+    args = parser.parse_args(argv)
+    archs, encs = args.archs.split(","), args.encodings.split(",")
+    bad = [a for a in archs if a not in COST_MODELS] + [e for e in encs if e not in COST_ENCODINGS]
+    if bad:
+        parser.error(f"unknown arch/encoding {bad}; choose from {COST_MODELS} and {COST_ENCODINGS}")
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes must be integers; got {args.sizes!r}")
+    table, figures = cost_table(archs, encs, sizes)
+    text = "\n\n".join(t for t in (table, CLAIMS, verdict(figures)) if t)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

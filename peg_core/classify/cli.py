@@ -37,7 +37,9 @@ from ..engine import (
     positive_int_list,
     unit_fraction,
 )
+from ..engine.recipes import add_recipe_args
 from ..models.cpvt import GLOBAL_POOLS, POS_ENCODINGS
+from ..peg import PADDING_MODES
 from .data import AUGMENTS, NORMALIZE, check_layout, require_torchvision
 from .make_data import FORMATS, write_shapes_folder
 from .model import ARCHS
@@ -81,13 +83,39 @@ def crop_ratio(text: str) -> float:
     return value
 
 
+def peg_at_arg(text: str) -> list[int] | str:
+    """``argparse`` type of ``--peg-at``: ``"all"``, or block indices ``"0,1,2"`` where ``-1`` is before block 0."""
+    if text.strip() == "all":
+        return "all"
+    parts = [t.strip() for t in text.split(",")]
+    if "-1" in parts:
+        rest = [t for t in parts if t != "-1"]
+        return [-1, *(int_list(",".join(rest)) if rest else [])]
+    return int_list(text)
+
+
+def odd_kernel(text: str) -> int:
+    """``argparse`` type: an odd kernel side >= 1 (the PEG keeps the grid's size)."""
+    value = positive_int(text)
+    if value % 2 == 0:
+        raise argparse.ArgumentTypeError(f"expected an odd integer >= 1; got {text!r}")
+    return value
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (CPVT)")
     g.add_argument("--arch", choices=ARCHS, help="demo (small, for the generated shapes) or a CPVT size")
     g.add_argument("--pos-enc", choices=POS_ENCODINGS, help="position encoding (peg: CPVT)")
-    g.add_argument(
-        "--peg-at", type=int_list, help="blocks followed by a PEG, e.g. 0 or 0,1,2,3 (default: arch's)"
-    )
+    g.add_argument("--peg-at", type=peg_at_arg,
+                   help="blocks followed by a PEG, e.g. 0 or 0,1,2,3; -1: before block 0; all (default: arch's)")  # fmt: skip
+    g.add_argument("--peg-kernel-size", type=odd_kernel, help="PEG depthwise kernel side (default 3)")
+    g.add_argument("--peg-separable", action=argparse.BooleanOptionalAction,
+                   help="separable PEG: a 1xk then a kx1 depthwise conv (default: off)")  # fmt: skip
+    g.add_argument("--peg-padding", choices=PADDING_MODES,
+                   help="PEG conv border: zeros (CPVT) or circular (no absolute position) (default zeros)")  # fmt: skip
+    g.add_argument("--peg-dynamic", action=argparse.BooleanOptionalAction,
+                   help="per-image PEG kernels mixed from a bank (dynamic convolution) (default: off)")  # fmt: skip
+    g.add_argument("--peg-num-kernels", type=positive_int, help="bank size of --peg-dynamic (default 4)")
     g.add_argument("--global-pool", choices=GLOBAL_POOLS, help="token (class token) or avg (default: arch's)")
     g.add_argument("--pos-interpolation", "--mode", dest="pos_interpolation", choices=RESIZE_MODES,
                    help="how a learned table is resized for other input sizes")  # fmt: skip
@@ -125,6 +153,7 @@ def build_train_parser() -> argparse.ArgumentParser:
         "--weight-decay", type=nonnegative_float, help="AdamW weight decay (none on norms, biases, tokens)"
     )
     g.add_argument("--warmup-epochs", type=nonnegative_float, help="linear warm-up length in epochs")
+    add_recipe_args(p)
     p.set_defaults(**{k: v for k, v in CONFIGS["demo"].items() if k not in ("augment", "crop_ratio", "normalize")},
                    pos_interpolation="bicubic")  # fmt: skip
     return p
@@ -197,6 +226,10 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = build_eval_parser().parse_args(argv)
+    if args.checkpoint.suffix == ".pt2":  # int8 models from 'peg_core quantize' run on the CPU
+        if args.device.startswith("cuda"):
+            raise UserError("quantized models run on the CPU only", f"--device {args.device}")
+        args.device = "cpu"
     report = evaluate_checkpoint(ClassifyTask(), args)
     print(f"report: {Path(report['output_dir']) / 'report.json'}")
     return report

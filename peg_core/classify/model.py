@@ -46,7 +46,8 @@ DEMO_CONFIG: dict[str, Any] = {
 SCALES = (0.75, 1.0, 1.5, 2.0)
 #: argparse destinations that override the arch's shape when given
 SHAPE_OPTIONS = ("embed_dim", "depth", "num_heads", "patch_size", "mlp_ratio", "global_pool", "peg_at",
-                 "drop_path_rate")  # fmt: skip
+                 "drop_path_rate", "peg_kernel_size", "peg_separable", "peg_padding", "peg_dynamic",
+                 "peg_num_kernels")  # fmt: skip
 
 
 def build_model(config: Mapping[str, Any]) -> models.CPVT:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..engine import EvalParts, RunContext, StepOutput, TrainParts, UserError
 from ..engine.broken import SkipBroken, skipping_collate
-from ..engine.checkpoint import load_model_state
+from ..engine.checkpoint import load_model_state, read_checkpoint
+from ..engine.recipes import apply_position_recipe
 from ..models import CPVT
 from .data import NORMALIZE, FolderImages, ShapeImages, folder_transform, open_image_folder, open_val_split
 from .metrics import accuracy
@@ -27,7 +29,7 @@ from .model import build_checked, make_optimizer, model_config_from_args, scaled
 from .sampler import EpochShuffle
 from .shapes import CLASS_NAMES, make_shape_splits, sample_scenes
 
-__all__ = ["ClassifyTask", "classify_step", "data_settings", "load_model"]
+__all__ = ["ClassifyTask", "classify_step", "data_settings", "load_model", "resize_images"]
 
 
 def data_settings(args: argparse.Namespace, on_disk: bool) -> dict[str, Any]:
@@ -55,6 +57,22 @@ def classify_step(net: nn.Module, batch: tuple[Tensor, Tensor], ctx: RunContext)
     logits = logits.float()
     loss = F.cross_entropy(logits, y)
     return StepOutput(loss, {"acc": (logits.argmax(-1) == y).float().mean()})
+
+
+def resize_images(
+    batch: tuple[Tensor, Tensor], size: int, device: torch.device | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(images (B, 3, H, W), labels)`` with the images at ``size × size`` (multi-scale / progressive).
+
+    Moved to ``device`` first so the resampling runs there; bilinear with antialias, so a smaller
+    size is a proper down-sampling rather than a skip of pixels.
+    """
+    x, y = batch
+    if device is not None:
+        x = x.to(device, non_blocking=True)
+    if tuple(x.shape[-2:]) != (size, size):
+        x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    return x, y
 
 
 def load_model(ckpt: dict[str, Any], path: str | os.PathLike, mode: str | None = None) -> CPVT:
@@ -131,6 +149,13 @@ class ClassifyTask:
         config = model_config_from_args(args, len(classes))
         model = build_checked(config, f"--arch {args.arch}").to(ctx.device)
         optimizer = make_optimizer(model, args.lr, args.weight_decay)
+        # before the scheduler: it records each group's lr (a scaled position group included)
+        apply_position_recipe(
+            optimizer,
+            model,
+            freeze=getattr(args, "freeze_pos", False),
+            lr_scale=getattr(args, "pos_lr_scale", None),
+        )
 
         sampler = EpochShuffle(len(train), args.seed, ctx.dist.rank, ctx.dist.world_size)  # type: ignore[arg-type]
         loader = DataLoader(
@@ -161,15 +186,30 @@ class ClassifyTask:
             meta=meta,
             on_epoch_start=sampler.set_epoch,  # data order = f(seed, epoch): exact resume
             summary=_summary,
+            resize_batch=partial(resize_images, device=ctx.device),
         )
 
     # ------------------------------------------------------------------------------------- eval
 
+    def read_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
+        """A training checkpoint, or a quantized ``.pt2`` as ``{"quantized": module, "meta", "epoch"}``."""
+        from ..quantize import QUANTIZED_SUFFIX, load_quantized
+
+        if Path(path).suffix != QUANTIZED_SUFFIX:
+            return read_checkpoint(path, self.name)
+        model, meta = load_quantized(path)
+        return {"task": self.name, "quantized": model, "meta": meta, "epoch": meta.get("epoch")}
+
     def setup_eval(self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any]) -> EvalParts:
         path = Path(args.checkpoint)
-        model = load_model(ckpt, path, args.pos_interpolation).to(ctx.device)
+        if "quantized" in ckpt:  # a .pt2 from 'peg_core quantize': CPU only, its own resize mode
+            if ctx.device.type != "cpu":
+                raise UserError("quantized models run on the CPU only", f"--device {ctx.device}")
+            model = ckpt["quantized"]
+        else:
+            model = load_model(ckpt, path, args.pos_interpolation).to(ctx.device)
         meta = ckpt["meta"]
-        train_size = int(meta.get("img_size", model.img_size[0]))
+        train_size = int(meta["img_size"] if "img_size" in meta else model.img_size[0])
         sizes = args.eval_sizes or scaled_sizes(train_size)
         val_at = self._eval_data(args, meta, path)
 

@@ -56,6 +56,7 @@ from .checkpoint import (
 from .cli import json_safe
 from .errors import TrainingDiverged, UserError
 from .progress import Progress
+from .recipes import check_recipe_args, size_for_step, uses_sizes
 
 __all__ = [
     "EvalParts",
@@ -93,6 +94,8 @@ class TrainParts:
         meta: JSON-safe task data for the checkpoint (class names, categories, ...).
         on_epoch_start: called with the epoch before it runs (samplers, data sets).
         summary: one-line text of the metrics of ``evaluate`` for the console.
+        resize_batch: ``resize_batch(batch, size) -> batch`` shows a batch at input side ``size``;
+            needed by ``--train-sizes`` / ``--progressive-sizes`` (see :mod:`.recipes`).
     """
 
     model: nn.Module
@@ -107,6 +110,7 @@ class TrainParts:
     meta: dict[str, Any] = field(default_factory=dict)
     on_epoch_start: Callable[[int], None] | None = None
     summary: Callable[[dict[str, Any]], str] | None = None
+    resize_batch: Callable[[Any, int], Any] | None = None
 
 
 @dataclass
@@ -298,10 +302,14 @@ class _Fit:
                 print(f"removed {f.name}, left by a run stopped while saving", flush=True)
         if ctx.requested_amp not in ("off", "none") and ctx.amp == "off":
             ctx.print(f"--amp {ctx.requested_amp} applies on CUDA only; running in float32 on {ctx.device}")
+        check_recipe_args(args)
         seed_everything(args.seed, ctx.dist.rank)
         ckpt, ckpt_path = self._resume()
         parts = self.task.setup_train(args, ctx, ckpt)
         self.parts = parts
+        if uses_sizes(args) and parts.resize_batch is None:
+            raise UserError(f"task {self.task.name!r} does not resize batches",
+                            "--train-sizes / --progressive-sizes")  # fmt: skip
         start_epoch, step, metrics = 0, 0, {}
         if ckpt is not None:
             start_epoch, step, metrics = self._restore(ckpt, ckpt_path)
@@ -389,7 +397,13 @@ class _Fit:
         stream = ctx.batches(
             parts.train_loader, "train", parts.train_size, desc=f"epoch {epoch + 1}/{args.epochs}"
         )
+        drawn: list[int] = []
         for data in stream:
+            # Drawn from (seed, epoch, step) alone: every rank and a resumed run see the same size.
+            size = size_for_step(args, epoch, step)
+            if size is not None and parts.resize_batch is not None:
+                data = parts.resize_batch(data, size)
+                drawn.append(size)
             out = parts.step(net, data, ctx)
             names = ["loss", *out.logs]
             values = [out.loss.detach().float()] + [
@@ -419,6 +433,8 @@ class _Fit:
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
         stats["steps"] = steps
         stats["broken"] = ctx.broken["train"].count
+        if drawn:  # the input size of the epoch (progressive) or the mean of the drawn ones
+            stats["size"] = drawn[0] if len(set(drawn)) == 1 else sum(drawn) / len(drawn)
         return stats, step
 
     def _diverged_message(self, value: float, step: int, epoch: int) -> str:
@@ -506,7 +522,9 @@ def evaluate_checkpoint(task: Task, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.time()
     ctx = _start(args, out)
     try:
-        ckpt = read_checkpoint(ckpt_path, task.name)
+        # A task may read other files too (classify: quantized .pt2 models).
+        reader = getattr(task, "read_checkpoint", None)
+        ckpt = reader(ckpt_path) if reader is not None else read_checkpoint(ckpt_path, task.name)
         parts = task.setup_eval(args, ctx, ckpt)
         parts.model.eval()
         metrics = parts.evaluate(parts.model, ctx)

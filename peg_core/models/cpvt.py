@@ -5,6 +5,7 @@ Layout (timm/DeiT parameter names, so DeiT checkpoints map onto it)::
     image (B, 3, H, W) --pad to a multiple of the patch--> patch_embed.proj (conv p×p, stride p)
       -> tokens (B, h*w, C) [+ cls_token in front when the class token is used]
       -> [non-PEG encodings ("learned", "sincos", "sine"): added here, once]
+      -> [pos_blocks.-1 (PEG2d) when peg_at holds -1: CPVT's "position -1" ablation]
       -> blocks.0 -> pos_blocks.0 (PEG2d) -> blocks.1 -> ... -> blocks.{depth-1}
       -> norm -> pool ("token": the class token; "avg": mean of the grid tokens) -> head
 
@@ -48,8 +49,14 @@ class CPVT(nn.Module):
         pos_enc: ``"peg"`` (CPVT), ``"learned"`` (DeiT table incl. the class-token
             entry), ``"sincos"``, ``"sine"`` (added to the tokens), or ``"none"``.
         peg_at: block indices after which a PEG runs (CPVT: ``(0,)``; ``(0, ..., 5)``
-            for the "PEG at 0-5" variant). Ignored unless ``pos_enc="peg"``.
+            for the "PEG at 0-5" variant); ``-1`` is right after the patch embedding,
+            before block 0; ``"all"`` is every block. Ignored unless ``pos_enc="peg"``.
         peg_kernel_size: PEG depthwise conv size (3 in CPVT).
+        peg_separable: the light ``1×k`` then ``k×1`` PEG (:class:`PEG2d` ``separable``).
+        peg_padding: the PEG conv's ``padding_mode``: ``"zeros"`` (CPVT) or ``"circular"``
+            (no border, so no absolute position: the "without zero padding" ablation).
+        peg_dynamic: per-image PEG kernels mixed from a bank of ``peg_num_kernels``
+            (:class:`PEG2d` ``dynamic``); state-dict keys ``pos_blocks.<i>.{weight,bias,route.*}``.
         global_pool: ``"avg"`` (mean of the grid tokens, CPVT-GAP, the paper's best,
             the default) or ``"token"`` (class token, DeiT).
         class_token: prepend a class token; ``None`` means "only for
@@ -72,6 +79,10 @@ class CPVT(nn.Module):
         pos_enc: str = "peg",
         peg_at: Sequence[int] = (0,),
         peg_kernel_size: int = 3,
+        peg_separable: bool = False,
+        peg_padding: str = "zeros",
+        peg_dynamic: bool = False,
+        peg_num_kernels: int = 4,
         global_pool: str = "avg",
         class_token: bool | None = None,
         drop_path_rate: float = 0.0,
@@ -86,12 +97,19 @@ class CPVT(nn.Module):
             class_token = global_pool == "token"
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
+        if isinstance(peg_at, str):
+            if peg_at != "all":
+                raise ValueError(f"peg_at must be block indices or 'all'; got {peg_at!r}")
+            peg_at = range(depth)
         peg_at = tuple(sorted({int(i) for i in peg_at})) if pos_enc == "peg" else ()
         if pos_enc == "peg" and not peg_at:
             raise ValueError("pos_enc='peg' needs at least one block index in peg_at")
-        bad = [i for i in peg_at if not 0 <= i < depth]
+        bad = [i for i in peg_at if not -1 <= i < depth]
         if bad:
-            raise ValueError(f"peg_at={peg_at} has indices {bad} outside the {depth} blocks (0..{depth - 1})")
+            raise ValueError(
+                f"peg_at={peg_at} has indices {bad} outside the {depth} blocks (0..{depth - 1}) "
+                "and -1 (before block 0)"
+            )
 
         self.embed_dim = embed_dim
         self.num_classes = num_classes
@@ -102,6 +120,13 @@ class CPVT(nn.Module):
         self.num_prefix_tokens = 1 if class_token else 0
         self.pos_enc_kind = pos_enc
         self.peg_at = peg_at
+        self.peg_options = {
+            "kernel_size": peg_kernel_size,
+            "separable": peg_separable,
+            "padding_mode": peg_padding,
+            "dynamic": peg_dynamic,
+            "num_kernels": peg_num_kernels,
+        }
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
@@ -115,9 +140,10 @@ class CPVT(nn.Module):
             self.pos_enc = build_position_encoding(pos_enc, embed_dim, num_prefix_tokens=p, apply_to="tokens")
         else:
             self.pos_enc = None  # PEGs live in pos_blocks; "none" has nothing
-        # ModuleDict keyed by block index: state-dict keys read pos_blocks.<i>.proj.weight.
+        # ModuleDict keyed by block index: state-dict keys read pos_blocks.<i>.proj.weight
+        # (pos_blocks.-1.* for the PEG before block 0).  PEG2d checks the options.
         self.pos_blocks = nn.ModuleDict(
-            {str(i): PEG2d(embed_dim, peg_kernel_size, num_prefix_tokens=p) for i in peg_at}
+            {str(i): PEG2d(embed_dim, num_prefix_tokens=p, **self.peg_options) for i in peg_at}
         )
         dpr = [drop_path_rate * i / max(1, depth - 1) for i in range(depth)]  # plain floats: meta-device safe
         self.blocks = nn.ModuleList(
@@ -144,6 +170,35 @@ class CPVT(nn.Module):
         """Parameter names conventionally trained without weight decay."""
         return {"cls_token", "pos_enc.pos_embed"}
 
+    @property
+    def num_features(self) -> int:
+        """Width of the pooled features fed to the head (timm's name for it)."""
+        return self.embed_dim
+
+    def get_classifier(self) -> nn.Module:
+        """The classifier head (``nn.Identity`` when ``num_classes == 0``)."""
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """New randomly initialised head for ``num_classes`` outputs (0: none), optionally a new pooling.
+
+        ``global_pool="token"`` needs the class token this model was built with.
+        """
+        if global_pool is not None:
+            if global_pool not in GLOBAL_POOLS:
+                raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}; got {global_pool!r}")
+            if global_pool == "token" and self.cls_token is None:
+                raise ValueError("global_pool='token' needs a class token; this model has none")
+            self.global_pool = global_pool
+        self.num_classes = int(num_classes)
+        ref = self.patch_embed.proj.weight  # same device and dtype as the rest of the model
+        if num_classes > 0:
+            self.head = nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            nn.init.trunc_normal_(self.head.weight, std=0.02)  # as init_vit_weights does for Linear
+            nn.init.zeros_(self.head.bias)
+        else:
+            self.head = nn.Identity()
+
     def pad_to_patch(self, x: Tensor) -> Tensor:
         """Zero-pad ``(B, C, H, W)`` at the bottom/right to multiples of ``patch_size``."""
         h, w = x.shape[-2:]
@@ -159,6 +214,8 @@ class CPVT(nn.Module):
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         if self.pos_enc is not None:
             x = self.pos_enc(x, size)
+        if "-1" in self.pos_blocks:
+            x = self.pos_blocks["-1"](x, size)
         for i, blk in enumerate(self.blocks):
             x = blk(x)
             key = str(i)
