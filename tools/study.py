@@ -1,25 +1,31 @@
 """Does each position encoding hold up when the input size changes?  One command per package.
 
-For each task the same model is trained once per position encoding (same
-data, budget and seed), then evaluated at the training size and at other sizes
-without fine-tuning; a learned table is evaluated once per resize mode
+For each task the same model is trained once per row (a position encoding, or an ablation of
+the PEG) and seed (same data, budget and seeds for every row), then evaluated at the training
+size and at other sizes without fine-tuning; a learned table is evaluated once per resize mode
 (bicubic / bilinear / nearest).  Writes, under ``--out``:
 
-* ``report.md``: one Markdown table per task (encoding x test size, plus the
-  encoding's parameters and FLOPs at the training size),
-* ``<task>.png``: the metric against test size, one line per encoding,
-* ``study.json``: every number (also AP next to AP50, top-5 next to top-1),
+* ``report.md``: per task a table of mean ± sample standard deviation over the seeds (encoding x
+  test size, plus the encoding's parameters and FLOPs at the training size), one table per
+  ablation axis, the int8 accuracy drop (``--quantize int8``), and sentences that read the
+  tables (generated from the numbers),
+* ``<task>.png``: the metric against test size, one line per encoding, error bars = std,
+* ``study.json``: every number, per seed (also AP next to AP50, top-5 next to top-1),
 
-and prints the tables.  Tasks and encodings:
+and prints the tables.  Tasks and rows:
 
-* ``classify``: CPVT classifier on generated shapes; ``peg``, ``sincos``, ``learned``, ``none``;
-  test sizes 0.75x, 1x, 1.5x, 2x;
+* ``classify``: CPVT classifier on generated shapes; ``peg``, ``peg-dynamic``, ``sincos``, ``learned``,
+  ``none``, ``learned + multi-scale``, ``learned + progressive``; test sizes 0.75x, 1x, 1.5x, 2x;
+  two protocols (``--protocol``): ``quadrant`` (the label needs absolute position) and ``scale``
+  (the label is the shape; test images are the same scenes rendered larger, CPVT's 224 -> 384);
 * ``detect``: tiny DETR on synthetic COCO; ``peg``, ``sine``, ``learned``, ``none``; same scales;
 * ``video``: tiny video ViT on synthetic Kinetics; ``peg3d``, ``peg3d-factorized``, ``learned``,
   ``none``; half, same and double clip length, and a larger crop.
 
-    python -m tools.study --task all                 # ~15 min on 2 CPU cores
+    python -m tools.study --task all --seeds 3 --ablate kernel,placement,separable,padding,video \\
+        --protocol both --quantize int8 --jobs 2    # the documented run, ~30 min on 2 CPU cores
     python -m tools.study --task classify --quick    # seconds (what the tests run)
+    python -m tools.study --task classify --data /data/imagenet100 --train-size 160 --test-sizes 128,160,224
     python -m tools.study --task detect --data /data/coco --epochs 50
 """
 
@@ -27,7 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import platform
 import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
@@ -35,14 +46,51 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.study_tasks import TASKS, TaskResult, timed
+from peg_core.engine.cli import positive_int, positive_int_list
+from tools.study_tasks import (
+    ABLATIONS,
+    PLANS,
+    TASKS,
+    CellResult,
+    Plan,
+    Row,
+    TaskResult,
+    assemble,
+    cells_of,
+    classify_specs,
+    mean_std,
+    run_cell,
+)
 
-__all__ = ["main", "markdown_table", "plot_task", "write_report"]
+__all__ = [
+    "compare",
+    "error_bars",
+    "fmt_ms",
+    "interpret",
+    "main",
+    "markdown_table",
+    "plot_task",
+    "write_report",
+]
 
 DATA_HELP = {
     "classify": "ImageNet-style folder with train/<class>/ and val/<class>/",
     "detect": "COCO layout: train2017/, val2017/, annotations/instances_{train,val}2017.json",
     "video": "folder with train.csv + val.csv (Kinetics) or train.txt + val.txt ('path label')",
+}
+#: a difference between two rows counts when larger than this with one seed (no std to go by)
+ONE_SEED_MARGIN = 0.02
+PROTOCOL_TEXT = {
+    "quadrant": (
+        "Protocol *quadrant*: the class is the shape and the quadrant it sits in, so the model must "
+        "know where each patch is. At a larger test size the same scene has more tokens and the "
+        "quadrant must still be read from absolute position."
+    ),
+    "scale": (
+        "Protocol *scale*: the class is the shape alone (anywhere, any size, any hue), and each test "
+        "size shows the same scenes rendered at that size, objects scaled with the image. This is "
+        "CPVT's protocol (train at 224 px, test the same weights at 384 px)."
+    ),
 }
 
 
@@ -54,35 +102,88 @@ def _si(n: int) -> str:
     return str(n)
 
 
-def markdown_table(result: TaskResult) -> str:
-    """One Markdown table: a row per encoding (and resize mode), a column per test size."""
+def fmt_ms(mean: float, std: float | None) -> str:
+    """``0.990 ± 0.004`` (mean ± sample std), or ``0.990`` when there is no std (one seed)."""
+    return f"{mean:.3f}" if std is None else f"{mean:.3f} ± {std:.3f}"
+
+
+def _cell(row: Row, col: str) -> str:
+    return fmt_ms(row.scores[col], row.std.get(col))
+
+
+def markdown_table(result: TaskResult, rows: list[Row] | None = None) -> str:
+    """One Markdown table: a row per encoding (and resize mode), a column per test size.
+
+    ``rows``: the rows to show (default: the encoding rows, without the ablations).
+    """
+    rows = [r for r in result.rows if r.group == "encoding"] if rows is None else rows
     head = ["encoding", *[f"{s}{' (train)' if s == result.train_size else ''}" for s in result.sizes]]
     head += ["params", "FLOPs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in result.rows:
-        cells = [row.label, *[f"{row.scores[s]:.3f}" for s in result.sizes], _si(row.params), _si(row.flops)]
+    for row in rows:
+        label = row.label + (f" (= {row.repeats})" if row.repeats else "")
+        cells = [label, *[_cell(row, s) for s in result.sizes], _si(row.params), _si(row.flops)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def ablation_tables(result: TaskResult) -> list[tuple[str, str]]:
+    """``(axis, Markdown table)`` per ablation axis present, the rows of that axis only."""
+    groups = list(dict.fromkeys(r.group for r in result.rows if r.group != "encoding"))
+    return [(g, markdown_table(result, [r for r in result.rows if r.group == g])) for g in groups]
+
+
+def int8_table(result: TaskResult) -> str | None:
+    """Float32 and int8 accuracy and the drop (mean ± std over seeds) per encoding row, at each size."""
+    rows = [r for r in result.rows if r.int8 and r.group == "encoding"]
+    if not rows:
+        return None
+    head = ["encoding", *[f"{s} fp32 / int8 (drop)" for s in result.sizes]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row.label]
+        for s in result.sizes:
+            q, qs = mean_std(row.int8[s])
+            drop, ds = mean_std([a - b for a, b in zip(row.per_seed[s], row.int8[s], strict=True)])
+            cells.append(f"{row.scores[s]:.3f} / {fmt_ms(q, qs)} ({fmt_ms(drop, ds)})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def error_bars(result: TaskResult) -> dict[str, tuple[list[float], list[float]]]:
+    """Plot data of the encoding rows: ``label -> (means, stds)`` in test-size order (std 0 for one seed)."""
+    return {
+        r.label: ([r.scores[s] for s in result.sizes], [r.std.get(s, 0.0) for s in result.sizes])
+        for r in result.rows
+        if r.group == "encoding"
+    }
+
+
 def plot_task(result: TaskResult, path: Path) -> Path:
-    """Metric against test size, one line per row; written as PNG with matplotlib's Agg backend."""
+    """Metric against test size, one line per encoding row, error bars = sample std; PNG via Agg."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.2, 3.4), dpi=100)
+    fig, ax = plt.subplots(figsize=(7.2, 3.6), dpi=100)
     x = list(range(len(result.sizes)))
-    for row in result.rows:
-        style = "--" if row.mode not in (None, "bicubic") else "-"
-        ax.plot(x, [row.scores[s] for s in result.sizes], style, marker="o", label=row.label)
+    modes = {r.label: r.mode for r in result.rows}
+    bars = error_bars(result)
+    for i, (label, (means, stds)) in enumerate(bars.items()):
+        style = "--" if modes[label] not in (None, "bicubic") else "-"
+        shift = 0.03 * (
+            i - (len(bars) - 1) / 2
+        )  # side by side, so that the error bars do not hide each other
+        ax.errorbar([v + shift for v in x], means, yerr=stds, fmt=style, marker="o", capsize=2, label=label,
+                    markersize=3)  # fmt: skip
     ax.set_xticks(x, result.sizes)
     ax.set_xlabel(f"test size (trained at {result.train_size})")
     ax.set_ylabel(result.metric)
-    ax.set_title(f"{result.task}: {result.metric} vs test size")
+    seeds = f", mean ± std of {len(result.seeds)} seeds" if len(result.seeds) > 1 else ""
+    ax.set_title(f"{result.task}: {result.metric} vs test size{seeds}", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -90,41 +191,221 @@ def plot_task(result: TaskResult, path: Path) -> Path:
     return path
 
 
+# ----------------------------------------------------------------------------------- interpretation
+
+
+def compare(a: Row, b: Row, col: str, col_b: str | None = None) -> int:
+    """``1`` when ``a`` beats ``b`` at ``col`` (``b`` at ``col_b``), ``-1`` when it trails, ``0`` within noise.
+
+    A difference counts when it exceeds the sum of the two sample stds (with one seed:
+    :data:`ONE_SEED_MARGIN`).
+    """
+    col_b = col_b or col
+    diff = a.scores[col] - b.scores[col_b]
+    sa, sb = a.std.get(col), b.std.get(col_b)
+    margin = ONE_SEED_MARGIN if sa is None or sb is None else max(sa + sb, 1e-9)
+    return 0 if abs(diff) <= margin else (1 if diff > 0 else -1)
+
+
+def _holds(row: Row, col: str, train: str) -> str:
+    """``keeps 0.98 ± 0.01`` / ``drops to 0.61 ± 0.05`` / ``rises to ...`` from ``train`` to ``col``."""
+    verb = {0: "keeps", 1: "rises to", -1: "drops to"}[compare(row, row, col, train)]
+    return f"{verb} {_cell(row, col)}"
+
+
+def _find(result: TaskResult, *labels: str) -> Row | None:
+    rows = {r.label: r for r in result.rows if r.group == "encoding"}
+    return next((rows[lab] for lab in labels if lab in rows), None)
+
+
+def interpret(result: TaskResult) -> list[str]:
+    """Sentences that read the task's tables, each built from the numbers it states.
+
+    Compares the conditional encoding (``peg`` / ``peg3d``) with a learned table resized
+    bicubically, at the training size and at the largest test size, and reads the padding
+    ablation; says which claim of the CPVT paper the table supports, contradicts or cannot separate.
+    """
+    out: list[str] = []
+    if result.protocol in PROTOCOL_TEXT:
+        out.append(PROTOCOL_TEXT[result.protocol])
+    train = result.train_size
+    big = max(result.sizes, key=_size_key) if result.task != "video" else result.sizes[2]
+    peg = _find(result, "peg", "peg3d")
+    learned = _find(result, "learned (bicubic)", "learned")
+    none = _find(result, "none")
+    if peg is not None and learned is not None and big != train:
+        verdict = compare(peg, learned, big)
+        out.append(
+            f"At {big} (trained at {train}) {peg.label} {_holds(peg, big, train)} while "
+            f"{learned.label} {_holds(learned, big, train)}: "
+            + {1: f"{peg.label} is ahead", -1: f"{learned.label} is ahead", 0: "within noise of each other"}[
+                verdict
+            ]
+            + "."
+        )
+        claim = "a PEG generalises to a larger input without fine-tuning better than a resized learned table"
+        if result.protocol == "scale":
+            claim += " (CPVT-Ti 73.4 -> 74.2 against DeiT-Ti 72.2 -> 71.2 at 224 -> 384 px)"
+        elif result.protocol == "quadrant":
+            claim += " when the label needs absolute position (not the paper's protocol: see classify-scale)"
+        support = {1: "supports", -1: "contradicts", 0: "cannot separate"}[verdict]
+        keeps = ""
+        if verdict == 1 and compare(peg, peg, big, train) == -1:  # ahead, yet not holding its own level
+            keeps = (f", but not that a PEG keeps its accuracy: {peg.label} falls from {_cell(peg, train)} to "
+                     f"{_cell(peg, big)}")  # fmt: skip
+        out.append(f"This table {support} the claim that {claim}{keeps}.")
+    if peg is not None and none is not None and result.protocol != "scale":
+        v = compare(peg, none, train)
+        out.append(
+            f"At the training size {peg.label} reaches {_cell(peg, train)} and `none` {_cell(none, train)}: "
+            + {
+                1: "the task needs position, and the PEG supplies it",
+                0: "no gain from the PEG here",
+                -1: "the PEG hurts here",
+            }[v]
+            + "."
+        )
+    pad = {r.label: r for r in result.rows if r.group == "padding"}
+    if "zero padding" in pad and "circular padding" in pad:
+        z, c = pad["zero padding"], pad["circular padding"]
+        v = compare(z, c, train)
+        out.append(
+            f"Without zero padding (circular) the PEG reaches {_cell(c, train)} at the training size "
+            f"against {_cell(z, train)} with zeros: "
+            + {1: "supports", 0: "cannot separate", -1: "contradicts"}[v]
+            + " the paper's claim that zero padding is what lets a PEG encode absolute position."
+        )
+    for group in dict.fromkeys(r.group for r in result.rows if r.group not in ("encoding", "padding")):
+        rows = [r for r in result.rows if r.group == group]
+        best_train = max(rows, key=lambda r: r.scores[train])
+        best_big = max(rows, key=lambda r: r.scores[big])
+        out.append(
+            f"Ablation {group}: best at the training size `{best_train.label}` ({_cell(best_train, train)}), "
+            f"at {big} `{best_big.label}` ({_cell(best_big, big)})."
+        )
+    return out
+
+
+def _size_key(label: str) -> float:
+    """``"96 px"`` -> 96; the order of image test sizes."""
+    try:
+        return float(label.split()[0])
+    except ValueError:
+        return 0.0
+
+
+# -------------------------------------------------------------------------------------------- report
+
+
 def task_section(result: TaskResult) -> str:
     b = result.budget
+    seeds = result.seeds
+    seed_text = (
+        f"{len(seeds)} seeds ({', '.join(map(str, seeds))}; same data), cells = mean ± sample standard "
+        "deviation (n - 1)"
+        if len(seeds) > 1
+        else f"seed {seeds[0]}"
+    )
     lines = [
         f"## {result.task}: {result.metric} by test size",
         "",
-        f"Data: {result.data}. Model: {b['model']}. Budget per encoding: {b['epochs']} epochs, "
-        f"batch {b['batch_size']}, seed shared. Trained at {result.train_size}; {result.seconds} s for the task.",
+        f"Data: {result.data}. Model: {b['model']}. Budget per row: {b['epochs']} epochs, "
+        f"batch {b['batch_size']}, {seed_text}. Trained at {result.train_size}; {result.seconds} s of "
+        "cell time for the task.",
         "",
         markdown_table(result),
         "",
         "params / FLOPs: the position encoding alone, at the training size (convs: 2 x MACs; plus one add "
         "per code element where codes join the tokens).",
+        "",
+        *[f"* {s}" for s in interpret(result)],
     ]
-    lines += [f"{n}" for n in result.notes]
+    for group, table in ablation_tables(result):
+        lines += ["", f"Ablation **{group}** (PEG rows, same data, budget and seeds; a row marked "
+                  "(= X) shows the models of row X, trained once):", "", table]  # fmt: skip
+    q = int8_table(result)
+    if q is not None:
+        lines += ["", "int8 (PT2E, `peg_core.quantize`; fp32 / int8 (drop), mean ± std over seeds):", "", q]
+    if result.notes:
+        lines += [""] + [f"{n}" for n in result.notes]
     return "\n".join(lines)
 
 
-def write_report(results: list[TaskResult], out: Path, command: str) -> Path:
-    """``report.md``, ``study.json`` and one PNG per task under ``out``."""
+def _cost_section() -> str | None:
+    """The CPVT-Ti/S/B parameter / FLOP share table of :mod:`tools.study_cost`, when it has one."""
+    from tools import study_cost
+
+    if not hasattr(study_cost, "cost_table"):
+        return None
+    table, figures = study_cost.cost_table()
+    check = study_cost.verdict(figures) if hasattr(study_cost, "verdict") else ""
+    return "\n\n".join(t for t in ("## What a position encoding costs in CPVT-Ti/S/B", table, check) if t)
+
+
+def write_report(
+    results: list[TaskResult], out: Path, command: str, wall: float | None = None, cost: str | None = None
+) -> Path:
+    """``report.md``, ``study.json`` and one PNG per task under ``out``; ``cost``: a closing section."""
     out.mkdir(parents=True, exist_ok=True)
+    machine = f"{platform.machine()}, {multiprocessing.cpu_count()} CPU cores, torch {torch.__version__}"
     parts = [
         "# Position-encoding study",
         "",
         f"Command: `{command}`",
         "",
+        f"Machine: {machine}" + (f"; wall time {wall / 60:.1f} min." if wall is not None else "."),
+        "",
         "Embedded data is small and budgets are minutes on a CPU: the numbers show trends between "
-        "encodings under a size change, not what these models reach on real data.",
+        "encodings under a size change, not what these models reach on real data. A difference counts "
+        "(in the sentences) when it exceeds the sum of the two standard deviations.",
     ]
     for r in results:
         png = plot_task(r, out / f"{r.task}.png")
         parts += ["", task_section(r), "", f"![{r.task}]({png.name})"]
+    if cost:
+        parts += ["", cost]
     (out / "report.md").write_text("\n".join(parts) + "\n")
-    doc = {"command": command, "torch": torch.__version__, "tasks": {r.task: r.to_dict() for r in results}}
+    doc = {"command": command, "torch": torch.__version__, "machine": machine, "wall_seconds": wall,
+           "tasks": {r.task: r.to_dict() for r in results}}  # fmt: skip
     (out / "study.json").write_text(json.dumps(doc, indent=2) + "\n")
     return out / "report.md"
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def _ablate_list(text: str) -> list[str]:
+    """``argparse`` type: comma-separated axes of :data:`ABLATIONS`."""
+    axes = [a.strip() for a in text.split(",") if a.strip()]
+    bad = [a for a in axes if a not in ABLATIONS]
+    if bad or not axes:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated subset of {','.join(ABLATIONS)}; got {text!r}"
+        )
+    return axes
+
+
+def _name_list(text: str) -> list[str]:
+    """``argparse`` type: comma-separated row names."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated row names; got {text!r}")
+    return names
+
+
+def _check_rows(names: list[str], parser: argparse.ArgumentParser) -> None:
+    """``--rows`` names that no task has: a usage error before any data is written."""
+    known = {s.name for s in classify_specs(48, 6)} | {"sine", "peg3d", "peg3d-factorized"}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"--rows: unknown {', '.join(unknown)}; rows are {', '.join(sorted(known))}")
+
+
+def _keep_rows(plans: list[Plan], names: list[str]) -> None:
+    """Drop the encoding rows not in ``names`` (keeping any row an ablation row repeats)."""
+    for plan in plans:
+        needed = set(names) | {s.same_as for s in plan.specs if s.group != "encoding" and s.same_as}
+        plan.specs = [s for s in plan.specs if s.group != "encoding" or s.name in needed]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,14 +422,85 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="real data for one task: " + "; ".join(f"{k}: {v}" for k, v in DATA_HELP.items()),
     )
-    p.add_argument("--epochs", type=int, help="override the task budget's epochs")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=positive_int, help="override the task budget's epochs")
+    p.add_argument("--seed", type=int, default=0, help="first seed (seeds SEED .. SEED + N - 1)")
+    p.add_argument("--seeds", type=positive_int, default=1, help="seeds per cell (mean ± sample std)")
+    p.add_argument("--ablate", type=_ablate_list, default=[],
+                   help=f"ablation axes, comma-separated: {','.join(ABLATIONS)} (video: the 3D PEG)")  # fmt: skip
+    p.add_argument("--protocol", choices=("quadrant", "scale", "both"), default="quadrant",
+                   help="classification labels: quadrant (needs absolute position), scale (shape only, "
+                   "test scenes rendered larger), or both")  # fmt: skip
+    p.add_argument("--quantize", choices=("int8",), help="also evaluate each classifier quantized (PT2E)")
+    p.add_argument(
+        "--train-size", type=positive_int, help="image tasks: training size (default: the budget's)"
+    )
+    p.add_argument("--test-sizes", type=positive_int_list, help="image tasks: test sizes, e.g. 36,48,72,96")
+    p.add_argument("--rows", type=_name_list,
+                   help="only these encoding rows, e.g. peg,learned (default: all; ablation rows stay)")  # fmt: skip
+    p.add_argument("--jobs", type=positive_int, default=1, help="cells trained at once (worker processes)")
     p.add_argument(
         "--threads",
-        type=int,
-        help="torch intra-op threads (default 1: these models are tiny, and one thread is faster on a busy CPU)",
+        type=positive_int,
+        help="torch intra-op threads per cell (default 1: these models are tiny, and one thread is faster "
+        "on a busy CPU)",
     )
     return p
+
+
+def _plans(args: argparse.Namespace, tasks: list[str], seeds: list[int]) -> list[Plan]:
+    plans = []
+    for task in tasks:
+        kw = {"ablate": args.ablate, "train_size": args.train_size, "test_sizes": args.test_sizes}
+        if task == "classify":
+            protocols = ["quadrant", "scale"] if args.protocol == "both" else [args.protocol]
+            if args.data is not None:
+                protocols = protocols[:1]  # a user's data has its own labels
+            for protocol in protocols:
+                sub = args.out / ("classify" if protocol == "quadrant" else f"classify-{protocol}")
+                plans.append(PLANS[task](sub, args.quick, seeds, args.data, args.epochs, protocol=protocol,
+                                         quantize=args.quantize == "int8", **kw))  # fmt: skip
+        else:
+            plans.append(PLANS[task](args.out / task, args.quick, seeds, args.data, args.epochs, **kw))
+    return plans
+
+
+def _run_cells(plans: list[Plan], jobs: int, threads: int, done: Callable[[Plan, dict, float], None]) -> None:
+    """Train every cell of ``plans``; call ``done(plan, cells, seconds)`` as each plan completes.
+
+    ``jobs > 1``: a pool of spawned worker processes (one torch each), longest tasks submitted first.
+    """
+    todo = [(p, s, seed) for p in plans for s in cells_of(p) for seed in p.seeds]
+    if jobs > 1:  # the longest cells first, so that the last ones to finish are short
+        longest = {"detect": 0, "video": 1, "classify": 2}
+        todo.sort(key=lambda c: longest[c[0].task])
+    results: dict[str, dict] = {p.key: {} for p in plans}
+    seconds: dict[str, float] = {p.key: 0.0 for p in plans}
+    need = {p.key: sum(1 for c in todo if c[0] is p) for p in plans}
+
+    def collect(plan: Plan, name: str, seed: int, run: Callable[[], CellResult]) -> None:
+        try:
+            res: CellResult | None = run()
+            seconds[plan.key] += res.seconds
+        except Exception as e:  # one failed cell drops its row, not the hours of the others
+            print(f"[study {plan.key}] {name} seed {seed} FAILED: {type(e).__name__}: {e}", flush=True)
+            res = None
+        results[plan.key][name, seed] = res
+        if len(results[plan.key]) == need[plan.key]:
+            done(plan, results[plan.key], seconds[plan.key])
+
+    if jobs == 1:
+        for plan, spec, seed in todo:
+            collect(plan, spec.name, seed, lambda p=plan, s=spec, k=seed: run_cell(p, s, k, threads))
+        return
+    ctx = multiprocessing.get_context("spawn")  # a fresh torch per worker: no fork of a threaded runtime
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures: dict[Future, tuple[Plan, str, int]] = {
+            pool.submit(run_cell, plan, spec, seed, threads): (plan, spec.name, seed)
+            for plan, spec, seed in todo
+        }
+        for fut in as_completed(futures):
+            plan, name, seed = futures[fut]
+            collect(plan, name, seed, fut.result)
 
 
 def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
@@ -160,18 +512,36 @@ def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
         )
     if args.data is not None and not args.data.exists():
         parser.error(f"--data {args.data} does not exist ({DATA_HELP[args.task]})")
-    torch.set_num_threads(args.threads or 1)
+    if args.task == "video" and (args.train_size or args.test_sizes):
+        parser.error("--train-size / --test-sizes are for the image tasks (classify, detect)")
+    threads = args.threads or 1
+    torch.set_num_threads(threads)
     tasks = list(TASKS) if args.task == "all" else [args.task]
+    seeds = list(range(args.seed, args.seed + args.seeds))
     command = ("python -m tools.study " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
-    results = {}
-    for task in tasks:
-        print(f"\n=== study: {task} ===", flush=True)
-        results[task] = timed(TASKS[task], args.out / task, args.quick, args.seed, args.data, args.epochs)
-        report = write_report(list(results.values()), args.out, command)  # finished tasks survive a crash
+    t0 = time.time()
+    if args.rows:
+        _check_rows(args.rows, parser)
+    plans = _plans(args, tasks, seeds)
+    if args.rows:
+        _keep_rows(plans, args.rows)
+    order = [p.key for p in plans]
+    results: dict[str, TaskResult] = {}
+
+    def done(plan: Plan, cells: dict, secs: float) -> None:
+        results[plan.key] = assemble(plan, cells, secs)
+        ordered = [results[k] for k in order if k in results]
+        write_report(ordered, args.out, command)  # finished tasks survive a crash
+
+    _run_cells(plans, args.jobs, threads, done)
+    results = {k: results[k] for k in order}
+    wall = time.time() - t0
+    cost = None if args.quick else _cost_section()  # CPVT-Ti/S/B on the meta device: a minute on a busy CPU
+    report = write_report(list(results.values()), args.out, command, wall, cost)
     print()
     for r in results.values():
         print(task_section(r) + "\n")
-    print(f"report: {report}")
+    print(f"report: {report} (wall {time.time() - t0:.0f} s)")
     return results
 
 

@@ -1,20 +1,39 @@
-"""The three experiments of ``python -m tools.study``: one per package, same protocol.
+"""The experiments of ``python -m tools.study``: one per package, same protocol, several seeds.
 
-Each ``run_*`` trains the task's model once per position encoding (same data,
-budget and seed), evaluates every trained model at the training size and at
-other sizes with the same weights, evaluates a learned table once per resize
-mode, measures the encoding's parameters and FLOPs at the training size
-(:mod:`tools.study_cost`) and returns a :class:`TaskResult`.
+A task is planned once (:func:`plan_classify`, :func:`plan_detect`, :func:`plan_video`: the data is
+written here, so every seed and row sees the same data), then split into *cells*: one training
+of one row (:class:`RowSpec`: an encoding, or an ablation of the PEG) with one seed.
+:func:`run_cell` trains a cell, evaluates the trained model at the training size and at the
+other sizes with the same weights (a learned table once per resize mode), measures the
+encoding's parameters and FLOPs at the training size (:mod:`tools.study_cost`) and, when asked,
+the int8 (PT2E) accuracy.  Cells are independent, so ``--jobs 2`` runs them in two processes.
+:func:`assemble` turns a task's cells into a :class:`TaskResult`: the mean over seeds, the
+sample standard deviation (``ddof=1``) and every per-seed value.
 
-Everything goes through the packages' own public code paths: the classifier
-through ``python -m peg_core train`` / ``eval``, DETR through ``python -m peg_detr train`` /
-``eval``, the video model through ``python -m peg_video
-train`` / ``eval``.
+Everything goes through the packages' own public code paths: the classifier through
+``python -m peg_core train`` / ``eval``, DETR through ``python -m peg_detr train`` / ``eval``, the
+video model through ``python -m peg_video train`` / ``eval``.
+
+Classification has two protocols (``--protocol``):
+
+* ``quadrant``: the label is the shape *and* its quadrant, so a model must know where a patch
+  is; a larger test image shows the same scene with more tokens, and the class depends on
+  absolute position at the new size;
+* ``scale``: the label is the shape alone (anywhere, any size, any hue); the test images are the
+  same scenes rendered at the larger size (objects scale with the image), CPVT's protocol of
+  training at 224 px and testing the same weights at 384 px.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import math
+import re
+import shutil
+import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,15 +44,36 @@ from peg_core.utils import seed_everything
 
 from .study_cost import encoding_cost
 
-__all__ = ["BUDGETS", "MODES", "Budget", "Row", "TaskResult", "run_classify", "run_detect", "run_video"]
+__all__ = [
+    "ABLATIONS",
+    "BUDGETS",
+    "MODES",
+    "PROTOCOLS",
+    "Budget",
+    "CellResult",
+    "Plan",
+    "Row",
+    "RowSpec",
+    "TaskResult",
+    "ablation_specs",
+    "assemble",
+    "mean_std",
+    "plan_classify",
+    "plan_detect",
+    "plan_video",
+    "run_cell",
+]
 
 #: resize modes a learned table is evaluated with at other sizes (the first is each model's default)
 MODES = ("bicubic", "bilinear", "nearest")
+#: ``--ablate`` axes: classification PEG variants, and ``video`` for the 3D PEG
+ABLATIONS = ("kernel", "placement", "separable", "padding", "video")
+PROTOCOLS = ("quadrant", "scale")
 
 
 @dataclass(frozen=True)
 class Budget:
-    """Training budget of one encoding (identical for every encoding of a task)."""
+    """Training budget of one row (identical for every row and seed of a task)."""
 
     epochs: int
     n_train: int
@@ -42,10 +82,12 @@ class Budget:
     batch_size: int = 8
 
 
-#: (task, quick) -> budget; the full ones fit --task all in ~15 min on 2 CPU cores
+#: (task, quick) -> budget; the full ones fit the documented command in ~30 min on 2 CPU cores.
+#: classify: batch 16 rather than the demo recipe's 32 (the same epochs, twice the steps): with 32
+#: many rows stay on the shape-only plateau (top-1 ~0.25) for some seeds within 6 epochs.
 BUDGETS: dict[tuple[str, bool], Budget] = {
-    ("classify", False): Budget(epochs=6, n_train=2048, n_val=512, train_size=48, batch_size=32),
-    ("classify", True): Budget(epochs=1, n_train=64, n_val=32, train_size=32, batch_size=32),
+    ("classify", False): Budget(epochs=6, n_train=2048, n_val=256, train_size=48, batch_size=16),
+    ("classify", True): Budget(epochs=1, n_train=48, n_val=24, train_size=32, batch_size=16),
     ("detect", False): Budget(epochs=6, n_train=1024, n_val=100, train_size=80, batch_size=4),
     ("detect", True): Budget(epochs=1, n_train=8, n_val=4, train_size=64, batch_size=4),
     ("video", False): Budget(epochs=24, n_train=240, n_val=60, train_size=32, batch_size=8),
@@ -54,17 +96,30 @@ BUDGETS: dict[tuple[str, bool], Budget] = {
 IMAGE_SCALES = (0.75, 1.0, 1.5, 2.0)
 
 
+# ------------------------------------------------------------------------------------------ results
+
+
 @dataclass
 class Row:
-    """One line of a task table: an encoding (and resize mode for a learned table)."""
+    """One line of a task table: a trained row (and resize mode for a learned table), over seeds.
+
+    ``scores`` / ``extra`` are means over the seeds; ``std`` the sample standard deviation
+    (``ddof=1``, empty for one seed); ``per_seed`` every seed's value per test size;
+    ``int8`` the per-seed accuracy of the int8 model per test size (``--quantize int8``).
+    """
 
     label: str
     encoding: str
     mode: str | None
-    scores: dict[str, float]  # test-size label -> metric
+    scores: dict[str, float]  # test-size label -> metric (mean over seeds)
     params: int
     flops: int
-    extra: dict[str, dict[str, float]] = field(default_factory=dict)  # other metrics per size
+    extra: dict[str, dict[str, float]] = field(default_factory=dict)  # other metrics per size (means)
+    std: dict[str, float] = field(default_factory=dict)
+    per_seed: dict[str, list[float]] = field(default_factory=dict)
+    group: str = "encoding"  # "encoding" or the ablation axis
+    int8: dict[str, list[float]] = field(default_factory=dict)
+    repeats: str | None = None  # the row whose trained models this row shows (an ablation's baseline)
 
 
 @dataclass
@@ -78,76 +133,332 @@ class TaskResult:
     data: str
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    protocol: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _rows_for(
-    enc: str, evaluate_at: callable, modes: tuple[str | None, ...], params: int, flops: int
-) -> list[Row]:
-    rows = []
-    for mode in modes:
-        scores, extra = evaluate_at(mode)
-        label = enc if mode is None else f"{enc} ({mode})"
-        rows.append(Row(label, enc, mode, scores, params, flops, extra))
-    return rows
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (``ddof=1``; ``None`` for a single value)."""
+    values = [float(v) for v in values]
+    mean = math.fsum(values) / len(values)
+    return mean, (statistics.stdev(values) if len(values) > 1 else None)
+
+
+# --------------------------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """A row to train: the encoding, the extra ``train`` flags, the resize modes to evaluate.
+
+    ``same_as``: name of an identical row (the baseline of an ablation): nothing is trained, the
+    row repeats that row's numbers.
+    """
+
+    name: str
+    encoding: str
+    argv: tuple[str, ...] = ()
+    modes: tuple[str | None, ...] = (None,)
+    group: str = "encoding"
+    same_as: str | None = None
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9]+", "_", self.name).strip("_")
+
+
+@dataclass
+class Plan:
+    """Everything the cells of one task need (picklable: cells may run in worker processes)."""
+
+    task: str  # classify | detect | video
+    key: str  # result name: classify, classify-scale, detect, video
+    out: Path
+    specs: list[RowSpec]
+    seeds: list[int]
+    budget: Budget
+    epochs: int
+    metric: str
+    sizes: list[int]  # classify / detect: image sides
+    labels: list[str]  # column labels, one per test size / view
+    train_label: str
+    data: dict[str, Any]
+    data_name: str
+    model: str
+    quantize: bool = False
+    protocol: str | None = None
+    notes: list[str] = field(default_factory=list)
+    views: list[tuple[str, int, int]] = field(default_factory=list)  # video: (label, frames, crop)
+
+
+@dataclass
+class CellResult:
+    """One trained row with one seed: ``scores[mode][label]``, ``extra[mode][metric][label]``."""
+
+    scores: dict[str, dict[str, float]]
+    extra: dict[str, dict[str, dict[str, float]]]
+    params: int
+    flops: int
+    int8: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
 
 
 def _modes(enc: str) -> tuple[str | None, ...]:
     return MODES if enc == "learned" else (None,)
 
 
-# ------------------------------------------------------------------------------------------- classify
+def _quiet_parse(parse: Callable[[list[str]], Any], argv: Sequence[str]) -> Any | None:
+    """``parse(argv)`` with argparse's error output swallowed; ``None`` when the flags are refused."""
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            return parse(list(argv))
+        except SystemExit:
+            return None
 
 
-def run_classify(out: Path, quick: bool, seed: int, data: Path | None = None, epochs: int | None = None):
-    """CPVT (small, :data:`peg_core.classify.DEMO_CONFIG`) with peg / sincos / learned / none.
+def classify_accepts(argv: Sequence[str]) -> bool:
+    """Whether ``python -m peg_core train`` takes ``argv`` and builds a model from it."""
+    from peg_core.classify.cli import build_train_parser
+    from peg_core.classify.model import build_model, model_config_from_args
 
-    Trained and evaluated by ``python -m peg_core train`` / ``eval`` (their functions, in process).
+    args = _quiet_parse(build_train_parser().parse_args, argv)
+    if args is None:
+        return False
+    try:
+        build_model(model_config_from_args(args, 12))
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def _peg_blocks(depth: int) -> str:
+    return "0" if depth == 1 else f"0-{depth - 1}"
+
+
+def classify_specs(train_size: int, epochs: int, ablate: Sequence[str] = ()) -> list[RowSpec]:
+    """Rows of a classification table: the encodings, then one group of rows per ablation axis.
+
+    The baseline is the demo recipe's PEG (:data:`peg_core.classify.DEMO_CONFIG`: kernel 3,
+    zero padding, full 3x3, after every block); an ablation row equal to it repeats its numbers.
     """
-    from peg_core.classify import DEMO_CONFIG, load_classifier, scaled_sizes
-    from peg_core.classify.cli import evaluate, train
+    from peg_core.classify import DEMO_CONFIG
 
-    budget = BUDGETS["classify", quick]
-    epochs = epochs or budget.epochs
-    size = budget.train_size
-    common = ["--device", "cpu", "--no-progress"]
-    argv = [*common, "--seed", str(seed), "--epochs", str(epochs), "--img-size", str(size),
-            "--batch-size", str(budget.batch_size), "--eval-every", "0"]  # fmt: skip
-    if data is None:
-        argv += ["--n-train", str(budget.n_train), "--n-val", str(budget.n_val)]
-        data_name = f"generated shapes ({budget.n_train} train / {budget.n_val} val)"
-    else:
-        argv += ["--data", str(data)]
-        data_name = str(data)
-    sizes = scaled_sizes(size, IMAGE_SCALES)
-    labels = [f"{s} px" for s in sizes]
-    rows: list[Row] = []
-    for enc in ("peg", "sincos", "learned", "none"):
-        run_dir = out / enc
-        train([*argv, "--pos-enc", enc, "--output-dir", str(run_dir)])
-        ckpt = run_dir / "checkpoint.pth"
-        model, _ = load_classifier(ckpt)
-        x = torch.zeros(1, 3, size, size)
-        cost = encoding_cost(
-            {"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks}, lambda m=model, x=x: m(x)
+    depth = int(DEMO_CONFIG["depth"])
+    base_at = tuple(DEMO_CONFIG.get("peg_at", (0,)))
+    lo, hi = round(train_size * 0.75), round(train_size * 1.25)
+    # Progressive: 0.75x -> 1x in up to three stages (one stage per epoch at least).
+    stages = [lo, (lo + train_size) // 2, train_size][-min(3, epochs) :]
+    specs = [
+        RowSpec("peg", "peg"),
+        RowSpec("peg-dynamic", "peg", ("--peg-dynamic",)),
+        RowSpec("sincos", "sincos"),
+        RowSpec("learned", "learned", modes=MODES),
+        RowSpec("none", "none"),
+        # A learned table trained at several sizes: the usual fix for its size change.
+        RowSpec("learned + multi-scale", "learned", ("--train-sizes", f"{lo},{train_size},{hi}")),
+        RowSpec("learned + progressive", "learned", ("--progressive-sizes", ",".join(map(str, stages)))),
+    ]
+    specs += ablation_specs(ablate, depth, base_at)
+    return specs
+
+
+def ablation_specs(ablate: Sequence[str], depth: int, base_at: Sequence[int]) -> list[RowSpec]:
+    """The classification ablation rows of ``ablate`` (axes of :data:`ABLATIONS`) for a ``depth``-block CPVT.
+
+    Every row changes one setting of the baseline PEG (kernel 3, full, zero padding, after blocks
+    ``base_at``); a row whose setting is the baseline's gets ``same_as="peg"``.
+    """
+    specs: list[RowSpec] = []
+    base_at = tuple(sorted(int(i) for i in base_at))
+    if "kernel" in ablate:
+        for k in (1, 3, 5, 7):
+            same = "peg" if k == 3 else None
+            specs.append(RowSpec(f"kernel {k}x{k}", "peg", ("--peg-kernel-size", str(k)), group="kernel",
+                                 same_as=same))  # fmt: skip
+    if "placement" in ablate:
+        places = [("after block 0", (0,), "0"),
+                  (f"after blocks {_peg_blocks(depth)}", tuple(range(depth)), "all"),
+                  ("before block 0", (-1,), "-1")]  # fmt: skip
+        for name, at, flag in places:
+            same = "peg" if at == base_at else None
+            specs.append(RowSpec(name, "peg", ("--peg-at", flag), group="placement", same_as=same))
+    if "separable" in ablate:
+        specs.append(RowSpec("full 3x3", "peg", group="separable", same_as="peg"))
+        specs.append(RowSpec("separable 1x3+3x1", "peg", ("--peg-separable",), group="separable"))
+    if "padding" in ablate:
+        specs.append(RowSpec("zero padding", "peg", group="padding", same_as="peg"))
+        specs.append(RowSpec("circular padding", "peg", ("--peg-padding", "circular"), group="padding"))
+    return specs
+
+
+def _available(specs: list[RowSpec], accepts: Callable[[Sequence[str]], bool], base: Sequence[str]) -> tuple[
+    list[RowSpec], list[str]
+]:  # fmt: skip
+    """Specs whose flags the train command takes; a note per row left out."""
+    kept, notes = [], []
+    for spec in specs:
+        if (
+            spec.same_as is None
+            and spec.argv
+            and not accepts([*base, "--pos-enc", spec.encoding, *spec.argv])
+        ):
+            notes.append(
+                f"Row `{spec.name}` left out: the train command does not take `{' '.join(spec.argv)}`."
+            )
+            continue
+        kept.append(spec)
+    return kept, notes
+
+
+def _write_scene_folder(scenes: Any, root: Path, img_size: int, split: str) -> None:
+    """``root/split/<class>/NNNNN.png``: the scenes rendered at ``img_size`` (one PNG per scene)."""
+    from PIL import Image
+
+    names = scenes.class_names
+    for name in names:
+        (root / split / name).mkdir(parents=True, exist_ok=True)
+    pixels = ((scenes.images(img_size) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
+    for i, label in enumerate(scenes.labels.tolist()):
+        Image.fromarray(pixels[i].permute(1, 2, 0).contiguous().numpy()).save(
+            root / split / names[label] / f"{i:05d}.png"
         )
 
-        def evaluate_at(mode, ckpt=ckpt, run_dir=run_dir):
-            eval_argv = [*common, "--checkpoint", str(ckpt), "--eval-sizes", ",".join(map(str, sizes)),
-                         "--output-dir", str(run_dir / f"eval_{mode or 'default'}")]  # fmt: skip
-            if mode is not None:
-                eval_argv += ["--pos-interpolation", mode]
-            by_size = evaluate(eval_argv)["eval"]["top1_by_size"]
-            return {lab: by_size[str(s)] for lab, s in zip(labels, sizes)}, {}
 
-        rows += _rows_for(enc, evaluate_at, _modes(enc), cost.params, cost.flops)
-        print(f"[study classify] {enc}: " + _fmt_scores(rows[-1].scores), flush=True)
-    return TaskResult(
-        "classify", "top-1", f"{size} px", labels, rows,
-        {**asdict(budget), "epochs": epochs, "model": _describe(DEMO_CONFIG)}, data_name,
+def plan_classify(
+    out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
+    protocol: str = "quadrant", ablate: Sequence[str] = (), quantize: bool = False,
+    train_size: int | None = None, test_sizes: Sequence[int] | None = None,
+) -> Plan:  # fmt: skip
+    """CPVT (small, :data:`peg_core.classify.DEMO_CONFIG`) on generated shapes (``protocol``) or ``data``.
+
+    Generated data is written once (scene seed = the first seed) as ImageFolder trees: ``train/``
+    and ``val/`` at the training size, and ``at<S>/val/`` with the same validation scenes
+    rendered at each test size ``S``.  A user's ``data`` is resized to each test size by ``eval``.
+    """
+    from peg_core.classify import DEMO_CONFIG, make_shape_splits, scaled_sizes
+
+    budget = BUDGETS["classify", quick]
+    size = train_size or budget.train_size
+    sizes = list(test_sizes) if test_sizes else scaled_sizes(size, IMAGE_SCALES)
+    if size not in sizes:
+        sizes = sorted([*sizes, size])
+    key = "classify" if protocol == "quadrant" or data is not None else f"classify-{protocol}"
+    root = out / "data"
+    if data is None:
+        labeling = "quadrant" if protocol == "quadrant" else "shape"
+        train, val = make_shape_splits(budget.n_train, budget.n_val, seed=seeds[0], labeling=labeling)
+        if not (root / "done").is_file():  # written last: a half-written tree is written again
+            shutil.rmtree(root, ignore_errors=True)
+            _write_scene_folder(train, root, size, "train")
+            for s in sizes:
+                _write_scene_folder(val, root / f"at{s}", s, "val")
+            (root / "val").symlink_to((root / f"at{size}" / "val").resolve(), target_is_directory=True)
+            (root / "done").write_text("ok\n")
+        what = "shape and quadrant" if labeling == "quadrant" else "shape only, anywhere"
+        data_name = (f"generated shapes, label = {what} ({budget.n_train} train / {budget.n_val} val; "
+                     "test images: the same scenes rendered at each size)")  # fmt: skip
+        info = {"root": str(root), "generated": True}
+    else:
+        data_name = f"{data} (resized to each test size)"
+        info = {"root": str(data), "generated": False}
+    epochs = epochs or budget.epochs
+    axes = ablate if protocol == "quadrant" or data is not None else ()  # generated: the quadrant task only
+    specs, notes = _available(classify_specs(size, epochs, axes), classify_accepts, ["--img-size", str(size)])
+    if any(s.name == "peg-dynamic" for s in specs):
+        notes.append(
+            "peg-dynamic's FLOPs leave out its per-image depthwise convolution (a functional conv, which "
+            "tools.study_cost's module hooks do not see); it costs about what the peg row's convs cost."
+        )
+    if axes and protocol == "quadrant" and data is None:
+        notes.append("The ablation rows use the quadrant protocol only (the budget of the full run).")
+    return Plan(
+        task="classify", key=key, out=out, specs=specs, seeds=seeds, budget=budget, epochs=epochs, metric="top-1", sizes=sizes, labels=[f"{s} px" for s in sizes],
+        train_label=f"{size} px", data=info, data_name=data_name, model=_describe(DEMO_CONFIG),
+        quantize=quantize, protocol=protocol if data is None else None, notes=notes,
     )  # fmt: skip
+
+
+def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
+    from peg_core.classify import load_classifier
+    from peg_core.classify.cli import evaluate, train
+
+    common = ["--device", "cpu", "--no-progress", "--workers", "0"]
+    size = int(plan.train_label.split()[0])
+    argv = [*common, "--seed", str(seed), "--epochs", str(plan.epochs), "--img-size", str(size),
+            "--batch-size", str(plan.budget.batch_size), "--eval-every", "0", "--data", plan.data["root"],
+            "--pos-enc", spec.encoding, *spec.argv, "--output-dir", str(run_dir)]  # fmt: skip
+    if plan.data[
+        "generated"
+    ]:  # whole images in the scenes' own 2 rgb - 1 scaling; no flip (left/right classes)
+        argv += ["--augment", "none", "--crop-ratio", "1", "--normalize", "half"]
+    train(argv)
+    ckpt = run_dir / "checkpoint.pth"
+    model, _ = load_classifier(ckpt)
+    x = torch.zeros(1, 3, size, size)
+    cost = encoding_cost({"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks}, lambda: model(x))
+
+    def at_sizes(mode: str | None) -> dict[str, float]:
+        flags = [*common, "--checkpoint", str(ckpt)] + (["--pos-interpolation", mode] if mode else [])
+        if not plan.data["generated"]:  # one eval: the folder resized to every size
+            rep = evaluate([*flags, "--eval-sizes", ",".join(map(str, plan.sizes)),
+                            "--output-dir", str(run_dir / f"eval_{mode or 'default'}")])  # fmt: skip
+            by_size = rep["eval"]["top1_by_size"]
+            return {lab: by_size[str(s)] for lab, s in zip(plan.labels, plan.sizes, strict=True)}
+        scores = {}
+        for lab, s in zip(plan.labels, plan.sizes, strict=True):  # the scenes rendered at each size
+            rep = evaluate([*flags, "--eval-sizes", str(s), "--data", str(Path(plan.data["root"]) / f"at{s}"),
+                            "--output-dir", str(run_dir / f"eval_{mode or 'default'}_{s}")])  # fmt: skip
+            scores[lab] = rep["eval"]["top1_by_size"][str(s)]
+        return scores
+
+    scores = {str(m): at_sizes(m) for m in spec.modes}
+    int8 = _classify_int8(plan, ckpt) if plan.quantize and spec.name in INT8_ROWS else {}
+    return CellResult(scores, {}, cost.params, cost.flops, int8)
+
+
+INT8_ROWS = ("peg", "peg-dynamic", "learned", "sincos", "none")
+
+
+def _classify_int8(plan: Plan, ckpt: Path) -> dict[str, float]:
+    """Top-1 of the checkpoint quantized to int8 (PT2E, :mod:`peg_core.quantize`) at every test size.
+
+    One dynamic-shape quantized graph, calibrated on the first 64 training images, serves every
+    size; images whose side is not a multiple of the patch are zero-padded at the bottom / right
+    first, as the float model does itself.
+    """
+    import torch.nn.functional as F
+
+    from peg_core.classify import load_classifier
+    from peg_core.classify.data import FolderImages, folder_transform, open_val_split, scan_split
+    from peg_core.quantize import calibration_batches, quantize_int8
+
+    model, checkpoint = load_classifier(ckpt)
+    meta = checkpoint["meta"]
+    classes, size, patch = meta["classes"], int(meta["img_size"]), int(model.patch_size)
+    mean, std, crop = meta["mean"], meta["std"], float(meta.get("crop_ratio", 1.0))
+    root = Path(plan.data["root"])
+
+    def images_at(s: int, samples: list) -> FolderImages:
+        return FolderImages(samples, classes, folder_transform(s, False, crop_ratio=crop, mean=mean, std=std))
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        return F.pad(x, (0, -x.shape[-1] % patch, 0, -x.shape[-2] % patch))
+
+    calib = [pad(b) for b in calibration_batches(images_at(size, scan_split(root / "train", classes)[0]), 64)]
+    qmodel = quantize_int8(model, calib, calib[0][:2])
+    scores = {}
+    for lab, s in zip(plan.labels, plan.sizes, strict=True):
+        val = images_at(s, open_val_split(root / f"at{s}" if plan.data["generated"] else root, classes))
+        correct = total = 0
+        with torch.no_grad():
+            for xb, yb in torch.utils.data.DataLoader(val, batch_size=128):
+                correct += int((qmodel(pad(xb)).argmax(-1) == yb).sum())
+                total += len(yb)
+        scores[lab] = correct / max(1, total)
+    return scores
 
 
 # --------------------------------------------------------------------------------------------- detect
@@ -173,66 +484,74 @@ def _detr_eval(
     return evaluate_checkpoint(DetectTask(adjust_model=set_mode), args)["eval"]["sizes"]
 
 
-def run_detect(out: Path, quick: bool, seed: int, data: Path | None = None, epochs: int | None = None):
+def plan_detect(
+    out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
+    train_size: int | None = None, test_sizes: Sequence[int] | None = None, **_: Any,
+) -> Plan:  # fmt: skip
     """Tiny DETR (``demo_tiny`` recipe) with peg / sine / learned / none in the encoder."""
-    from peg_core.engine import read_checkpoint
     from peg_detr.data import SyntheticSpec, make_synthetic_coco
-    from peg_detr.model_io import model_from_checkpoint
-    from peg_detr.train import main as train
 
     budget = BUDGETS["detect", quick]
-    epochs = epochs or budget.epochs
-    size = budget.train_size
+    size = train_size or budget.train_size
     if data is None:
         data = out / "data"
-        spec = SyntheticSpec(size=size, num_classes=3, min_objects=1, max_objects=3)
-        make_synthetic_coco(data, budget.n_train, budget.n_val, seed=seed, spec=spec)
+        if not (data / "annotations").is_dir():
+            spec = SyntheticSpec(size=size, num_classes=3, min_objects=1, max_objects=3)
+            make_synthetic_coco(data, budget.n_train, budget.n_val, seed=seeds[0], spec=spec)
         data_name = f"synthetic COCO shapes ({budget.n_train} train / {budget.n_val} val, {size} px)"
     else:
         data_name = str(data)
-    sizes = [round(size * s) for s in IMAGE_SCALES]
-    labels = [f"{s} px" for s in sizes]
-    rows: list[Row] = []
-    for enc in ("peg", "sine", "learned", "none"):
-        run_dir = out / enc
-        argv = [
-            "--config", "demo_tiny", "--coco-path", str(data), "--output-dir", str(run_dir),
-            "--pos-enc", enc, "--epochs", str(epochs), "--lr-drop", str(max(1, epochs * 5 // 6)),
-            "--total-batch-size", str(budget.batch_size), "--seed", str(seed),
-            # one training size (no multi-scale, no crop): every other test size is unseen
-            "--train-scales", str(size), "--crop-resize", "", "--val-size", str(size),
-            "--max-size", str(2 * size), "--eval-sizes", str(size), "--eval-every", "0",
-            "--workers", "0", "--no-progress", "--device", "cpu",
-        ]  # fmt: skip
-        train(argv)
-        ckpt = run_dir / "checkpoint.pth"
-        model, _, _ = model_from_checkpoint(read_checkpoint(ckpt, "detect"), ckpt)
-        enc_mods = model.transformer.encoder
-        n_layers = len(enc_mods.layers)
-        x = [torch.zeros(3, size, size)]
-        model.eval()
-        cost = encoding_cost(
-            {"pos": enc_mods.pos, "pegs": enc_mods.pegs}, lambda m=model, x=x: m(x), qk_uses=n_layers
-        )
-
-        def evaluate_at(mode, ckpt=ckpt):
-            table = _detr_eval(ckpt, data, sizes, mode, budget.batch_size)
-            scores = {lab: table[str(s)]["ap50"] for lab, s in zip(labels, sizes)}
-            return scores, {"ap": {lab: table[str(s)]["ap"] for lab, s in zip(labels, sizes)}}
-
-        rows += _rows_for(enc, evaluate_at, _modes(enc), cost.params, cost.flops)
-        print(f"[study detect] {enc}: " + _fmt_scores(rows[-1].scores), flush=True)
+    sizes = list(test_sizes) if test_sizes else [round(size * s) for s in IMAGE_SCALES]
+    if size not in sizes:
+        sizes = sorted([*sizes, size])
     notes = [
         "Decoder cross-attention keys use DETR's sine codes for every encoder variant "
         "(peg_detr's default `decoder_key_pos=sine`), so the rows differ in the encoder only.",
         "The learned table of peg_detr is built for an 800x1333 image and resized to each image's "
         "feature grid, so it is interpolated even at the training size.",
     ]
-    return TaskResult(
-        "detect", "AP50", f"{size} px", labels, rows,
-        {**asdict(budget), "epochs": epochs, "model": "DETR demo_tiny (tiny backbone, 2+2 layers, dim 64)"},
-        data_name, notes=notes,
+    specs = [RowSpec(e, e, modes=_modes(e)) for e in ("peg", "sine", "learned", "none")]
+    return Plan(
+        task="detect", key="detect", out=out, specs=specs, seeds=seeds, budget=budget,
+        epochs=epochs or budget.epochs, metric="AP50", sizes=sizes, labels=[f"{s} px" for s in sizes],
+        train_label=f"{size} px", data={"root": str(data)}, data_name=data_name,
+        model="DETR demo_tiny (tiny backbone, 2+2 layers, dim 64)", notes=notes,
     )  # fmt: skip
+
+
+def _detect_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
+    from peg_core.engine import read_checkpoint
+    from peg_detr.model_io import model_from_checkpoint
+    from peg_detr.train import main as train
+
+    size, epochs, data = int(plan.train_label.split()[0]), plan.epochs, Path(plan.data["root"])
+    argv = [
+        "--config", "demo_tiny", "--coco-path", str(data), "--output-dir", str(run_dir),
+        "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(epochs), "--lr-drop", str(max(1, epochs * 5 // 6)),
+        "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
+        # one training size (no multi-scale, no crop): every other test size is unseen
+        "--train-scales", str(size), "--crop-resize", "", "--val-size", str(size),
+        "--max-size", str(2 * size), "--eval-sizes", str(size), "--eval-every", "0",
+        "--workers", "0", "--no-progress", "--device", "cpu",
+    ]  # fmt: skip
+    train(argv)
+    ckpt = run_dir / "checkpoint.pth"
+    model, _, _ = model_from_checkpoint(read_checkpoint(ckpt, "detect"), ckpt)
+    enc = model.transformer.encoder
+    x = [torch.zeros(3, size, size)]
+    model.eval()
+    # peg_detr may compute a sine table once for the encoder and the decoder keys, outside
+    # encoder.pos; for the count the encoder computes its own (the same adds into q and k).
+    if getattr(model.transformer, "_share_sine", False):
+        model.transformer._share_sine = False
+    cost = encoding_cost({"pos": enc.pos, "pegs": enc.pegs}, lambda: model(x), qk_uses=len(enc.layers))
+    scores, extra = {}, {}
+    for mode in spec.modes:
+        table = _detr_eval(ckpt, data, plan.sizes, mode, plan.budget.batch_size)
+        pairs = list(zip(plan.labels, plan.sizes, strict=True))
+        scores[str(mode)] = {lab: table[str(s)]["ap50"] for lab, s in pairs}
+        extra[str(mode)] = {"AP": {lab: table[str(s)]["ap"] for lab, s in pairs}}
+    return CellResult(scores, extra, cost.params, cost.flops)
 
 
 # ---------------------------------------------------------------------------------------------- video
@@ -263,66 +582,79 @@ def _video_eval(ckpt_path: Path, frames: int, crop: int, mode: str | None, batch
     return evaluate(parse_eval_args(argv))["eval"]
 
 
-def run_video(out: Path, quick: bool, seed: int, data: Path | None = None, epochs: int | None = None):
+def plan_video(
+    out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
+    ablate: Sequence[str] = (), **_: Any,
+) -> Plan:  # fmt: skip
     """Tiny video ViT (``synthetic_tiny``) with peg3d / peg3d-factorized / learned / none.
 
     ``data``: a folder with ``train.csv`` + ``val.csv`` (or ``train.txt`` + ``val.txt``) and the videos.
+    ``ablate`` with ``"video"`` adds the 3D PEG after the first block only (the recipe: after every block).
     """
-    from peg_core.engine import read_checkpoint
     from peg_video.configs import CONFIGS
     from peg_video.data.synthetic import SyntheticSpec, make_synthetic_kinetics
-    from peg_video.task import build_model
-    from peg_video.train import parse_args, train
 
     budget = BUDGETS["video", quick]
-    epochs = epochs or budget.epochs
     if data is None:
         data = out / "data"
-        make_synthetic_kinetics(
-            data, SyntheticSpec(num_train=budget.n_train, num_val=budget.n_val, seed=seed)
-        )
+        if not (data / "val.csv").is_file() and not (data / "val.txt").is_file():
+            make_synthetic_kinetics(
+                data, SyntheticSpec(num_train=budget.n_train, num_val=budget.n_val, seed=seeds[0])
+            )
         data_name = f"synthetic Kinetics moving shapes ({budget.n_train} train / {budget.n_val} val videos)"
     else:
         data_name = str(data)
-    ann = {split: _annotation(data, split) for split in ("train", "val")}
     cfg = CONFIGS["synthetic_tiny"]
-    frames, crop = cfg["num_frames"], budget.train_size
-    views = _video_views(frames, crop, cfg["tubelet"][1])
-    rows: list[Row] = []
-    for enc in ("peg3d", "peg3d-factorized", "learned", "none"):
-        run_dir = out / enc
-        argv = [
-            "--config", "synthetic_tiny", "--train-ann", str(ann["train"]), "--val-ann", str(ann["val"]),
-            "--pos-enc", enc,
-            "--output-dir", str(run_dir), "--epochs", str(epochs), "--batch-size", str(budget.batch_size),
-            "--crop", str(crop), "--seed", str(seed), "--eval-every", "0", "--device", "cpu", "--no-progress",
-        ]  # fmt: skip
-        report = train(parse_args(argv))
-        ckpt_path = Path(report["checkpoint"])
-        ckpt = read_checkpoint(ckpt_path, "video")
-        seed_everything(seed)
-        model = build_model(dict(ckpt["model_config"])).eval()
-        x = torch.zeros(1, 3, frames, crop, crop)
-        cost = encoding_cost(
-            {"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks}, lambda m=model, x=x: m(x)
-        )
-
-        def evaluate_at(mode, ckpt_path=ckpt_path):
-            res = {lab: _video_eval(ckpt_path, t, c, mode, budget.batch_size) for lab, t, c in views}
-            return {k: v["top1"] for k, v in res.items()}, {"top5": {k: v["top5"] for k, v in res.items()}}
-
-        rows += _rows_for(enc, evaluate_at, _modes(enc), cost.params, cost.flops)
-        print(f"[study video] {enc}: " + _fmt_scores(rows[-1].scores), flush=True)
+    views = _video_views(cfg["num_frames"], budget.train_size, cfg["tubelet"][1])
+    specs = [RowSpec(e, e, modes=_modes(e)) for e in ("peg3d", "peg3d-factorized", "learned", "none")]
+    if "video" in ablate:
+        depth = cfg["model_opts"]["depth"]
+        specs += [
+            RowSpec("full 3x3x3", "peg3d", group="video", same_as="peg3d"),
+            RowSpec("factorized 3x3 + 3", "peg3d-factorized", group="video", same_as="peg3d-factorized"),
+            RowSpec(f"full, after blocks {_peg_blocks(depth)}", "peg3d", group="video", same_as="peg3d"),
+            RowSpec("full, after block 0", "peg3d", ("--model-opt", "peg_at=[0]"), group="video"),
+        ]
     notes = [
         "Clip length changes the number of frames at the training stride (2); "
-        f"the larger crop shows {views[-1][2]} px instead of {crop} px. "
+        f"the larger crop shows {views[-1][2]} px instead of {budget.train_size} px. "
         "A learned table's temporal part is resized linearly, its spatial part with the mode shown."
     ]
-    return TaskResult(
-        "video", "top-1", views[1][0], [v[0] for v in views], rows,
-        {**asdict(budget), "epochs": epochs, "model": _describe(cfg["model_opts"], f"video {cfg['model']}")},
-        data_name, notes=notes,
+    return Plan(
+        task="video", key="video", out=out, specs=specs, seeds=seeds, budget=budget,
+        epochs=epochs or budget.epochs, metric="top-1", sizes=[], labels=[v[0] for v in views],
+        train_label=views[1][0], data={"root": str(data)}, data_name=data_name,
+        model=_describe(cfg["model_opts"], f"video {cfg['model']}"), notes=notes, views=views,
     )  # fmt: skip
+
+
+def _video_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
+    from peg_core.engine import read_checkpoint
+    from peg_video.task import build_model
+    from peg_video.train import parse_args, train
+
+    root = Path(plan.data["root"])
+    ann = {split: _annotation(root, split) for split in ("train", "val")}
+    frames, crop = plan.views[1][1], plan.views[1][2]
+    argv = [
+        "--config", "synthetic_tiny", "--train-ann", str(ann["train"]), "--val-ann", str(ann["val"]),
+        "--pos-enc", spec.encoding, *spec.argv,
+        "--output-dir", str(run_dir), "--epochs", str(plan.epochs), "--batch-size", str(plan.budget.batch_size),
+        "--crop", str(crop), "--seed", str(seed), "--eval-every", "0", "--device", "cpu", "--no-progress",
+    ]  # fmt: skip
+    report = train(parse_args(argv))
+    ckpt_path = Path(report["checkpoint"])
+    ckpt = read_checkpoint(ckpt_path, "video")
+    seed_everything(seed)
+    model = build_model(dict(ckpt["model_config"])).eval()
+    x = torch.zeros(1, 3, frames, crop, crop)
+    cost = encoding_cost({"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks}, lambda: model(x))
+    scores, extra = {}, {}
+    for mode in spec.modes:
+        res = {lab: _video_eval(ckpt_path, t, c, mode, plan.budget.batch_size) for lab, t, c in plan.views}
+        scores[str(mode)] = {k: v["top1"] for k, v in res.items()}
+        extra[str(mode)] = {"top-5": {k: v["top5"] for k, v in res.items()}}
+    return CellResult(scores, extra, cost.params, cost.flops)
 
 
 def _annotation(root: Path, split: str) -> Path:
@@ -332,20 +664,72 @@ def _annotation(root: Path, split: str) -> Path:
     raise FileNotFoundError(f"{root} has no {split}.csv or {split}.txt (Kinetics CSV or 'path label' list)")
 
 
+# ---------------------------------------------------------------------------------------------- cells
+
+_CELLS = {"classify": _classify_cell, "detect": _detect_cell, "video": _video_cell}
+
+
+def run_cell(plan: Plan, spec: RowSpec, seed: int, threads: int = 1) -> CellResult:
+    """Train and evaluate one row with one seed under ``plan.out/<row>/seed<seed>``."""
+    torch.set_num_threads(threads)
+    t0 = time.time()
+    result = _CELLS[plan.task](plan, spec, seed, plan.out / spec.slug / f"seed{seed}")
+    result.seconds = round(time.time() - t0, 1)
+    msg = ", ".join(f"{k} {v:.3f}" for k, v in next(iter(result.scores.values())).items())
+    print(f"[study {plan.key}] {spec.name} seed {seed} ({result.seconds} s): {msg}", flush=True)
+    return result
+
+
+def assemble(plan: Plan, cells: dict[tuple[str, int], CellResult | None], seconds: float = 0.0) -> TaskResult:
+    """The task's table: per row (and mode) the mean, sample std and per-seed values over the seeds.
+
+    A row with a failed cell (``None``) is left out, with a note.
+    """
+    rows: list[Row] = []
+    notes = list(plan.notes)
+    for spec in plan.specs:
+        source = spec.same_as or spec.name
+        runs = [cells.get((source, s)) for s in plan.seeds]
+        if any(r is None for r in runs):
+            failed = [s for s, r in zip(plan.seeds, runs, strict=True) if r is None]
+            notes.append(
+                f"Row `{spec.name}` left out: its training failed for seed(s) {failed} (see the log)."
+            )
+            continue
+        for mode in spec.modes:
+            label = spec.name if mode is None else f"{spec.name} ({mode})"
+            per_seed = {lab: [r.scores[str(mode)][lab] for r in runs] for lab in plan.labels}
+            stats = {lab: mean_std(v) for lab, v in per_seed.items()}
+            metrics = runs[0].extra.get(str(mode), {})
+            extra = {m: {lab: mean_std([r.extra[str(mode)][m][lab] for r in runs])[0] for lab in plan.labels}
+                     for m in metrics}  # fmt: skip
+            has_int8 = all(r.int8 for r in runs)
+            int8 = (
+                {lab: [r.int8[lab] for r in runs] for lab in plan.labels}
+                if has_int8 and mode in (None, "bicubic")
+                else {}
+            )
+            rows.append(Row(
+                label, spec.encoding, mode, {k: v[0] for k, v in stats.items()}, runs[0].params, runs[0].flops,
+                extra, {k: v[1] for k, v in stats.items() if v[1] is not None}, per_seed, spec.group, int8, spec.same_as,
+            ))  # fmt: skip
+    b = plan.budget
+    budget = {**asdict(b), "epochs": plan.epochs, "model": plan.model, "seeds": plan.seeds}
+    if plan.task == "classify":
+        budget["train_size"] = int(plan.train_label.split()[0])
+    return TaskResult(plan.key, plan.metric, plan.train_label, list(plan.labels), rows, budget, plan.data_name,
+                      round(seconds, 1), notes, list(plan.seeds), plan.protocol)  # fmt: skip
+
+
+def cells_of(plan: Plan) -> list[RowSpec]:
+    """The specs that train (rows repeating another row train nothing)."""
+    return [s for s in plan.specs if s.same_as is None]
+
+
 def _describe(cfg: dict[str, Any], name: str = "CPVT demo") -> str:
     """``CPVT demo (embed_dim 64, depth 4, ...)`` from a model configuration."""
     return f"{name} (" + ", ".join(f"{k} {v}" for k, v in cfg.items()) + ")"
 
 
-def _fmt_scores(scores: dict[str, float]) -> str:
-    return ", ".join(f"{k} {v:.3f}" for k, v in scores.items())
-
-
-TASKS = {"classify": run_classify, "detect": run_detect, "video": run_video}
-
-
-def timed(fn, *args, **kwargs) -> TaskResult:
-    t0 = time.time()
-    result = fn(*args, **kwargs)
-    result.seconds = round(time.time() - t0, 1)
-    return result
+PLANS = {"classify": plan_classify, "detect": plan_detect, "video": plan_video}
+TASKS = tuple(PLANS)

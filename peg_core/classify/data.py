@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from ..engine import BrokenSample, UserError
-from .shapes import CLASS_NAMES, ShapeScenes
+from .shapes import ShapeScenes
 
 __all__ = [
     "NORMALIZE",
@@ -73,8 +73,8 @@ class ShapeImages(Dataset):
             m, s = torch.tensor(mean).view(3, 1, 1), torch.tensor(std).view(3, 1, 1)
             x = ((x + 1) / 2 - m) / s
         self.images = x
-        self.classes = list(classes) if classes is not None else list(CLASS_NAMES)
-        order = torch.tensor([self.classes.index(name) for name in CLASS_NAMES])
+        self.classes = list(classes) if classes is not None else list(scenes.class_names)
+        order = torch.tensor([self.classes.index(name) for name in scenes.class_names])
         self.labels = order[scenes.labels]
 
     def __len__(self) -> int:

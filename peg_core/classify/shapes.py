@@ -12,6 +12,11 @@ Scenes are sampled once (by seed) in continuous coordinates ``[0, 1]²`` and
 rasterised at any resolution, so the *same* images can be evaluated at other
 input sizes; the pixel noise is seeded per (seed, size).  torch only, no files
 (``python -m peg_core make-data OUT`` writes them as an ImageFolder tree).
+
+``labeling="shape"`` samples the other protocol: the label is the shape alone (3 classes), the
+shape may sit anywhere, at any of a wider range of sizes, in any of the three hues.  Rendered at
+a larger size the scene is the same picture with everything scaled up, which is how a classifier
+trained at 224 px meets ImageNet images resized to 384 px.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from torch import Tensor
 
 __all__ = [
     "CLASS_NAMES",
+    "LABELINGS",
     "NUM_CLASSES",
     "PALETTE",
     "QUADRANTS",
@@ -41,6 +47,9 @@ NUM_CLASSES = len(SHAPES) * NUM_QUADRANTS
 CLASS_NAMES = tuple(f"{s}_{q}" for s in SHAPES for q in QUADRANTS)
 #: base RGB colour of each shape (red square, green ring, blue plus)
 PALETTE = torch.tensor([[0.9, 0.15, 0.15], [0.15, 0.85, 0.2], [0.2, 0.3, 0.95]])
+#: what a label encodes: ``"quadrant"`` (shape and quadrant, :data:`CLASS_NAMES`) or ``"shape"``
+#: (the shape only, :data:`SHAPES`; position, size and hue carry no label information)
+LABELINGS = ("quadrant", "shape")
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class ShapeScenes:
         color, background: ``(N, 3)`` RGB in ``[0, 1]``.
         seed: seeds the pixel noise (with the image size).
         noise: standard deviation of the pixel noise.
+        labeling: one of :data:`LABELINGS`; decides :attr:`labels` and :attr:`class_names`.
     """
 
     shape: Tensor
@@ -65,14 +75,22 @@ class ShapeScenes:
     background: Tensor
     seed: int
     noise: float = 0.08
+    labeling: str = "quadrant"
 
     def __len__(self) -> int:
         return self.shape.shape[0]
 
     @property
     def labels(self) -> Tensor:
-        """``(N,)`` int64 class ``shape * 4 + quadrant`` in ``[0, NUM_CLASSES)``."""
+        """``(N,)`` int64: ``shape * 4 + quadrant`` in ``[0, NUM_CLASSES)``, or ``shape`` for ``labeling="shape"``."""
+        if self.labeling == "shape":
+            return self.shape.clone()
         return self.shape * NUM_QUADRANTS + self.quadrant
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """Names of the label values, in label order."""
+        return SHAPES if self.labeling == "shape" else CLASS_NAMES
 
     def images(self, img_size: int | tuple[int, int]) -> Tensor:
         """``(N, 3, H, W)`` float32, roughly zero-mean (see :func:`render_scenes`)."""
@@ -82,13 +100,20 @@ class ShapeScenes:
         """The scenes at ``index`` (same noise seed)."""
         return ShapeScenes(
             self.shape[index], self.quadrant[index], self.center[index], self.radius[index],
-            self.color[index], self.background[index], self.seed, self.noise,
+            self.color[index], self.background[index], self.seed, self.noise, self.labeling,
         )  # fmt: skip
 
 
-def sample_scenes(n: int, seed: int, noise: float = 0.08) -> ShapeScenes:
-    """``n`` random scenes, the same for the same ``seed``, balanced over the classes (round-robin)."""
+def sample_scenes(n: int, seed: int, noise: float = 0.08, labeling: str = "quadrant") -> ShapeScenes:
+    """``n`` random scenes, the same for the same ``seed``, balanced over the classes (round-robin).
+
+    ``labeling`` (:data:`LABELINGS`) selects the protocol; see the module docstring.
+    """
+    if labeling not in LABELINGS:
+        raise ValueError(f"labeling must be one of {LABELINGS}; got {labeling!r}")
     g = torch.Generator().manual_seed(seed)
+    if labeling == "shape":
+        return _sample_anywhere(n, g, seed, noise)
     labels = torch.arange(n) % NUM_CLASSES
     labels = labels[torch.randperm(n, generator=g)]
     shape, quadrant = labels // NUM_QUADRANTS, labels % NUM_QUADRANTS
@@ -104,6 +129,21 @@ def sample_scenes(n: int, seed: int, noise: float = 0.08) -> ShapeScenes:
     grey = 0.3 + 0.4 * torch.rand(n, 1, generator=g)
     background = (grey + 0.08 * (2 * torch.rand(n, 3, generator=g) - 1)).clamp(0, 1)
     return ShapeScenes(shape, quadrant, center, radius, color, background, seed, noise)
+
+
+def _sample_anywhere(n: int, g: torch.Generator, seed: int, noise: float) -> ShapeScenes:
+    """Shape-only scenes: uniform place (whole shape inside), radius 0.15-0.3, hue independent of shape."""
+    shape = (torch.arange(n) % len(SHAPES))[torch.randperm(n, generator=g)]
+    radius = 0.15 + 0.15 * torch.rand(n, generator=g)
+    margin = (radius + 0.02).unsqueeze(1)
+    center = margin + (1 - 2 * margin) * torch.rand(n, 2, generator=g)
+    quadrant = (center[:, 0] >= 0.5).long() * 2 + (center[:, 1] >= 0.5).long()  # informative only
+    # The hue is drawn apart from the shape, so colour says nothing about the class.
+    hue = torch.randint(len(PALETTE), (n,), generator=g)
+    color = (PALETTE[hue] + 0.1 * (2 * torch.rand(n, 3, generator=g) - 1)).clamp(0, 1)
+    grey = 0.3 + 0.4 * torch.rand(n, 1, generator=g)
+    background = (grey + 0.08 * (2 * torch.rand(n, 3, generator=g) - 1)).clamp(0, 1)
+    return ShapeScenes(shape, quadrant, center, radius, color, background, seed, noise, "shape")
 
 
 def render_scenes(scenes: ShapeScenes, img_size: int | tuple[int, int]) -> Tensor:
@@ -133,7 +173,7 @@ def render_scenes(scenes: ShapeScenes, img_size: int | tuple[int, int]) -> Tenso
 
 
 def make_shape_splits(
-    n_train: int = 2048, n_val: int = 512, seed: int = 0, noise: float = 0.08
+    n_train: int = 2048, n_val: int = 512, seed: int = 0, noise: float = 0.08, labeling: str = "quadrant"
 ) -> tuple[ShapeScenes, ShapeScenes]:
     """Independent train and validation scenes (``seed`` and ``seed + 1``)."""
-    return sample_scenes(n_train, seed, noise), sample_scenes(n_val, seed + 1, noise)
+    return sample_scenes(n_train, seed, noise, labeling), sample_scenes(n_val, seed + 1, noise, labeling)

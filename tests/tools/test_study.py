@@ -1,4 +1,5 @@
-"""``tools.study``: the encoding cost counter, the report, and a ``--quick`` run of every task."""
+"""``tools.study``: the encoding cost counter, the report (mean ± std, error bars, sentences), the
+ablation rows, the scale-protocol scenes, and ``--quick`` runs of every task and of ``--data``."""
 
 from __future__ import annotations
 
@@ -11,10 +12,22 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from peg_core import PEG2d, build_position_encoding
 from peg_core.classify import DEMO_CONFIG
+from peg_core.classify.shapes import SHAPES, sample_scenes
 from peg_video import PEG3d
-from tools.study import main, markdown_table, write_report
+from tools.study import compare, error_bars, fmt_ms, int8_table, interpret, main, markdown_table, write_report
 from tools.study_cost import encoding_cost
-from tools.study_tasks import Row, TaskResult
+from tools.study_tasks import (
+    Budget,
+    CellResult,
+    Plan,
+    Row,
+    RowSpec,
+    TaskResult,
+    ablation_specs,
+    assemble,
+    cells_of,
+    mean_std,
+)
 
 
 def _flop_counter(fn) -> int:
@@ -97,10 +110,27 @@ def test_data_needs_a_single_task(tmp_path: Path) -> None:
         main(["--task", "all", "--data", str(tmp_path)])
     with pytest.raises(SystemExit):
         main(["--task", "detect", "--data", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit):  # before any data is written
+        main(["--task", "video", "--quick", "--out", str(tmp_path), "--train-size", "40"])
+    with pytest.raises(SystemExit):
+        main(["--task", "classify", "--ablate", "kernel,colour"])
+    with pytest.raises(SystemExit):
+        main(["--task", "classify", "--quick", "--out", str(tmp_path), "--rows", "peg,lerned"])
+    assert not any(tmp_path.iterdir())
 
 
 EXPECTED_ROWS = {
-    "classify": ["peg", "sincos", "learned (bicubic)", "learned (bilinear)", "learned (nearest)", "none"],
+    "classify": [
+        "peg",
+        "peg-dynamic",
+        "sincos",
+        "learned (bicubic)",
+        "learned (bilinear)",
+        "learned (nearest)",
+        "none",
+        "learned + multi-scale",
+        "learned + progressive",
+    ],
     "detect": ["peg", "sine", "learned (bicubic)", "learned (bilinear)", "learned (nearest)", "none"],
     "video": [
         "peg3d",
@@ -117,12 +147,22 @@ EXPECTED_ROWS = {
 def test_study_quick_all_tasks(tmp_path: Path) -> None:
     threads = torch.get_num_threads()
     try:
-        results = main(["--task", "all", "--quick", "--out", str(tmp_path), "--threads", "1"])
+        results = main(
+            ["--task", "all", "--quick", "--out", str(tmp_path), "--threads", "1", "--protocol", "both"]
+        )
     finally:
         torch.set_num_threads(threads)
     doc = json.loads((tmp_path / "study.json").read_text())
     report = (tmp_path / "report.md").read_text()
-    assert set(doc["tasks"]) == set(EXPECTED_ROWS) == set(results)
+    # the scale protocol: the same encoding rows, shape-only labels (3 classes), its own data and plot
+    scale = doc["tasks"].pop("classify-scale")
+    assert scale["protocol"] == "scale" and [r["label"] for r in scale["rows"]] == EXPECTED_ROWS["classify"]
+    assert sorted(p.name for p in (tmp_path / "classify-scale" / "data" / "train").iterdir()) == sorted(
+        SHAPES
+    )
+    assert (tmp_path / "classify-scale.png").is_file() and "Protocol *scale*" in report
+    assert doc["tasks"]["classify"]["protocol"] == "quadrant"
+    assert set(doc["tasks"]) == set(EXPECTED_ROWS) == set(results) - {"classify-scale"}
 
     for task, labels in EXPECTED_ROWS.items():
         t = doc["tasks"][task]
@@ -132,6 +172,7 @@ def test_study_quick_all_tasks(tmp_path: Path) -> None:
             assert list(row["scores"]) == t["sizes"]
             assert all(0.0 <= v <= 1.0 for v in row["scores"].values())
         rows = {r["label"]: r for r in t["rows"]}
+        assert all(len(v) == 1 for r in t["rows"] for v in r["per_seed"].values())  # one seed, kept per seed
         assert rows["none"]["params"] == 0 and rows["none"]["flops"] == 0
         assert markdown_table(results[task]) in report
         png = tmp_path / f"{task}.png"
@@ -167,3 +208,213 @@ def test_study_quick_all_tasks(tmp_path: Path) -> None:
     assert v["peg3d"]["flops"] == n_pegs * (2 * 64 * dim * 27 + 64 * dim)
     assert v["peg3d-factorized"]["params"] < v["peg3d"]["params"]
     assert doc["tasks"]["video"]["sizes"] == ["4 fr", "8 fr", "16 fr", "8 fr, 48 px"]
+
+
+# ------------------------------------------------------------------------------ seeds: mean ± std
+
+
+def test_mean_std_is_the_sample_std() -> None:
+    values = [0.9, 0.95, 0.7]
+    mean, std = mean_std(values)
+    ref = sum(values) / 3
+    assert mean == pytest.approx(ref, abs=1e-15)
+    assert std == pytest.approx((sum((v - ref) ** 2 for v in values) / 2) ** 0.5, abs=1e-15)  # n - 1
+    assert mean_std([0.5]) == (0.5, None)
+    assert fmt_ms(0.98765, 0.01234) == "0.988 ± 0.012" and fmt_ms(0.5, None) == "0.500"
+
+
+def _plan(specs: list[RowSpec], seeds: list[int]) -> Plan:
+    return Plan(
+        task="classify", key="classify", out=Path("unused"), specs=specs, seeds=seeds,
+        budget=Budget(epochs=1, n_train=8, n_val=4, train_size=32), epochs=1, metric="top-1",
+        sizes=[32, 64], labels=["32 px", "64 px"], train_label="32 px", data={}, data_name="toy",
+        model="toy", protocol="quadrant",
+    )  # fmt: skip
+
+
+def _cell(a: float, b: float, int8: tuple[float, float] | None = None, modes=("None",)) -> CellResult:
+    scores = {m: {"32 px": a, "64 px": b} for m in modes}
+    q = {"32 px": int8[0], "64 px": int8[1]} if int8 else {}
+    return CellResult(scores, {}, params=10, flops=20, int8=q)
+
+
+def test_assemble_seeds_baseline_repeats_and_table() -> None:
+    specs = [RowSpec("peg", "peg"), RowSpec("none", "none"),
+             *ablation_specs(["padding"], depth=4, base_at=(0, 1, 2, 3))]  # fmt: skip
+    plan = _plan(specs, [0, 1, 2])
+    # the zero-padding row is the baseline: only peg, none and circular padding train
+    assert [s.name for s in cells_of(plan)] == ["peg", "none", "circular padding"]
+    cells = {}
+    for seed, (p, c) in enumerate([(0.9, 0.8), (1.0, 0.6), (0.95, 0.7)]):
+        cells["peg", seed] = _cell(p, c, int8=(p - 0.1, c))
+        cells["none", seed] = _cell(0.25, 0.25)
+        cells["circular padding", seed] = _cell(0.3 + 0.01 * seed, 0.3)
+    result = assemble(plan, cells)
+    rows = {r.label: r for r in result.rows}
+    assert rows["peg"].per_seed == {"32 px": [0.9, 1.0, 0.95], "64 px": [0.8, 0.6, 0.7]}
+    assert rows["peg"].scores["32 px"] == pytest.approx(0.95) and rows["peg"].std["64 px"] == pytest.approx(
+        0.1
+    )
+    assert rows["zero padding"].per_seed == rows["peg"].per_seed and rows["zero padding"].repeats == "peg"
+    assert rows["none"].std == {"32 px": 0.0, "64 px": 0.0}
+    assert markdown_table(result).splitlines()[2] == "| peg | 0.950 ± 0.050 | 0.700 ± 0.100 | 10 | 20 |"
+    # the error bars are the sample stds, in test-size order, encoding rows only
+    assert error_bars(result) == {
+        "peg": ([pytest.approx(0.95), pytest.approx(0.7)], [pytest.approx(0.05), pytest.approx(0.1)]),
+        "none": ([0.25, 0.25], [0.0, 0.0]),
+    }
+    # int8: fp32 / int8 (drop), drop per seed then mean ± std
+    assert int8_table(result).splitlines()[2] == (
+        "| peg | 0.950 / 0.850 ± 0.050 (0.100 ± 0.000) | 0.700 / 0.700 ± 0.100 (0.000 ± 0.000) |"
+    )
+    text = "\n".join(interpret(result))
+    assert (
+        "circular) the PEG reaches 0.310 ± 0.010 at the training size against 0.950 ± 0.050 with zeros: supports"
+        in text
+    )
+
+
+def test_ablation_rows() -> None:
+    specs = ablation_specs(["kernel", "placement", "separable", "padding"], depth=4, base_at=(0, 1, 2, 3))
+    got = [(s.group, s.name, s.argv, s.same_as) for s in specs]
+    assert got == [
+        ("kernel", "kernel 1x1", ("--peg-kernel-size", "1"), None),
+        ("kernel", "kernel 3x3", ("--peg-kernel-size", "3"), "peg"),
+        ("kernel", "kernel 5x5", ("--peg-kernel-size", "5"), None),
+        ("kernel", "kernel 7x7", ("--peg-kernel-size", "7"), None),
+        ("placement", "after block 0", ("--peg-at", "0"), None),
+        ("placement", "after blocks 0-3", ("--peg-at", "all"), "peg"),
+        ("placement", "before block 0", ("--peg-at", "-1"), None),
+        ("separable", "full 3x3", (), "peg"),
+        ("separable", "separable 1x3+3x1", ("--peg-separable",), None),
+        ("padding", "zero padding", (), "peg"),
+        ("padding", "circular padding", ("--peg-padding", "circular"), None),
+    ]
+    # CPVT's own baseline (one PEG after block 0): that placement row is the baseline instead
+    at = {s.name: s.same_as for s in ablation_specs(["placement"], depth=6, base_at=(0,))}
+    assert at == {"after block 0": "peg", "after blocks 0-5": None, "before block 0": None}
+    assert ablation_specs([], 4, (0,)) == []
+
+
+def _row(label: str, means: tuple[float, float], stds: tuple[float, float] | None) -> Row:
+    std = {} if stds is None else {"48 px": stds[0], "96 px": stds[1]}
+    return Row(label, label.split()[0], None, {"48 px": means[0], "96 px": means[1]}, 0, 0, std=std)
+
+
+def _toy(rows: list[Row], protocol: str) -> TaskResult:
+    return TaskResult("classify", "top-1", "48 px", ["48 px", "96 px"], rows, {}, "toy", protocol=protocol)
+
+
+def test_sentences_follow_the_numbers() -> None:
+    peg, learned = (
+        _row("peg", (0.99, 0.61), (0.01, 0.05)),
+        _row("learned (bicubic)", (0.99, 0.98), (0.01, 0.01)),
+    )
+    none = _row("none", (0.25, 0.24), (0.02, 0.02))
+    quad = interpret(_toy([peg, learned, none], "quadrant"))
+    assert quad[0].startswith("Protocol *quadrant*")
+    assert quad[1] == (
+        "At 96 px (trained at 48 px) peg drops to 0.610 ± 0.050 while learned (bicubic) keeps 0.980 ± 0.010: "
+        "learned (bicubic) is ahead."
+    )
+    assert quad[2].startswith("This table contradicts the claim that a PEG generalises")
+    assert quad[3] == (
+        "At the training size peg reaches 0.990 ± 0.010 and `none` 0.250 ± 0.020: "
+        "the task needs position, and the PEG supplies it."
+    )
+    # the scale protocol, PEG ahead; one seed (no std): a difference counts above 0.02
+    scale = interpret(
+        _toy([_row("peg", (0.9, 0.91), None), _row("learned (bicubic)", (0.9, 0.8), None)], "scale")
+    )
+    assert scale[1] == (
+        "At 96 px (trained at 48 px) peg keeps 0.910 while learned (bicubic) drops to 0.800: peg is ahead."
+    )
+    assert scale[2].startswith("This table supports the claim") and "73.4 -> 74.2" in scale[2]
+    # ahead of the table, yet falling: the sentence says both
+    falls = interpret(
+        _toy([_row("peg", (0.9, 0.5), None), _row("learned (bicubic)", (0.5, 0.35), None)], "scale")
+    )
+    assert falls[2].endswith(", but not that a PEG keeps its accuracy: peg falls from 0.900 to 0.500.")
+    # overlapping error bars: no verdict
+    a, b = _row("peg", (0.9, 0.78), (0.05, 0.05)), _row("learned (bicubic)", (0.9, 0.75), (0.05, 0.05))
+    assert compare(a, b, "96 px") == 0 and compare(a, b, "96 px", "48 px") == -1
+    assert "cannot separate" in interpret(_toy([a, b], "scale"))[2]
+
+
+# ------------------------------------------------------------------------------- scale-protocol data
+
+
+def test_shape_protocol_scenes() -> None:
+    scenes = sample_scenes(60, seed=3, noise=0.0, labeling="shape")
+    assert scenes.class_names == SHAPES and torch.equal(scenes.labels, scenes.shape)
+    assert torch.bincount(scenes.labels).tolist() == [20, 20, 20]  # balanced
+    # the label is not the position: every shape occurs in more than one quadrant, and colour is not the shape
+    for k in range(3):
+        assert len(set(scenes.quadrant[scenes.shape == k].tolist())) > 1
+    hue = scenes.color - torch.tensor([[0.9, 0.15, 0.15], [0.15, 0.85, 0.2], [0.2, 0.3, 0.95]]).unsqueeze(1)
+    assert (hue.abs().amax(-1).argmin(0) != scenes.shape).any()
+    # whole shapes inside the image
+    assert ((scenes.center - scenes.radius[:, None]) >= 0).all() and (
+        (scenes.center + scenes.radius[:, None]) <= 1
+    ).all()
+    assert sample_scenes(12, 0).labels.max() > 3  # the quadrant labelling is unchanged
+    with pytest.raises(ValueError, match="labeling"):
+        sample_scenes(4, 0, labeling="where")
+
+
+@pytest.mark.parametrize("size", [48, 30])
+def test_scene_rendered_larger_is_the_same_picture(size: int) -> None:
+    """The 2x render box-filtered down equals the 1x render, except where a shape's edge crosses a pixel."""
+    scenes = sample_scenes(24, seed=1, noise=0.0, labeling="shape")
+    small = scenes.images(size).double()
+    big = torch.nn.functional.avg_pool2d(scenes.images(2 * size).double(), 2)
+    diff = (big - small).abs().amax(1)  # (N, H, W)
+    assert (diff < 1e-6).double().mean() > 0.9  # the interior of shape and background: identical
+    # an edge pixel is a mix of the two colours: between them, never outside
+    lo = torch.minimum(scenes.color, scenes.background).double()[:, :, None, None] * 2 - 1
+    hi = torch.maximum(scenes.color, scenes.background).double()[:, :, None, None] * 2 - 1
+    assert ((big >= lo - 1e-6) & (big <= hi + 1e-6)).all()
+    # and the odd/non-square size renders too
+    assert scenes.images((size, size + 6)).shape == (24, 3, size, size + 6)
+
+
+@pytest.mark.slow
+def test_study_on_an_image_folder(tmp_path: Path) -> None:
+    """``--data DIR`` (a ``make-data`` tree) with ``--train-size`` / ``--test-sizes``: the folder is resized."""
+    from peg_core.classify.cli import make_data
+
+    make_data([str(tmp_path / "shapes"), "--n-train", "24", "--n-val", "12", "--img-size", "40"])
+    threads = torch.get_num_threads()
+    try:
+        results = main(["--task", "classify", "--quick", "--data", str(tmp_path / "shapes"), "--out",
+                        str(tmp_path / "out"), "--train-size", "32", "--test-sizes", "24,40", "--quantize", "int8", "--rows", "peg,learned"])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    r = results["classify"]
+    assert r.sizes == ["24 px", "32 px", "40 px"] and r.train_size == "32 px" and r.protocol is None
+    assert str(tmp_path / "shapes") in r.data
+    assert all(0.0 <= v <= 1.0 for row in r.rows for v in row.scores.values())
+    # int8 of each base encoding (the learned table with its default bicubic mode), at every size
+    int8 = {row.label: row.int8 for row in r.rows if row.int8}
+    assert [row.label for row in r.rows] == [
+        "peg",
+        "learned (bicubic)",
+        "learned (bilinear)",
+        "learned (nearest)",
+    ]
+    assert list(int8) == ["peg", "learned (bicubic)"]
+    assert all(list(v) == r.sizes and all(0 <= x[0] <= 1 for x in v.values()) for v in int8.values())
+    assert "int8 (PT2E" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_failed_cell_drops_its_row_with_a_note() -> None:
+    plan = _plan([RowSpec("peg", "peg"), RowSpec("none", "none")], [0, 1])
+    cells = {
+        ("peg", 0): _cell(0.9, 0.8),
+        ("peg", 1): _cell(0.9, 0.8),
+        ("none", 0): _cell(0.3, 0.3),
+        ("none", 1): None,
+    }
+    result = assemble(plan, cells)
+    assert [r.label for r in result.rows] == ["peg"]
+    assert result.notes == ["Row `none` left out: its training failed for seed(s) [1] (see the log)."]
