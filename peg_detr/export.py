@@ -18,32 +18,18 @@ metadata (``peg_categories``, JSON).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
-import sys
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from peg_core.engine import UserError, ensure_writable, new_parser, positive_int, read_checkpoint
+from peg_core.engine import UserError, new_parser, positive_int, read_checkpoint
+from peg_core.engine.onnx_export import add_export_args, check_output_path, compare_onnxruntime, export_onnx
 
 from .model_io import model_from_checkpoint
 
-__all__ = ["DetrForExport", "build_parser", "export_onnx", "main"]
-
-MIN_OPSET, MAX_OPSET = 18, 23
-
-
-def opset_arg(text: str) -> int:
-    """``argparse`` type: an ONNX opset the dynamo exporter writes."""
-    value = positive_int(text)
-    if not MIN_OPSET <= value <= MAX_OPSET:
-        raise argparse.ArgumentTypeError(f"expected an opset in {MIN_OPSET}..{MAX_OPSET}, got {text!r}")
-    return value
+__all__ = ["DetrForExport", "build_parser", "main"]
 
 
 def side_arg(text: str) -> int:
@@ -68,78 +54,10 @@ class DetrForExport(nn.Module):
 
 def build_parser() -> argparse.ArgumentParser:
     p = new_parser("python -m peg_detr export", __doc__)
-    p.add_argument("checkpoint", type=Path, help="checkpoint.pth written by train")
-    p.add_argument("out", type=Path, help="the .onnx file to write")
-    p.add_argument(
-        "--opset", type=opset_arg, default=MAX_OPSET - 3, help=f"ONNX opset ({MIN_OPSET}..{MAX_OPSET})"
-    )
+    add_export_args(p)
     p.add_argument("--height", type=side_arg, default=256, help="example input height (the graph takes any)")
     p.add_argument("--width", type=side_arg, default=320, help="example input width (the graph takes any)")
-    p.add_argument("--check", action="store_true", help="run onnxruntime on the example and compare")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     return p
-
-
-def check_output_path(out: Path) -> None:
-    """The output must be a file in a writable folder (a :class:`UserError` before any tracing)."""
-    if out.is_dir():
-        raise UserError("output is a folder, expected an .onnx file path", out)
-    ensure_writable(out.parent if str(out.parent) else Path("."))
-
-
-def export_onnx(
-    model: nn.Module,
-    example: Tensor,
-    out: Path,
-    dynamic_shapes: tuple[dict[int, Any], ...],
-    input_name: str,
-    output_names: list[str],
-    opset: int,
-    metadata: dict[str, str],
-) -> None:
-    """``torch.onnx.export(dynamo=True)`` of ``model`` on ``example``, saved to ``out`` with ``metadata``.
-
-    The exporter's progress lines are kept off the console (shown only if it fails).
-    """
-    import onnx
-
-    log = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                model,
-                (example,),
-                dynamo=True,
-                dynamic_shapes=dynamic_shapes,
-                input_names=[input_name],
-                output_names=output_names,
-                opset_version=opset,
-                verbose=False,
-            )
-            program.save(str(out))
-    except Exception:
-        sys.stderr.write(log.getvalue())
-        raise
-    proto = onnx.load(str(out))
-    onnx.helper.set_model_props(proto, metadata)
-    onnx.save(proto, str(out))
-
-
-def compare_onnxruntime(out: Path, feed: dict[str, Tensor], expected: tuple[Tensor, ...]) -> float:
-    """Largest absolute difference between onnxruntime's outputs for ``feed`` and ``expected``."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    got = session.run(None, {k: v.numpy() for k, v in feed.items()})
-    diffs = []
-    for g, e in zip(got, expected):
-        if tuple(g.shape) != tuple(e.shape):
-            raise UserError(
-                f"onnxruntime output shape {tuple(g.shape)} differs from PyTorch's {tuple(e.shape)}", out
-            )
-        diffs.append(float((torch.from_numpy(g) - e).abs().max()) if e.numel() else 0.0)
-    return max(diffs)
 
 
 def main(argv: list[str]) -> int:
@@ -173,9 +91,6 @@ def main(argv: list[str]) -> int:
     if args.check:
         with torch.no_grad():
             expected = wrapper(example)
-        diff = compare_onnxruntime(args.out, {"images": example}, expected)
-        result["max_abs_diff"] = diff
-        if diff > 1e-4:
-            raise UserError(f"onnxruntime outputs differ from PyTorch's by {diff:.2e} (> 1e-4)", args.out)
+        result["max_abs_diff"] = compare_onnxruntime(args.out, {"images": example}, expected)
     print(json.dumps(result))
     return 0
