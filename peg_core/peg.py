@@ -31,6 +31,7 @@ __all__ = [
     "check_tokens",
     "grid_to_tokens",
     "peg2d_reference",
+    "resolve_peg_at",
     "tokens_to_grid",
 ]
 
@@ -38,6 +39,32 @@ _CONVS: dict[int, type[nn.Module]] = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 _CONV_FNS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 #: ``padding_mode`` values: ``zeros`` (CPVT), ``circular`` (wraps around: no absolute position), ``replicate``
 PADDING_MODES = ("zeros", "circular", "replicate")
+
+
+def resolve_peg_at(peg_at: Sequence[int] | str, depth: int) -> tuple[int, ...]:
+    """Where PEGs go in a stack of ``depth`` blocks: sorted, unique block indices.
+
+    One meaning in every model of the suite: index ``i >= 0`` is a PEG after block ``i``
+    (CPVT: ``(0,)``), ``-1`` a PEG before block 0, and ``"all"`` a PEG after every block
+    (``0 .. depth - 1``).  ``ValueError`` for an empty list, another string, or an index
+    outside ``-1 .. depth - 1``.
+    """
+    if isinstance(peg_at, str):
+        if peg_at != "all":
+            raise ValueError(f"peg_at must be 'all' or block indices; got {peg_at!r}")
+        return tuple(range(depth))
+    positions = tuple(sorted({int(i) for i in peg_at}))
+    if not positions:
+        raise ValueError("peg_at needs at least one block index (or 'all')")
+    bad = [i for i in positions if not -1 <= i < depth]
+    if bad:
+        raise ValueError(
+            f"peg_at={list(positions)} has indices {bad} outside -1 (before block 0) .. {depth - 1} "
+            f"({depth} blocks)"
+        )
+    return positions
+
+
 # permute orders (B, *grid, C) -> (B, C, *grid) by grid rank, and back by map rank; precomputed since
 # they run on every call and building them from ranges costs about a microsecond each time
 _TO_GRID = {n: (0, n + 1, *range(1, n + 1)) for n in _CONVS}

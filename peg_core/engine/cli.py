@@ -21,7 +21,14 @@ from .errors import ArgumentParser, run_command
 
 __all__ = [
     "AMP_CHOICES",
+    "RESIZE_MODES",
+    "add_alias",
+    "add_arch_arg",
+    "add_data_root_arg",
     "add_eval_args",
+    "add_make_data_counts",
+    "add_num_heads_arg",
+    "add_pos_args",
     "add_train_args",
     "device_arg",
     "dispatch",
@@ -31,7 +38,9 @@ __all__ = [
     "json_safe",
     "nonnegative_float",
     "nonnegative_int",
+    "odd_kernel",
     "parse_with_config",
+    "peg_at_arg",
     "positive_float",
     "positive_int",
     "positive_int_list",
@@ -39,6 +48,10 @@ __all__ = [
 ]
 
 AMP_CHOICES = ("off", "bf16", "fp16")
+#: how a learned table is resized to another grid (``--pos-interpolation``; peg_core.resize_pos_embed modes)
+RESIZE_MODES = ("nearest", "bilinear", "bicubic", "area")
+#: PEG conv borders (``--peg-padding``), as :data:`peg_core.peg.PADDING_MODES`
+PEG_PADDINGS = ("zeros", "circular", "replicate")
 
 
 def _number(text: str, kind: type, what: str, ok: Callable[[Any], bool]) -> Any:
@@ -128,6 +141,147 @@ def device_arg(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N; got {text!r}")
 
 
+def peg_at_arg(text: str) -> list[int] | str:
+    """``argparse`` type of ``--peg-at``: ``all`` or block indices ``0,1,2`` (``-1``: before block 0).
+
+    The meaning is the same in every model (:func:`peg_core.peg.resolve_peg_at`).
+    """
+    text = str(text).strip()
+    if text == "all":
+        return "all"
+    parts = [t.strip() for t in text.split(",")]
+    if "-1" in parts:
+        rest = [t for t in parts if t != "-1"]
+        return [-1, *(int_list(",".join(rest)) if rest else [])]
+    return int_list(text)
+
+
+def odd_kernel(text: str) -> int:
+    """``argparse`` type: an odd kernel side >= 1 (a PEG keeps the grid's size)."""
+    value = positive_int(text)
+    if value % 2 == 0:
+        raise argparse.ArgumentTypeError(f"expected an odd integer >= 1; got {text!r}")
+    return value
+
+
+# ------------------------------------------------------------------------ the shared knob vocabulary
+# One spelling per knob in every package; older spellings stay as hidden aliases (add_alias) so
+# commands written before the vocabulary still run.
+
+
+def add_alias(group: argparse._ActionsContainer, *names: str, dest: str, **kwargs: Any) -> None:
+    """Old spellings of an option: same ``dest``, hidden from ``-h``, no default of their own.
+
+    ``default=SUPPRESS`` matters: two actions on one ``dest`` would otherwise let the alias's
+    default overwrite the real option's.
+    """
+    group.add_argument(*names, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+
+
+def add_data_root_arg(
+    group: argparse._ActionsContainer, *, help: str, aliases: Sequence[str] = (), required: bool = False
+) -> None:
+    """``--data-root PATH``: where a task's data set lives (``aliases``: the task's old spellings)."""
+    group.add_argument("--data-root", type=Path, required=required, help=help)
+    if aliases:
+        add_alias(group, *aliases, dest="data_root", type=Path)
+
+
+def add_arch_arg(
+    group: argparse._ActionsContainer,
+    choices: Sequence[str],
+    *,
+    help: str,
+    aliases: Sequence[str] = (),
+    default: str | None = None,
+) -> None:
+    """``--arch NAME``: the model architecture, one of ``choices``."""
+    group.add_argument("--arch", choices=list(choices), default=default, help=help)
+    if aliases:
+        add_alias(group, *aliases, dest="arch", choices=list(choices))
+
+
+def add_num_heads_arg(group: argparse._ActionsContainer, *, aliases: Sequence[str] = ()) -> None:
+    """``--num-heads N``: attention heads (default: the architecture's)."""
+    group.add_argument("--num-heads", type=positive_int, help="attention heads (default: the arch's)")
+    if aliases:
+        add_alias(group, *aliases, dest="num_heads", type=positive_int)
+
+
+def add_pos_args(
+    group: argparse._ActionsContainer,
+    choices: Sequence[str],
+    *,
+    peg_at_help: str = "blocks followed by a PEG, e.g. 0 or 0,1,2; -1: before block 0; all: after every block",
+    dynamic: bool = True,
+    interpolation: bool = True,
+) -> None:
+    """``--pos-enc`` and the PEG group, the same flags and meanings in every package.
+
+    ``--pos-enc`` (one of ``choices``), ``--peg-at`` (:func:`peg_at_arg`), ``--peg-kernel-size``,
+    ``--peg-separable``, ``--peg-padding``, ``--peg-dynamic`` with ``--peg-num-kernels`` (when the
+    task's PEG supports it) and ``--pos-interpolation`` (how a learned table is resized).  Every
+    default is ``None``: the recipe's or the model's value.
+    """
+    group.add_argument("--pos-enc", choices=list(choices), help="position encoding")
+    group.add_argument("--peg-at", type=peg_at_arg, help=peg_at_help + " (default: the arch's)")
+    group.add_argument("--peg-kernel-size", type=odd_kernel, help="PEG depthwise kernel side (default 3)")
+    group.add_argument(
+        "--peg-separable",
+        action=argparse.BooleanOptionalAction,
+        help="separable PEG: 1xk then kx1 depthwise convs (default: off)",
+    )
+    group.add_argument(
+        "--peg-padding",
+        choices=PEG_PADDINGS,
+        help="PEG conv border: zeros (CPVT) or circular/replicate (no absolute position) (default zeros)",
+    )
+    if dynamic:
+        group.add_argument(
+            "--peg-dynamic",
+            action=argparse.BooleanOptionalAction,
+            help="per-sample PEG kernels mixed from a bank (dynamic convolution) (default: off)",
+        )
+        group.add_argument(
+            "--peg-num-kernels", type=positive_int, help="bank size of --peg-dynamic (default 4)"
+        )
+    if interpolation:
+        group.add_argument(
+            "--pos-interpolation",
+            choices=RESIZE_MODES,
+            help="how a learned table is resized for other input sizes",
+        )
+
+
+#: argparse dests of :func:`add_pos_args`'s PEG group -> the keyword every model builder takes
+PEG_OPTIONS = {
+    "peg_at": "peg_at",
+    "peg_kernel_size": "peg_kernel_size",
+    "peg_separable": "peg_separable",
+    "peg_padding": "peg_padding",
+    "peg_dynamic": "peg_dynamic",
+    "peg_num_kernels": "peg_num_kernels",
+}
+
+
+def peg_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The PEG group's values that the user (or the recipe) set, as model-builder keywords."""
+    return {
+        kw: getattr(args, dest) for dest, kw in PEG_OPTIONS.items() if getattr(args, dest, None) is not None
+    }
+
+
+def add_make_data_counts(
+    p: argparse._ActionsContainer, *, num_train: int, num_val: int, aliases: Sequence[tuple[str, str]] = ()
+) -> None:
+    """``--num-train N --num-val N`` of every ``make-data`` (``aliases``: ``(old_train, old_val)`` pairs)."""
+    p.add_argument("--num-train", type=positive_int, default=num_train, help="training samples")
+    p.add_argument("--num-val", type=positive_int, default=num_val, help="validation samples")
+    for old_train, old_val in aliases:
+        add_alias(p, old_train, dest="num_train", type=positive_int)
+        add_alias(p, old_val, dest="num_val", type=positive_int)
+
+
 def add_train_args(
     p: argparse.ArgumentParser, *, output_dir: str, configs: Mapping[str, Any] | None = None
 ) -> None:
@@ -153,6 +307,11 @@ def add_train_args(
     g.add_argument("--clip-max-norm", type=nonnegative_float, help="gradient-norm clipping (0: off)")
     g.add_argument("--device", type=device_arg, default="auto", help="auto | cpu | cuda | cuda:N")
     g.add_argument("--seed", type=int, default=0, help="seed of data order, augmentation and init")
+    g.add_argument(
+        "--init",
+        type=Path,
+        help="starting weights (a checkpoint or weights file of this task; see the task's -h for the formats)",
+    )
     g.add_argument(
         "--eval-every", type=nonnegative_int, default=1, help="evaluate every N epochs (0: at the end)"
     )
@@ -260,4 +419,4 @@ def new_parser(prog: str, description: str | None = None) -> ArgumentParser:
     )
 
 
-__all__ += ["new_parser"]
+__all__ += ["PEG_OPTIONS", "PEG_PADDINGS", "new_parser", "peg_kwargs"]
