@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from peg_core.engine import UserError
+from peg_core.errors import InputError
 
 __all__ = [
     "AnnotationError",
@@ -45,7 +45,7 @@ _VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi")
 _LIST_LINE = re.compile(r"""^\s*(.+?)\s+("[^"]*"|'[^']*'|\S+)\s*$""")
 
 
-class AnnotationError(UserError, ValueError):
+class AnnotationError(InputError):
     """A missing, unreadable or malformed annotation / class file; ``where`` is ``file`` or ``file:line``."""
 
 

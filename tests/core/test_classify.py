@@ -13,7 +13,7 @@ from peg_core.classify.metrics import accuracy
 from peg_core.classify.shapes import CLASS_NAMES, QUADRANTS, SHAPES
 from peg_core.data import NUM_CLASSES, PALETTE, make_shape_splits, render_scenes, sample_scenes
 from peg_core.engine import BrokenSample, RunContext, UserError
-from peg_core.utils import DistInfo
+from peg_core.engine.distributed import DistInfo
 
 
 def test_scenes_deterministic_and_balanced():
