@@ -345,22 +345,16 @@ def sincos_1d(length: int, dim: int, temperature: float = 10000.0, device=None) 
     return torch.cat([angle.sin(), angle.cos()], dim=1).float()
 
 
-class SinCosPositionEncoding3d(PositionEncoding):
+class SinCosPositionEncoding3d(SinCosPositionEncoding2d):
     """Fixed code ``sincos_2d(h, w) + sincos_1d(t)`` for any ``(T, H, W)``; added to the tokens.
+
+    The 2D encoding's settings (and checks) with a temporal code added; no parameters, no buffers.
 
     Args:
         dim: channels ``C`` (a multiple of 4).
         temperature: sin-cos base.
         num_prefix_tokens: leading tokens that get no code.
     """
-
-    def __init__(self, dim: int, temperature: float = 10000.0, num_prefix_tokens: int = 0) -> None:
-        super().__init__()
-        if dim % 4:
-            raise ValueError(f"sincos encoding needs dim divisible by 4; got {dim}")
-        self.dim = dim
-        self.temperature = temperature
-        self.num_prefix_tokens = num_prefix_tokens
 
     def position(self, x: Tensor, size: Sequence[int], mask: Tensor | None = None) -> Tensor:
         """Codes ``(1, P + T*H*W, C)`` in ``x``'s dtype."""
