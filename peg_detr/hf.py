@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from peg_core.engine import UserError, ensure_writable, new_parser, read_checkpoint
-from peg_core.interop.io import WeightsError, read_state_file, strip_prefixes
+from peg_core.interop.io import WeightsError, read_state_file, strip_prefixes, write_state_file
 
 __all__ = [
     "export_hf",
@@ -240,8 +240,6 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     layers, non-ResNet backbones or other decoder key positions have no Hugging Face DETR
     equivalent and are refused with a :class:`UserError` before anything is written.
     """
-    from safetensors.torch import save_file
-
     ckpt = read_checkpoint(checkpoint, "detect")
     cfg = ckpt.get("model_config")
     if not isinstance(cfg, dict) or "num_classes" not in cfg:
@@ -264,7 +262,7 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     ensure_writable(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(_hf_config(cfg, meta.get("categories")), indent=2) + "\n")
-    save_file(hf_state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_state_file(hf_state, out / "model.safetensors", metadata={"format": "pt"})
     return out
 
 

@@ -247,12 +247,15 @@ def atomic_save(obj: Any, path: str | os.PathLike, keep_previous: str | os.PathL
     return path
 
 
-def write_state_file(obj: Any, path: str | os.PathLike) -> list[str]:
+def write_state_file(
+    obj: Any, path: str | os.PathLike, metadata: Mapping[str, str] | None = None
+) -> list[str]:
     """Write ``obj`` in the format the suffix of ``path`` names; returns the entries that could not be kept.
 
     ``.safetensors`` holds a flat dict of tensors only: a wrapped checkpoint is written as its
     inner state dict and any non-tensor entries are left out (returned so the caller can say
-    so).  Both formats are written through a temporary file and a rename.
+    so); ``metadata`` goes into its header (e.g. ``{"format": "pt"}`` for transformers).
+    Both formats are written through a temporary file and a rename.
     """
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -275,7 +278,7 @@ def write_state_file(obj: Any, path: str | os.PathLike) -> list[str]:
             seen.add(ptr)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp))
+    save_file(tensors, str(tmp), metadata=dict(metadata) if metadata else None)
     os.replace(tmp, path)
     return dropped
 
