@@ -4,50 +4,61 @@ Public API::
 
     from peg_core import PEG2d, PEG3d, build_position_encoding, resize_pos_embed
 
-Depends on torch alone.
+``import peg_core`` is the position-encoding library alone: the PEGs (static, separable,
+dynamic), the fixed and learned encodings in 1/2/3-D, resizing and the grid helpers.  It
+depends on torch alone and loads nothing else of the project; the sub-packages are opt-in:
+``peg_core.engine`` (training), ``peg_core.interop`` (weights files, surgery, timm /
+torchvision conversion), ``peg_core.export`` (ONNX, int8), ``peg_core.classify`` (the CPVT
+task), ``peg_core.models`` (CPVT and its ViT layers), ``peg_core.viz``.
 """
 
 from .base import PositionEncoding
 from .encodings import (
     LearnedPositionEncoding2d,
+    LearnedPositionEncoding3d,
     NoPositionEncoding,
     SinCosPositionEncoding2d,
+    SinCosPositionEncoding3d,
     SinePositionEncoding2d,
     build_position_encoding,
+    sincos_1d,
     sincos_2d,
 )
-from .peg import PEG2d, PEG3d, PEGNd, check_size, check_tokens, grid_to_tokens, tokens_to_grid
-from .resize import infer_grid, resize_pos_embed, resize_pos_embed_1d, resize_pos_embed_3d
+from .peg import PEG2d, PEG3d, PEGNd, check_mask, check_size, check_tokens, grid_to_tokens, tokens_to_grid
+from .resize import (
+    infer_grid,
+    is_tracing,
+    resize_pos_embed,
+    resize_pos_embed_1d,
+    resize_pos_embed_3d,
+    resize_pos_embed_traceable,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LearnedPositionEncoding2d",
+    "LearnedPositionEncoding3d",
     "NoPositionEncoding",
     "PEG2d",
     "PEG3d",
     "PEGNd",
     "PositionEncoding",
     "SinCosPositionEncoding2d",
+    "SinCosPositionEncoding3d",
     "SinePositionEncoding2d",
     "build_position_encoding",
+    "check_mask",
     "check_size",
     "check_tokens",
     "grid_to_tokens",
     "infer_grid",
+    "is_tracing",
     "resize_pos_embed",
     "resize_pos_embed_1d",
     "resize_pos_embed_3d",
+    "resize_pos_embed_traceable",
+    "sincos_1d",
     "sincos_2d",
     "tokens_to_grid",
 ]
-
-# Checkpoint surgery (timm/DeiT, torchvision ViT and CPVT checkpoints).
-from .surgery import learned_to_cpvt, resize_checkpoint
-
-__all__ += ["learned_to_cpvt", "resize_checkpoint"]
-
-# Live-model conversion (timm / torchvision ViT -> CPVT); timm itself stays optional (peg_core.timm).
-from .convert import convert_to_cpvt  # noqa: E402 (after the base API, as surgery above)
-
-__all__ += ["convert_to_cpvt"]

@@ -10,6 +10,10 @@
 
 Surgery: ``IN`` / ``OUT`` are ``.pth`` (read with ``weights_only=True``) or
 ``.safetensors`` files; ``OUT`` is written in the format its suffix names.
+
+This is the command-line layer: the library's documented errors (``WeightsError``, a
+``ValueError``; ``OSError`` while writing; ``ImportError`` for a missing safetensors) become
+one ``error: <what>: <where>`` line here.  Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -20,13 +24,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .classify import cli as classify_cli
+from .classify.quantize import main as quantize_cli
 from .engine import UserError, dispatch, grid_arg, int_list, new_parser, nonnegative_int, positive_int
-from .quantize import main as quantize_cli
-from .surgery import learned_to_cpvt, load_state_file, resize_checkpoint, save_state_file
+from .interop import WeightsError, learned_to_cpvt, read_state_file, resize_checkpoint, write_state_file
 
 PROG = "python -m peg_core"
-# what surgery raises for a file that holds no (usable) position table, or a table it cannot change
-SURGERY_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError, ImportError)
 
 
 def _resize_parser() -> argparse.ArgumentParser:
@@ -56,25 +58,23 @@ def _to_cpvt_parser() -> argparse.ArgumentParser:
     return c
 
 
-def _message(e: Exception) -> str:
-    # str(KeyError("x")) is "'x'": take the message itself
-    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-
-
 def _load(path: Path) -> object:
+    """The object in ``path``; an unreadable file or a missing safetensors package is a :class:`UserError`."""
     try:
-        return load_state_file(path)  # unreadable files: UserError naming the file
+        return read_state_file(path)
+    except WeightsError as e:  # names the file already
+        raise UserError(e.what, e.where) from None
     except ImportError as e:  # the message names the file and the package
         raise UserError(str(e)) from None
 
 
 def _write(new: object, args: argparse.Namespace, summary: str) -> int:
     try:
-        left_out = save_state_file(new, args.output)
+        left_out = write_state_file(new, args.output)
     except ImportError as e:
         raise UserError(str(e)) from None
-    except SURGERY_ERRORS as e:
-        raise UserError(f"cannot write ({_message(e)})", args.output) from None
+    except (WeightsError, OSError) as e:
+        raise UserError(f"cannot write ({e})", args.output) from None
     print(summary)
     for name in left_out:
         print(f"not written to {args.output.suffix} (tensors only): {name}")
@@ -90,8 +90,8 @@ def resize_pos_embed(argv: Sequence[str]) -> int:
             obj, args.grid, key=args.key, mode=args.mode, num_prefix_tokens=args.prefix_tokens,
             old_size=args.old_grid, antialias=args.antialias,
         )  # fmt: skip
-    except SURGERY_ERRORS as e:
-        raise UserError(_message(e), args.input) from None
+    except WeightsError as e:  # no (single) table, or one that cannot be resized: the message names it
+        raise UserError(e.what, args.input) from None
     return _write(new, args, str(change))
 
 
@@ -100,8 +100,8 @@ def to_cpvt(argv: Sequence[str]) -> int:
     obj = _load(args.input)
     try:
         new, report = learned_to_cpvt(obj, peg_at=args.peg_at, kernel_size=args.kernel_size, key=args.key)
-    except SURGERY_ERRORS as e:
-        raise UserError(_message(e), args.input) from None
+    except WeightsError as e:
+        raise UserError(e.what, args.input) from None
     return _write(new, args, str(report))
 
 

@@ -1,28 +1,48 @@
-"""Fixed and learned 2D position encodings, and the by-name builder.
+"""The fixed and learned position encodings in 2D and 3D, and the 2D by-name builder.
 
 All of them implement :class:`peg_core.PositionEncoding`, so a model swaps
 one for another by name (:func:`build_position_encoding`).
+
+* 2D: DETR's mask-aware sine, MAE's sin-cos, a learned table (timm/DeiT layout), none;
+* 3D (video, ``(T, H, W)`` tubelet grids): a fixed sin-cos and a learned code, both
+  factorized as a spatial code of ``(h, w)`` plus a temporal code of ``t``
+  (TimeSformer's separate space and time embeddings), so a 2D table trained on images
+  drops into the spatial part unchanged.  Prefix tokens (the class token) get zeros.
+
+Learned tables resize with :func:`peg_core.resize_pos_embed`; under tracing / export
+(:func:`peg_core.resize.is_tracing`) with its export-safe path
+:func:`peg_core.resize.resize_pos_embed_traceable`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import PositionEncoding
-from .peg import PEG2d, _check_mask, check_tokens
-from .resize import _MODES, resize_pos_embed
+from .peg import PEG2d, check_mask, check_tokens
+from .resize import (
+    INTERPOLATION_MODES,
+    is_tracing,
+    resize_pos_embed,
+    resize_pos_embed_1d,
+    resize_pos_embed_traceable,
+)
 
 __all__ = [
     "ENCODINGS",
     "LearnedPositionEncoding2d",
+    "LearnedPositionEncoding3d",
     "NoPositionEncoding",
     "SinCosPositionEncoding2d",
+    "SinCosPositionEncoding3d",
     "SinePositionEncoding2d",
     "build_position_encoding",
+    "sincos_1d",
     "sincos_2d",
 ]
 
@@ -109,7 +129,7 @@ class SinePositionEncoding2d(PositionEncoding):
         if mask is None:
             mask = torch.zeros(1, h, w, dtype=torch.bool, device=x.device)
         else:
-            _check_mask(mask, x.shape[0], (h, w))
+            check_mask(mask, x.shape[0], (h, w))
         pos = self.grid(mask, _compute_dtype(x.dtype)).flatten(1, 2).to(x.dtype)
         return _with_prefix(pos, self.num_prefix_tokens)
 
@@ -166,7 +186,7 @@ class SinCosPositionEncoding2d(PositionEncoding):
         h, w = size
         check_tokens(x, (h, w), self.num_prefix_tokens)
         if mask is not None:
-            _check_mask(mask, x.shape[0], (h, w))
+            check_mask(mask, x.shape[0], (h, w))
         pos = sincos_2d((h, w), self.dim, self.temperature, device=x.device, dtype=x.dtype).unsqueeze(0)
         return _with_prefix(pos, self.num_prefix_tokens)
 
@@ -198,8 +218,8 @@ class LearnedPositionEncoding2d(PositionEncoding):
     ) -> None:
         super().__init__()
         gs = (grid_size, grid_size) if isinstance(grid_size, int) else tuple(int(g) for g in grid_size)
-        if interpolation not in _MODES[2]:
-            raise ValueError(f"interpolation={interpolation!r}; choose from {sorted(_MODES[2])}")
+        if interpolation not in INTERPOLATION_MODES[2]:
+            raise ValueError(f"interpolation={interpolation!r}; choose from {sorted(INTERPOLATION_MODES[2])}")
         self.dim = dim
         self.grid_size = gs
         self.num_prefix_tokens = num_prefix_tokens
@@ -210,8 +230,9 @@ class LearnedPositionEncoding2d(PositionEncoding):
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
     def table(self, size: tuple[int, int], mode: str | None = None) -> Tensor:
-        """The table for grid ``size``: ``(1, P + H*W, C)``."""
-        return resize_pos_embed(
+        """The table for grid ``size``: ``(1, P + H*W, C)`` (export-safe path while tracing)."""
+        resize = resize_pos_embed_traceable if is_tracing(size) else resize_pos_embed
+        return resize(
             self.pos_embed,
             tuple(size),
             self.grid_size,
@@ -232,7 +253,7 @@ class LearnedPositionEncoding2d(PositionEncoding):
         check_tokens(x, (h, w), self.num_prefix_tokens)
         if mask is None:
             return self.table((h, w)).to(x.dtype)
-        _check_mask(mask, x.shape[0], (h, w))
+        check_mask(mask, x.shape[0], (h, w))
         if self.interpolation in ("bilinear", "bicubic") and not self.antialias:
             return self._masked_tables(mask).to(x.dtype)
         return self._masked_tables_host(x, (int(h), int(w)), mask)
@@ -304,6 +325,118 @@ class NoPositionEncoding(PositionEncoding):
 
     def position(self, x: Tensor, size: tuple[int, ...] | None = None, mask: Tensor | None = None) -> None:
         return None
+
+
+def _space_plus_time(spatial: Tensor, temporal: Tensor) -> Tensor:
+    """Spatial ``(H*W, C)`` and temporal ``(T, C)`` codes -> ``(1, T*H*W, C)``, frame-major."""
+    return (temporal[:, None, :] + spatial[None, :, :]).reshape(1, -1, spatial.shape[-1])
+
+
+def sincos_1d(length: int, dim: int, temperature: float = 10000.0, device=None) -> Tensor:
+    """Fixed 1D sin-cos table ``(length, C)``: ``[sin(t·ω) | cos(t·ω)]`` with ``ω_k = T^(-k/(C/2))``, ``k < C/2``.
+
+    The temporal companion of :func:`sincos_2d` (same base, float64 math, float32 out).
+    """
+    if dim % 2:
+        raise ValueError(f"temporal sin-cos encoding needs an even dim; got {dim}")
+    half = dim // 2
+    omega = temperature ** (-torch.arange(half, dtype=torch.float64, device=device) / half)
+    angle = torch.arange(length, dtype=torch.float64, device=device)[:, None] * omega
+    return torch.cat([angle.sin(), angle.cos()], dim=1).float()
+
+
+class SinCosPositionEncoding3d(SinCosPositionEncoding2d):
+    """Fixed code ``sincos_2d(h, w) + sincos_1d(t)`` for any ``(T, H, W)``; added to the tokens.
+
+    The 2D encoding's settings (and checks) with a temporal code added; no parameters, no buffers.
+
+    Args:
+        dim: channels ``C`` (a multiple of 4).
+        temperature: sin-cos base.
+        num_prefix_tokens: leading tokens that get no code.
+    """
+
+    def position(self, x: Tensor, size: Sequence[int], mask: Tensor | None = None) -> Tensor:
+        """Codes ``(1, P + T*H*W, C)`` in ``x``'s dtype."""
+        t, h, w = (int(s) for s in size)
+        check_tokens(x, (t, h, w), self.num_prefix_tokens)
+        spatial = sincos_2d((h, w), self.dim, self.temperature, device=x.device)
+        temporal = sincos_1d(t, self.dim, self.temperature, device=x.device)
+        return _with_prefix(_space_plus_time(spatial, temporal).to(x.dtype), self.num_prefix_tokens)
+
+
+class LearnedPositionEncoding3d(PositionEncoding):
+    """Learned spatial ``(1, H0*W0, C)`` and temporal ``(1, T0, C)`` tables, summed per tubelet.
+
+    For another grid the spatial table is resized with
+    :func:`peg_core.resize_pos_embed` (``interpolation``) and the temporal one
+    with :func:`peg_core.resize_pos_embed_1d` (``temporal_interpolation``), so
+    the same weights run at 8, 16 or 32 frames and 224 or 288 pixels.
+
+    Args:
+        dim: channels ``C``.
+        grid_size: the ``(T0, H0, W0)`` tubelet grid the tables are built for.
+        num_prefix_tokens: leading tokens that get no code (the class token).
+        interpolation: spatial resize mode (``bicubic``, ``bilinear``, ``nearest``, ``area``).
+        temporal_interpolation: temporal resize mode (``linear``, ``nearest``, ``area``).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        grid_size: Sequence[int],
+        num_prefix_tokens: int = 0,
+        interpolation: str = "bicubic",
+        temporal_interpolation: str = "linear",
+    ) -> None:
+        super().__init__()
+        t, h, w = (int(s) for s in grid_size)
+        self.dim = dim
+        self.grid_size = (t, h, w)
+        self.num_prefix_tokens = num_prefix_tokens
+        self.interpolation = interpolation
+        self.temporal_interpolation = temporal_interpolation
+        self.spatial = nn.Parameter(torch.zeros(1, h * w, dim))
+        self.temporal = nn.Parameter(torch.zeros(1, t, dim))
+        nn.init.trunc_normal_(self.spatial, std=0.02)
+        nn.init.trunc_normal_(self.temporal, std=0.02)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, grid_size={self.grid_size}, num_prefix_tokens={self.num_prefix_tokens}"
+
+    def tables(self, size: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """Spatial ``(1, H*W, C)`` and temporal ``(1, T, C)`` tables resized to ``size=(T, H, W)``.
+
+        Under torch.export / ONNX / ``torch.compile(dynamic=True)`` the sizes are symbolic:
+        ``resize_pos_embed`` would turn them into constants (``int()``), so the tables go
+        through its export-safe path :func:`~peg_core.resize.resize_pos_embed_traceable`
+        (same modes, same float32 math).
+        """
+        if is_tracing(size):
+            t, h, w = size
+            spatial = resize_pos_embed_traceable(
+                self.spatial, (h, w), self.grid_size[1:], mode=self.interpolation
+            )
+            temporal = resize_pos_embed_traceable(
+                self.temporal, (t,), self.grid_size[:1], mode=self.temporal_interpolation
+            )
+            return spatial, temporal
+        t, h, w = (int(s) for s in size)
+        spatial = resize_pos_embed(
+            self.spatial, (h, w), self.grid_size[1:], num_prefix_tokens=0, mode=self.interpolation
+        )
+        temporal = resize_pos_embed_1d(
+            self.temporal, t, self.grid_size[0], num_prefix_tokens=0, mode=self.temporal_interpolation
+        )
+        return spatial, temporal
+
+    def position(self, x: Tensor, size: Sequence[int], mask: Tensor | None = None) -> Tensor:
+        """Codes ``(1, P + T*H*W, C)`` in ``x``'s dtype."""
+        t, h, w = size
+        check_tokens(x, (t, h, w), self.num_prefix_tokens)
+        spatial, temporal = self.tables((t, h, w))
+        pos = _space_plus_time(spatial[0], temporal[0]).to(x.dtype)
+        return _with_prefix(pos, self.num_prefix_tokens)
 
 
 ENCODINGS: dict[str, type[PositionEncoding]] = {

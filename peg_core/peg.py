@@ -24,9 +24,11 @@ from torch import Tensor, nn
 from .base import PositionEncoding
 
 __all__ = [
+    "PADDING_MODES",
     "PEG2d",
     "PEG3d",
     "PEGNd",
+    "check_mask",
     "check_size",
     "check_tokens",
     "grid_to_tokens",
@@ -154,7 +156,7 @@ def grid_to_tokens(x: Tensor) -> Tensor:
     return x.permute(*(_TO_TOKENS.get(d) or (0, *range(2, d), 1))).flatten(1, d - 2)
 
 
-def _check_mask(mask: Tensor, batch: int, size: tuple[int, ...]) -> None:
+def check_mask(mask: Tensor, batch: int, size: tuple[int, ...]) -> None:
     """``mask`` must be ``(B, *size)`` bool (True = padding)."""
     if mask.dtype != torch.bool:
         raise ValueError(f"mask must be a bool tensor (True = padding); got dtype {mask.dtype}")
@@ -478,7 +480,7 @@ class PEGNd(PositionEncoding):
         """``(B, *size)`` padding mask -> ``(B, 1, *size)`` multiplier (1 = real), or ``None``."""
         if mask is None:
             return None
-        _check_mask(mask, batch, size)
+        check_mask(mask, batch, size)
         return (~mask).unsqueeze(1).to(dtype)
 
 

@@ -3,6 +3,15 @@
 A table trained for one grid (``14×14`` patches at 224 px, say) is reshaped
 back to that grid, interpolated to the new one and flattened again.  Prefix
 tokens (class token, registers) have no place on the grid and are kept aside.
+
+Two entry points share the interpolation:
+
+* :func:`resize_pos_embed` checks every argument (one-line ``ValueError`` s) and returns
+  the table itself when the grid does not change;
+* :func:`resize_pos_embed_traceable` is its export-safe path: no Python branch on the
+  sizes (which may be ``torch.SymInt`` under ``torch.export`` / ONNX /
+  ``torch.compile(dynamic=True)``), so no guard freezes the example's grid.  The
+  models call it whenever :func:`is_tracing` says so; nothing is patched at run time.
 """
 
 from __future__ import annotations
@@ -17,9 +26,18 @@ from torch import Tensor
 
 from .peg import check_size
 
-__all__ = ["infer_grid", "resize_pos_embed", "resize_pos_embed_1d", "resize_pos_embed_3d"]
+__all__ = [
+    "INTERPOLATION_MODES",
+    "infer_grid",
+    "is_tracing",
+    "resize_pos_embed",
+    "resize_pos_embed_1d",
+    "resize_pos_embed_3d",
+    "resize_pos_embed_traceable",
+]
 
-_MODES = {
+#: grid rank -> accepted mode name -> ``F.interpolate`` mode
+INTERPOLATION_MODES = {
     1: {"nearest": "nearest", "linear": "linear", "bilinear": "linear", "area": "area"},
     2: {"nearest": "nearest", "bilinear": "bilinear", "bicubic": "bicubic", "area": "area"},
     3: {"nearest": "nearest", "trilinear": "trilinear", "bilinear": "trilinear", "area": "area"},
@@ -94,7 +112,7 @@ def resize_pos_embed(
         raise ValueError(f"posemb must be (1, N, C) or (N, C); got shape {tuple(posemb.shape)}")
     new = _as_size(new_size, "new_size")
     rank = len(new)
-    if rank not in _MODES:
+    if rank not in INTERPOLATION_MODES:
         raise ValueError(f"new_size must have 1, 2 or 3 dimensions; got {new}")
     n = posemb.shape[1]
     try:
@@ -118,11 +136,11 @@ def resize_pos_embed(
             f"posemb of shape {tuple(posemb.shape)} has {n_grid} grid tokens after {num_prefix_tokens} prefix "
             f"tokens, but old_size={old} holds {math.prod(old)}"
         )
-    if mode not in _MODES[rank]:
+    if mode not in INTERPOLATION_MODES[rank]:
         raise ValueError(
-            f"mode={mode!r} is not available for a {rank}D grid; choose from {sorted(_MODES[rank])}"
+            f"mode={mode!r} is not available for a {rank}D grid; choose from {sorted(INTERPOLATION_MODES[rank])}"
         )
-    torch_mode = _MODES[rank][mode]
+    torch_mode = INTERPOLATION_MODES[rank][mode]
     if antialias and torch_mode not in ("bilinear", "bicubic"):
         raise ValueError(
             f"antialias=True only works with mode='bilinear' or 'bicubic' on 2D grids; mode={mode!r} "
@@ -135,22 +153,75 @@ def resize_pos_embed(
         )
     if old == new:
         return original
+    out = _interpolate(posemb, new, old, num_prefix_tokens, torch_mode, antialias, align_corners)
+    return out.squeeze(0) if squeeze else out
 
+
+def _interpolate(
+    posemb: Tensor,
+    new: Sequence[int | torch.SymInt],
+    old: Sequence[int],
+    num_prefix_tokens: int,
+    torch_mode: str,
+    antialias: bool,
+    align_corners: bool,
+) -> Tensor:
+    """The resize itself: ``(B, P + prod(old), C)`` -> ``(B, P + prod(new), C)`` with ``F.interpolate``.
+
+    Traced ops only (slicing, reshape, interpolate with ``size=new``, cat), so it runs
+    with symbolic ``new`` too.  Half precision is interpolated in float32 (float64 stays).
+    """
     prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
     b, _, c = grid.shape
-    # Half precision is interpolated in float32 (float64 stays float64).
     compute = torch.float64 if posemb.dtype == torch.float64 else torch.float32
     # (B, N, C) -> (B, C, *old): interpolate works channel-first.
     grid = grid.to(compute).reshape(b, *old, c).movedim(-1, 1)
     kwargs = {}
-    if interpolating:
+    if torch_mode in ("linear", "bilinear", "bicubic", "trilinear"):
         kwargs["align_corners"] = align_corners
     if antialias:
         kwargs["antialias"] = True
-    grid = F.interpolate(grid, size=new, mode=torch_mode, **kwargs)
+    grid = F.interpolate(grid, size=tuple(new), mode=torch_mode, **kwargs)
     grid = grid.movedim(1, -1).reshape(b, -1, c).to(posemb.dtype)
-    out = torch.cat([prefix, grid], dim=1)
-    return out.squeeze(0) if squeeze else out
+    return torch.cat([prefix, grid], dim=1)
+
+
+def is_tracing(size: Sequence[int | torch.SymInt] = ()) -> bool:
+    """True under ``torch.export`` / ONNX export / ``torch.compile``, or when ``size`` holds a ``SymInt``.
+
+    Then a model resizes its table with :func:`resize_pos_embed_traceable`: the checks and the
+    same-size shortcut of :func:`resize_pos_embed` are Python branches on the size, which
+    tracing would freeze into guards on the example's grid (or an ``int()`` would make constant).
+    """
+    return torch.compiler.is_compiling() or any(isinstance(s, torch.SymInt) for s in size)
+
+
+def resize_pos_embed_traceable(
+    posemb: Tensor,
+    new_size: Sequence[int | torch.SymInt],
+    old_size: Sequence[int],
+    num_prefix_tokens: int = 0,
+    mode: str = "bicubic",
+    antialias: bool = False,
+    align_corners: bool = False,
+) -> Tensor:
+    """:func:`resize_pos_embed` for tracing and export: always interpolates, no checks on the sizes.
+
+    Args:
+        posemb: ``(1, P + prod(old_size), C)``.
+        new_size: target grid of rank 1, 2 or 3; entries may be ``torch.SymInt`` (symbolic sizes).
+        old_size: the table's grid (plain ints: it is a property of the weights).
+        num_prefix_tokens, mode, antialias, align_corners: as for :func:`resize_pos_embed`.
+
+    Returns:
+        ``(1, P + prod(new_size), C)``.  To the same grid, ``align_corners=False`` reads every
+        cell at its own centre (weights 0 and 1), so the values are the table's own; other
+        grids give exactly :func:`resize_pos_embed`'s values.
+    """
+    torch_mode = INTERPOLATION_MODES[len(new_size)][mode]
+    return _interpolate(
+        posemb, new_size, tuple(old_size), num_prefix_tokens, torch_mode, antialias, align_corners
+    )
 
 
 def resize_pos_embed_1d(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CONFIGS", "PUBLISHED_AP", "get_config"]
+__all__ = ["CONFIGS", "PUBLISHED_AP"]
 
 # DETR's multi-scale training sizes (short side 480..800 step 32, long side <= 1333).
 _DETR_DATA: dict[str, Any] = {
@@ -103,10 +103,3 @@ PUBLISHED_AP: dict[str, float] = {
     "cpvt_none_50ep": 32.8,
     "cpvt_peg_50ep": 33.9,
 }
-
-
-def get_config(name: str) -> dict[str, Any]:
-    """A copy of recipe ``name`` (argparse dests -> values)."""
-    if name not in CONFIGS:
-        raise KeyError(f"unknown config {name!r}; choose from {sorted(CONFIGS)}")
-    return dict(CONFIGS[name])

@@ -2,7 +2,7 @@
 
 Each process adds the post-processed detections of the images it saw;
 :meth:`CocoEvaluator.summarize` gathers them with
-``peg_core.utils.all_gather_object``, keeps one copy per ``image_id`` (a
+``peg_core.engine.distributed.all_gather_object``, keeps one copy per ``image_id`` (a
 ``DistributedSampler`` pads the last batch with repeated images), runs
 ``COCOeval`` and returns the 12 standard numbers.  Only the images that were
 read are evaluated: a broken image (skipped by the data loader) is left out of
@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from torchvision.ops import box_convert
 
 from peg_core.engine import RunContext
-from peg_core.utils import all_gather_object, is_main_process
+from peg_core.engine.distributed import all_gather_object, is_main_process
 
 from .structures import to_float
 

@@ -47,7 +47,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg_core.engine import UserError, ensure_writable, new_parser, read_checkpoint, read_state_file
+from peg_core.engine import UserError, ensure_writable, new_parser, read_checkpoint
+from peg_core.interop.io import WeightsError, read_state_file, strip_prefixes, write_state_file
 
 __all__ = [
     "export_hf",
@@ -97,37 +98,28 @@ def looks_like_hf(state: dict[str, Tensor]) -> bool:
 
 
 def read_hf_state(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, Any] | None]:
-    """``(state dict in Hugging Face names, config.json as a dict or None)`` of a folder or weights file."""
+    """``(state dict in Hugging Face names, config.json as a dict or None)`` of a folder or weights file.
+
+    The weights are read by :func:`peg_core.interop.read_state_file` (safetensors first: it
+    needs no unpickling); every problem is a :class:`~peg_core.interop.WeightsError` naming the file.
+    """
     p = Path(path)
     config = None
     if p.is_dir():
         cfg = p / "config.json"
         if not cfg.is_file():
-            raise UserError("not a Hugging Face model folder (no config.json)", p)
+            raise WeightsError("not a Hugging Face model folder (no config.json)", p)
         try:
             config = json.loads(cfg.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise UserError(f"config.json is not valid json ({e})", cfg) from None
+            raise WeightsError(f"config.json is not valid json ({e})", cfg) from None
         files = [p / f for f in HF_WEIGHT_FILES if (p / f).is_file()]
         if not files:
-            raise UserError(f"Hugging Face folder has neither {' nor '.join(HF_WEIGHT_FILES)}", p)
-        p = files[0]  # safetensors first: it needs no unpickling
-    if p.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        if not p.is_file() or p.stat().st_size == 0:
-            raise UserError("Hugging Face weights file missing or empty", p)
-        try:
-            state = load_file(str(p))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise UserError(
-                f"not a readable safetensors file ({' '.join(str(e).split())[:120]})", p
-            ) from None
-    else:
-        state = read_state_file(p, what="Hugging Face weights")
-        if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-            raise UserError("Hugging Face weights file is not a state dict of tensors", p)
+            raise WeightsError(f"Hugging Face folder has neither {' nor '.join(HF_WEIGHT_FILES)}", p)
+        p = files[0]
+    state = read_state_file(p, what="Hugging Face weights")
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise WeightsError("Hugging Face weights file is not a state dict of tensors", p)
     return state, config
 
 
@@ -248,8 +240,6 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     layers, non-ResNet backbones or other decoder key positions have no Hugging Face DETR
     equivalent and are refused with a :class:`UserError` before anything is written.
     """
-    from safetensors.torch import save_file
-
     ckpt = read_checkpoint(checkpoint, "detect")
     cfg = ckpt.get("model_config")
     if not isinstance(cfg, dict) or "num_classes" not in cfg:
@@ -265,16 +255,14 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     bad = [why for refused, why in refusals if refused]
     if bad:
         raise UserError(f"cannot export to Hugging Face DETR: {'; '.join(bad)}", checkpoint)
-    state = ckpt["model"]
-    if all(k.startswith("module.") for k in state):
-        state = {k.removeprefix("module."): v for k, v in state.items()}
+    state = strip_prefixes(ckpt["model"])
     hf_state = {k: v.detach().cpu().contiguous() for k, v in official_to_hf(state).items()}
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
     out = Path(out_dir)
     ensure_writable(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(_hf_config(cfg, meta.get("categories")), indent=2) + "\n")
-    save_file(hf_state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_state_file(hf_state, out / "model.safetensors", metadata={"format": "pt"})
     return out
 
 

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from peg_core.engine import RunContext
-from peg_core.utils import all_gather_object
+from peg_core.engine.distributed import all_gather_object
 
 __all__ = ["REDUCTIONS", "KineticsEvaluator", "evaluate_views"]
 

@@ -325,7 +325,12 @@ def task_section(result: TaskResult) -> str:
                   "(= X) shows the models of row X, trained once):", "", table]  # fmt: skip
     q = int8_table(result)
     if q is not None:
-        lines += ["", "int8 (PT2E, `peg_core.quantize`; fp32 / int8 (drop), mean ± std over seeds):", "", q]
+        lines += [
+            "",
+            "int8 (PT2E, `peg_core.export.quantize`; fp32 / int8 (drop), mean ± std over seeds):",
+            "",
+            q,
+        ]
     if result.notes:
         lines += [""] + [f"{n}" for n in result.notes]
     return "\n".join(lines)

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from peg_core.utils import seed_everything
+from peg_core.engine.distributed import seed_everything
 
 from .study_cost import encoding_cost
 
@@ -423,7 +423,7 @@ INT8_ROWS = ("peg", "peg-dynamic", "learned", "sincos", "none")
 
 
 def _classify_int8(plan: Plan, ckpt: Path) -> dict[str, float]:
-    """Top-1 of the checkpoint quantized to int8 (PT2E, :mod:`peg_core.quantize`) at every test size.
+    """Top-1 of the checkpoint quantized to int8 (PT2E, :mod:`peg_core.export.quantize`) at every test size.
 
     One dynamic-shape quantized graph, calibrated on the first 64 training images, serves every
     size; images whose side is not a multiple of the patch are zero-padded at the bottom / right
@@ -433,7 +433,7 @@ def _classify_int8(plan: Plan, ckpt: Path) -> dict[str, float]:
 
     from peg_core.classify import load_classifier
     from peg_core.classify.data import FolderImages, folder_transform, open_val_split, scan_split
-    from peg_core.quantize import calibration_batches, quantize_int8
+    from peg_core.export.quantize import calibration_batches, quantize_int8
 
     model, checkpoint = load_classifier(ckpt)
     meta = checkpoint["meta"]

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..engine import RunContext, SkipBroken, skipping_collate
-from ..utils.distributed import reduce_sum
+from ..engine.distributed import reduce_sum
 
 __all__ = ["accuracy", "eval_loader"]
 

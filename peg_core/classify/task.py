@@ -22,6 +22,7 @@ from ..engine import EvalParts, RunContext, StepOutput, TrainParts, UserError
 from ..engine.broken import SkipBroken, skipping_collate
 from ..engine.checkpoint import load_model_state, read_checkpoint
 from ..engine.recipes import apply_position_recipe
+from ..export.quantize import QUANTIZED_SUFFIX, load_quantized
 from ..models import CPVT
 from .data import NORMALIZE, FolderImages, ShapeImages, folder_transform, open_image_folder, open_val_split
 from .metrics import accuracy
@@ -193,8 +194,6 @@ class ClassifyTask:
 
     def read_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """A training checkpoint, or a quantized ``.pt2`` as ``{"quantized": module, "meta", "epoch"}``."""
-        from ..quantize import QUANTIZED_SUFFIX, load_quantized
-
         if Path(path).suffix != QUANTIZED_SUFFIX:
             return read_checkpoint(path, self.name)
         model, meta = load_quantized(path)

@@ -1,6 +1,14 @@
 """The machinery every task shares: engine, checkpoints, CLI conventions, failure policy.
 
-torch-only (tqdm and TensorBoard are used when installed).  A task package
+Opt-in (``import peg_core`` does not load it); torch-only (tqdm and TensorBoard are used
+when installed).  :mod:`.distributed` holds the torch.distributed helpers (no-ops in one
+process), :mod:`.metric_log` the JSON-lines / TensorBoard :class:`MetricLogger`,
+:mod:`.checkpoint` the training checkpoints (atomic writes through
+:mod:`peg_core.interop.io`, RNG capture), :mod:`.progress` the one progress display.
+
+This is the command line's layer: it raises :class:`UserError`, and converts the library's
+:class:`~peg_core.errors.InputError` s (e.g. :class:`~peg_core.interop.WeightsError`) into
+it at its boundary (:func:`read_state_file`, :func:`load_model_state`, :func:`run_command`).  A task package
 (``peg_core.classify``, ``peg_detr``, ``peg_video``) supplies its model, loss,
 data and metrics as :class:`TrainParts` / :class:`EvalParts` and calls
 :func:`fit` / :func:`evaluate_checkpoint`; its ``__main__`` calls :func:`dispatch`.
@@ -32,7 +40,6 @@ from .cli import (
     add_train_args,
     device_arg,
     dispatch,
-    float_list,
     grid_arg,
     int_list,
     json_safe,
@@ -48,6 +55,7 @@ from .cli import (
     positive_int_list,
     unit_fraction,
 )
+from .distributed import DistInfo, init_distributed, is_main_process, seed_everything
 from .errors import (
     EXIT_DIVERGED,
     EXIT_ERROR,
@@ -59,6 +67,7 @@ from .errors import (
     UserError,
     run_command,
 )
+from .metric_log import MetricLogger
 from .optim import no_weight_decay_names, param_groups, warmup_cosine
 from .progress import Progress, progress
 from .trainer import (
@@ -90,7 +99,9 @@ __all__ = [
     "BrokenLog",
     "BrokenSample",
     "CheckpointStore",
+    "DistInfo",
     "EvalParts",
+    "MetricLogger",
     "Progress",
     "RunContext",
     "SampleBatch",
@@ -113,9 +124,10 @@ __all__ = [
     "ensure_writable",
     "evaluate_checkpoint",
     "fit",
-    "float_list",
     "grid_arg",
+    "init_distributed",
     "int_list",
+    "is_main_process",
     "json_safe",
     "load_model_state",
     "new_parser",
@@ -135,6 +147,7 @@ __all__ = [
     "read_state_file",
     "remove_stale_temp_files",
     "run_command",
+    "seed_everything",
     "skipping_collate",
     "unit_fraction",
     "warmup_cosine",

@@ -12,24 +12,25 @@ Layout (the same top-level keys for every task)::
 
 ``OUTPUT_DIR/checkpoint.pth`` is the newest; before it is replaced the previous
 one becomes ``checkpoint_prev.pth``, so ``--resume auto`` can fall back to it when
-the newest is unreadable.  Files are read with ``torch.load(weights_only=True)``:
-a file that needs full unpickling is refused, never executed.
+the newest is unreadable.  Files are read and written by :mod:`peg_core.interop.io`
+(``torch.load(weights_only=True)``: a file that needs full unpickling is refused, never
+executed); this module is the command line's side of it and raises :class:`UserError`.
+The RNG states are stored as tensors and lists so that ``weights_only`` reads them back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import pickle
-import re
-import zipfile
+import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..utils.checkpoint import atomic_save, capture_rng_state, restore_rng_state
+from ..interop import io
+from ..interop.io import WeightsError, atomic_save
 from .errors import UserError
 
 __all__ = [
@@ -38,10 +39,13 @@ __all__ = [
     "CHECKPOINT_NAME",
     "PREVIOUS_NAME",
     "CheckpointStore",
+    "atomic_save",
+    "capture_rng_state",
     "load_model_state",
     "read_checkpoint",
     "read_state_file",
     "remove_stale_temp_files",
+    "restore_rng_state",
 ]
 
 CHECKPOINT_FORMAT = "peg-checkpoint/1"
@@ -53,43 +57,49 @@ CHECKPOINT_KEYS = (
 )  # fmt: skip
 
 
-def read_state_file(path: str | os.PathLike, what: str = "checkpoint") -> Any:
-    """``torch.load(path, weights_only=True)`` on CPU; every failure is a one-line :class:`UserError`.
-
-    Missing, empty, truncated and non-torch files are named as such; a file that holds
-    arbitrary pickled objects is refused (it is never unpickled).
-    """
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"{what} not found", path)
-    if not path.is_file():
-        raise UserError(f"{what} is not a file", path)
-    if not os.access(path, os.R_OK):
-        raise UserError(f"{what} is not readable (permissions)", path)
-    if path.stat().st_size == 0:
-        raise UserError(f"{what} is empty (0 bytes)", path)
+def capture_rng_state() -> dict[str, Any]:
+    """RNG states of python, numpy and torch (CPU and CUDA) in a ``weights_only``-safe form."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    py = random.getstate()
+    state["python"] = [py[0], list(py[1]), py[2]]
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        # torch's message suggests weights_only=False, which would run the file's code: never say that.
-        # Every weights-only failure mentions weights_only; a refused class or function names a GLOBAL,
-        # garbage bytes give e.g. "Unsupported operand 110".
-        if "GLOBAL" in str(e):
-            raise UserError(
-                f"{what} refused: it holds pickled objects other than tensors and plain containers "
-                "(loaded with weights_only=True; nothing in it was executed)",
-                path,
-            ) from e
-        detail = re.search(r"WeightsUnpickler error: *([^\n]+)", str(e))
-        reason = detail.group(1)[:120] if detail else "not a pickle"
-        raise UserError(f"{what} is truncated or not a torch file ({reason})", path) from e
-    except (EOFError, zipfile.BadZipFile) as e:
-        raise UserError(f"{what} is truncated or corrupt ({type(e).__name__})", path) from e
-    except RuntimeError as e:
-        first = str(e).split("\n")[0][:160]
-        raise UserError(f"{what} is truncated or not a torch file ({first})", path) from e
-    except Exception as e:  # the unpickler fails in many ways on garbage bytes; all mean "not a torch file"
-        raise UserError(f"{what} is truncated or not a torch file ({type(e).__name__})", path) from e
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached]
+    except ImportError:  # pragma: no cover
+        pass
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    if "python" in state:
+        v, s, g = state["python"]
+        random.setstate((v, tuple(s), g))
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def read_state_file(path: str | os.PathLike, what: str = "checkpoint") -> Any:
+    """:func:`peg_core.interop.read_state_file` on CPU, at the command line's boundary.
+
+    The bytes are read by the one reader of :mod:`peg_core.interop.io`; its
+    :class:`~peg_core.interop.WeightsError` (missing, empty, truncated, refused, ...) becomes a
+    one-line :class:`UserError` with the same ``what`` and ``where``.
+    """
+    try:
+        return io.read_state_file(path, what=what)
+    except WeightsError as e:
+        raise UserError(e.what, e.where) from e
 
 
 def read_checkpoint(path: str | os.PathLike, task: str | None = None) -> dict[str, Any]:
@@ -110,23 +120,14 @@ def read_checkpoint(path: str | os.PathLike, task: str | None = None) -> dict[st
 
 
 def load_model_state(model: torch.nn.Module, state: Mapping[str, Any], source: str | os.PathLike) -> None:
-    """``model.load_state_dict(state)`` (strict) with a one-line :class:`UserError` on a mismatch."""
-    if not isinstance(state, Mapping):
-        raise UserError("checkpoint's model entry is not a state dict", source)
-    mine = model.state_dict()
-    missing = sorted(set(mine) - set(state))
-    unexpected = sorted(set(state) - set(mine))
-    wrong = sorted(
-        k for k in set(mine) & set(state)
-        if not isinstance(state[k], torch.Tensor) or tuple(state[k].shape) != tuple(mine[k].shape)
-    )  # fmt: skip
-    if missing or unexpected or wrong:
-        parts = []
-        for name, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong)):
-            if keys:
-                parts.append(f"{len(keys)} {name} (e.g. {keys[0]})")
-        raise UserError(f"checkpoint does not fit the model: {', '.join(parts)}", source)
-    model.load_state_dict(state)
+    """``model.load_state_dict(state)`` (strict) with a one-line :class:`UserError` on a mismatch.
+
+    The check is :func:`peg_core.interop.io.load_state_strict`'s; only its error type changes here.
+    """
+    try:
+        io.load_state_strict(model, state, source)
+    except WeightsError as e:
+        raise UserError(e.what, e.where) from e
 
 
 def remove_stale_temp_files(folder: str | os.PathLike) -> list[Path]:
@@ -188,11 +189,6 @@ class CheckpointStore:
                 f"no readable checkpoint for --resume auto ({len(errors)} unreadable)", self.out_dir
             )
         return None, None
-
-
-def rng_state_all_ranks() -> dict[str, Any]:
-    """This rank's RNG state (gathered over ranks by the engine)."""
-    return capture_rng_state()
 
 
 def restore_rank_rng(ckpt: Mapping[str, Any], rank: int, world_size: int) -> bool:

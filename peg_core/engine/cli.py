@@ -32,7 +32,6 @@ __all__ = [
     "add_train_args",
     "device_arg",
     "dispatch",
-    "float_list",
     "grid_arg",
     "int_list",
     "json_safe",
@@ -110,11 +109,6 @@ def int_list(text: str) -> list[int]:
 def positive_int_list(text: str) -> list[int]:
     """``argparse`` type: ``"60,80,100"`` -> ``[60, 80, 100]`` (integers >= 1)."""
     return _list(text, positive_int, "positive integers")
-
-
-def float_list(text: str) -> list[float]:
-    """``argparse`` type: ``"0.75,1,1.5"`` -> ``[0.75, 1.0, 1.5]`` (numbers > 0)."""
-    return _list(text, positive_float, "numbers > 0")
 
 
 def grid_arg(text: str) -> list[int]:

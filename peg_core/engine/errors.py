@@ -5,6 +5,9 @@
   :class:`UserError`: :func:`run_command` prints it as one line
   ``error: <what>: <file, key or value>`` on stderr and returns :data:`EXIT_ERROR`,
   with no traceback unless ``--debug`` is given.
+* Library code raises :class:`~peg_core.errors.InputError` (a ``ValueError``: a weights
+  file, annotation file or data setting that does not fit); this is the layer that turns it
+  into the same one line, exactly like a :class:`UserError`.
 * A bad option value is caught by argparse (:class:`ArgumentParser` prints one
   line too) and exits with :data:`EXIT_USAGE`.
 * A NaN/inf loss stops training with :data:`EXIT_DIVERGED`; the last good
@@ -18,6 +21,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
+
+from ..errors import InputError
 
 __all__ = [
     "EXIT_DIVERGED",
@@ -81,10 +86,11 @@ def run_command(fn: Callable[[list[str]], Any], argv: Sequence[str]) -> int:
     argv = list(argv)
     try:
         result = fn(argv)
-    except UserError as e:
+    except (UserError, InputError) as e:
         if _wants_debug(argv):
             raise
-        print(e.line(), file=sys.stderr, flush=True)
+        line = e.line() if isinstance(e, UserError) else UserError(e.what, e.where).line()
+        print(line, file=sys.stderr, flush=True)
         return EXIT_ERROR
     except TrainingDiverged as e:
         if _wants_debug(argv):

@@ -32,9 +32,18 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from ..utils.amp import AMP_DTYPES
-from ..utils.checkpoint import capture_rng_state
-from ..utils.distributed import (
+from .broken import BrokenLog, SampleBatch
+from .checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    CheckpointStore,
+    capture_rng_state,
+    read_checkpoint,
+    remove_stale_temp_files,
+    restore_rank_rng,
+)
+from .cli import json_safe
+from .distributed import (
     DistInfo,
     all_gather_object,
     barrier,
@@ -43,18 +52,8 @@ from ..utils.distributed import (
     reduce_mean,
     seed_everything,
 )
-from ..utils.logging import MetricLogger
-from .broken import BrokenLog, SampleBatch
-from .checkpoint import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_NAME,
-    CheckpointStore,
-    read_checkpoint,
-    remove_stale_temp_files,
-    restore_rank_rng,
-)
-from .cli import json_safe
 from .errors import TrainingDiverged, UserError
+from .metric_log import MetricLogger
 from .progress import Progress
 from .recipes import check_recipe_args, size_for_step, uses_sizes
 
@@ -68,6 +67,9 @@ __all__ = [
     "fit",
     "write_json",
 ]
+
+#: ``--amp`` values -> autocast dtype (CUDA only; CPU autocast is slower here)
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass

@@ -13,7 +13,7 @@ Mapping (timm name -> CPVT name; everything not listed has the same name)::
     head.* of another num_classes       -> the model's own initial head is kept
 
 torchvision ``VisionTransformer`` state dicts are renamed first
-(:func:`peg_core.surgery.torchvision_vit_to_deit`).
+(:func:`peg_core.interop.torchvision_vit_to_deit`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
+from ..interop.io import strip_prefixes, unwrap_state_dict
+from ..interop.surgery import is_torchvision_vit, torchvision_vit_to_deit
 from ..resize import infer_grid, resize_pos_embed
-from ..surgery import _is_torchvision_vit, strip_module_prefix, torchvision_vit_to_deit, unwrap_state_dict
 from .cpvt import CPVT
 
 __all__ = ["load_timm_deit"]
@@ -43,8 +44,8 @@ def load_timm_deit(model: CPVT, state_dict: Mapping[str, Any], mode: str = "bicu
         ``{"dropped": [...], "zero_init": [...], "kept_init": [...], "resized": [...]}`` naming the keys
         that were not loaded one to one.  Any other mismatch raises (strict load).
     """
-    sd = strip_module_prefix(unwrap_state_dict(state_dict)[0])
-    if _is_torchvision_vit(sd):
+    sd = strip_prefixes(unwrap_state_dict(state_dict))
+    if is_torchvision_vit(sd):
         sd = torchvision_vit_to_deit(sd)
     report: dict[str, list[str]] = {"dropped": [], "zero_init": [], "kept_init": [], "resized": []}
     own = model.state_dict()

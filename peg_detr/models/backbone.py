@@ -27,7 +27,7 @@ import torchvision
 from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
 
-from peg_core.utils import load_checkpoint
+from peg_core.interop.io import WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 
 from ..structures import ImageBatch
 
@@ -85,22 +85,24 @@ class ResNetBackbone(nn.Module):
 
 
 def load_backbone_weights(resnet: nn.Module, path: str | os.PathLike) -> None:
-    """Load a local torchvision-style ImageNet checkpoint into ``resnet`` (its ``fc`` is ignored)."""
-    state = load_checkpoint(path)
-    for key in ("model", "state_dict"):
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-    state = {
-        k.removeprefix("module."): v for k, v in state.items() if not k.startswith(("fc.", "module.fc."))
-    }
+    """Load a local torchvision-style ImageNet checkpoint into ``resnet`` (its ``fc`` is ignored).
+
+    The file is read by :func:`peg_core.interop.read_state_file` (``.pth`` with ``weights_only=True``
+    or ``.safetensors``); ``{"model": ...}`` / ``{"state_dict": ...}`` wrappers and ``module.``
+    prefixes are accepted.  An unreadable file or keys that do not match the ResNet raise a
+    :class:`~peg_core.interop.WeightsError` (a ``ValueError``) naming the file.
+    """
+    state = strip_prefixes(unwrap_state_dict(read_state_file(path, "backbone weights"), where=path))
+    state = {k: v for k, v in state.items() if not k.startswith("fc.")}
     expected = {k for k in resnet.state_dict() if not k.startswith("fc.")}
     missing = sorted(expected - state.keys())
     unexpected = sorted(k for k in state.keys() - expected if not k.endswith("num_batches_tracked"))
     if missing or unexpected:
-        raise ValueError(
-            f"backbone weights {path} do not match {type(resnet).__name__}: "
+        raise WeightsError(
+            f"backbone weights do not match {type(resnet).__name__}: "
             f"missing {missing[:10]}{'...' if len(missing) > 10 else ''}, "
-            f"unexpected {unexpected[:10]}{'...' if len(unexpected) > 10 else ''}"
+            f"unexpected {unexpected[:10]}{'...' if len(unexpected) > 10 else ''}",
+            path,
         )
     resnet.load_state_dict(state, strict=False)
 

@@ -16,16 +16,17 @@ unexpected key, or any shape mismatch, is an error that lists the keys.
 Hugging Face DETR weights (a ``save_pretrained`` folder or its weights file)
 are read too: their keys are renamed to the official ones by :mod:`peg_detr.hf`.
 
-Every problem with the file (missing, empty, truncated, not a torch file,
-refused pickle, keys that do not fit) is a one-line
-:class:`~peg_core.engine.UserError` naming it.
+The file is read by :func:`peg_core.interop.read_state_file` and the state dict found by
+:func:`peg_core.interop.unwrap_state_dict` / :func:`~peg_core.interop.strip_prefixes`.
+Every problem with the file (missing, empty, truncated, not a torch file, refused pickle,
+keys that do not fit) is a :class:`~peg_core.interop.WeightsError` (a ``ValueError``)
+naming it; the command line prints it as one ``error:`` line.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,8 @@ import torch
 from torch import Tensor, nn
 
 from peg_core import PEG2d
-from peg_core.engine import UserError, read_state_file
-from peg_core.utils import is_main_process
+from peg_core.engine.distributed import is_main_process
+from peg_core.interop.io import LoadReport, WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 
 from ..hf import hf_to_official, is_hf_source, looks_like_hf, read_hf_state
 
@@ -42,25 +43,6 @@ __all__ = ["LoadReport", "load_official_checkpoint", "read_official_checkpoint"]
 
 #: Classes an official checkpoint may pickle besides tensors and containers.
 SAFE_GLOBALS = [argparse.Namespace]
-
-
-@dataclass
-class LoadReport:
-    """What :func:`load_official_checkpoint` did."""
-
-    path: str
-    loaded: list[str] = field(default_factory=list)
-    peg_zero_init: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-    args: dict[str, Any] | None = None
-
-    def __str__(self) -> str:
-        lines = [f"loaded {len(self.loaded)} tensors from {self.path}"]
-        if self.peg_zero_init:
-            lines.append(f"PEG weights not in the file, set to zero: {self.peg_zero_init}")
-        if self.dropped:
-            lines.append(f"dropped (class count differs): {self.dropped}")
-        return "\n".join(lines)
 
 
 def read_official_checkpoint(
@@ -72,26 +54,25 @@ def read_official_checkpoint(
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             obj = read_state_file(path, what=what)
-    except UserError as e:
+    except WeightsError as e:
         if "refused" not in e.what:
             raise
         if not trust_pickle:
-            raise UserError(
+            raise WeightsError(
                 f"{e.what}; only if you trust the file, pass --trust-pickle (trust_pickle=True), which runs any "
                 "code it contains",
                 path,
             ) from None
         obj = _load_trusted(path, what)
     if not isinstance(obj, dict):
-        raise UserError(
+        raise WeightsError(
             f"{what} is not a dict (a state dict or {{'model': state_dict}}; got {type(obj).__name__})", path
         )
-    state = obj.get("model", obj)
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise UserError(f"{what}'s 'model' is not a state dict of tensors", path)
-    if state and all(k.startswith("module.") for k in state):
-        state = {k.removeprefix("module."): v for k, v in state.items()}
-    args = obj.get("args") if state is not obj else None
+    state = strip_prefixes(unwrap_state_dict(obj, where=path))
+    if not all(isinstance(v, Tensor) for v in state.values()):
+        raise WeightsError(f"{what}'s 'model' is not a state dict of tensors", path)
+    wrapped = not any(isinstance(v, Tensor) for v in obj.values())  # {"model": ..., "args": ...}
+    args = obj.get("args") if wrapped else None
     if isinstance(args, argparse.Namespace):
         args = vars(args)
     return state, args if isinstance(args, dict) else None
@@ -102,7 +83,9 @@ def _load_trusted(path: Path, what: str) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except (AttributeError, ImportError, RuntimeError, ValueError, TypeError, EOFError) as e:
-        raise UserError(f"{what} could not be unpickled ({type(e).__name__}: {str(e)[:120]})", path) from None
+        raise WeightsError(
+            f"{what} could not be unpickled ({type(e).__name__}: {str(e)[:120]})", path
+        ) from None
 
 
 def _keys(keys: list[str]) -> str:
@@ -130,8 +113,10 @@ def load_official_checkpoint(
         num_classes: the class count wanted; default the model's.  When the
             file's differs, ``class_embed.*`` is dropped and keeps its fresh init.
 
-    Returns a :class:`LoadReport`; raises :class:`~peg_core.engine.UserError` listing keys on
-    any other mismatch (nothing is loaded then).
+    Returns a :class:`~peg_core.interop.LoadReport`: ``copied`` (loaded keys), ``converted`` (PEG
+    weights the file lacks, set to zero), ``skipped`` (``class_embed.*`` of another class count),
+    ``args``.  Raises :class:`~peg_core.interop.WeightsError` listing keys on any other mismatch
+    (nothing is loaded then).
     """
     model = getattr(model, "module", model)
     if is_hf_source(path):  # a Hugging Face folder / .safetensors / pytorch_model.bin
@@ -149,19 +134,22 @@ def load_official_checkpoint(
     own = model.state_dict()
     model_classes = own["class_embed.weight"].shape[0] - 1
     if num_classes is not None and num_classes != model_classes:
-        raise UserError(
+        raise WeightsError(
             f"num_classes={num_classes} but the model was built with {model_classes} classes", path
         )
-    report = LoadReport(path=str(path), args=args)
+    report = LoadReport(source=str(path), args=args)
 
     file_classes = state["class_embed.weight"].shape[0] - 1 if "class_embed.weight" in state else None
+    dropped: list[str] = []
     if file_classes is not None and file_classes != model_classes:
-        report.dropped = sorted(k for k in state if k.startswith("class_embed."))
+        dropped = sorted(k for k in state if k.startswith("class_embed."))
+        why = f"the file has {file_classes} classes, the model {model_classes} (fresh initialisation)"
+        report.skipped.update(dict.fromkeys(dropped, why))
         state = {k: v for k, v in state.items() if not k.startswith("class_embed.")}
         if is_main_process():
             print(
                 f"{path}: checkpoint has {file_classes} classes, the model {model_classes}: "
-                f"dropping {report.dropped} (fresh initialisation)"
+                f"dropping {dropped} (fresh initialisation)"
             )
     # BatchNorm bookkeeping has no meaning for frozen/eval BN and is absent from FrozenBatchNorm2d.
     state = {k: v for k, v in state.items() if k in own or not k.endswith("num_batches_tracked")}
@@ -169,26 +157,28 @@ def load_official_checkpoint(
     peg = _peg_keys(model)
     missing = sorted(own.keys() - state.keys())
     unexpected = sorted(state.keys() - own.keys())
-    missing_other = [k for k in missing if k not in peg and k not in report.dropped]
+    missing_other = [k for k in missing if k not in peg and k not in dropped]
     wrong_shape = [
         f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
         for k in sorted(state.keys() & own.keys())
         if state[k].shape != own[k].shape
     ]
     if missing_other or unexpected or wrong_shape:
-        raise UserError(
+        raise WeightsError(
             f"pretrained checkpoint does not fit the model (missing keys: {_keys(missing_other)}; unexpected keys: "
             f"{_keys(unexpected)}; shape mismatches: {_keys(wrong_shape)})",
             path,
         )
     model.load_state_dict(state, strict=False)
-    report.loaded = sorted(state)
-    report.peg_zero_init = [k for k in missing if k in peg]
-    if report.peg_zero_init:
+    report.copied = sorted(state)
+    report.missing = dropped  # class_embed.* keep their fresh initialisation
+    peg_zero_init = [k for k in missing if k in peg]
+    if peg_zero_init:
         params = dict(model.named_parameters())
         with torch.no_grad():
-            for k in report.peg_zero_init:
+            for k in peg_zero_init:
                 params[k].zero_()
+        report.converted.update(dict.fromkeys(peg_zero_init, "zeros: no PEG weights in the file"))
         if is_main_process():
-            print(f"{path}: no PEG weights in the file; {report.peg_zero_init} start at zero")
+            print(f"{path}: no PEG weights in the file; {peg_zero_init} start at zero")
     return report

@@ -24,9 +24,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from peg_core.engine import UserError
+from peg_core.errors import InputError
 
 __all__ = [
+    "VIDEO_EXTS",
     "AnnotationError",
     "Annotations",
     "VideoRecord",
@@ -36,20 +37,23 @@ __all__ = [
     "read_class_map",
     "read_kinetics_csv",
     "read_path_label_list",
+    "read_text",
     "write_class_map",
 ]
 
 _CSV_FIELDS = ("label", "youtube_id", "time_start", "time_end")
-_VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi")
+#: file suffixes taken as videos in class folders
+VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi")
 # "<path> <label>": the label is the last field, or a quoted name that may contain spaces.
 _LIST_LINE = re.compile(r"""^\s*(.+?)\s+("[^"]*"|'[^']*'|\S+)\s*$""")
 
 
-class AnnotationError(UserError, ValueError):
+class AnnotationError(InputError):
     """A missing, unreadable or malformed annotation / class file; ``where`` is ``file`` or ``file:line``."""
 
 
-def _read_text(path: Path, what: str = "annotation file") -> str:
+def read_text(path: Path, what: str = "annotation file") -> str:
+    """The UTF-8 text of ``path``; missing, not a file or not UTF-8 is an :class:`AnnotationError` naming it."""
     if not path.exists():
         raise AnnotationError(f"{what} not found", path)
     if not path.is_file():
@@ -98,7 +102,7 @@ def _find_video(root: Path, raw_label: str, stem: str) -> Path:
     """First existing candidate among class folder (as written / underscored) and flat, any extension."""
     folders = [root / raw_label.strip().strip("\"'"), root / normalize_label(raw_label), root]
     for folder in folders:
-        for ext in _VIDEO_EXTS:
+        for ext in VIDEO_EXTS:
             if (folder / f"{stem}{ext}").is_file():
                 return folder / f"{stem}{ext}"
     return folders[1] / f"{stem}.mp4"  # reported as missing when loaded
@@ -117,7 +121,7 @@ def read_kinetics_csv(
             the sorted normalised labels of this file.
     """
     csv_path = Path(csv_path)
-    reader = csv.DictReader(_read_text(csv_path).splitlines())
+    reader = csv.DictReader(read_text(csv_path).splitlines())
     try:
         rows = list(reader)
     except csv.Error as e:
@@ -159,7 +163,7 @@ def read_path_label_list(
     list_path = Path(list_path)
     root = Path(video_root) if video_root is not None else list_path.parent
     pairs = []
-    for line_no, line in enumerate(_read_text(list_path).splitlines(), start=1):
+    for line_no, line in enumerate(read_text(list_path).splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         match = _LIST_LINE.match(line)
@@ -190,7 +194,7 @@ def read_path_label_list(
 
 def is_kinetics_csv(path: str | Path) -> bool:
     """True when the file starts with the official Kinetics CSV header."""
-    first = _read_text(Path(path)).partition("\n")[0]
+    first = read_text(Path(path)).partition("\n")[0]
     return first.lower().startswith("label,") or "youtube_id" in first
 
 
@@ -222,7 +226,7 @@ def write_class_map(classes: list[str], path: str | Path) -> Path:
 def read_class_map(path: str | Path) -> list[str]:
     """Class names from :func:`write_class_map` output or a plain JSON list."""
     try:
-        data = json.loads(_read_text(Path(path), "class file"))
+        data = json.loads(read_text(Path(path), "class file"))
     except json.JSONDecodeError as e:
         raise AnnotationError(f"class file is not JSON ({e.msg} at line {e.lineno})", path) from None
     names = data.get("classes") if isinstance(data, dict) else data

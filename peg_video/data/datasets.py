@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .annotations import _VIDEO_EXTS, AnnotationError, Annotations, VideoRecord, _read_text
+from .annotations import VIDEO_EXTS, AnnotationError, Annotations, VideoRecord, read_text
 
 __all__ = [
     "DATASETS",
@@ -79,7 +79,7 @@ def _check_split(split: int) -> None:
 
 def _lines(path: Path) -> list[tuple[int, str]]:
     """``(line number, stripped text)`` of the non-blank lines (official files use CRLF)."""
-    return [(i, s.strip()) for i, s in enumerate(_read_text(path).splitlines(), start=1) if s.strip()]
+    return [(i, s.strip()) for i, s in enumerate(read_text(path).splitlines(), start=1) if s.strip()]
 
 
 def _fixed_classes(found: list[str], classes: list[str] | None, where: Path) -> list[str]:
@@ -103,7 +103,7 @@ def _ssv2_file(root: Path, name: str) -> Path:
 
 def _load_json(path: Path) -> object:
     try:
-        return json.loads(_read_text(path))
+        return json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise AnnotationError(f"not JSON ({e.msg})", f"{path}:{e.lineno}") from None
 
@@ -266,11 +266,11 @@ def read_folder(root: str | Path, subset: str = "train", classes: list[str] | No
                 f"class folder is not one of the {len(classes)} training classes", split_dir / name
             )
         for path in sorted((split_dir / name).iterdir()):
-            if path.suffix.lower() in _VIDEO_EXTS:
+            if path.suffix.lower() in VIDEO_EXTS:
                 records.append(VideoRecord(path, classes.index(name)))
     if not records:
         raise AnnotationError(
-            f"no {'/'.join(e[1:] for e in _VIDEO_EXTS)} videos in the class folders", split_dir
+            f"no {'/'.join(e[1:] for e in VIDEO_EXTS)} videos in the class folders", split_dir
         )
     return Annotations(records, list(classes))
 

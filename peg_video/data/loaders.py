@@ -8,7 +8,7 @@ from pathlib import Path
 from torch.utils.data import DataLoader, DistributedSampler
 
 from peg_core.engine import SkipBroken, UserError
-from peg_core.utils import DistInfo
+from peg_core.engine.distributed import DistInfo
 
 from .annotations import Annotations
 from .kinetics import ClipBatches, KineticsVideoDataset

@@ -34,6 +34,7 @@ import av
 import numpy as np
 
 from peg_core.engine import UserError
+from peg_core.errors import InputError
 
 __all__ = [
     "MOTIONS",
@@ -50,7 +51,7 @@ MOTIONS = ("move right", "move left", "move down", "move up", "circle clockwise"
 _ID_CHARS = string.ascii_letters + string.digits + "-_"
 
 
-class FrameSizeError(UserError, ValueError):
+class FrameSizeError(InputError):
     """A frame size the encoder (odd sides) or decord (some small sizes) cannot handle."""
 
 

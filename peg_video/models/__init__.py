@@ -1,7 +1,8 @@
 """Video models: the PEG video transformer, X3D baselines, the by-name builder and 2D initialisation."""
 
+from peg_core.encodings import LearnedPositionEncoding3d, SinCosPositionEncoding3d, sincos_1d
+
 from .init_2d import LoadReport, inflate_patch_embed, load_2d_checkpoint
-from .pos_embed import LearnedPositionEncoding3d, SinCosPositionEncoding3d, sincos_1d
 from .registry import VIT_CONFIGS, build_video_model, list_video_models
 from .vit import DividedBlock, TubeletEmbed, VideoTransformer
 from .x3d import X3D_CONFIGS, build_x3d

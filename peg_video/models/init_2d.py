@@ -14,8 +14,15 @@ Key by key (both layouts share timm's names)::
 With ``inflation="mean"`` and the zero temporal parts, the video model sees a
 clip of identical frames as the image model sees one frame.
 
-Given a file, a missing, garbage or foreign (not a ViT) checkpoint is a one-line
-:class:`Init2dError` naming it; the file is read with ``weights_only=True``.
+Given a file, it is read by :func:`peg_core.interop.read_state_file` (``weights_only=True``)
+and the state dict found by :func:`~peg_core.interop.unwrap_state_dict` /
+:func:`~peg_core.interop.strip_prefixes`.  A missing, garbage or foreign (not a ViT)
+checkpoint is a :class:`~peg_core.interop.WeightsError` (a ``ValueError``; :class:`Init2dError`
+for a checkpoint that does not fit) naming it; the command line prints it as one line.
+
+:func:`load_2d_checkpoint` runs six named steps over one :class:`_Transfer` (which records
+every key it fills in the :class:`~peg_core.interop.LoadReport`): read the source, the
+tubelet embedding, the class token, the position table, the PEGs, the blocks and the head.
 """
 
 from __future__ import annotations
@@ -24,52 +31,28 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from peg_core import PEG2d, resize_pos_embed
-from peg_core.engine import UserError, read_state_file
+from peg_core.encodings import LearnedPositionEncoding3d
+from peg_core.interop.io import LoadReport, WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 
 from ..peg3d import PEG3d, inflate_peg2d
-from .pos_embed import LearnedPositionEncoding3d
 from .vit import DividedBlock, VideoTransformer
 
 __all__ = ["Init2dError", "LoadReport", "inflate_patch_embed", "load_2d_checkpoint"]
 
 SOURCES = ("cpvt", "deit")
 INFLATIONS = ("mean", "central")
+#: keys every DeiT-layout ViT checkpoint has
+REQUIRED_KEYS = ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight")
 
 
-class Init2dError(UserError, ValueError):
+class Init2dError(WeightsError):
     """A 2D checkpoint that does not fit: ``what`` says which key and shapes, ``where`` names the file."""
-
-
-@dataclass
-class LoadReport:
-    """What :func:`load_2d_checkpoint` did, key by key.
-
-    Attributes:
-        copied: model keys copied unchanged.
-        converted: model key -> how it was made (inflated, resized, folded, derived).
-        skipped: source key -> why it was not used.
-        missing: model keys left at their initial values.
-    """
-
-    copied: list[str] = field(default_factory=list)
-    converted: dict[str, str] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)
-    missing: list[str] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        lines = [
-            f"2D init: {len(self.copied)} copied, {len(self.converted)} converted, "
-            f"{len(self.skipped)} source keys skipped, {len(self.missing)} model keys left at init"
-        ]
-        lines += [f"  converted {k}: {v}" for k, v in self.converted.items()]
-        lines += [f"  skipped {k}: {v}" for k, v in self.skipped.items()]
-        lines += [f"  missing {k}" for k in self.missing]
-        return "\n".join(lines)
 
 
 def inflate_patch_embed(weight: Tensor, frames: int, inflation: str = "mean") -> Tensor:
@@ -88,19 +71,6 @@ def inflate_patch_embed(weight: Tensor, frames: int, inflation: str = "mean") ->
     return out
 
 
-def _unwrap(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Accept ``{"model": sd}`` / ``{"state_dict": sd}`` checkpoints and DDP's ``module.`` prefix
-    (entries that are not tensors are dropped)."""
-    for key in ("model", "state_dict"):
-        if key in state_dict and isinstance(state_dict[key], Mapping):
-            state_dict = state_dict[key]
-    return {
-        (k[len("module.") :] if k.startswith("module.") else k): v
-        for k, v in state_dict.items()
-        if isinstance(k, str) and isinstance(v, Tensor)
-    }
-
-
 def _peg2d_from(sd: dict[str, Tensor], prefix: str, num_prefix_tokens: int) -> PEG2d:
     """Rebuild the PEG2d stored under ``prefix`` (``proj.weight`` ``(C, 1, k, k)``, or separable)."""
     weight = sd[prefix + "proj.weight"]
@@ -112,6 +82,193 @@ def _peg2d_from(sd: dict[str, Tensor], prefix: str, num_prefix_tokens: int) -> P
     return peg
 
 
+def _read_source(
+    state_dict: Mapping[str, Any] | str | os.PathLike, source: str
+) -> tuple[dict[str, Tensor], Path | None]:
+    """Step 1: the source's tensors by name (file read, wrapper and ``module.`` prefix removed), and its file.
+
+    Entries that are not tensors are dropped; a state dict without :data:`REQUIRED_KEYS` is an
+    :class:`Init2dError` (not a DeiT-layout ViT checkpoint).
+    """
+    where = None
+    if isinstance(state_dict, str | os.PathLike):
+        where = Path(state_dict)
+        state_dict = read_state_file(where, what="2D checkpoint")
+    if not isinstance(state_dict, Mapping):
+        raise Init2dError(f"2D checkpoint holds a {type(state_dict).__name__}, not a state dict", where)
+    try:
+        found = unwrap_state_dict(state_dict, where=where)
+    except WeightsError:
+        found = {}  # no tensors at all: reported below as a missing ViT key
+    sd = strip_prefixes({k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, Tensor)})
+    for key in REQUIRED_KEYS:
+        if key not in sd:
+            raise Init2dError(
+                f"the {source} state dict has no {key!r}: not a DeiT-layout ViT checkpoint", where
+            )
+    return sd, where
+
+
+@dataclass
+class _Transfer:
+    """The state of one 2D -> video transfer: source tensors, target shapes, what is filled so far.
+
+    Attributes:
+        sd: the source's tensors by name.
+        target: the video model's state dict (shapes and dtypes to fill).
+        where: the source file, named in errors (``None`` for an in-memory state dict).
+        new: model key -> the value it gets.
+        used: source keys consumed.
+        report: the key-by-key account returned to the caller.
+    """
+
+    sd: dict[str, Tensor]
+    target: dict[str, Tensor]
+    where: Path | None
+    new: dict[str, Tensor] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)
+    report: LoadReport = field(default_factory=LoadReport)
+
+    def put(self, key: str, value: Tensor, src: str, how: str | None = None) -> None:
+        """Set model ``key`` to ``value`` (made from source ``src``, ``how``: ``None`` means copied unchanged).
+
+        A shape that does not fit the model is an :class:`Init2dError` naming both keys and shapes.
+        """
+        if self.target[key].shape != value.shape:
+            shape = tuple(self.sd[src].shape) if src in self.sd else tuple(value.shape)
+            made = f" (as {tuple(value.shape)} after {how})" if how else ""
+            raise Init2dError(
+                f"{src} {shape}{made} does not fit the model's {key} {tuple(self.target[key].shape)}",
+                self.where,
+            )
+        self.new[key] = value.to(self.target[key].dtype)
+        self.used.add(src)
+        if how is None:
+            self.report.copied.append(key)
+        else:
+            self.report.converted[key] = how
+
+    def zeros(self, key: str, why: str) -> None:
+        """Set model ``key`` to zeros (a part the 2D model has no counterpart for)."""
+        self.new[key] = torch.zeros_like(self.target[key])
+        self.report.converted[key] = why
+
+
+def _load_tubelet_embed(tr: _Transfer, model: VideoTransformer, inflation: str) -> None:
+    """Step 2: the 2D patch kernel ``(C, 3, p, p)`` inflated over the tubelet's ``t`` frames."""
+    w2 = tr.sd["patch_embed.proj.weight"]
+    t = model.tubelet[0]
+    if w2.dim() != 4 or tuple(w2.shape[-2:]) != model.tubelet[1:]:
+        raise Init2dError(
+            f"patch_embed.proj.weight {tuple(w2.shape)} is not a 2D kernel of the tubelet's "
+            f"spatial size {model.tubelet[1:]}",
+            tr.where,
+        )
+    how = f"{inflation} inflation over {t} frames"
+    tr.put("patch_embed.proj.weight", inflate_patch_embed(w2, t, inflation), "patch_embed.proj.weight", how)
+    if "patch_embed.proj.bias" in tr.sd:
+        tr.put("patch_embed.proj.bias", tr.sd["patch_embed.proj.bias"], "patch_embed.proj.bias")
+
+
+def _table_prefix(sd: dict[str, Tensor], pos: Tensor | None) -> int:
+    """Rows of the 2D table ``(1, P + H*W, C)`` that belong to prefix tokens (class, distillation)."""
+    prefix = int("cls_token" in sd) + int("dist_token" in sd)
+    if pos is not None and pos.shape[1] == prefix:  # nothing but prefix entries: not a grid table
+        return 0
+    return prefix
+
+
+def _load_cls_token(tr: _Transfer, model: VideoTransformer, pos_key: str, src_prefix: int) -> None:
+    """Step 3: the class token, with its fixed position code folded in (prefix tokens get no code here)."""
+    if "cls_token" not in tr.sd:
+        return
+    if model.cls_token is None:
+        tr.report.skipped["cls_token"] = "the model pools by average and has no class token"
+        return
+    cls, how = tr.sd["cls_token"], None
+    pos = tr.sd.get(pos_key)
+    if pos is not None and src_prefix:
+        cls, how = cls + pos[:, :1], f"cls_token + {pos_key}[:, 0]"
+    tr.put("cls_token", cls, "cls_token", how)
+
+
+def _load_pos_table(
+    tr: _Transfer, model: VideoTransformer, pos_key: str, src_prefix: int, source_grid: tuple[int, int] | None
+) -> None:
+    """Step 4: the 2D table's grid part ``(1, H*W, C)`` -> ``pos_enc.spatial`` at the clip's grid; temporal zeros.
+
+    Only a ``learned`` video model has a table; for the others the source table is skipped.
+    """
+    pos = tr.sd.get(pos_key)
+    if pos is None:
+        return
+    if not isinstance(model.pos_enc, LearnedPositionEncoding3d):
+        tr.report.skipped[pos_key] = f"the model's position encoding is {model.pos_enc_kind!r}, not 'learned'"
+        return
+    grid = model.pos_enc.grid_size
+    try:
+        spatial = resize_pos_embed(
+            pos, grid[1:], source_grid, num_prefix_tokens=src_prefix, mode=model.pos_enc.interpolation
+        )[:, src_prefix:]
+    except ValueError as e:  # a table that is not a (1, P + H*W, C) grid of the given shape
+        raise Init2dError(f"{pos_key} {tuple(pos.shape)}: {e}", tr.where) from None
+    tr.put("pos_enc.spatial", spatial, pos_key, f"{pos_key} grid part resized to {grid[1:]}")
+    tr.zeros("pos_enc.temporal", "zeros (the 2D model has no time)")
+
+
+def _load_pegs(tr: _Transfer, model: VideoTransformer) -> None:
+    """Step 5: each PEG2d at ``pos_blocks.<i>`` inflated into the model's PEG3d at ``pos_blocks.<i>``."""
+    for key in model.pos_blocks:
+        prefix = f"pos_blocks.{key}."
+        if prefix + "proj.weight" not in tr.sd:
+            continue
+        peg3d: PEG3d = model.pos_blocks[key]
+        try:
+            peg2d = _peg2d_from(tr.sd, prefix, peg3d.num_prefix_tokens)
+        except RuntimeError as e:  # load_state_dict: tensors that do not make a PEG2d
+            raise Init2dError(f"{prefix}*: not a PEG2d ({str(e).splitlines()[0]})", tr.where) from None
+        if (peg2d.dim, peg2d.kernel_size, peg2d.kernel_size) != (peg3d.dim, *peg3d.kernel_size[1:]):
+            raise Init2dError(
+                f"{prefix}proj.weight: a {peg2d.kernel_size}x{peg2d.kernel_size} PEG2d of dim {peg2d.dim} "
+                f"does not inflate into the model's PEG3d {peg3d.kernel_size} of dim {peg3d.dim}",
+                tr.where,
+            )
+        inflated = inflate_peg2d(peg2d, peg3d.kernel_size[0], peg3d.factorized, peg3d.num_prefix_tokens)
+        for name, value in inflated.state_dict().items():
+            tr.put(prefix + name, value, prefix + "proj.weight", f"inflated from the PEG2d {prefix[:-1]}")
+        tr.used.update(k for k in tr.sd if k.startswith(prefix))
+
+
+def _load_blocks(tr: _Transfer, model: VideoTransformer) -> None:
+    """Step 6: blocks and final norm by name; a divided block's temporal branch from its spatial one, switched off."""
+    for key, value in tr.sd.items():
+        if key.startswith(("blocks.", "norm.")) and key in tr.target:
+            tr.put(key, value, key)
+    for i, blk in enumerate(model.blocks):
+        if not isinstance(blk, DividedBlock):
+            continue
+        for dst, src in (("norm_t", "norm1"), ("attn_t.qkv", "attn.qkv")):
+            for leaf in ("weight", "bias"):
+                src_key, dst_key = f"blocks.{i}.{src}.{leaf}", f"blocks.{i}.{dst}.{leaf}"
+                if src_key in tr.sd and dst_key in tr.target:
+                    tr.put(dst_key, tr.sd[src_key], src_key, f"from {src_key} (temporal branch)")
+        for leaf in ("weight", "bias"):
+            tr.zeros(f"blocks.{i}.attn_t.proj.{leaf}", "zeros (temporal branch starts switched off)")
+
+
+def _load_head(tr: _Transfer) -> None:
+    """Step 7: the classifier head when the class counts agree; dropped (and reported) otherwise."""
+    for leaf in ("weight", "bias"):
+        key = f"head.{leaf}"
+        if key not in tr.sd:
+            continue
+        if key in tr.target and tr.target[key].shape == tr.sd[key].shape:
+            tr.put(key, tr.sd[key], key)
+        else:
+            shape = tuple(tr.target[key].shape) if key in tr.target else "no head"
+            tr.report.skipped[key] = f"{tuple(tr.sd[key].shape)} vs the model's {shape}: head dropped"
+
+
 @torch.no_grad()
 def load_2d_checkpoint(
     model: VideoTransformer,
@@ -120,7 +277,7 @@ def load_2d_checkpoint(
     inflation: str = "mean",
     source_grid: tuple[int, int] | None = None,
 ) -> LoadReport:
-    """Initialise ``model`` from a 2D image checkpoint; returns a :class:`LoadReport`.
+    """Initialise ``model`` from a 2D image checkpoint; returns a :class:`~peg_core.interop.LoadReport`.
 
     Args:
         model: a :class:`~peg_video.models.vit.VideoTransformer` whose width,
@@ -136,141 +293,30 @@ def load_2d_checkpoint(
 
     Raises:
         ValueError: unknown source or inflation, or a model that is not a VideoTransformer.
-        Init2dError: (a ``UserError`` and a ``ValueError``) an unreadable file, a state dict
-            without a ViT layout, or a tensor whose shape does not fit (the message names
-            key and shapes, and the file).
+        WeightsError: an unreadable file (:class:`Init2dError`, a subclass, for a state dict
+            without a ViT layout, or a tensor whose shape does not fit; the message names key
+            and shapes, and the file).
     """
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}; got {source!r}")
     if not isinstance(model, VideoTransformer):
         raise ValueError(f"load_2d_checkpoint needs a VideoTransformer; got {type(model).__name__}")
-    where = None
-    if isinstance(state_dict, str | os.PathLike):
-        where = Path(state_dict)
-        state_dict = read_state_file(where, what="2D checkpoint")
-    if not isinstance(state_dict, Mapping):
-        raise Init2dError(f"2D checkpoint holds a {type(state_dict).__name__}, not a state dict", where)
-    sd = _unwrap(state_dict)
-    for key in ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight"):
-        if key not in sd:
-            raise Init2dError(
-                f"the {source} state dict has no {key!r}: not a DeiT-layout ViT checkpoint", where
-            )
-    target = model.state_dict()
-    report = LoadReport()
-    new: dict[str, Tensor] = {}
-    used: set[str] = set()
-
-    def put(key: str, value: Tensor, src: str, how: str | None = None) -> None:
-        if target[key].shape != value.shape:
-            shape = tuple(sd[src].shape) if src in sd else tuple(value.shape)
-            made = f" (as {tuple(value.shape)} after {how})" if how else ""
-            raise Init2dError(
-                f"{src} {shape}{made} does not fit the model's {key} {tuple(target[key].shape)}", where
-            )
-        new[key] = value.to(target[key].dtype)
-        used.add(src)
-        if how is None:
-            report.copied.append(key)
-        else:
-            report.converted[key] = how
-
-    # Tubelet embedding.
-    w2 = sd["patch_embed.proj.weight"]
-    t = model.tubelet[0]
-    if w2.dim() != 4 or tuple(w2.shape[-2:]) != model.tubelet[1:]:
-        raise Init2dError(
-            f"patch_embed.proj.weight {tuple(w2.shape)} is not a 2D kernel of the tubelet's "
-            f"spatial size {model.tubelet[1:]}",
-            where,
-        )
-    how = f"{inflation} inflation over {t} frames"
-    put("patch_embed.proj.weight", inflate_patch_embed(w2, t, inflation), "patch_embed.proj.weight", how)
-    if "patch_embed.proj.bias" in sd:
-        put("patch_embed.proj.bias", sd["patch_embed.proj.bias"], "patch_embed.proj.bias")
-
-    # Position table: DeiT keeps it at the top level, CPVT in its pos_enc module.
+    sd, where = _read_source(state_dict, source)
+    tr = _Transfer(
+        sd, model.state_dict(), where, report=LoadReport(source="" if where is None else str(where))
+    )
+    _load_tubelet_embed(tr, model, inflation)
+    # DeiT keeps the table at the top level, CPVT in its pos_enc module.
     pos_key = "pos_embed" if source == "deit" else "pos_enc.pos_embed"
-    pos = sd.get(pos_key)
-    src_prefix = int("cls_token" in sd) + int("dist_token" in sd)
-    if pos is not None and pos.shape[1] == src_prefix:  # nothing but prefix entries: not a grid table
-        src_prefix = 0
-
-    # Class token, with its fixed position code folded in (the video model gives prefix tokens none).
-    if model.cls_token is not None and "cls_token" in sd:
-        cls = sd["cls_token"]
-        how = None
-        if pos is not None and src_prefix:
-            cls, how = cls + pos[:, :1], f"cls_token + {pos_key}[:, 0]"
-        put("cls_token", cls, "cls_token", how)
-    elif "cls_token" in sd:
-        report.skipped["cls_token"] = "the model pools by average and has no class token"
-
-    if pos is not None:
-        if isinstance(model.pos_enc, LearnedPositionEncoding3d):
-            grid = model.pos_enc.grid_size
-            try:
-                spatial = resize_pos_embed(
-                    pos, grid[1:], source_grid, num_prefix_tokens=src_prefix, mode=model.pos_enc.interpolation
-                )[:, src_prefix:]
-            except ValueError as e:  # a table that is not a (1, P + H*W, C) grid of the given shape
-                raise Init2dError(f"{pos_key} {tuple(pos.shape)}: {e}", where) from None
-            put("pos_enc.spatial", spatial, pos_key, f"{pos_key} grid part resized to {grid[1:]}")
-            new["pos_enc.temporal"] = torch.zeros_like(target["pos_enc.temporal"])
-            report.converted["pos_enc.temporal"] = "zeros (the 2D model has no time)"
-        else:
-            report.skipped[pos_key] = (
-                f"the model's position encoding is {model.pos_enc_kind!r}, not 'learned'"
-            )
-
-    # PEGs: inflate each PEG2d at block i into the model's PEG3d at block i.
-    for key in model.pos_blocks:
-        prefix = f"pos_blocks.{key}."
-        if prefix + "proj.weight" not in sd:
-            continue
-        peg3d: PEG3d = model.pos_blocks[key]
-        try:
-            peg2d = _peg2d_from(sd, prefix, peg3d.num_prefix_tokens)
-        except RuntimeError as e:  # load_state_dict: tensors that do not make a PEG2d
-            raise Init2dError(f"{prefix}*: not a PEG2d ({str(e).splitlines()[0]})", where) from None
-        if (peg2d.dim, peg2d.kernel_size, peg2d.kernel_size) != (peg3d.dim, *peg3d.kernel_size[1:]):
-            raise Init2dError(
-                f"{prefix}proj.weight: a {peg2d.kernel_size}x{peg2d.kernel_size} PEG2d of dim {peg2d.dim} "
-                f"does not inflate into the model's PEG3d {peg3d.kernel_size} of dim {peg3d.dim}",
-                where,
-            )
-        inflated = inflate_peg2d(peg2d, peg3d.kernel_size[0], peg3d.factorized, peg3d.num_prefix_tokens)
-        for name, value in inflated.state_dict().items():
-            put(prefix + name, value, prefix + "proj.weight", f"inflated from the PEG2d {prefix[:-1]}")
-        used.update(k for k in sd if k.startswith(prefix))
-
-    # Transformer blocks, final norm, head: same names.
-    for key, value in sd.items():
-        if key.startswith(("blocks.", "norm.")) and key in target:
-            put(key, value, key)
-    for i, blk in enumerate(model.blocks):
-        if isinstance(blk, DividedBlock):
-            for dst, src in (("norm_t", "norm1"), ("attn_t.qkv", "attn.qkv")):
-                for leaf in ("weight", "bias"):
-                    src_key, dst_key = f"blocks.{i}.{src}.{leaf}", f"blocks.{i}.{dst}.{leaf}"
-                    if src_key in sd and dst_key in target:
-                        put(dst_key, sd[src_key], src_key, f"from {src_key} (temporal branch)")
-            for leaf in ("weight", "bias"):
-                key = f"blocks.{i}.attn_t.proj.{leaf}"
-                new[key] = torch.zeros_like(target[key])
-                report.converted[key] = "zeros (temporal branch starts switched off)"
-    for leaf in ("weight", "bias"):
-        key = f"head.{leaf}"
-        if key in sd:
-            if key in target and target[key].shape == sd[key].shape:
-                put(key, sd[key], key)
-            else:
-                shape = tuple(target[key].shape) if key in target else "no head"
-                report.skipped[key] = f"{tuple(sd[key].shape)} vs the model's {shape}: head dropped"
-
+    src_prefix = _table_prefix(sd, sd.get(pos_key))
+    _load_cls_token(tr, model, pos_key, src_prefix)
+    _load_pos_table(tr, model, pos_key, src_prefix, source_grid)
+    _load_pegs(tr, model)
+    _load_blocks(tr, model)
+    _load_head(tr)
     for key in sd:
-        if key not in used and key not in report.skipped:
-            report.skipped[key] = "no counterpart in the video model"
-    report.missing = [k for k in target if k not in new]
-    model.load_state_dict(new, strict=False)
-    return report
+        if key not in tr.used and key not in tr.report.skipped:
+            tr.report.skipped[key] = "no counterpart in the video model"
+    tr.report.missing = [k for k in tr.target if k not in tr.new]
+    model.load_state_dict(tr.new, strict=False)
+    return tr.report

@@ -21,10 +21,10 @@ import torch
 from torch import Tensor, nn
 
 from peg_core import check_tokens
+from peg_core.encodings import LearnedPositionEncoding3d, SinCosPositionEncoding3d
 from peg_core.models.layers import Attention, Block, init_vit_weights
 
 from ..peg3d import PEG3d
-from .pos_embed import LearnedPositionEncoding3d, SinCosPositionEncoding3d
 
 __all__ = ["ATTENTIONS", "POS_ENCODINGS", "DividedBlock", "TubeletEmbed", "VideoTransformer"]
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from peg_core import convert_to_cpvt
+from peg_core.interop import convert_to_cpvt
 
 timm_vit = pytest.importorskip("timm.models.vision_transformer")
 tv_vit = pytest.importorskip("torchvision.models.vision_transformer")

@@ -20,7 +20,7 @@ import importlib, json, pkgutil, sys
 import peg_core
 names = []
 # modules of optional extras (peg-core[timm]) bring their own dependencies by design
-OPTIONAL = {"peg_core.timm"}
+OPTIONAL = {"peg_core.interop.timm"}
 for info in pkgutil.walk_packages(peg_core.__path__, "peg_core."):
     if info.name in OPTIONAL:
         continue

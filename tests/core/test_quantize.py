@@ -11,7 +11,7 @@ from peg_core.__main__ import main
 from peg_core.classify.data import ShapeImages
 from peg_core.classify.model import build_model
 from peg_core.classify.shapes import sample_scenes
-from peg_core.quantize import (
+from peg_core.export.quantize import (
     QuantizedClassifier,
     calibration_batches,
     has_quantized_ops,

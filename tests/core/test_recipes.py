@@ -212,7 +212,7 @@ def test_learned_tables_start_as_trunc_normal_std_002():
     table = LearnedPositionEncoding2d(256, (32, 32)).pos_embed.detach().double()
     assert table.std().item() == pytest.approx(0.02, rel=0.01) and abs(table.mean().item()) < 5e-4
     assert table.abs().max().item() <= 2.0 and table.abs().max().item() > 4 * 0.02  # tails not cut at 2 sigma
-    from peg_video.models.pos_embed import LearnedPositionEncoding3d
+    from peg_core.encodings import LearnedPositionEncoding3d
 
     torch.manual_seed(0)
     enc = LearnedPositionEncoding3d(256, (8, 32, 32))

@@ -198,7 +198,7 @@ def test_bad_scalar_sizes_are_value_errors(bad):
 
 def test_prefix_tokens_beyond_the_table():
     """More prefix tokens than rows: a clear error, not round() of a complex square root."""
-    from peg_core import resize_checkpoint
+    from peg_core.interop import resize_checkpoint
 
     table = torch.randn(1, 197, 8)
     with pytest.raises(ValueError, match=r"num_prefix_tokens=500 exceeds the 197 tokens of the table"):

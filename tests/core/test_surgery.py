@@ -10,11 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from peg_core import learned_to_cpvt, resize_checkpoint
 from peg_core.__main__ import main as cli
-from peg_core.engine import UserError
+from peg_core.interop import (
+    WeightsError,
+    learned_to_cpvt,
+    read_state_file,
+    resize_checkpoint,
+    torchvision_vit_to_deit,
+    write_state_file,
+)
 from peg_core.models import CPVT
-from peg_core.surgery import load_state_file, save_state_file, torchvision_vit_to_deit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,10 +132,10 @@ def test_errors_name_the_keys():
         resize_checkpoint(two, 4)
     assert resize_checkpoint(two, 3, key="decoder.pos_embed")[1].old_grid == (3, 3)
     with pytest.raises(
-        KeyError, match=r"key 'pos_emb' is not in the checkpoint; tables found: \['pos_embed'"
+        WeightsError, match=r"key 'pos_emb' is not in the checkpoint; tables found: \['pos_embed'"
     ):
         resize_checkpoint(two, 3, key="pos_emb")
-    with pytest.raises(ValueError, match="no tensors found in the checkpoint; top-level keys are"):
+    with pytest.raises(ValueError, match="no tensors found in the weights; top-level keys are"):
         resize_checkpoint({"epoch": 1}, 3)
     with pytest.raises(ValueError, match=r"neither 7, 6 nor 5 is a square grid"):
         resize_checkpoint({"pos_embed": torch.zeros(1, 7, 4)}, 3)
@@ -183,24 +188,26 @@ def test_torchvision_names_map_to_deit():
 def test_file_formats_round_trip(tmp_path):
     sd = deit_like(grid=4)
     ckpt = {"model": sd, "epoch": 3}
-    save_state_file(ckpt, tmp_path / "a.pth")
-    left_out = save_state_file(ckpt, tmp_path / "a.safetensors")
+    write_state_file(ckpt, tmp_path / "a.pth")
+    left_out = write_state_file(ckpt, tmp_path / "a.safetensors")
     assert left_out == ["epoch (checkpoint entry outside the state dict)"]
-    back = load_state_file(tmp_path / "a.safetensors")
+    back = read_state_file(tmp_path / "a.safetensors")
     assert sorted(back) == sorted(sd) and all(torch.equal(back[k], sd[k]) for k in sd)
-    assert load_state_file(tmp_path / "a.pth")["epoch"] == 3
-    with pytest.raises(UserError, match=r"checkpoint not found: .*missing\.safetensors"):
-        load_state_file(tmp_path / "missing.safetensors")
+    assert read_state_file(tmp_path / "a.pth")["epoch"] == 3
+    with pytest.raises(WeightsError, match=r"checkpoint not found: .*missing\.safetensors"):
+        read_state_file(tmp_path / "missing.safetensors")
     (tmp_path / "garbage.safetensors").write_bytes(b"not a safetensors file at all")
-    with pytest.raises(UserError, match=r"checkpoint is not a readable safetensors file \(.*\): .*garbage"):
-        load_state_file(tmp_path / "garbage.safetensors")
-    with pytest.raises(UserError, match=r"checkpoint is empty \(0 bytes\): .*empty\.pth"):
-        load_state_file(_touch(tmp_path / "empty.pth"))
+    with pytest.raises(
+        WeightsError, match=r"checkpoint is not a readable safetensors file \(.*\): .*garbage"
+    ):
+        read_state_file(tmp_path / "garbage.safetensors")
+    with pytest.raises(WeightsError, match=r"checkpoint is empty \(0 bytes\): .*empty\.pth"):
+        read_state_file(_touch(tmp_path / "empty.pth"))
 
 
 def test_cli_in_process(tmp_path, capsys):
     sd = deit_like(grid=4)
-    save_state_file(sd, tmp_path / "in.safetensors")
+    write_state_file(sd, tmp_path / "in.safetensors")
     assert cli(["resize-pos-embed", str(tmp_path / "in.safetensors"), str(tmp_path / "out.pth"),
                 "--grid", "6x8", "--mode", "nearest"]) == 0  # fmt: skip
     out = capsys.readouterr().out
@@ -214,7 +221,7 @@ def test_cli_in_process(tmp_path, capsys):
         "dropped pos_embed (1, 49, 8)" in out
         and "added   pos_blocks.0.proj.weight (8, 1, 3, 3) (zeros)" in out
     )
-    cpvt = load_state_file(tmp_path / "cpvt.safetensors")
+    cpvt = read_state_file(tmp_path / "cpvt.safetensors")
     assert "pos_embed" not in cpvt and not cpvt["pos_blocks.0.proj.weight"].any()
     assert cli(["resize-pos-embed", str(tmp_path / "in.safetensors"), str(tmp_path / "x.pth"),
                 "--grid", "6", "--key", "nope"]) == 1  # fmt: skip
@@ -254,7 +261,7 @@ def test_cli_subprocess_imports_without_optional_packages(tmp_path):
     # sys.modules[name] = None makes `import name` fail, as if it were not installed.
     code = (
         "import sys; sys.modules['safetensors'] = None; import runpy; "
-        "import peg_core, peg_core.surgery, peg_core.viz, peg_core.models, peg_core.data; "
+        "import peg_core, peg_core.interop, peg_core.viz, peg_core.models, peg_core.classify.shapes; "
         "assert 'matplotlib' not in sys.modules and 'torchvision' not in sys.modules; "
         "sys.argv = ['peg_core'] + sys.argv[1:]; runpy.run_module('peg_core', run_name='__main__')"
     )
@@ -272,7 +279,7 @@ def test_safetensors_missing_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "safetensors", None)
     monkeypatch.delitem(sys.modules, "safetensors.torch", raising=False)
     with pytest.raises(ImportError, match=r"reading .*b.safetensors needs the 'safetensors' package"):
-        load_state_file(_touch(tmp_path / "b.safetensors"))
+        read_state_file(_touch(tmp_path / "b.safetensors"))
     assert (
         cli(["resize-pos-embed", str(tmp_path / "a.pth"), str(tmp_path / "o.safetensors"), "--grid", "2"])
         == 1

@@ -1,4 +1,4 @@
-"""peg_core.timm: CPVT names in timm's registry, local-file pretrained loading, timm's model contract."""
+"""peg_core.interop.timm: CPVT names in timm's registry, local-file pretrained loading, timm's model contract."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from peg_core.engine.checkpoint import CHECKPOINT_FORMAT, CheckpointStore
-from peg_core.engine.errors import UserError
+from peg_core.interop import WeightsError
 from peg_core.models.cpvt import CPVT
 
 timm = pytest.importorskip("timm")
-pytest.importorskip("peg_core.timm")
+pytest.importorskip("peg_core.interop.timm")
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(depth=2)  # registered widths, fewer blocks: seconds, not minutes
@@ -33,12 +33,12 @@ def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 
 def test_timm_stays_optional() -> None:
-    """``import peg_core`` never imports timm; without timm, ``import peg_core.timm`` names the extra."""
+    """``import peg_core`` never imports timm; without timm, ``import peg_core.interop.timm`` names the extra."""
     r = _run(
         "import sys, peg_core\n"
         "assert 'timm' not in sys.modules, 'import peg_core imported timm'\n"
         "sys.modules['timm'] = None\n"  # makes 'import timm' fail as if it were not installed
-        "try:\n    import peg_core.timm\nexcept ImportError as e:\n    print(e)\nelse:\n    raise SystemExit('no error')"
+        "try:\n    import peg_core.interop.timm\nexcept ImportError as e:\n    print(e)\nelse:\n    raise SystemExit('no error')"
     )
     assert r.returncode == 0, r.stderr
     assert "peg-core[timm]" in r.stdout
@@ -122,7 +122,7 @@ def test_pretrained_file_classify_checkpoint(tmp_path: Path) -> None:
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), src.eval()(x))
     torch.save({**ckpt, "task": "video"}, tmp_path / "video.pth")
-    with pytest.raises(UserError, match="'video' checkpoint"):
+    with pytest.raises(WeightsError, match="'video' checkpoint"):
         _load("cpvt_tiny", tmp_path / "video.pth", num_classes=6)
 
 
@@ -130,7 +130,7 @@ def test_converted_timm_vit_loads_into_cpvt(tmp_path: Path) -> None:
     """A timm ViT converted with convert_to_cpvt has CPVT's parameter names: same outputs after loading."""
     from timm.models.vision_transformer import VisionTransformer
 
-    from peg_core import convert_to_cpvt
+    from peg_core.interop import convert_to_cpvt
 
     torch.manual_seed(0)
     vit = convert_to_cpvt(VisionTransformer(embed_dim=64, depth=2, num_heads=2, num_classes=7)).eval()
@@ -146,12 +146,12 @@ def test_converted_timm_vit_loads_into_cpvt(tmp_path: Path) -> None:
 def test_pretrained_errors(tmp_path: Path) -> None:
     src = timm.create_model("cpvt_tiny", num_classes=4, **TINY)
     torch.save(src.state_dict(), tmp_path / "cls.pth")
-    with pytest.raises(UserError, match=r"cpvt_\* \(class token\)"):
+    with pytest.raises(WeightsError, match=r"cpvt_\* \(class token\)"):
         _load("cpvt_tiny_gap", tmp_path / "cls.pth", num_classes=4)
     torch.save({**src.state_dict(), "pos_embed": torch.zeros(1, 197, 192)}, tmp_path / "deit.pth")
-    with pytest.raises(UserError, match="to-cpvt"):
+    with pytest.raises(WeightsError, match="to-cpvt"):
         _load("cpvt_tiny", tmp_path / "deit.pth", num_classes=4)
-    with pytest.raises(UserError, match="not found"):
+    with pytest.raises(WeightsError, match="not found"):
         _load("cpvt_tiny", tmp_path / "missing.safetensors")
     with pytest.raises(RuntimeError, match="pretrained_cfg_overlay"):
         timm.create_model("cpvt_tiny", pretrained=True, **TINY)

@@ -13,7 +13,7 @@ from pycocotools.cocoeval import COCOeval
 from torch.utils.data import DataLoader
 
 from peg_core.engine import RunContext, SkipBroken, skipping_collate
-from peg_core.utils import DistInfo
+from peg_core.engine.distributed import DistInfo
 from peg_detr import build_detr
 from peg_detr.data import CocoDetr, SyntheticSpec, collate_detr, make_synthetic_coco, make_val_transforms
 from peg_detr.evaluation import STAT_NAMES, CocoEvaluator, coco_stats, evaluate_coco, to_coco_results

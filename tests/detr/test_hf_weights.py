@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from peg_core.engine import UserError
+from peg_core.interop import WeightsError
 from peg_detr.__main__ import main as cli
 from peg_detr.hf import hf_to_official, official_to_hf, read_hf_state
 from peg_detr.models import build_detr, load_official_checkpoint
@@ -82,8 +82,8 @@ def test_hf_folder_loads_with_same_outputs(hf_dir, capsys):
     path, hf_model = hf_dir
     model = _peg_sine()
     report = load_official_checkpoint(model, path)
-    assert report.args["model_type"] == "detr" and not report.dropped and not report.peg_zero_init
-    assert len(report.loaded) == len(model.state_dict())
+    assert report.args["model_type"] == "detr" and not report.skipped and not report.converted
+    assert len(report.copied) == len(model.state_dict())
     _assert_same_outputs(hf_model, model)
 
 
@@ -149,11 +149,11 @@ def test_export_hf_refuses_other_encodings(tmp_path, capsys):
 def test_bad_hf_folders_are_one_line_errors(tmp_path):
     model = _peg_sine()
     (tmp_path / "empty").mkdir()
-    with pytest.raises(UserError, match=r"no config\.json"):
+    with pytest.raises(WeightsError, match=r"no config\.json"):
         load_official_checkpoint(model, tmp_path / "empty")
     (tmp_path / "empty" / "config.json").write_text("{}")
-    with pytest.raises(UserError, match=r"neither model\.safetensors nor pytorch_model\.bin"):
+    with pytest.raises(WeightsError, match=r"neither model\.safetensors nor pytorch_model\.bin"):
         load_official_checkpoint(model, tmp_path / "empty")
     (tmp_path / "empty" / "model.safetensors").write_bytes(b"not safetensors")
-    with pytest.raises(UserError, match="not a readable safetensors file"):
+    with pytest.raises(WeightsError, match="not a readable safetensors file"):
         load_official_checkpoint(model, tmp_path / "empty")

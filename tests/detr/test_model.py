@@ -207,7 +207,7 @@ def test_backbone_weights_from_local_file(tmp_path):
     torch.testing.assert_close(body.bn1.running_var, reference.bn1.running_var, rtol=0, atol=0)
     bad = tmp_path / "bad.pth"
     torch.save({"conv1.weight": torch.zeros(1)}, bad)
-    with pytest.raises(ValueError, match=r"bad\.pth.*missing"):
+    with pytest.raises(ValueError, match=r"do not match ResNet: missing .*: .*bad\.pth$"):
         build_detr("resnet18", backbone_weights=bad, **SMALL)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from peg_core.engine import UserError
+from peg_core.interop import WeightsError
 from peg_detr import build_detr, load_official_checkpoint
 
 REFERENCE = (
@@ -86,8 +86,8 @@ def test_official_file_needs_allow_list_and_loads_strict(tmp_path):
         torch.load(path, weights_only=True)
     dst = small("sine")
     report = load_official_checkpoint(dst, path)
-    assert report.loaded == sorted(src.state_dict())
-    assert report.peg_zero_init == [] and report.dropped == []
+    assert report.copied == sorted(src.state_dict())
+    assert report.converted == {} and report.skipped == {}
     assert report.args["position_embedding"] == "sine"
     x = [torch.randn(3, 64, 96), torch.randn(3, 80, 48)]
     with torch.no_grad():
@@ -96,17 +96,17 @@ def test_official_file_needs_allow_list_and_loads_strict(tmp_path):
     bare = tmp_path / "bare.pth"
     torch.save(src.state_dict(), bare)
     report = load_official_checkpoint(small("sine"), bare)
-    assert report.args is None and report.loaded == sorted(src.state_dict())
+    assert report.args is None and report.copied == sorted(src.state_dict())
 
 
 def test_untrusted_pickle_refused_unless_trusted(tmp_path):
     path = tmp_path / "evil.pth"
     torch.save({"model": small("sine").state_dict(), "extra": Untrusted()}, path)
-    with pytest.raises(UserError, match="trust_pickle") as e:
+    with pytest.raises(WeightsError, match="trust_pickle") as e:
         load_official_checkpoint(small("sine"), path)
-    assert "weights_only=False" not in e.value.line() and e.value.line().endswith(f": {path}")
+    assert "weights_only=False" not in str(e.value) and str(e.value).endswith(f": {path}")
     report = load_official_checkpoint(small("sine"), path, trust_pickle=True)
-    assert len(report.loaded) == len(small("sine").state_dict())
+    assert len(report.copied) == len(small("sine").state_dict())
 
 
 @pytest.mark.parametrize("key_pos", ["sine", "none"])
@@ -117,7 +117,7 @@ def test_peg_from_official_equals_none(tmp_path, key_pos, capsys):
     none = small("none", decoder_key_pos=key_pos)
     report = load_official_checkpoint(peg, path)
     load_official_checkpoint(none, path)
-    assert report.peg_zero_init == [
+    assert list(report.converted) == [
         f"transformer.encoder.pegs.{i}.proj.{p}" for i in (0, 1) for p in ("bias", "weight")
     ]
     assert "PEG" in capsys.readouterr().out
@@ -141,26 +141,27 @@ def test_num_classes_change_drops_class_embed(tmp_path, capsys):
     dst = small("peg", num_classes=3)
     fresh = dst.class_embed.weight.detach().clone()
     report = load_official_checkpoint(dst, path, num_classes=3)
-    assert report.dropped == ["class_embed.bias", "class_embed.weight"]
+    assert sorted(report.skipped) == report.missing == ["class_embed.bias", "class_embed.weight"]
     assert "5 classes" in capsys.readouterr().out
     torch.testing.assert_close(dst.class_embed.weight, fresh, rtol=0, atol=0)
     torch.testing.assert_close(dst.query_embed.weight, src.query_embed.weight, rtol=0, atol=0)
-    with pytest.raises(UserError, match="num_classes=4"):
+    with pytest.raises(WeightsError, match="num_classes=4"):
         load_official_checkpoint(dst, path, num_classes=4)
 
 
 def test_mismatches_are_listed(tmp_path):
     path = official_file(tmp_path, small("sine"))
-    with pytest.raises(UserError, match=r"missing keys: \['transformer.encoder.pos.pos_embed'\]"):
+    with pytest.raises(WeightsError, match=r"missing keys: \['transformer.encoder.pos.pos_embed'\]"):
         load_official_checkpoint(small("learned", learned_grid=(4, 6)), path)
     with pytest.raises(
-        UserError, match=re.escape("shape mismatches: ['query_embed.weight: file (10, 32) vs model (7, 32)")
+        WeightsError,
+        match=re.escape("shape mismatches: ['query_embed.weight: file (10, 32) vs model (7, 32)"),
     ):
         load_official_checkpoint(small("sine", num_queries=7), path)
     peg_path = official_file(tmp_path, small("peg"), name="peg.pth")
-    with pytest.raises(UserError, match=r"unexpected keys: \['transformer.encoder.pegs.0.proj.bias'") as e:
+    with pytest.raises(WeightsError, match=r"unexpected keys: \['transformer.encoder.pegs.0.proj.bias'") as e:
         load_official_checkpoint(small("sine"), peg_path)
-    assert "\n" not in e.value.line() and e.value.line().endswith(f": {peg_path}")
+    assert "\n" not in str(e.value) and str(e.value).endswith(f": {peg_path}")
 
 
 @pytest.mark.parametrize(
@@ -174,9 +175,9 @@ def test_missing_and_garbage_files_are_one_line_errors(tmp_path, content, messag
     path = tmp_path / "detr.pth"
     if content is not None:
         path.write_bytes(content)
-    with pytest.raises(UserError, match=message) as e:
+    with pytest.raises(WeightsError, match=message) as e:
         load_official_checkpoint(small("sine"), path, trust_pickle=trust)
-    assert "\n" not in e.value.line() and e.value.line().endswith(f": {path}")
+    assert "\n" not in str(e.value) and str(e.value).endswith(f": {path}")
     torch.save([1, 2], path)
-    with pytest.raises(UserError, match="is not a dict"):
+    with pytest.raises(WeightsError, match="is not a dict"):
         load_official_checkpoint(small("sine"), path, trust_pickle=trust)

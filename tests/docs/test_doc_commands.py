@@ -232,7 +232,7 @@ def _deit_checkpoint(path: Path) -> None:
 
 def _detr_checkpoint(path: Path) -> None:
     """A tiny untrained ``peg_detr`` training checkpoint (what ``predict`` reads)."""
-    from peg_core.utils import atomic_save
+    from peg_core.interop import atomic_save
     from peg_detr import build_detr
 
     model, _, _ = build_detr(

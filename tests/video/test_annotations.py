@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from peg_core.engine import UserError
+from peg_core.errors import InputError
 from peg_video.data.annotations import (
     AnnotationError,
     load_annotations,
@@ -109,14 +111,16 @@ def test_class_map_round_trip(tmp_path):
 
 
 def test_annotation_errors_are_one_line_user_errors(tmp_path):
-    """An AnnotationError is also a ValueError (library callers) and prints as one ``error:`` line."""
+    """An AnnotationError is an InputError (a ValueError): the command line prints it as one ``error:`` line."""
     bad = tmp_path / "v.csv"
     bad.write_text('label,youtube_id,time_start,time_end,split\n"a\nb",x,1,2,val\n')
     with pytest.raises(AnnotationError) as e:
         load_annotations(bad, video_root=tmp_path / "missing")
+    assert isinstance(e.value, InputError) and isinstance(e.value, ValueError)
+    assert (e.value.what, e.value.where) == ("video folder not found", str(tmp_path / "missing"))
     assert (
-        isinstance(e.value, ValueError)
-        and e.value.line() == f"error: video folder not found: {tmp_path / 'missing'}"
+        UserError(e.value.what, e.value.where).line()
+        == f"error: video folder not found: {tmp_path / 'missing'}"
     )
     (tmp_path / "c.json").write_text("{broken")
     with pytest.raises(AnnotationError, match=r"^class file is not JSON \(.*\): .*c\.json$"):

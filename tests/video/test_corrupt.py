@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from peg_core.engine import BrokenSample, RunContext, SkipBroken, UserError
-from peg_core.utils import DistInfo
+from peg_core.engine.distributed import DistInfo
 from peg_video.__main__ import main
 from peg_video.data import (
     ClipBatches,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from peg_core.engine import EXIT_ERROR, EXIT_USAGE, UserError, read_checkpoint
-from peg_core.utils import DistInfo
+from peg_core.engine.distributed import DistInfo
 from peg_video.__main__ import main
 from peg_video.data import KineticsVideoDataset
 from peg_video.data.annotations import AnnotationError

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from peg_core import sincos_2d
+from peg_core.encodings import LearnedPositionEncoding3d, SinCosPositionEncoding3d
 from peg_video import build_video_model
 from peg_video.models import VIT_CONFIGS, DividedBlock, VideoTransformer
-from peg_video.models.pos_embed import LearnedPositionEncoding3d, SinCosPositionEncoding3d
 
 POS_ENCODINGS = ["peg3d", "peg3d-factorized", "learned", "sincos", "none"]
 TINY = {"embed_dim": 16, "depth": 2, "num_heads": 2}

@@ -130,7 +130,7 @@ def test_eval_command_at_a_longer_clip(data, tmp_path, capsys):
 def test_eval_at_a_larger_crop_resizes_a_learned_table(data, tmp_path, monkeypatch):
     """Same weights at a larger crop than training (32 -> 40 px): the learned table is resized with the
     mode asked for (recorded at peg_core's resize); training scales are not re-checked for eval."""
-    import peg_video.models.pos_embed as pos_embed
+    import peg_core.encodings as pos_embed
 
     out = tmp_path / "run"
     assert _train(data, out, "--epochs", "1", "--pos-enc", "learned") == 0

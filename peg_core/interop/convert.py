@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .peg import PEG2d
+from ..peg import PEG2d
 
 __all__ = ["convert_to_cpvt"]
 

@@ -1,4 +1,4 @@
-"""8-bit post-training quantization of a CPVT classifier with PyTorch's own PT2E flow.
+"""8-bit post-training quantization of an image classifier with PyTorch's own PT2E flow (model-agnostic).
 
 ``torch.export`` captures the model with a dynamic batch and dynamic height / width (multiples
 of the patch), torchao's ``prepare_pt2e`` inserts observers chosen by the x86 inductor
@@ -12,6 +12,12 @@ Files: :func:`save_quantized` re-exports the converted module (same dynamic shap
 a ``.pt2`` archive (``torch.export.save``) with the classifier's metadata (classes, training
 size, data settings) as an extra file; :func:`load_quantized` reads it back with
 ``torch.export.load``: no pickle of Python objects, and the quantized ops round-trip exactly.
+
+Nothing is patched while exporting: the models resize their position tables through
+:func:`peg_core.resize.resize_pos_embed_traceable` whenever :func:`peg_core.resize.is_tracing`.
+The ``quantize`` command (calibration data of the classifier) is
+:mod:`peg_core.classify.quantize`.  A file that is not a quantized model is a
+:class:`~peg_core.interop.io.WeightsError` (a ``ValueError``) naming it.
 """
 
 from __future__ import annotations
@@ -20,10 +26,9 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -31,17 +36,14 @@ from torch import Tensor, nn
 from torch.export import Dim
 from torch.utils.data import Dataset
 
-from . import encodings
-from .engine import UserError
+from ..interop.io import WeightsError
 
 __all__ = [
     "QUANTIZED_SUFFIX",
     "QuantizedClassifier",
-    "build_parser",
     "calibration_batches",
     "has_quantized_ops",
     "load_quantized",
-    "main",
     "quantize_int8",
     "save_quantized",
 ]
@@ -101,53 +103,10 @@ def _dynamic_shapes(patch: int) -> tuple[dict[int, Any]]:
     return ({0: Dim("batch", min=1, max=4096), 2: patch * gh, 3: patch * gw},)
 
 
-def _interpolated_table(
-    posemb: Tensor,
-    new_size: Sequence[int],
-    old_size: Sequence[int] | None = None,
-    *,
-    num_prefix_tokens: int = 0,
-    mode: str = "bicubic",
-    antialias: bool = False,
-    **_: Any,
-) -> Tensor:
-    """``resize_pos_embed`` without its same-size shortcut (export only).
-
-    The shortcut (``old == new``) is a Python branch on the input size, which ``torch.export``
-    would freeze into a guard on the example's grid.  Interpolating to the same size with
-    ``align_corners=False`` reads each cell at its own centre (weights 0/1), so the values are
-    the table's own; other sizes compute exactly what :func:`peg_core.resize_pos_embed` does.
-    """
-    from .resize import _MODES
-
-    prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
-    b, _, c = grid.shape
-    old = tuple(old_size) if old_size is not None else None
-    torch_mode = _MODES[2][mode]
-    kwargs: dict[str, Any] = {"align_corners": False} if torch_mode in ("bilinear", "bicubic") else {}
-    if antialias:
-        kwargs["antialias"] = True
-    compute = torch.float64 if posemb.dtype == torch.float64 else torch.float32
-    grid = grid.to(compute).reshape(b, *old, c).movedim(-1, 1)  # (B, C, H0, W0)
-    grid = F.interpolate(grid, size=tuple(new_size), mode=torch_mode, **kwargs)
-    grid = grid.movedim(1, -1).reshape(b, -1, c).to(posemb.dtype)
-    return torch.cat([prefix, grid], dim=1)
-
-
-@contextlib.contextmanager
-def _export_friendly(model: nn.Module) -> Iterator[None]:
-    """Swap size-dependent Python branches for graph ops while ``model`` is exported."""
-    if any(isinstance(m, encodings.LearnedPositionEncoding2d) for m in model.modules()):
-        with mock.patch.object(encodings, "resize_pos_embed", _interpolated_table):
-            yield
-    else:
-        yield
-
-
 def _export(model: nn.Module, example: Tensor, patch: int, dynamic: bool) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` on ``example`` (dynamic batch and grid unless ``dynamic=False``)."""
     shapes = _dynamic_shapes(patch) if dynamic else None
-    with _export_friendly(model):
-        return torch.export.export(model, (example,), dynamic_shapes=shapes)
+    return torch.export.export(model, (example,), dynamic_shapes=shapes)
 
 
 @contextlib.contextmanager
@@ -241,10 +200,10 @@ def save_quantized(
 
 
 def load_quantized(path: str | os.PathLike) -> tuple[QuantizedClassifier, dict[str, Any]]:
-    """``(model, meta)`` of a file written by :func:`save_quantized`; a one-line :class:`UserError` otherwise."""
+    """``(model, meta)`` of a file written by :func:`save_quantized`; a :class:`WeightsError` naming it otherwise."""
     path = Path(path)
     if not path.is_file():
-        raise UserError("quantized model not found", path)
+        raise WeightsError("quantized model not found", path)
     _import_pt2e()  # registers the quantized_decomposed ops the graph calls
 
     extra = {META_FILE: ""}
@@ -253,88 +212,8 @@ def load_quantized(path: str | os.PathLike) -> tuple[QuantizedClassifier, dict[s
             program = torch.export.load(path, extra_files=extra)
         meta = json.loads(extra[META_FILE])
     except Exception as e:  # zip, pickle and schema errors alike: the file is not ours
-        raise UserError(
+        raise WeightsError(
             f"not a quantized model written by 'peg_core quantize' ({type(e).__name__})", path
         ) from None
     model = QuantizedClassifier(program.module(), int(meta["num_classes"]), int(meta["patch_size"]))
     return model, meta
-
-
-# ------------------------------------------------------------------------------------------ command
-
-
-def build_parser():
-    """``python -m peg_core quantize CKPT OUT --calib N [--calib-data PATH] [--img-size S]``."""
-    from .engine import new_parser, positive_int
-
-    p = new_parser(
-        "python -m peg_core quantize",
-        "Int8 post-training quantization (PT2E, x86) of a classify checkpoint; writes a .pt2 file\n"
-        "that 'python -m peg_core eval --checkpoint OUT.pt2' evaluates on the CPU.",
-    )
-    p.add_argument("checkpoint", type=Path, help="checkpoint.pth written by 'peg_core train'")
-    p.add_argument("output", type=Path, help="quantized model to write (.pt2)")
-    p.add_argument("--calib", type=positive_int, default=256, help="calibration images (default 256)")
-    p.add_argument("--calib-data", "--data", dest="calib_data", type=Path,
-                   help="ImageFolder root whose train/ images calibrate (default: the checkpoint's data)")  # fmt: skip
-    p.add_argument("--img-size", type=positive_int, help="calibration size (default: the training size)")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="calibration batch size")
-    p.add_argument("--threads", type=positive_int, help="torch intra-op CPU threads")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-    return p
-
-
-def _calibration_set(ckpt: dict[str, Any], path: Path, root: Path | None, n: int, size: int) -> Dataset:
-    """``n`` training-distribution images at ``size``: the folder's train/ split or generated shapes."""
-    from .classify.data import NORMALIZE, FolderImages, ShapeImages, folder_transform, open_image_folder
-    from .classify.shapes import CLASS_NAMES, sample_scenes
-
-    meta = ckpt["meta"]
-    classes = meta["classes"]
-    data = meta.get("data") or {}
-    mean, std = meta.get("mean", NORMALIZE["half"][0]), meta.get("std", NORMALIZE["half"][1])
-    root = root or (Path(data["path"]) if data.get("kind") == "folder" and data.get("path") else None)
-    if root is not None:
-        folder = open_image_folder(root)  # one-line errors for a missing or malformed folder
-        tf = folder_transform(
-            size, False, crop_ratio=float(meta.get("crop_ratio", 0.875)), mean=mean, std=std
-        )
-        return FolderImages(folder.train, classes, tf)
-    if sorted(classes) != sorted(CLASS_NAMES):
-        raise UserError("the checkpoint's classes are not the generated shapes; pass --calib-data PATH", path)
-    # the training scenes' distribution (make_shape_splits draws them from the run's seed)
-    return ShapeImages(sample_scenes(n, int(data.get("seed", 0))), size, mean, std, classes)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Quantize ``CKPT`` and write ``OUT``; prints the op counts and the written file."""
-    from .classify.task import load_model
-    from .engine import read_checkpoint
-    from .engine.trainer import ensure_writable
-
-    args = build_parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.output.suffix != QUANTIZED_SUFFIX:
-        raise UserError(f"the quantized model is a {QUANTIZED_SUFFIX} file", args.output)
-    ckpt = read_checkpoint(args.checkpoint, "classify")
-    model = load_model(ckpt, args.checkpoint)
-    ensure_writable(args.output.parent)
-    size = args.img_size or int(ckpt["meta"].get("img_size", model.img_size[0]))
-    dataset = _calibration_set(ckpt, args.checkpoint, args.calib_data, args.calib, size)
-    batches = calibration_batches(dataset, args.calib, args.batch_size)
-    # export at twice the patch (not the training size): no size is special in the graph
-    example = torch.zeros(2, 3, 2 * model.patch_size, 2 * model.patch_size)
-    quantized = quantize_int8(model, batches, example)
-    meta = {k: v for k, v in ckpt["meta"].items()}
-    meta.update(
-        source=str(args.checkpoint), epoch=ckpt.get("epoch"), model_config=ckpt.get("model_config"),
-        calibration={"images": sum(len(b) for b in batches), "img_size": size,
-                     "data": str(args.calib_data) if args.calib_data else None},
-    )  # fmt: skip
-    save_quantized(quantized, example, args.output, json.loads(json.dumps(meta, default=str)))
-    ops = has_quantized_ops(quantized)
-    print(f"calibrated on {meta['calibration']['images']} images at {size} px; "
-          + ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())))  # fmt: skip
-    print(f"wrote {args.output}")
-    return 0

@@ -1,4 +1,4 @@
-"""This project's CPVT in timm's model registry: ``import peg_core.timm``, then ``timm.create_model``.
+"""This project's CPVT in timm's model registry: ``import peg_core.interop.timm``, then ``timm.create_model``.
 
 Names (no CPVT exists in timm itself; weights are never downloaded, only local files)::
 
@@ -17,7 +17,8 @@ The models are :class:`TimmCPVT`, a :class:`~peg_core.models.cpvt.CPVT` whose
 state dict is the same as CPVT's.
 
 timm is an optional dependency (``pip install 'peg-core[timm]'``); ``import peg_core``
-never imports it.
+and ``import peg_core.interop`` never import it.  A file that does not fit is a
+:class:`~peg_core.interop.io.WeightsError` (a ``ValueError``) naming it.
 """
 
 from __future__ import annotations
@@ -33,12 +34,11 @@ try:
     from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 except ImportError as e:  # name the extra, not just the missing module
     raise ImportError(
-        f"peg_core.timm needs timm, the optional extra 'timm': pip install 'peg-core[timm]' ({e})"
+        f"peg_core.interop.timm needs timm, the optional extra 'timm': pip install 'peg-core[timm]' ({e})"
     ) from e
 
-from .engine.checkpoint import load_model_state, read_state_file
-from .engine.errors import UserError
-from .models.cpvt import CPVT
+from ..models.cpvt import CPVT
+from .io import WeightsError, load_state_strict, read_state_file, strip_prefixes, unwrap_state_dict
 
 __all__ = ["TimmCPVT", "load_weights_file"]
 
@@ -74,46 +74,20 @@ def _cfg() -> dict[str, Any]:
 default_cfgs = generate_default_cfgs({name: _cfg() for name in _ARCHS})
 
 
-def _state_dict_of(obj: Any, path: str | os.PathLike) -> dict[str, Tensor]:
-    """The state dict inside a loaded file: a peg checkpoint's ``model``, a ``state_dict`` entry, or ``obj``."""
-    if not isinstance(obj, Mapping):
-        raise UserError(f"pretrained weights are not a state dict (a {type(obj).__name__})", path)
-    if "model" in obj and isinstance(obj["model"], Mapping):
-        if obj.get("task", "classify") != "classify":
-            raise UserError(
-                f"pretrained weights are a {obj['task']!r} checkpoint, not an image classifier", path
-            )
-        obj = obj["model"]
-    elif "state_dict" in obj and isinstance(obj["state_dict"], Mapping):
-        obj = obj["state_dict"]
-    # DDP / torch.compile wrappers prefix every key; the model has none of them
-    out = {}
-    for k, v in obj.items():
-        for prefix in ("module.", "_orig_mod."):
-            k = k[len(prefix) :] if k.startswith(prefix) else k
-        out[k] = v
-    return out
-
-
 def load_weights_file(path: str | os.PathLike) -> dict[str, Tensor]:
     """Read a state dict from ``.safetensors`` or a torch file (``weights_only=True``, never unpickled code).
 
-    Accepts a bare state dict or a peg ``checkpoint.pth`` (its ``model`` entry); raises
-    :class:`~peg_core.engine.UserError` naming the file otherwise.
+    Accepts a bare state dict or a peg ``checkpoint.pth`` (its ``model`` entry), with any
+    ``module.`` / ``_orig_mod.`` prefix; raises :class:`~peg_core.interop.io.WeightsError`
+    naming the file otherwise (a checkpoint of another task included).
     """
-    if str(path).endswith(".safetensors"):
-        if not os.path.isfile(path):
-            raise UserError("pretrained weights not found", path)
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            obj = load_file(str(path), device="cpu")
-        except (SafetensorError, OSError, ValueError) as e:
-            raise UserError(f"pretrained weights are not a readable safetensors file ({e})", path) from e
-    else:
-        obj = read_state_file(path, "pretrained weights")
-    return _state_dict_of(obj, path)
+    obj = read_state_file(path, "pretrained weights")
+    wrapped = isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping)
+    if wrapped and obj.get("task", "classify") != "classify":
+        raise WeightsError(
+            f"pretrained weights are a {obj['task']!r} checkpoint, not an image classifier", path
+        )
+    return strip_prefixes(unwrap_state_dict(obj, where=path))
 
 
 class TimmCPVT(CPVT):
@@ -135,7 +109,7 @@ class TimmCPVT(CPVT):
         """
         state = load_weights_file(checkpoint_path)
         if "pos_embed" in state and self.pos_enc_kind == "peg":
-            raise UserError(
+            raise WeightsError(
                 "pretrained weights hold a learned position table (pos_embed); convert them first with "
                 "'python -m peg_core to-cpvt'",
                 checkpoint_path,
@@ -143,7 +117,7 @@ class TimmCPVT(CPVT):
         has_cls = "cls_token" in state
         if has_cls != (self.cls_token is not None):
             hint = "cpvt_* (class token)" if has_cls else "cpvt_*_gap (no class token)"
-            raise UserError(f"pretrained weights fit {hint}, not this model", checkpoint_path)
+            raise WeightsError(f"pretrained weights fit {hint}, not this model", checkpoint_path)
         mine = self.state_dict()
         head = [k for k in mine if k.startswith("head.")]
         if any(k not in state or state[k].shape != mine[k].shape for k in head) or (
@@ -152,7 +126,7 @@ class TimmCPVT(CPVT):
             # other number of classes: keep this model's fresh head, load the rest
             state = {k: v for k, v in state.items() if not k.startswith("head.")}
             state.update({k: mine[k] for k in head})
-        load_model_state(self, state, checkpoint_path)
+        load_state_strict(self, state, checkpoint_path)
 
 
 def _create(name: str, pretrained: bool, **kwargs: Any) -> TimmCPVT:

@@ -1,40 +1,15 @@
-"""Metric logging: JSON lines always, TensorBoard scalars when installed, tqdm bars when installed."""
+"""Metric logging: JSON lines always, TensorBoard scalars when installed."""
 
 from __future__ import annotations
 
 import json
-import math
 import time
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-__all__ = ["MetricLogger", "check_finite", "progress"]
-
-T = TypeVar("T")
-
-
-def progress(it: Iterable[T], enable: bool = True, **kwargs: Any) -> Iterable[T]:
-    """A tqdm bar over ``it`` when tqdm is installed and ``enable``; else ``it`` itself."""
-    if not enable:
-        return it
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency of the training packages
-        return it
-    return tqdm(it, dynamic_ncols=True, **kwargs)
-
-
-def check_finite(loss: torch.Tensor, step: int, where: str = "loss") -> None:
-    """Raise ``FloatingPointError`` when ``loss`` is NaN or inf (one host sync; call once per step)."""
-    value = float(loss.detach())
-    if not math.isfinite(value):
-        raise FloatingPointError(
-            f"{where} is {value} at step {step}; training stopped. The last good checkpoint is kept; "
-            "lower the learning rate or check the data, then resume."
-        )
+__all__ = ["MetricLogger"]
 
 
 class MetricLogger:

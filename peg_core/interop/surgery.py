@@ -9,100 +9,61 @@ wrapper and with DataParallel's ``module.`` prefix:
 * this project's classifier (:class:`peg_core.models.CPVT` with
   ``pos_enc="learned"``): ``pos_enc.pos_embed`` ``(1, P + H*W, C)``.
 
-Files are read with ``torch.load(weights_only=True)`` (``.pth``/``.pt``) or
-safetensors (``.safetensors``, imported only when such a file is used).
+Files are read and written by :mod:`peg_core.interop.io`.  Every problem with the
+checkpoint (no table, several tables, a key that is not there, a table that cannot be
+resized, a bad argument) is a :class:`~peg_core.interop.io.WeightsError` (a ``ValueError``)
+whose message names the key and shapes.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .engine.checkpoint import read_state_file
-from .engine.errors import UserError
-from .resize import infer_grid, resize_pos_embed
-from .utils.checkpoint import atomic_save
+from ..resize import infer_grid, resize_pos_embed
+from .io import WeightsError, locate_state_dict, strip_prefixes, unwrap_state_dict
 
 __all__ = [
     "ConversionReport",
     "TableChange",
     "find_pos_embed_key",
+    "is_torchvision_vit",
     "learned_to_cpvt",
-    "load_state_file",
     "resize_checkpoint",
-    "save_state_file",
-    "strip_module_prefix",
     "torchvision_vit_to_deit",
-    "unwrap_state_dict",
 ]
 
 #: last key component of a position table
 TABLE_NAMES = ("pos_embed", "pos_embedding")
 #: tokens in front of the grid, and how many table rows each takes
 PREFIX_TOKEN_NAMES = ("cls_token", "class_token", "dist_token", "reg_token")
-WRAPPER_KEYS = ("model", "state_dict", "model_state", "model_ema")
-
 StateDict = dict[str, Any]
 
 
-def unwrap_state_dict(obj: Mapping[str, Any]) -> tuple[StateDict, Callable[[StateDict], Any]]:
-    """The tensor dict inside a checkpoint, and a function that puts a new one back in its place.
-
-    Descends through ``model`` / ``state_dict`` / ``model_state`` / ``model_ema``
-    entries (outermost first) until a mapping holding tensors is found.
-    """
-    if not isinstance(obj, Mapping):
-        raise TypeError(f"a checkpoint must be a dict of tensors (or wrap one); got {type(obj).__name__}")
-    if any(isinstance(v, Tensor) for v in obj.values()):
-        return dict(obj), lambda new: new
-    for k in WRAPPER_KEYS:
-        if isinstance(obj.get(k), Mapping):
-            inner, put = unwrap_state_dict(obj[k])
-
-            def rewrap(new: StateDict, k: str = k, put: Callable = put) -> Any:
-                return {**obj, k: put(new)}
-
-            return inner, rewrap
-    raise ValueError(
-        f"no tensors found in the checkpoint; top-level keys are {sorted(obj)[:20]} "
-        f"(looked inside {WRAPPER_KEYS})"
-    )
-
-
-def strip_module_prefix(sd: Mapping[str, Any]) -> StateDict:
-    """Remove a leading ``module.`` (DataParallel / DDP), repeatedly, when every key has it."""
-    out = dict(sd)
-    while out and all(k.startswith("module.") for k in out):
-        out = {k[len("module.") :]: v for k, v in out.items()}
-    return out
-
-
 def find_pos_embed_key(sd: Mapping[str, Any], key: str | None = None) -> str:
-    """The key of the (single) position table in ``sd``; ``ValueError`` naming candidates otherwise."""
+    """The key of the (single) position table in ``sd``; a :class:`WeightsError` naming candidates otherwise."""
     if key is not None:
         if key not in sd:
             near = [k for k in sd if k.endswith(key) or key.endswith(k)]
             hint = f"; did you mean {near}?" if near else f"; tables found: {_candidates(sd)}"
-            raise KeyError(f"key {key!r} is not in the checkpoint{hint}")
+            raise WeightsError(f"key {key!r} is not in the checkpoint{hint}")
         if not isinstance(sd[key], Tensor) or sd[key].dim() not in (2, 3):
-            raise ValueError(f"{key!r} is not a position table (1, N, C) or (N, C): {_describe(sd[key])}")
+            raise WeightsError(f"{key!r} is not a position table (1, N, C) or (N, C): {_describe(sd[key])}")
         return key
     found = _candidates(sd)
     if not found:
-        raise ValueError(
+        raise WeightsError(
             f"no position table found (looked for keys ending in {TABLE_NAMES}, 2D or 3D tensors) among "
             f"{len(sd)} keys, e.g. {list(sd)[:8]}; pass key=... (--key) to name it"
         )
     if len(found) > 1:
         shapes = {k: tuple(sd[k].shape) for k in found}
-        raise ValueError(f"several position tables found: {shapes}; pass key=... (--key) to choose one")
+        raise WeightsError(f"several position tables found: {shapes}; pass key=... (--key) to choose one")
     return found[0]
 
 
@@ -186,7 +147,7 @@ def resize_checkpoint(
         ``(new_checkpoint, change)``: the same structure with the table replaced
         (the input is not modified), and a :class:`TableChange`.
     """
-    sd, rewrap = unwrap_state_dict(state_dict)
+    sd, rewrap = locate_state_dict(state_dict)
     k = find_pos_embed_key(sd, key)
     table = sd[k]
     n = table.shape[-2]
@@ -199,7 +160,7 @@ def resize_checkpoint(
             p, source = _prefix_from_count(n, k)
     if not 0 <= p < n:
         # Checked here, before infer_grid(n - p) sees a count <= 0.
-        raise ValueError(
+        raise WeightsError(
             f"cannot resize {k!r} of shape {tuple(table.shape)}: num_prefix_tokens={p} exceeds the {n} "
             f"tokens of the table"
             if p >= n
@@ -209,7 +170,7 @@ def resize_checkpoint(
         try:
             old = infer_grid(n - p)
         except ValueError:
-            raise ValueError(
+            raise WeightsError(
                 f"{k!r} of shape {tuple(table.shape)} has {n - p} grid rows after {p} prefix token(s) "
                 f"({source}), which is not a square grid; pass old_size (--old-grid HxW) or "
                 f"num_prefix_tokens (--prefix-tokens N)"
@@ -218,11 +179,11 @@ def resize_checkpoint(
         old = (old_size, old_size) if isinstance(old_size, int) else tuple(int(s) for s in old_size)
     new = (new_size, new_size) if isinstance(new_size, int) else tuple(int(s) for s in new_size)
     if len(new) != 2:
-        raise ValueError(f"new_size must be a 2D grid (H, W); got {new}")
+        raise WeightsError(f"new_size must be a 2D grid (H, W); got {new}")
     try:
         resized = resize_pos_embed(table, new, old, num_prefix_tokens=p, mode=mode, antialias=antialias)
     except ValueError as e:
-        raise ValueError(f"cannot resize {k!r} of shape {tuple(table.shape)}: {e}") from None
+        raise WeightsError(f"cannot resize {k!r} of shape {tuple(table.shape)}: {e}") from None
     change = TableChange(k, tuple(table.shape), tuple(resized.shape), old, new, p, source, mode)
     return rewrap({**sd, k: resized}), change
 
@@ -234,7 +195,7 @@ def _prefix_from_count(n: int, key: str) -> tuple[int, str]:
         except ValueError:
             continue
         return p, f"inferred from the {n} rows ({n - p} is a square)"
-    raise ValueError(
+    raise WeightsError(
         f"{key!r} has {n} rows and no class token next to it; neither {n}, {n - 1} nor {n - 2} is a "
         f"square grid; pass num_prefix_tokens (--prefix-tokens) and old_size (--old-grid)"
     )
@@ -274,11 +235,12 @@ def torchvision_vit_to_deit(sd: Mapping[str, Tensor]) -> StateDict:
                 out[new] = v
                 break
         else:
-            raise ValueError(f"torchvision ViT key {k!r} has no timm/DeiT counterpart")
+            raise WeightsError(f"torchvision ViT key {k!r} has no timm/DeiT counterpart")
     return out
 
 
-def _is_torchvision_vit(sd: Mapping[str, Any]) -> bool:
+def is_torchvision_vit(sd: Mapping[str, Any]) -> bool:
+    """True for a torchvision ``VisionTransformer`` state dict (``conv_proj``, ``encoder.pos_embedding``)."""
     return "conv_proj.weight" in sd and "encoder.pos_embedding" in sd
 
 
@@ -323,9 +285,9 @@ def learned_to_cpvt(
         ``(state_dict, report)``: a flat state dict in CPVT names (no wrapper,
         no ``module.`` prefix) and a :class:`ConversionReport`.
     """
-    sd = strip_module_prefix(unwrap_state_dict(state_dict)[0])
+    sd = strip_prefixes(unwrap_state_dict(state_dict))
     report = ConversionReport("timm/DeiT")
-    if _is_torchvision_vit(sd):
+    if is_torchvision_vit(sd):
         sd = torchvision_vit_to_deit(sd)
         report.source_layout, report.renamed = "torchvision ViT", len(sd)
     k = find_pos_embed_key(sd, key)
@@ -336,14 +298,14 @@ def learned_to_cpvt(
 
     blocks = {int(m.group(1)) for n in sd if (m := re.match(r"blocks\.(\d+)\.", n))}
     if not blocks:
-        raise ValueError(f"no transformer blocks (blocks.<i>.*) found; keys start {list(sd)[:8]}")
+        raise WeightsError(f"no transformer blocks (blocks.<i>.*) found; keys start {list(sd)[:8]}")
     bad = sorted(i for i in peg_at if i not in blocks)
     if bad:
-        raise ValueError(
+        raise WeightsError(
             f"peg_at={tuple(peg_at)}: blocks {bad} do not exist (checkpoint has blocks {min(blocks)}..{max(blocks)})"
         )
     if kernel_size < 1 or kernel_size % 2 == 0:
-        raise ValueError(f"kernel_size must be odd; got {kernel_size}")
+        raise WeightsError(f"kernel_size must be odd; got {kernel_size}")
     dim = table.shape[-1]
     for i in sorted(set(peg_at)):
         for name, shape in ((f"pos_blocks.{i}.proj.weight", (dim, 1, kernel_size, kernel_size)),
@@ -351,60 +313,3 @@ def learned_to_cpvt(
             sd[name] = torch.zeros(shape, dtype=table.dtype)
             report.added[name] = shape
     return sd, report
-
-
-def load_state_file(path: str | os.PathLike) -> Any:
-    """Read a ``.safetensors`` file (safetensors imported here only) or a torch file (``weights_only=True``).
-
-    A file that cannot be read (missing, empty, truncated, not in its format, a refused pickle)
-    raises a one-line :class:`~peg_core.engine.UserError` naming it; a missing ``safetensors``
-    package raises ``ImportError``.
-    """
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        return read_state_file(path, what="checkpoint")
-    if not path.is_file():
-        raise UserError("checkpoint not found", path)
-    try:
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-    except ImportError as e:
-        raise ImportError(f"reading {path} needs the 'safetensors' package (pip install safetensors)") from e
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError) as e:
-        first = " ".join(str(e).split())[:160]
-        raise UserError(f"checkpoint is not a readable safetensors file ({first})", path) from None
-
-
-def save_state_file(obj: Any, path: str | os.PathLike) -> list[str]:
-    """Write ``obj`` in the format the suffix of ``path`` names; returns the entries that could not be kept.
-
-    ``.safetensors`` holds a flat dict of tensors only: a wrapped checkpoint is
-    written as its inner state dict and any non-tensor entries are left out
-    (returned so the caller can say so).  Torch files are written atomically.
-    """
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        atomic_save(obj, path)
-        return []
-    try:
-        from safetensors.torch import save_file
-    except ImportError as e:
-        raise ImportError(f"writing {path} needs the 'safetensors' package (pip install safetensors)") from e
-    sd, _ = unwrap_state_dict(obj)
-    dropped = [k for k, v in sd.items() if not isinstance(v, Tensor)]
-    if not any(isinstance(v, Tensor) for v in obj.values()):
-        dropped += [f"{k} (checkpoint entry outside the state dict)" for k in obj if k not in WRAPPER_KEYS]
-    tensors, seen = {}, set()
-    for k, v in sd.items():
-        if isinstance(v, Tensor):
-            # safetensors refuses tensors that share memory (tied weights): give each its own copy.
-            ptr = v.untyped_storage().data_ptr()
-            tensors[k] = v.contiguous().clone() if ptr in seen else v.contiguous()
-            seen.add(ptr)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path)
-    return dropped

@@ -1,7 +1,11 @@
 """ONNX export shared by the packages' ``export`` commands: flags, the dynamo export, the onnxruntime check.
 
-``onnx`` and ``onnxruntime`` are imported only when a function needs them, so
-``peg_core`` still imports with torch alone.
+Model-agnostic: a task's ``export.py`` supplies its wrapper module, example input and
+dynamic axes.  ``onnx`` and ``onnxruntime`` are imported only when a function needs them.
+:func:`add_export_args` / :func:`check_output_path` are the commands' side (argparse types,
+:class:`~peg_core.engine.UserError`); :func:`compare_onnxruntime` raises
+:class:`OnnxCheckError`, an :class:`~peg_core.errors.InputError` the command line prints
+as one line.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .cli import positive_int
-from .errors import UserError
-from .trainer import ensure_writable
+from ..engine.cli import positive_int
+from ..engine.errors import UserError
+from ..engine.trainer import ensure_writable
+from ..errors import InputError
 
 __all__ = [
     "MAX_OPSET",
     "MIN_OPSET",
+    "OnnxCheckError",
     "add_export_args",
     "check_output_path",
     "compare_onnxruntime",
@@ -36,6 +42,10 @@ __all__ = [
 MIN_OPSET, MAX_OPSET = 18, 23
 #: largest difference between onnxruntime's and PyTorch's outputs that ``--check`` accepts
 CHECK_TOLERANCE = 1e-4
+
+
+class OnnxCheckError(InputError):
+    """onnxruntime's outputs for the example differ from PyTorch's (shape, or values beyond the tolerance)."""
 
 
 def opset_arg(text: str) -> int:
@@ -106,7 +116,7 @@ def export_onnx(
 def compare_onnxruntime(out: Path, feed: Mapping[str, Tensor], expected: Sequence[Tensor]) -> float:
     """Largest absolute difference between onnxruntime's outputs for ``feed`` and ``expected``.
 
-    A shape mismatch or a difference above :data:`CHECK_TOLERANCE` is a :class:`UserError` naming ``out``.
+    A shape mismatch or a difference above :data:`CHECK_TOLERANCE` is an :class:`OnnxCheckError` naming ``out``.
     """
     import onnxruntime as ort
 
@@ -115,13 +125,13 @@ def compare_onnxruntime(out: Path, feed: Mapping[str, Tensor], expected: Sequenc
     diffs = []
     for g, e in zip(got, expected):
         if tuple(g.shape) != tuple(e.shape):
-            raise UserError(
+            raise OnnxCheckError(
                 f"onnxruntime output shape {tuple(g.shape)} differs from PyTorch's {tuple(e.shape)}", out
             )
         diffs.append(float((torch.from_numpy(g) - e).abs().max()) if e.numel() else 0.0)
     diff = max(diffs)
     if diff > CHECK_TOLERANCE:
-        raise UserError(
+        raise OnnxCheckError(
             f"onnxruntime outputs differ from PyTorch's by {diff:.2e} (> {CHECK_TOLERANCE:g})", out
         )
     return diff

@@ -1,0 +1,58 @@
+"""Weights in and out of other code: the one file reader/writer, checkpoint surgery, live conversion.
+
+Opt-in (``import peg_core`` does not load it); torch-only on import.  safetensors is
+imported when a ``.safetensors`` file is used, timm by ``import peg_core.interop.timm``.
+
+* :mod:`.io`: :func:`read_state_file` / :func:`write_state_file` (``.pth`` with
+  ``weights_only=True``, ``.safetensors``), :func:`unwrap_state_dict`, :func:`strip_prefixes`,
+  the one :class:`LoadReport` and :class:`WeightsError`;
+* :mod:`.surgery`: resize the position table of a ViT checkpoint, or turn it into a CPVT one;
+* :mod:`.convert`: turn a live timm / torchvision ViT into a CPVT;
+* :mod:`.timm` (needs timm): this project's CPVT in timm's model registry.
+
+Errors: library functions here raise :class:`WeightsError` (a ``ValueError``) or
+``TypeError`` with a message naming the file, key or shape; never the command line's
+``UserError``.
+"""
+
+from .convert import convert_to_cpvt
+from .io import (
+    LoadReport,
+    WeightsError,
+    atomic_save,
+    load_state_strict,
+    locate_state_dict,
+    read_state_file,
+    strip_prefixes,
+    unwrap_state_dict,
+    write_state_file,
+)
+from .surgery import (
+    ConversionReport,
+    TableChange,
+    find_pos_embed_key,
+    is_torchvision_vit,
+    learned_to_cpvt,
+    resize_checkpoint,
+    torchvision_vit_to_deit,
+)
+
+__all__ = [
+    "ConversionReport",
+    "LoadReport",
+    "TableChange",
+    "WeightsError",
+    "atomic_save",
+    "convert_to_cpvt",
+    "find_pos_embed_key",
+    "is_torchvision_vit",
+    "learned_to_cpvt",
+    "load_state_strict",
+    "locate_state_dict",
+    "read_state_file",
+    "resize_checkpoint",
+    "strip_prefixes",
+    "torchvision_vit_to_deit",
+    "unwrap_state_dict",
+    "write_state_file",
+]
