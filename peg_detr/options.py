@@ -130,7 +130,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="official DETR checkpoint (.pth) or Hugging Face DETR folder / weights file to start from",
     )
-    m.add_argument("--trust-pickle", action="store_true", help="allow full unpickling of --pretrained")
 
 
 #: defaults of the detector flags (DETR's recipe); --config recipes and explicit flags override them

@@ -232,7 +232,7 @@ class DetectTask:
 
         model, criterion, postprocessor = build_model(model_kwargs_from_args(args, num_classes))
         if args.pretrained is not None and ckpt is None:
-            load_official_checkpoint(model, args.pretrained, args.trust_pickle, num_classes)
+            load_official_checkpoint(model, args.pretrained, num_classes=num_classes)
         model.to(ctx.device)
         criterion.to(ctx.device).train()
         groups = param_groups(model, args.lr, args.lr_backbone, args.weight_decay)
