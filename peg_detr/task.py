@@ -212,8 +212,8 @@ class DetectTask:
         self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any] | None
     ) -> TrainParts:
         for flag, path in (("--pretrained", args.pretrained), ("--backbone-weights", args.backbone_weights)):
-            if path is not None and not path.is_file():
-                raise UserError(f"{flag} file not found", path)
+            if path is not None and not (path.is_file() or (flag == "--pretrained" and path.is_dir())):
+                raise UserError(f"{flag} file not found", path)  # --pretrained may be a Hugging Face folder
         batch = per_process_batch(args, ctx.dist.world_size)
         train_ds, ann = _train_set(args)
         if len(train_ds) < batch * ctx.dist.world_size:

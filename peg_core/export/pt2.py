@@ -150,9 +150,6 @@ def _check_archive(zf: zipfile.ZipFile) -> None:
         )
     root = roots.pop()
     members = {n.split("/", 1)[1]: n for n in names}
-    for rel, full in members.items():
-        if not any(p.fullmatch(rel) for p in MEMBERS.values()):
-            raise _Refused(full, "not a member torch.export.save writes for one program of tensor ops")
     for rel in REQUIRED:
         if rel not in members:
             raise _Refused(f"{root}/{rel}", "missing: not a PT2 archive written by torch.export.save")
@@ -162,8 +159,12 @@ def _check_archive(zf: zipfile.ZipFile) -> None:
 
     if read("archive_format").strip() != b"pt2":
         raise _Refused(members["archive_format"], "not the PT2 archive format (expected 'pt2')")
+    # the configs first: they say why a payload member is there (a pickle, an opaque object)
     _check_payloads(members[WEIGHTS_CONFIG], read(WEIGHTS_CONFIG), "weight_", "data/weights/", members)
     _check_payloads(members[CONSTANTS_CONFIG], read(CONSTANTS_CONFIG), "tensor_", "data/constants/", members)
+    for rel, full in members.items():
+        if not any(p.fullmatch(rel) for p in MEMBERS.values()):
+            raise _Refused(full, "not a member torch.export.save writes for one program of tensor ops")
     if SAMPLE_INPUTS in members:
         _check_sample_inputs(members[SAMPLE_INPUTS], read(SAMPLE_INPUTS))
     _check_program(members[PROGRAM], read(PROGRAM))
@@ -187,13 +188,13 @@ def _check_payloads(member: str, data: bytes, prefix: str, folder: str, members:
             raise _Refused(member, f"entry {fqn!r} is not an object")
         if not _NAME.fullmatch(fqn):
             raise _Refused(member, f"entry name {fqn!r} is not a plain dotted name")
+        name = entry.get("path_name")
+        if not isinstance(name, str) or not re.fullmatch(re.escape(prefix) + r"\d+", name):
+            raise _Refused(member, f"entry {fqn!r} is stored as {name!r}, not a tensor payload {prefix}<i>")
         if entry.get("use_pickle") is not False:
             raise _Refused(
                 member, f"entry {fqn!r} has use_pickle {entry.get('use_pickle')!r}: a pickle, never loaded"
             )
-        name = entry.get("path_name")
-        if not isinstance(name, str) or not re.fullmatch(re.escape(prefix) + r"\d+", name):
-            raise _Refused(member, f"entry {fqn!r} is stored as {name!r}, not a tensor payload {prefix}<i>")
         if folder + name not in members:
             raise _Refused(member, f"entry {fqn!r} names {folder + name}, which is not in the archive")
         if not isinstance(entry.get("tensor_meta"), dict):

@@ -27,6 +27,7 @@ import importlib.util
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -251,9 +252,12 @@ def save_quantized(
     program = torch.export.export(model.graph, (example,), dynamic_shapes=_dynamic_shapes(model.patch_size))
     info = {**meta, "num_classes": model.num_classes, "patch_size": model.patch_size,
             "grid_range": [MIN_GRID, MAX_GRID]}  # fmt: skip
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{QUANTIZED_SUFFIX}")  # torch warns on other suffixes
-    torch.export.save(program, tmp, extra_files={META_FILE: json.dumps(info)})
-    os.replace(tmp, path)
+    # written beside the target under its own name (the archive's root folder is the file's stem,
+    # torch warns on other suffixes), then renamed: a killed run leaves no half-written file
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp_dir:
+        tmp = Path(tmp_dir) / path.name
+        torch.export.save(program, tmp, extra_files={META_FILE: json.dumps(info)})
+        os.replace(tmp, path)
     return path
 
 

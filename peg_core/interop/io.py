@@ -88,7 +88,7 @@ def _read_torch(path: Path, what: str, map_location: str | torch.device) -> Any:
                 "(loaded with weights_only=True; nothing in it was executed)",
                 path,
             ) from e
-        detail = re.search(r"WeightsUnpickler error: *([^\n]+)", str(e))
+        detail = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(e))  # the reason may start a new line
         reason = detail.group(1)[:120] if detail else "not a pickle"
         raise WeightsError(f"{what} is truncated or not a torch file ({reason})", path) from e
     except (EOFError, zipfile.BadZipFile) as e:
