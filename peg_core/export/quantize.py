@@ -306,8 +306,10 @@ def check_meta(text: str | None, path: str | os.PathLike) -> dict[str, Any]:
             type; the message names the file and the key.
     """
     where = f"{path} (extra/{META_FILE})"
-    if not text:
+    if text is None:
         raise WeightsError(f"not a quantized model written by 'peg_core quantize' (no {META_FILE})", path)
+    if not text.strip():
+        raise WeightsError("the metadata is empty", where)
     try:
         meta = json.loads(text)
     except json.JSONDecodeError as e:
