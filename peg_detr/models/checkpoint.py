@@ -123,7 +123,13 @@ def load_official_checkpoint(
         )
     report = LoadReport(source=str(path), args=args)
 
-    file_classes = state["class_embed.weight"].shape[0] - 1 if "class_embed.weight" in state else None
+    head = state.get("class_embed.weight")
+    if head is not None and head.dim() != 2:  # its rows give the class count
+        raise WeightsError(
+            f"key class_embed.weight has shape {tuple(head.shape)}: expected (num_classes + 1, hidden_dim)",
+            path,
+        )
+    file_classes = head.shape[0] - 1 if head is not None else None
     dropped: list[str] = []
     if file_classes is not None and file_classes != model_classes:
         dropped = sorted(k for k in state if k.startswith("class_embed."))
