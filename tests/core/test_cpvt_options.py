@@ -2,7 +2,7 @@
 
 Each option is checked on the model (shapes, state-dict keys, where the PEG
 runs), through the classify CLI's flags into ``model_config``, and back from a
-saved checkpoint with :func:`peg_core.classify.task.load_model`.
+saved checkpoint with :func:`peg_core.classify.model.load_model`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import torch
 
 from peg_core.__main__ import main
 from peg_core.classify.cli import build_train_parser
-from peg_core.classify.model import build_model, model_config_from_args
-from peg_core.classify.task import load_model
+from peg_core.classify.model import build_model, load_model, model_config_from_args
 from peg_core.engine import read_checkpoint
 from peg_core.models import CPVT
 
@@ -98,7 +97,7 @@ def test_peg_at_minus_one_runs_before_block_zero() -> None:
 
 
 def test_bad_options_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"\[-2\] outside the 3 blocks \(0..2\) and -1"):
+    with pytest.raises(ValueError, match=r"indices \[-2\] outside -1 \(before block 0\) \.\. 2 \(3 blocks\)"):
         CPVT(**SMALL, peg_at=(-2,))
     with pytest.raises(ValueError, match="'all'"):
         CPVT(**SMALL, peg_at="every")
@@ -161,7 +160,7 @@ def test_checkpoint_round_trip(tmp_path: Path, options: dict) -> None:
 def test_train_then_eval_with_dynamic_circular_peg(tmp_path: Path) -> None:
     run = tmp_path / "run"
     tiny = ["--img-size", "16", "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--batch-size", "8",
-            "--n-train", "16", "--n-val", "8", "--workers", "0", "--threads", "1", "--no-progress",
+            "--num-train", "16", "--num-val", "8", "--workers", "0", "--threads", "1", "--no-progress",
             "--device", "cpu", "--epochs", "1"]  # fmt: skip
     flags = ["--peg-at=-1,0", "--peg-dynamic", "--peg-num-kernels", "2", "--peg-padding", "circular"]
     assert main(["train", *tiny, *flags, "--output-dir", str(run)]) == 0

@@ -11,10 +11,19 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from peg_core.__main__ import main
-from peg_core.classify.model import build_model, make_optimizer, warmup_cosine
+from peg_core.classify.model import build_model
 from peg_core.classify.task import resize_images
 from peg_core.encodings import LearnedPositionEncoding2d
-from peg_core.engine import StepOutput, TrainParts, add_train_args, fit, new_parser, read_checkpoint
+from peg_core.engine import (
+    StepOutput,
+    TrainParts,
+    add_train_args,
+    fit,
+    new_parser,
+    param_groups,
+    read_checkpoint,
+    warmup_cosine,
+)
 from peg_core.engine.recipes import (
     add_recipe_args,
     apply_position_recipe,
@@ -40,6 +49,11 @@ def _tiny(pos_enc: str = "learned"):
                         "depth": 1, "num_heads": 2, "patch_size": 4, "peg_at": [0]})  # fmt: skip
 
 
+def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
+    """The classifier's optimiser: AdamW over the engine's [decayed, not decayed] groups."""
+    return torch.optim.AdamW(param_groups(model, 0.05), lr=lr, weight_decay=0.05)
+
+
 class SizeTask:
     """Toy classification on random 16 px images; records the (epoch, step, size) of every batch."""
 
@@ -53,7 +67,7 @@ class SizeTask:
         torch.manual_seed(args.seed)
         model = _tiny(self.pos_enc)
         self.model = model
-        opt = make_optimizer(model, args.lr, 0.05)
+        opt = _adamw(model, args.lr)
         apply_position_recipe(opt, model, freeze=args.freeze_pos, lr_scale=args.pos_lr_scale)
         g = torch.Generator().manual_seed(0)
         data = TensorDataset(torch.randn(32, 3, 16, 16, generator=g), torch.randint(0, 3, (32,), generator=g))
@@ -184,7 +198,7 @@ def test_freeze_pos_keeps_position_parameters_while_the_rest_trains(tmp_path, po
 
 def test_pos_lr_scale_follows_the_scheduler():
     model = _tiny("learned")
-    opt = make_optimizer(model, 1e-3, 0.05)
+    opt = _adamw(model, 1e-3)
     apply_position_recipe(opt, model, lr_scale=0.1)
     pos = [g for g in opt.param_groups if g.get("position")]
     assert len(pos) == 1 and pos[0]["params"] == [model.pos_enc.pos_embed] and pos[0]["weight_decay"] == 0.0
@@ -224,7 +238,7 @@ def test_learned_tables_start_as_trunc_normal_std_002():
 
 TINY = [
     "--img-size", "16", "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--peg-at", "0",
-    "--batch-size", "8", "--n-train", "32", "--n-val", "16", "--workers", "0", "--threads", "1",
+    "--batch-size", "8", "--num-train", "32", "--num-val", "16", "--workers", "0", "--threads", "1",
     "--no-progress", "--device", "cpu", "--patch-size", "4",
 ]  # fmt: skip
 
