@@ -24,21 +24,15 @@ from peg_core.classify.model import (
     stored_args,
 )
 from peg_core.engine import UserError, read_checkpoint
+from tests.core.classify_runs import (
+    keep_threads,  # noqa: F401 (autouse: restores torch's threads)
+    one_line_error,
+    tiny,
+)
 
-#: a tiny CPVT on 16 px shapes (patch 8: a 2x2 grid), one epoch in about a second
-TINY = [
-    "--img-size", "16", "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--peg-at", "0",
-    "--batch-size", "8", "--num-train", "16", "--num-val", "8", "--workers", "0", "--threads", "1",
-    "--no-progress", "--device", "cpu", "--epochs", "1",
-]  # fmt: skip
+#: one epoch of the tiny CPVT on 16 training and 8 validation shapes
+TINY = tiny(16, 8, "--epochs", "1")
 SMALL = {"arch": "demo", "embed_dim": 16, "depth": 1, "num_heads": 2, "num_classes": 12, "peg_at": [0]}
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +41,6 @@ def trained(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run")
     assert main(["train", *TINY, "--pos-enc", "learned", "--output-dir", str(out)]) == 0
     return out / "checkpoint.pth"
-
-
-def _one_line_error(capsys, code: int, expected_code: int = 1) -> str:
-    err = capsys.readouterr().err
-    assert code == expected_code, err
-    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
-    return err.strip()
 
 
 # ----------------------------------------------------------------------------------- flag names
@@ -177,7 +164,7 @@ def test_init_shape_mismatch_is_one_line_naming_key_and_shapes(tmp_path, capsys)
     wide = tmp_path / "wide.pth"
     torch.save(build_model({**SMALL, "embed_dim": 32, "img_size": 16}).state_dict(), wide)
     code = main(["train", *TINY, "--init", str(wide), "--output-dir", str(tmp_path / "r")])
-    err = _one_line_error(capsys, code)
+    err = one_line_error(capsys, code)
     assert err == (
         "error: --init does not fit the model (cls_token is (1, 1, 32) in the file, (1, 1, 16) in the "
         f"model): {wide}"
@@ -185,7 +172,7 @@ def test_init_shape_mismatch_is_one_line_naming_key_and_shapes(tmp_path, capsys)
 
 
 def test_init_refuses_missing_files_and_other_tasks(tmp_path, capsys):
-    err = _one_line_error(capsys, main(["train", *TINY, "--init", str(tmp_path / "nope.pth"),
+    err = one_line_error(capsys, main(["train", *TINY, "--init", str(tmp_path / "nope.pth"),
                                         "--output-dir", str(tmp_path / "r")]))  # fmt: skip
     assert err == f"error: --init weights not found: {tmp_path / 'nope.pth'}"
     assert not (tmp_path / "r").exists()  # refused before the output folder is made

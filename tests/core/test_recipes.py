@@ -32,15 +32,13 @@ from peg_core.engine.recipes import (
     progressive_epochs,
     stage_of_epoch,
 )
+from tests.core.classify_runs import (
+    keep_threads,  # noqa: F401 (autouse: restores torch's threads)
+    one_line_error,
+    tiny,
+)
 
 SIZES = [8, 12, 16]
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def _tiny(pos_enc: str = "learned"):
@@ -236,18 +234,7 @@ def test_learned_tables_start_as_trunc_normal_std_002():
 
 # ------------------------------------------------------------------------------------------- CLI
 
-TINY = [
-    "--img-size", "16", "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--peg-at", "0",
-    "--batch-size", "8", "--num-train", "32", "--num-val", "16", "--workers", "0", "--threads", "1",
-    "--no-progress", "--device", "cpu", "--patch-size", "4",
-]  # fmt: skip
-
-
-def _one_line_error(capsys, code: int, expected_code: int = 1) -> str:
-    err = capsys.readouterr().err
-    assert code == expected_code, err
-    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
-    return err.strip()
+TINY = tiny(32, 16, "--patch-size", "4")
 
 
 def test_classify_cli_runs_the_recipes_and_refuses_bad_values(tmp_path, capsys):
@@ -261,15 +248,13 @@ def test_classify_cli_runs_the_recipes_and_refuses_bad_values(tmp_path, capsys):
     )
     assert [r["size"] for r in _train_log(tmp_path / "p")] == [12, 16]
     capsys.readouterr()
-    err = _one_line_error(
-        capsys, main([*argv, "--progressive-sizes", "12,16", "--progressive-epochs", "1,2"])
-    )
+    err = one_line_error(capsys, main([*argv, "--progressive-sizes", "12,16", "--progressive-epochs", "1,2"]))
     assert err == "error: stages sum to 3, not --epochs 2: --progressive-epochs 1,2"
-    err = _one_line_error(capsys, main([*argv, "--train-sizes", "12", "--progressive-sizes", "12,16"]))
+    err = one_line_error(capsys, main([*argv, "--train-sizes", "12", "--progressive-sizes", "12,16"]))
     assert err == "error: choose one of --train-sizes and --progressive-sizes: --train-sizes"
-    err = _one_line_error(capsys, main([*argv, "--train-sizes", "12,x"]), 2)
+    err = one_line_error(capsys, main([*argv, "--train-sizes", "12,x"]), 2)
     assert "argument --train-sizes: expected comma-separated positive integers" in err
-    err = _one_line_error(capsys, main([*argv, "--pos-lr-scale", "0"]), 2)
+    err = one_line_error(capsys, main([*argv, "--pos-lr-scale", "0"]), 2)
     assert "argument --pos-lr-scale: expected a number > 0" in err
 
 
@@ -299,7 +284,7 @@ def test_video_cli_multiscale_and_freeze(tmp_path, capsys):
     in_optimizer = sum(len(g["params"]) for g in ckpt["optimizer"]["param_groups"])
     assert in_optimizer == len(names) - 2  # all but the frozen spatial and temporal tables
     capsys.readouterr()
-    err = _one_line_error(
+    err = one_line_error(
         capsys, video_main([*argv, "--output-dir", str(tmp_path / "bad"), "--train-sizes", "20"])
     )
     assert err == "error: sizes must be multiples of the tubelet (2, 8, 8): --train-sizes 20"
