@@ -150,9 +150,8 @@ class ClassifyTask:
         self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any] | None
     ) -> TrainParts:
         train, val, classes, settings = _train_data(args)
-        workers = (
-            args.workers if args.data_root is not None else 0
-        )  # generated: in memory, nothing for workers
+        # generated shapes are in memory: nothing for DataLoader workers to do
+        workers = args.workers if args.data_root is not None else 0
         # The data set-up draws nothing from the global RNG: the initialisation depends on --seed alone.
         config = model_config_from_args(args, len(classes))
         model = build_checked(config, f"--arch {args.arch}").to(ctx.device)
