@@ -221,10 +221,10 @@ def _quiet_parse(parse: Callable[[list[str]], Any], argv: Sequence[str]) -> Any 
 
 def classify_accepts(argv: Sequence[str]) -> bool:
     """Whether ``python -m peg_core train`` takes ``argv`` and builds a model from it."""
-    from peg_core.classify.cli import build_train_parser
+    from peg_core.classify.cli import parse_train_args
     from peg_core.classify.model import build_model, model_config_from_args
 
-    args = _quiet_parse(build_train_parser().parse_args, argv)
+    args = _quiet_parse(parse_train_args, argv)
     if args is None:
         return False
     try:
@@ -382,13 +382,13 @@ def plan_classify(
 
 
 def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
-    from peg_core.classify import load_classifier
     from peg_core.classify.cli import evaluate, train
+    from peg_core.classify.model import load_model
 
     common = ["--device", "cpu", "--no-progress", "--workers", "0"]
     size = int(plan.train_label.split()[0])
     argv = [*common, "--seed", str(seed), "--epochs", str(plan.epochs), "--img-size", str(size),
-            "--batch-size", str(plan.budget.batch_size), "--eval-every", "0", "--data", plan.data["root"],
+            "--batch-size", str(plan.budget.batch_size), "--eval-every", "0", "--data-root", plan.data["root"],
             "--pos-enc", spec.encoding, *spec.argv, "--output-dir", str(run_dir)]  # fmt: skip
     if plan.data[
         "generated"
@@ -396,7 +396,7 @@ def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellR
         argv += ["--augment", "none", "--crop-ratio", "1", "--normalize", "half"]
     train(argv)
     ckpt = run_dir / "checkpoint.pth"
-    model, _ = load_classifier(ckpt)
+    model = load_model(ckpt)
     x = torch.zeros(1, 3, size, size)
     cost = encoding_cost({"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks}, lambda: model(x))
 
@@ -409,7 +409,7 @@ def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellR
             return {lab: by_size[str(s)] for lab, s in zip(plan.labels, plan.sizes, strict=True)}
         scores = {}
         for lab, s in zip(plan.labels, plan.sizes, strict=True):  # the scenes rendered at each size
-            rep = evaluate([*flags, "--eval-sizes", str(s), "--data", str(Path(plan.data["root"]) / f"at{s}"),
+            rep = evaluate([*flags, "--eval-sizes", str(s), "--data-root", str(Path(plan.data["root"]) / f"at{s}"),
                             "--output-dir", str(run_dir / f"eval_{mode or 'default'}_{s}")])  # fmt: skip
             scores[lab] = rep["eval"]["top1_by_size"][str(s)]
         return scores
@@ -431,11 +431,13 @@ def _classify_int8(plan: Plan, ckpt: Path) -> dict[str, float]:
     """
     import torch.nn.functional as F
 
-    from peg_core.classify import load_classifier
     from peg_core.classify.data import FolderImages, folder_transform, open_val_split, scan_split
+    from peg_core.classify.model import load_model
+    from peg_core.engine import read_checkpoint
     from peg_core.export.quantize import calibration_batches, quantize_int8
 
-    model, checkpoint = load_classifier(ckpt)
+    checkpoint = read_checkpoint(ckpt, "classify")
+    model = load_model(checkpoint, ckpt)
     meta = checkpoint["meta"]
     classes, size, patch = meta["classes"], int(meta["img_size"]), int(model.patch_size)
     mean, std, crop = meta["mean"], meta["std"], float(meta.get("crop_ratio", 1.0))

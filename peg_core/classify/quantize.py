@@ -25,8 +25,8 @@ from ..export.quantize import (
     save_quantized,
 )
 from .data import NORMALIZE, FolderImages, ShapeImages, folder_transform, open_image_folder
+from .model import load_model
 from .shapes import CLASS_NAMES, sample_scenes
-from .task import load_model
 
 __all__ = ["build_parser", "main"]
 
