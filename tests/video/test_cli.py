@@ -166,17 +166,8 @@ def test_init_takes_a_video_checkpoint(tmp_path):
 
 def test_init_takes_a_2d_checkpoint(tmp_path):
     torch.manual_seed(0)
-    image = CPVT(
-        embed_dim=16,
-        depth=3,
-        num_heads=2,
-        patch_size=8,
-        num_classes=3,
-        img_size=16,
-        pos_enc="peg",
-        peg_at=(0,),
-        global_pool="avg",
-    )
+    image = CPVT(embed_dim=16, depth=3, num_heads=2, patch_size=8, num_classes=3, img_size=16, pos_enc="peg",
+                 peg_at=(0,), global_pool="avg")  # fmt: skip
     path = tmp_path / "image.pth"
     torch.save({"model": image.state_dict()}, path)
     model = build_video_model(**TINY_VIT, peg_at=[0])
