@@ -25,7 +25,7 @@ import torch
 from peg_core.engine import UserError, load_model_state, new_parser, positive_int, read_checkpoint
 from peg_core.export.onnx import add_export_args, check_output_path, compare_onnxruntime, export_onnx
 
-from .task import build_model, checkpoint_run
+from .model import build_model, checkpoint_run
 
 __all__ = ["build_parser", "main"]
 

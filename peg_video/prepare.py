@@ -20,11 +20,12 @@ second run skips every finished one (temporary files of the killed run are remov
 only read.
 
     python -m peg_video prepare k400 k400_320 --short-side 320 --workers 16
+
+The command's flags are in :func:`peg_video.cli.build_prepare_parser`.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import time
@@ -35,10 +36,10 @@ from pathlib import Path
 
 import av
 
-from peg_core.engine import UserError, ensure_writable, new_parser, nonnegative_int, positive_int, progress
+from peg_core.engine import UserError, ensure_writable, progress
 from peg_core.engine.trainer import write_json
 
-__all__ = ["VIDEO_EXTS", "PrepareResult", "main", "prepare_tree", "prepare_video", "scaled_size"]
+__all__ = ["REPORT_NAME", "VIDEO_EXTS", "PrepareResult", "prepare_tree", "prepare_video", "scaled_size"]
 
 VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi", ".mov")
 ANNOTATION_EXTS = (".csv", ".txt", ".json")
@@ -238,31 +239,3 @@ def prepare_tree(
     }
     write_json(dst / REPORT_NAME, report)
     return report
-
-
-def main(argv: list[str]) -> int:
-    """The ``prepare`` command."""
-    p = new_parser("python -m peg_video prepare", __doc__.split("\n\n")[0])
-    p.add_argument("src", type=Path, help="Kinetics tree (videos and annotation files)")
-    p.add_argument("dst", type=Path, help="where the prepared copy goes (created)")
-    p.add_argument(
-        "--short-side", type=positive_int, default=320, help="short side of the copies (default 320)"
-    )
-    p.add_argument("--workers", type=positive_int, default=max(1, (os.cpu_count() or 2) - 1))
-    p.add_argument("--crf", type=nonnegative_int, default=20, help="x264 quality (lower: better, larger)")
-    p.add_argument(
-        "--preset",
-        default="veryfast",
-        choices=("ultrafast", "superfast", "veryfast", "faster", "fast", "medium"),
-    )
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
-    if a.crf > 51:
-        p.error(f"argument --crf: expected an integer in [0, 51], got {a.crf}")
-    r = prepare_tree(a.src, a.dst, a.short_side, a.workers, a.crf, a.preset, not a.no_progress)
-    print(
-        f"prepared {r['videos']} videos in {r['seconds']:.1f}s: {r['encoded']} re-encoded, {r['copied']} copied, "
-        f"{r['done']} already done, {r['broken']['count']} broken (listed in {a.dst / REPORT_NAME})"
-    )
-    return 0

@@ -575,13 +575,13 @@ def _video_eval(ckpt_path: Path, frames: int, crop: int, mode: str | None, batch
 
     Each view writes its ``report.json`` to its own folder beside the checkpoint.
     """
-    from peg_video.train import evaluate, parse_eval_args
+    from peg_video import cli
 
     out = ckpt_path.parent / f"eval_{frames}fr_{crop}px_{mode or 'default'}"
     argv = ["--checkpoint", str(ckpt_path), "--num-frames", str(frames), "--crop", str(crop)]
     argv += ["--batch-size", str(batch), "--device", "cpu", "--no-progress", "--workers", "0"]
     argv += ["--output-dir", str(out)] + (["--pos-interpolation", mode] if mode is not None else [])
-    return evaluate(parse_eval_args(argv))["eval"]
+    return cli.evaluate(argv)["eval"]
 
 
 def plan_video(
@@ -591,7 +591,7 @@ def plan_video(
     """Tiny video ViT (``synthetic_tiny``) with peg3d / peg3d-factorized / learned / none.
 
     ``data``: a folder with ``train.csv`` + ``val.csv`` (or ``train.txt`` + ``val.txt``) and the videos.
-    ``ablate`` with ``"video"`` adds the 3D PEG after the first block only (the recipe: after every block).
+    ``ablate`` with ``"video"`` adds the 3D PEG after the first block only (the recipe: before every block).
     """
     from peg_video.configs import CONFIGS
     from peg_video.data.synthetic import SyntheticSpec, make_synthetic_kinetics
@@ -611,11 +611,12 @@ def plan_video(
     specs = [RowSpec(e, e, modes=_modes(e)) for e in ("peg3d", "peg3d-factorized", "learned", "none")]
     if "video" in ablate:
         depth = cfg["model_opts"]["depth"]
+        # the recipe's peg_at [-1, 0] .. [-1, depth-2]: a PEG3d at the input of every block
         specs += [
             RowSpec("full 3x3x3", "peg3d", group="video", same_as="peg3d"),
             RowSpec("factorized 3x3 + 3", "peg3d-factorized", group="video", same_as="peg3d-factorized"),
-            RowSpec(f"full, after blocks {_peg_blocks(depth)}", "peg3d", group="video", same_as="peg3d"),
-            RowSpec("full, after block 0", "peg3d", ("--model-opt", "peg_at=[0]"), group="video"),
+            RowSpec(f"full, before blocks {_peg_blocks(depth)}", "peg3d", group="video", same_as="peg3d"),
+            RowSpec("full, after block 0", "peg3d", ("--peg-at", "0"), group="video"),
         ]
     notes = [
         "Clip length changes the number of frames at the training stride (2); "
@@ -626,14 +627,19 @@ def plan_video(
         task="video", key="video", out=out, specs=specs, seeds=seeds, budget=budget,
         epochs=epochs or budget.epochs, metric="top-1", sizes=[], labels=[v[0] for v in views],
         train_label=views[1][0], data={"root": str(data)}, data_name=data_name,
-        model=_describe(cfg["model_opts"], f"video {cfg['model']}"), notes=notes, views=views,
+        model=_describe(_video_model_keys(cfg), f"video {cfg['arch']}"), notes=notes, views=views,
     )  # fmt: skip
+
+
+def _video_model_keys(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The recipe's model keywords (builder options, heads, PEG placement) for the table's caption."""
+    return {**cfg["model_opts"], **{k: cfg[k] for k in ("num_heads", "peg_at") if k in cfg}}
 
 
 def _video_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
     from peg_core.engine import read_checkpoint
-    from peg_video.task import build_model
-    from peg_video.train import parse_args, train
+    from peg_video import cli
+    from peg_video.model import build_model
 
     root = Path(plan.data["root"])
     ann = {split: _annotation(root, split) for split in ("train", "val")}
@@ -644,7 +650,7 @@ def _video_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResu
         "--output-dir", str(run_dir), "--epochs", str(plan.epochs), "--batch-size", str(plan.budget.batch_size),
         "--crop", str(crop), "--seed", str(seed), "--eval-every", "0", "--device", "cpu", "--no-progress",
     ]  # fmt: skip
-    report = train(parse_args(argv))
+    report = cli.train(argv)
     ckpt_path = Path(report["checkpoint"])
     ckpt = read_checkpoint(ckpt_path, "video")
     seed_everything(seed)

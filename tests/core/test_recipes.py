@@ -278,7 +278,7 @@ def test_video_cli_multiscale_and_freeze(tmp_path, capsys):
                        "--model-opt", "depth=1", "--pos-enc", "learned"]) == 0  # fmt: skip
     ckpt = read_checkpoint(out / "checkpoint.pth", "video")
     assert _train_log(out)[0]["size"] in (16, 20, 24)
-    from peg_video.task import build_model as build_video
+    from peg_video.model import build_model as build_video
 
     names = [n for n, _ in build_video(ckpt["model_config"]).named_parameters()]
     in_optimizer = sum(len(g["params"]) for g in ckpt["optimizer"]["param_groups"])

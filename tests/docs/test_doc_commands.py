@@ -106,13 +106,13 @@ def _core_eval(argv: list[str]) -> None:
 
 
 def _video_train(argv: list[str]) -> None:
-    from peg_video.train import parse_args
+    from peg_video.cli import parse_train_args
 
-    parse_args(argv)
+    parse_train_args(argv)
 
 
 def _video_eval(argv: list[str]) -> None:
-    from peg_video.train import build_eval_parser
+    from peg_video.cli import build_eval_parser
 
     build_eval_parser().parse_args(argv)
 

@@ -10,6 +10,7 @@ import pytest
 from peg_core.engine import EXIT_ERROR, EXIT_USAGE, UserError, read_checkpoint
 from peg_core.engine.distributed import DistInfo
 from peg_video.__main__ import main
+from peg_video.cli import parse_train_args
 from peg_video.data import KineticsVideoDataset
 from peg_video.data.annotations import AnnotationError
 from peg_video.data.datasets import (
@@ -21,7 +22,6 @@ from peg_video.data.datasets import (
     segment_indices,
 )
 from peg_video.data.loaders import make_loader, transform_config
-from peg_video.train import parse_args
 from tests.video.runs import TINY
 
 ONE_EPOCH = [*TINY, "--epochs", "1"]
@@ -234,13 +234,13 @@ def test_dataset_uses_segment_indices(tmp_path):
 
 def test_ssv2_protocol_defaults_and_flip_refusal(tmp_path, capsys):
     # a Kinetics recipe (hflip on, stride sampling) moved to ssv2: no flip, segment sampling
-    args = parse_args(
+    args = parse_train_args(
         ["--config", "k400_vit_s_16x4_peg3d", "--dataset", "ssv2", "--data-root", str(tmp_path)]
     )
     assert (args.hflip, args.sampling, args.split) == (False, "segment", None)
-    args = parse_args(["--config", "ssv2_vit_s_16_learned", "--data-root", str(tmp_path)])
+    args = parse_train_args(["--config", "ssv2_vit_s_16_learned", "--data-root", str(tmp_path)])
     assert (args.dataset, args.hflip, args.sampling, args.pos_enc) == ("ssv2", False, "segment", "learned")
-    assert parse_args(["--config", "ucf101_vit_s_16x4_peg3d", "--data-root", "x"]).hflip is True
+    assert parse_train_args(["--config", "ucf101_vit_s_16x4_peg3d", "--data-root", "x"]).hflip is True
     err = _fails(capsys, ["train", "--dataset", "ssv2", "--data-root", str(tmp_path), "--hflip"], EXIT_USAGE)
     assert "--hflip: refused for ssv2" in err and "left to right" in err
     with pytest.raises(UserError, match="contradict SSv2's left / right labels"):
@@ -381,7 +381,9 @@ def test_split_all_is_refused_without_splits(runs, capsys):
 @pytest.mark.slow
 def test_train_flip_is_off_in_the_built_ssv2_dataset(runs):
     root, run = runs["ssv2"]
-    args = parse_args(["--dataset", "ssv2", "--data-root", str(root), "--output-dir", str(run), *ONE_EPOCH])
+    args = parse_train_args(
+        ["--dataset", "ssv2", "--data-root", str(root), "--output-dir", str(run), *ONE_EPOCH]
+    )
     ann = load_dataset("ssv2", root, "train")
     _, ds = make_loader(args, ann, "train", DistInfo(), run)
     assert ds.sampling == "segment" and ds.transform.cfg.hflip is False
