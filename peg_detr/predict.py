@@ -35,7 +35,7 @@ from peg_core.engine import (
 )
 
 from .data import make_val_transforms, read_rgb, scaled_max_size
-from .model_io import model_from_checkpoint
+from .model import model_from_checkpoint
 
 __all__ = ["Predictor", "main"]
 

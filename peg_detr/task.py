@@ -40,7 +40,7 @@ from .data import (
     scaled_max_size,
 )
 from .evaluation import evaluate_coco
-from .model_io import build_model, model_from_checkpoint
+from .model import build_model, model_from_checkpoint
 from .models import load_official_checkpoint, param_groups
 from .options import model_kwargs_from_args
 from .structures import targets_to, to_float

@@ -521,7 +521,7 @@ def plan_detect(
 
 def _detect_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
     from peg_core.engine import read_checkpoint
-    from peg_detr.model_io import model_from_checkpoint
+    from peg_detr.model import model_from_checkpoint
     from peg_detr.train import main as train
 
     size, epochs, data = int(plan.train_label.split()[0]), plan.epochs, Path(plan.data["root"])

@@ -15,7 +15,7 @@ from peg_detr.configs import CONFIGS, PUBLISHED_AP
 from peg_detr.data import SyntheticSpec, make_synthetic_coco
 from peg_detr.evaluate import main as eval_main
 from peg_detr.evaluation import STAT_NAMES
-from peg_detr.model_io import build_model
+from peg_detr.model import build_model
 from peg_detr.options import model_kwargs_from_args
 from peg_detr.task import per_process_batch
 from peg_detr.train import main as train_main
