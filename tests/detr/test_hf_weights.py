@@ -20,7 +20,7 @@ from peg_detr.models import build_detr, load_official_checkpoint
 
 pytestmark = pytest.mark.slow  # ResNet-50 forwards at 320x320 / 256x384 (~30 s CPU for the file)
 
-SMALL = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=64)
+SMALL = dict(hidden_dim=32, num_heads=2, enc_layers=1, dec_layers=2, dim_feedforward=64)
 SIZES = [(320, 320), (256, 384)]
 
 
