@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from peg_core.engine import UserError, new_parser, positive_int, read_checkpoint
 from peg_core.export.onnx import add_export_args, check_output_path, compare_onnxruntime, export_onnx
 
-from .model_io import model_from_checkpoint
+from .model import model_from_checkpoint
 
 __all__ = ["DetrForExport", "build_parser", "main"]
 

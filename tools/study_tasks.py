@@ -470,20 +470,14 @@ def _detr_eval(
     ckpt_path: Path, coco: Path, sizes: list[int], mode: str | None, batch: int
 ) -> dict[str, dict]:
     """COCO numbers of a ``peg_detr`` checkpoint per short side (``"80"``: stats; learned table resized by ``mode``)."""
-    from peg_core.engine import evaluate_checkpoint
-    from peg_detr.evaluate import parse_eval_args
-    from peg_detr.task import DetectTask
+    from peg_detr import cli
 
-    def set_mode(model: torch.nn.Module) -> None:
-        if mode is not None:
-            model.transformer.encoder.pos.interpolation = mode
-
-    args = parse_eval_args([
-        "--checkpoint", str(ckpt_path), "--coco-path", str(coco), "--eval-sizes", ",".join(map(str, sizes)),
+    argv = [
+        "--checkpoint", str(ckpt_path), "--data-root", str(coco), "--eval-sizes", ",".join(map(str, sizes)),
         "--batch-size", str(batch), "--output-dir", str(ckpt_path.parent / f"eval_{mode or 'default'}"),
         "--workers", "0", "--no-progress", "--device", "cpu",
-    ])  # fmt: skip
-    return evaluate_checkpoint(DetectTask(adjust_model=set_mode), args)["eval"]["sizes"]
+    ] + (["--pos-interpolation", mode] if mode else [])  # fmt: skip
+    return cli.evaluate(argv)["eval"]["sizes"]
 
 
 def plan_detect(
@@ -523,16 +517,16 @@ def plan_detect(
 
 def _detect_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
     from peg_core.engine import read_checkpoint
-    from peg_detr.model_io import model_from_checkpoint
-    from peg_detr.train import main as train
+    from peg_detr.cli import train
+    from peg_detr.model import model_from_checkpoint
 
     size, epochs, data = int(plan.train_label.split()[0]), plan.epochs, Path(plan.data["root"])
     argv = [
-        "--config", "demo_tiny", "--coco-path", str(data), "--output-dir", str(run_dir),
+        "--config", "demo_tiny", "--data-root", str(data), "--output-dir", str(run_dir),
         "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(epochs), "--lr-drop", str(max(1, epochs * 5 // 6)),
         "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
         # one training size (no multi-scale, no crop): every other test size is unseen
-        "--train-scales", str(size), "--crop-resize", "", "--val-size", str(size),
+        "--train-sizes", str(size), "--crop-resize", "", "--val-size", str(size),
         "--max-size", str(2 * size), "--eval-sizes", str(size), "--eval-every", "0",
         "--workers", "0", "--no-progress", "--device", "cpu",
     ]  # fmt: skip

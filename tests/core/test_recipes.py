@@ -259,10 +259,11 @@ def test_classify_cli_runs_the_recipes_and_refuses_bad_values(tmp_path, capsys):
 
 
 def test_detr_train_has_no_size_recipe_flags():
-    from peg_detr.train import build_parser
+    from peg_detr.cli import build_train_parser
 
-    flags = {s for a in build_parser()._actions for s in a.option_strings}
-    assert not flags & {"--train-sizes", "--progressive-sizes", "--freeze-pos", "--pos-lr-scale"}
+    # DETR's --train-sizes is its per-image multi-scale resize (dest train_scales), not the engine's recipe
+    dests = {a.dest for a in build_train_parser()._actions}
+    assert not dests & {"train_sizes", "progressive_sizes", "freeze_pos", "pos_lr_scale"}
 
 
 def test_video_cli_multiscale_and_freeze(tmp_path, capsys):
