@@ -181,7 +181,7 @@ def init_weights(model: nn.Module, path: str | os.PathLike, source: str | None =
         report = load_2d_checkpoint(model, obj, source=source or "cpvt")
     except Init2dError as e:  # it was given the tensors, not the file: name the file
         raise Init2dError(e.what, path) from None
-    return str(report).splitlines()[0] + f" from {path}"
+    return f"2D init: {str(report).splitlines()[0]} from {path}"
 
 
 def _init_from_video(model: nn.Module, ckpt: Mapping[str, Any], path: Path) -> str:

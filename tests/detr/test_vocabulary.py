@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from peg_core.engine import read_checkpoint
-from peg_core.utils import atomic_save
+from peg_core.interop.io import atomic_save
 from peg_detr import build_detr
 from peg_detr.cli import build_make_data_parser, evaluate, parse_eval_args, parse_train_args, train
 from peg_detr.data import SyntheticSpec, make_synthetic_coco
