@@ -30,6 +30,7 @@ __all__ = [
     "AnnotationError",
     "Annotations",
     "VideoRecord",
+    "check_class_names",
     "is_kinetics_csv",
     "load_annotations",
     "normalize_label",
@@ -83,6 +84,24 @@ class Annotations:
 def normalize_label(raw: str) -> str:
     """``' "air drumming" '`` -> ``'air_drumming'``."""
     return raw.strip().strip("\"'").strip().replace(" ", "_")
+
+
+def check_class_names(found: list[str], expected: list[str], where: object) -> None:
+    """Refuse data whose class names differ from ``expected`` (a checkpoint's), in order.
+
+    Labels are class indices, so a re-ordered or renamed class list would silently remap them;
+    the :class:`AnnotationError` names the first differing class with both names (or the counts).
+    Used by every reader that takes its class indices from a class list of its own.
+    """
+    for i, (here, there) in enumerate(zip(found, expected)):
+        if here != there:
+            raise AnnotationError(
+                f"class {i} is {here!r} here but {there!r} in the checkpoint (a renamed or re-ordered class "
+                "list would remap the labels)",
+                where,
+            )
+    if len(found) != len(expected):
+        raise AnnotationError(f"has {len(found)} classes, the checkpoint {len(expected)}", where)
 
 
 def _class_index(classes: list[str], name: str, where: str) -> int:
@@ -169,6 +188,10 @@ def read_path_label_list(
     if not pairs:
         raise AnnotationError("no annotation lines", list_path)
     numeric = all(lab.lstrip("-").isdigit() for _, _, lab in pairs)
+    beside = list_path.parent / "classes.json"
+    if numeric and classes is not None and beside.is_file():
+        # integer labels index the class file next to the list: it must be the given one
+        check_class_names(read_class_map(beside), list(classes), beside)
     if classes is None:
         if numeric:
             classes = [str(i) for i in range(max(int(lab) for _, _, lab in pairs) + 1)]
