@@ -185,13 +185,20 @@ class _PathMap:
 
 
 def _rewrite_list(text: str, mapped: _PathMap) -> str | None:
-    """A ``<path> <label>`` list with its absolute paths into SRC mapped; ``None`` when none is."""
+    """A ``<path> <label>`` (or path-only) list with its absolute paths into SRC mapped; ``None`` when none is."""
     lines, changed = text.splitlines(keepends=True), False
     for i, line in enumerate(lines):
-        match = _LIST_LINE.match(line.rstrip("\r\n"))
-        if match is None or line.lstrip().startswith("#"):
+        body = line.rstrip("\r\n")
+        if line.lstrip().startswith("#") or not body.strip():
             continue
-        new = mapped(match.group(1))
+        new = mapped(body.strip())  # a path alone (test lists)
+        if new is not None:
+            start = len(body) - len(body.lstrip())
+            lines[i] = body[:start] + new + line[len(body.rstrip()) :]
+            changed = True
+            continue
+        match = _LIST_LINE.match(body)
+        new = mapped(match.group(1)) if match is not None else None
         if new is not None:
             lines[i] = line[: match.start(1)] + new + line[match.end(1) :]
             changed = True
@@ -231,7 +238,7 @@ def _rewrite_csv(text: str, mapped: _PathMap) -> str | None:
     if new_rows == rows:
         return None
     out = io.StringIO()
-    csv.writer(out, lineterminator="\n").writerows(new_rows)
+    csv.writer(out, lineterminator="\r\n" if "\r\n" in text else "\n").writerows(new_rows)
     return out.getvalue()
 
 
@@ -241,7 +248,7 @@ def _rewritten(src: Path, mapped: _PathMap) -> str | None:
     if suffix not in ANNOTATION_EXTS:
         return None
     try:
-        text = src.read_text(encoding="utf-8")
+        text = src.read_bytes().decode("utf-8")  # line ends kept as written (CRLF lists stay CRLF)
     except (UnicodeDecodeError, OSError):
         return None
     if suffix == ".json":
@@ -259,7 +266,7 @@ def _copy_annotation(src: Path, out: Path, src_root: Path, dst_root: Path) -> bo
     tmp = _tmp_name(out)
     text = _rewritten(src, _PathMap(src_root, dst_root))
     if text is not None:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(text.encode("utf-8"))
     else:
         shutil.copyfile(src, tmp)
     os.replace(tmp, out)

@@ -209,6 +209,7 @@ def test_relative_source_rewrites_absolute_paths_deterministically(tmp_path):
     outside = tmp_path / "other" / "k" / "b.mp4"  # holds "k/" too, but is not under SRC
     (src / "abs.txt").write_text(
         f"{src}/train/a.mp4 0\n# {src}/comment.mp4 1\n{outside} 1\ntrain/c.mp4 0\n{src}/sub dir/d e.mp4 1\n"
+        f"{src}/test/only_a_path.mp4\r\n"
     )
     (src / "paths.csv").write_text(f"path,label\n{src}/train/a.mp4,0\n{outside},1\n")
     (src / "meta.json").write_text(json.dumps({"videos": [f"{src}/train/a.mp4", str(outside)], "n": 2}))
@@ -221,7 +222,7 @@ def test_relative_source_rewrites_absolute_paths_deterministically(tmp_path):
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-        texts.append({n: (out / n).read_text() for n in ("abs.txt", "paths.csv", "meta.json")})
+        texts.append({n: (out / n).read_bytes().decode() for n in ("abs.txt", "paths.csv", "meta.json")})
         assert sorted(json.loads((out / REPORT_NAME).read_text())["rewritten_annotations"]) == sorted(
             str(Path("out") / n) for n in ("abs.txt", "meta.json", "paths.csv")
         )
@@ -229,6 +230,7 @@ def test_relative_source_rewrites_absolute_paths_deterministically(tmp_path):
     assert texts[0] == texts[1]
     assert texts[0]["abs.txt"] == (
         f"{out}/train/a.mp4 0\n# {src}/comment.mp4 1\n{outside} 1\ntrain/c.mp4 0\n{out}/sub dir/d e.mp4 1\n"
+        f"{out}/test/only_a_path.mp4\r\n"
     )
     assert texts[0]["paths.csv"] == f"path,label\n{out}/train/a.mp4,0\n{outside},1\n"
     assert json.loads(texts[0]["meta.json"]) == {"videos": [f"{out}/train/a.mp4", str(outside)], "n": 2}
