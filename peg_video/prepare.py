@@ -13,7 +13,7 @@ never looks at more than 320 pixels.  This command writes that copy:
   list (``.txt``/``.csv`` that is not a Kinetics CSV) each path is parsed, and an absolute path
   into SRC becomes the same relative path under DST (resolved; other absolute paths and every
   relative path, which is relative to the list's folder and so stays valid, are left as written);
-  in JSON each string value is treated alike; a Kinetics CSV holds no paths and is copied as is;
+  each field of another CSV and each string value of JSON are treated alike; a Kinetics CSV holds no paths and is copied as is;
 * a video that cannot be read is skipped and listed in ``DST/prepare_report.json``.
 
 The settings that change the videos (``--short-side``, ``--crf``, ``--preset``) are recorded in
