@@ -336,6 +336,11 @@ def build_prepare_parser() -> argparse.ArgumentParser:
         default="veryfast",
         choices=("ultrafast", "superfast", "veryfast", "faster", "fast", "medium"),
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="when DST was prepared with other settings, prepare every video again (default: refuse)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -523,7 +528,7 @@ def prepare(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.crf > 51:
         p.error(f"argument --crf: expected an integer in [0, 51], got {a.crf}")
-    r = prepare_tree(a.src, a.dst, a.short_side, a.workers, a.crf, a.preset, not a.no_progress)
+    r = prepare_tree(a.src, a.dst, a.short_side, a.workers, a.crf, a.preset, not a.no_progress, a.overwrite)
     print(
         f"prepared {r['videos']} videos in {r['seconds']:.1f}s: {r['encoded']} re-encoded, {r['copied']} copied, "
         f"{r['done']} already done, {r['broken']['count']} broken (listed in {a.dst / REPORT_NAME})"

@@ -135,9 +135,19 @@ class TaskResult:
     notes: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [0])
     protocol: str | None = None
+    chance: float | None = None  # the metric of a model that learned nothing (1 / classes; AP: 0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _folder_chance(train: Path) -> float | None:
+    """Top-1 at chance of an ImageFolder ``train`` tree: 1 / its number of class folders."""
+    try:
+        n = sum(1 for p in train.iterdir() if p.is_dir())
+    except OSError:
+        return None
+    return 1 / n if n else None
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
@@ -192,6 +202,7 @@ class Plan:
     protocol: str | None = None
     notes: list[str] = field(default_factory=list)
     views: list[tuple[str, int, int]] = field(default_factory=list)  # video: (label, frames, crop)
+    chance: float | None = None  # the metric at chance (see TaskResult.chance)
 
 
 @dataclass
@@ -378,6 +389,7 @@ def plan_classify(
         task="classify", key=key, out=out, specs=specs, seeds=seeds, budget=budget, epochs=epochs, metric="top-1", sizes=sizes, labels=[f"{s} px" for s in sizes],
         train_label=f"{size} px", data=info, data_name=data_name, model=_describe(DEMO_CONFIG),
         quantize=quantize, protocol=protocol if data is None else None, notes=notes,
+        chance=_folder_chance(Path(info["root"]) / "train"),
     )  # fmt: skip
 
 
@@ -511,7 +523,7 @@ def plan_detect(
         task="detect", key="detect", out=out, specs=specs, seeds=seeds, budget=budget,
         epochs=epochs or budget.epochs, metric="AP50", sizes=sizes, labels=[f"{s} px" for s in sizes],
         train_label=f"{size} px", data={"root": str(data)}, data_name=data_name,
-        model="DETR demo_tiny (tiny backbone, 2+2 layers, dim 64)", notes=notes,
+        model="DETR demo_tiny (tiny backbone, 2+2 layers, dim 64)", notes=notes, chance=0.0,
     )  # fmt: skip
 
 
@@ -578,6 +590,19 @@ def _video_eval(ckpt_path: Path, frames: int, crop: int, mode: str | None, batch
     return cli.evaluate(argv)["eval"]
 
 
+def _video_chance(data: Path) -> float | None:
+    """Top-1 at chance of a video folder: 1 / the classes of its training annotations."""
+    from peg_video.data import load_annotations
+
+    for name in ("train.csv", "train.txt"):
+        if (data / name).is_file():
+            try:
+                return 1 / load_annotations(data / name).num_classes
+            except (ValueError, OSError):
+                return None
+    return None
+
+
 def plan_video(
     out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
     ablate: Sequence[str] = (), **_: Any,
@@ -622,6 +647,7 @@ def plan_video(
         epochs=epochs or budget.epochs, metric="top-1", sizes=[], labels=[v[0] for v in views],
         train_label=views[1][0], data={"root": str(data)}, data_name=data_name,
         model=_describe(_video_model_keys(cfg), f"video {cfg['arch']}"), notes=notes, views=views,
+        chance=_video_chance(data),
     )  # fmt: skip
 
 
@@ -720,7 +746,7 @@ def assemble(plan: Plan, cells: dict[tuple[str, int], CellResult | None], second
     if plan.task == "classify":
         budget["train_size"] = int(plan.train_label.split()[0])
     return TaskResult(plan.key, plan.metric, plan.train_label, list(plan.labels), rows, budget, plan.data_name,
-                      round(seconds, 1), notes, list(plan.seeds), plan.protocol)  # fmt: skip
+                      round(seconds, 1), notes, list(plan.seeds), plan.protocol, plan.chance)  # fmt: skip
 
 
 def cells_of(plan: Plan) -> list[RowSpec]:
