@@ -12,17 +12,18 @@ from __future__ import annotations
 import argparse
 import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from peg_core.engine import UserError, load_model_state, read_state_file
+from peg_core.engine import LoadedModel, UserError, load_model_state, read_checkpoint, read_state_file
 from peg_core.engine.cli import peg_kwargs
 
 from .models import build_detr
 
-__all__ = ["ARCHS", "build_model", "model_config_from_args", "model_from_checkpoint", "upgrade_config"]
+__all__ = ["ARCHS", "build_model", "load_model", "model_config_from_args", "upgrade_config"]
 
 #: ``--arch`` -> the builder of ``(model, criterion, postprocessor)`` (the real-time DETR joins later)
 ARCHS = {"detr": build_detr}
@@ -87,22 +88,39 @@ def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[s
     return kw
 
 
-def model_from_checkpoint(
-    ckpt: dict[str, Any], path: str | os.PathLike, overrides: dict[str, Any] | None = None
-) -> tuple[nn.Module, nn.Module, dict[str, Any]]:
-    """``(model with the checkpoint's weights, postprocessor, meta)`` of a ``detect`` training checkpoint.
+def load_model(
+    checkpoint: str | os.PathLike | Mapping[str, Any],
+    where: str | os.PathLike | None = None,
+    **overrides: Any,
+) -> LoadedModel:
+    """The detector of a ``peg_detr train`` checkpoint with its weights, and its box post-processing.
 
-    ``overrides`` replace stored config values that leave the weights' shapes alone
-    (``pos_interpolation`` at ``eval``).
+    Args:
+        checkpoint: the checkpoint's path, or the checkpoint already read (``where`` names its file).
+        overrides: stored config values that leave the weights' shapes alone, e.g.
+            ``pos_interpolation="nearest"`` (``eval --pos-interpolation``); ``None`` values are ignored.
+
+    Returns:
+        A :class:`~peg_core.engine.LoadedModel` whose ``classes[i]`` is the name of category id ``i``
+        (``""`` for an id the data set does not use: COCO's ids are sparse) and whose ``postprocess``
+        turns the model's outputs into boxes in pixels.
     """
+    if isinstance(checkpoint, Mapping):
+        ckpt, where = checkpoint, where if where is not None else "checkpoint"
+    else:
+        ckpt, where = read_checkpoint(checkpoint, task="detect"), checkpoint
     config = ckpt.get("model_config")
     if not isinstance(config, dict) or "num_classes" not in config:
         raise UserError(
-            "checkpoint has no detector model_config (not written by `python -m peg_detr train`?)", path
+            "checkpoint has no detector model_config (not written by `python -m peg_detr train`?)", where
         )
+    config = {**config, **{k: v for k, v in overrides.items() if v is not None}}
     with warnings.catch_warnings():  # "ResNet starts from random weights": the checkpoint's weights follow
         warnings.simplefilter("ignore", UserWarning)
-        model, _, postprocessor = build_model({**config, **(overrides or {})}, path)
-    load_model_state(model, ckpt["model"], path)
+        model, _, postprocessor = build_model(config, where)
+    load_model_state(model, ckpt["model"], where)
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
-    return model, postprocessor, meta
+    names = {int(c["id"]): str(c["name"]) for c in meta.get("categories", []) if isinstance(c, dict)}
+    classes = [names.get(i, "") for i in range(int(config["num_classes"]))]
+    args = ckpt.get("args") if isinstance(ckpt.get("args"), dict) else {}
+    return LoadedModel(model.eval(), config, classes, meta, dict(args), postprocessor)

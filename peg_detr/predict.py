@@ -21,10 +21,10 @@ from torch import Tensor, nn
 from torchvision.transforms.v2 import functional as F
 from torchvision.utils import draw_bounding_boxes
 
-from peg_core.engine import BrokenLog, BrokenSample, UserError, read_checkpoint, write_json
+from peg_core.engine import BrokenLog, BrokenSample, UserError, write_json
 
 from .data import make_val_transforms, read_rgb, scaled_max_size
-from .model import model_from_checkpoint
+from .model import load_model
 
 __all__ = ["Predictor", "predict_images"]
 
@@ -39,8 +39,8 @@ class Predictor:
     """
 
     def __init__(self, checkpoint: str | Path, size: int | None = None, device: str = "cpu") -> None:
-        ckpt = read_checkpoint(checkpoint, task="detect")
-        model, self.postprocessor, meta = model_from_checkpoint(ckpt, checkpoint)
+        loaded = load_model(checkpoint)
+        model, self.postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
         self.device = torch.device(device)
         self.model: nn.Module = model.to(self.device).eval()
         self.names = {int(c["id"]): str(c["name"]) for c in meta.get("categories", [])}

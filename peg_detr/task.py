@@ -41,7 +41,7 @@ from .data import (
     scaled_max_size,
 )
 from .evaluation import evaluate_coco
-from .model import build_model, model_config_from_args, model_from_checkpoint
+from .model import build_model, load_model, model_config_from_args
 from .models import load_official_checkpoint
 from .structures import targets_to, to_float
 
@@ -282,8 +282,8 @@ class DetectTask:
                 )
             data_root, val_json = Path(run["data_root"]), val_json or run.get("val_json")
         mode = getattr(args, "pos_interpolation", None)
-        overrides = {"pos_interpolation": mode} if mode else None
-        model, postprocessor, meta = model_from_checkpoint(ckpt, args.checkpoint, overrides)
+        loaded = load_model(ckpt, args.checkpoint, pos_interpolation=mode)
+        model, postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
         val_size = args.val_size or int(meta.get("val_size") or 800)
         val = ValSets(
             data_root, val_json, args.eval_sizes or [val_size], val_size,

@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from peg_core.engine import (
+    LoadedModel,
     UserError,
     json_safe,
     load_model_state,
@@ -36,7 +36,6 @@ from .models.init_2d import Init2dError
 
 __all__ = [
     "OLD_ARG_NAMES",
-    "LoadedModel",
     "build_model",
     "check_clip_fits",
     "checkpoint_run",
@@ -123,16 +122,6 @@ def checkpoint_run(
     return upgrade_model_config(ckpt["model_config"], state), list(classes), saved
 
 
-@dataclass(frozen=True)
-class LoadedModel:
-    """A model rebuilt from a video checkpoint, with what the run knew about it."""
-
-    model: nn.Module
-    config: dict[str, Any]  # the keywords it was built from (overrides included)
-    classes: list[str]
-    args: dict[str, Any]  # the training run's arguments (today's names)
-
-
 def load_model(
     checkpoint: str | os.PathLike | Mapping[str, Any], path: str | os.PathLike | None = None, **overrides: Any
 ) -> LoadedModel:
@@ -154,7 +143,8 @@ def load_model(
     except (ValueError, TypeError) as e:
         raise UserError(f"cannot build the checkpoint's model ({e})", where) from None
     load_model_state(model, ckpt["model"], where)
-    return LoadedModel(model, config, classes, saved)
+    meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
+    return LoadedModel(model, config, classes, meta, saved)
 
 
 def init_weights(model: nn.Module, path: str | os.PathLike, source: str | None = None) -> str:

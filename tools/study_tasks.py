@@ -408,7 +408,7 @@ def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellR
         argv += ["--augment", "none", "--crop-ratio", "1", "--normalize", "half"]
     train(argv)
     ckpt = run_dir / "checkpoint.pth"
-    model = load_model(ckpt)
+    model = load_model(ckpt).model
     x = torch.zeros(1, 3, size, size)
     cost = encoding_cost({"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks}, lambda: model(x))
 
@@ -449,7 +449,7 @@ def _classify_int8(plan: Plan, ckpt: Path) -> dict[str, float]:
     from peg_core.export.quantize import calibration_batches, quantize_int8
 
     checkpoint = read_checkpoint(ckpt, "classify")
-    model = load_model(checkpoint, ckpt)
+    model = load_model(checkpoint, ckpt).model
     meta = checkpoint["meta"]
     classes, size, patch = meta["classes"], int(meta["img_size"]), int(model.patch_size)
     mean, std, crop = meta["mean"], meta["std"], float(meta.get("crop_ratio", 1.0))
@@ -528,9 +528,8 @@ def plan_detect(
 
 
 def _detect_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
-    from peg_core.engine import read_checkpoint
     from peg_detr.cli import train
-    from peg_detr.model import model_from_checkpoint
+    from peg_detr.model import load_model as load_detector
 
     size, epochs, data = int(plan.train_label.split()[0]), plan.epochs, Path(plan.data["root"])
     argv = [
@@ -544,7 +543,7 @@ def _detect_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellRes
     ]  # fmt: skip
     train(argv)
     ckpt = run_dir / "checkpoint.pth"
-    model, _, _ = model_from_checkpoint(read_checkpoint(ckpt, "detect"), ckpt)
+    model = load_detector(ckpt).model
     enc = model.transformer.encoder
     x = [torch.zeros(3, size, size)]
     model.eval()

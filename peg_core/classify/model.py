@@ -17,7 +17,7 @@ from typing import Any
 from torch import Tensor
 
 from .. import models
-from ..engine import UserError, load_model_state, peg_kwargs, read_checkpoint
+from ..engine import LoadedModel, UserError, load_model_state, peg_kwargs, read_checkpoint
 from ..interop.io import WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 from ..resize import resize_pos_embed
 
@@ -129,13 +129,14 @@ def stored_args(ckpt: Mapping[str, Any]) -> dict[str, Any]:
 def load_model(
     checkpoint: str | os.PathLike | Mapping[str, Any],
     where: str | os.PathLike | None = None,
-    mode: str | None = None,
-) -> models.CPVT:
+    **overrides: Any,
+) -> LoadedModel:
     """The CPVT of a ``peg_core train`` checkpoint with its weights, in eval mode on the CPU.
 
     Args:
         checkpoint: the checkpoint's path, or the checkpoint already read (``where`` names its file).
-        mode: re-sets a learned table's resize mode (``eval --pos-interpolation``).
+        overrides: ``model_config`` entries that leave the weights' shapes alone, e.g.
+            ``pos_interpolation="nearest"`` (``eval --pos-interpolation``); ``None`` values are ignored.
 
     Raises :class:`UserError` (one line, naming the file) for an unreadable file, a checkpoint of
     another task, one without ``model_config`` / ``meta.classes``, or weights that do not fit.
@@ -145,19 +146,18 @@ def load_model(
     else:
         ckpt, where = read_checkpoint(checkpoint, "classify"), checkpoint
     config = ckpt.get("model_config")
-    classes = (ckpt.get("meta") or {}).get("classes")
+    meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
+    classes = meta.get("classes")
     if not isinstance(config, dict) or not config or not isinstance(classes, list):
         raise UserError(
             "checkpoint has no model_config / meta.classes (not written by 'peg_core train')", where
         )
-    config = dict(config)
-    if mode is not None:
-        config["pos_interpolation"] = mode
+    config = {**config, **{k: v for k, v in overrides.items() if v is not None}}
     model = build_checked(config, where)
     if model.num_classes != len(classes):
         raise UserError(f"checkpoint lists {len(classes)} classes for a {model.num_classes}-way head", where)
     load_model_state(model, ckpt["model"], where)
-    return model.eval()
+    return LoadedModel(model.eval(), config, list(classes), meta, stored_args(ckpt))
 
 
 # ------------------------------------------------------------------------------- starting weights

@@ -48,7 +48,7 @@ def predict_files(
         if not Path(f).is_file():
             raise UserError("image not found", f)
     ckpt = read_checkpoint(checkpoint, "classify")
-    model = load_model(ckpt, checkpoint).to(device)
+    model = load_model(ckpt, checkpoint).model.to(device)
     meta = ckpt["meta"]
     classes = meta["classes"]
     tf = folder_transform(

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output.suffix != QUANTIZED_SUFFIX:
         raise UserError(f"the quantized model is a {QUANTIZED_SUFFIX} file", args.output)
     ckpt = read_checkpoint(args.checkpoint, "classify")
-    model = load_model(ckpt, args.checkpoint)
+    model = load_model(ckpt, args.checkpoint).model
     ensure_writable(args.output.parent)
     size = args.img_size or int(ckpt["meta"].get("img_size", model.img_size[0]))
     dataset = _calibration_set(ckpt, args.checkpoint, args.calib_data, args.calib, size)

@@ -220,7 +220,7 @@ class ClassifyTask:
                 raise UserError("quantized models run on the CPU only", f"--device {ctx.device}")
             model = ckpt["quantized"]
         else:
-            model = load_model(ckpt, path, args.pos_interpolation).to(ctx.device)
+            model = load_model(ckpt, path, pos_interpolation=args.pos_interpolation).model.to(ctx.device)
         meta = ckpt["meta"]
         train_size = int(meta["img_size"] if "img_size" in meta else model.img_size[0])
         sizes = args.eval_sizes or scaled_sizes(train_size)

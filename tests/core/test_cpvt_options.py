@@ -155,7 +155,7 @@ def test_checkpoint_round_trip(tmp_path: Path, options: dict) -> None:
     torch.save(
         {"model_config": config, "meta": {"classes": ["a", "b", "c"]}, "model": built.state_dict()}, path
     )
-    loaded = load_model(torch.load(path, weights_only=True), path)
+    loaded = load_model(torch.load(path, weights_only=True), path).model
     assert shapes(loaded) == shapes(built) and loaded.peg_at == built.peg_at
     x = torch.randn(2, 3, 40, 24)
     with torch.no_grad():

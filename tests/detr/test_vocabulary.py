@@ -10,7 +10,7 @@ from peg_core.interop.io import atomic_save
 from peg_detr import build_detr
 from peg_detr.cli import build_make_data_parser, evaluate, parse_eval_args, parse_train_args, train
 from peg_detr.data import SyntheticSpec, make_synthetic_coco
-from peg_detr.model import build_model, model_config_from_args, model_from_checkpoint
+from peg_detr.model import build_model, load_model, model_config_from_args
 from peg_detr.task import run_args
 
 SMALL = dict(num_classes=4, num_queries=5, hidden_dim=32, enc_layers=2, dec_layers=1, dim_feedforward=64)
@@ -150,7 +150,7 @@ def test_old_checkpoint_names_load(data, tmp_path):
     atomic_save(old, ckpt_path)
     ckpt = read_checkpoint(ckpt_path, "detect")
     assert "nheads" in ckpt["model_config"] and "arch" not in ckpt["model_config"]
-    restored, _, _ = model_from_checkpoint(ckpt, ckpt_path)
+    restored = load_model(ckpt, ckpt_path).model
     assert restored.transformer.encoder.layers[0].self_attn.num_heads == 2
     assert restored.build_config["arch"] == "detr" and restored.build_config["num_heads"] == 2
     for k, v in model.state_dict().items():
