@@ -124,6 +124,7 @@ def test_peg_core_commands_refuse_every_torch_payload(torch_files, tmp_path, cap
             ["to-cpvt", str(p), str(out / "c.pth")],
             ["quantize", str(p), str(out / "q.pt2")],
             ["train", *CORE_TINY, "--output-dir", str(out), "--resume", str(p)],
+            ["train", *CORE_TINY, "--output-dir", str(out), "--init", str(p)],
         ):
             assert "refused" in _calls(core_main, capsys, argv, p), argv
 
@@ -141,16 +142,16 @@ def test_peg_detr_commands_refuse_every_torch_payload(torch_files, coco, tmp_pat
 
     image = next((coco / "val2017").glob("*.jpg"))
     out = tmp_path / "out"
-    train = ["train", "--coco-path", str(coco), "--output-dir", str(out), *DETR_TINY]
+    train = ["train", "--data-root", str(coco), "--output-dir", str(out), *DETR_TINY]
     for name in ("zip.pth", "legacy.bin", "hf"):
         p = torch_files[name]
         named = p / "pytorch_model.bin" if name == "hf" else p
-        argvs = [[*train, "--pretrained", str(p)]]
+        argvs = [[*train, "--init", str(p)], [*train, "--pretrained", str(p)]]
         if name != "hf":
             argvs += [
                 [*train, "--resume", str(p)],
                 [*train, "--backbone-weights", str(p)],
-                ["eval", "--checkpoint", str(p), "--coco-path", str(coco), "--output-dir", str(out)],
+                ["eval", "--checkpoint", str(p), "--data-root", str(coco), "--output-dir", str(out)],
                 ["predict", str(image), "--checkpoint", str(p), "--out", str(out / "p")],
                 ["export", str(p), str(out / "m.onnx")],
             ]
@@ -179,6 +180,7 @@ def test_peg_video_commands_refuse_every_torch_payload(torch_files, tmp_path_fac
         p = torch_files[name]
         for argv in (
             [*train, "--model", "vit_tiny", "--init-2d", str(p)],
+            [*train, "--init", str(p)],
             [*train, "--resume", str(p)],
             ["eval", "--checkpoint", str(p), "--val-ann", str(data / "val.csv"), "--output-dir", str(out)],
             ["predict", "--checkpoint", str(p), str(video)],

@@ -66,7 +66,7 @@ def test_bad_tensor_shapes_name_the_file_and_key(tmp_path, tensors, message):
 
 
 def test_a_scalar_class_embed_in_an_official_file_is_one_line(tmp_path):
-    model, _, _ = build_detr("tiny", "sine", num_classes=3, num_queries=5, hidden_dim=32, nheads=2,
+    model, _, _ = build_detr("tiny", "sine", num_classes=3, num_queries=5, hidden_dim=32, num_heads=2,
                              enc_layers=1, dec_layers=1, dim_feedforward=64)  # fmt: skip
     state = {**model.state_dict(), "class_embed.weight": torch.tensor(0.0)}
     path = tmp_path / "detr.pth"
