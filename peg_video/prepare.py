@@ -33,10 +33,11 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-import av
-
 from peg_core.engine import UserError, ensure_writable, new_parser, nonnegative_int, positive_int, progress
 from peg_core.engine.trainer import write_json
+from peg_core.errors import require
+
+av = require("av", None, "av", what="peg_video")  # the video encoder / decoder (PyAV)
 
 __all__ = ["VIDEO_EXTS", "PrepareResult", "main", "prepare_tree", "prepare_video", "scaled_size"]
 

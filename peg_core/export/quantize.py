@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.export import Dim
 from torch.utils.data import Dataset
 
+from ..errors import require
 from ..interop.io import WeightsError
 
 __all__ = [
@@ -122,9 +123,12 @@ def _quiet(name: str) -> Iterator[None]:
 
 
 def _import_pt2e() -> None:
-    """Import torchao's PT2E flow without its import-time deprecation log line."""
+    """Import torchao's PT2E flow without its import-time deprecation log line.
+
+    A missing torchao is a one-line :class:`~peg_core.errors.MissingDependency` naming ``peg-core[quantize]``.
+    """
     with _quiet("torch.utils._pytree"):
-        import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401
+        require("torchao.quantization.pt2e.quantize_pt2e", "quantize", what="quantize")
 
 
 def quantize_int8(

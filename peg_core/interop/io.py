@@ -13,8 +13,9 @@ Errors: a file that cannot be used is a :class:`WeightsError` (a ``ValueError``)
 ``what`` says why (missing, empty, truncated, not in its format, refused pickle, no tensors)
 and whose ``where`` names the file or key.  Only the command-line layer turns it into the
 one-line ``error: <what>: <where>`` (the engine's :func:`~peg_core.engine.read_state_file`
-and :func:`~peg_core.engine.run_command`); a missing ``safetensors`` package is an
-``ImportError`` naming the file and the package.
+and :func:`~peg_core.engine.run_command`); a missing ``safetensors`` package is a
+:class:`~peg_core.errors.MissingDependency` (an ``InputError`` and an ``ImportError``) naming
+the file and the extra: ``pip install 'peg-core[safetensors]'``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, require
 
 __all__ = [
     "PREFIXES",
@@ -102,11 +103,10 @@ def _read_torch(path: Path, what: str, map_location: str | torch.device) -> Any:
 
 def _read_safetensors(path: Path, what: str, map_location: str | torch.device) -> dict[str, Tensor]:
     """``safetensors.torch.load_file``; a missing package is said first, a file it cannot parse is a :class:`WeightsError`."""
-    try:
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-    except ImportError as e:
-        raise ImportError(f"reading {path} needs the 'safetensors' package (pip install safetensors)") from e
+    require("safetensors.torch", "safetensors", what=f"reading {path}")
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     _check_file(path, what)
     try:
         return load_file(str(path), device=str(map_location))
@@ -128,7 +128,7 @@ def read_state_file(
     Raises:
         WeightsError: missing, not a file, unreadable, empty, truncated, not in its format, or (torch)
             holding pickled objects other than tensors and plain containers (refused, never run).
-        ImportError: a ``.safetensors`` file without the ``safetensors`` package.
+        MissingDependency: a ``.safetensors`` file without the ``safetensors`` package.
     """
     path = Path(path)
     if path.suffix == ".safetensors":
@@ -261,10 +261,9 @@ def write_state_file(
     if path.suffix != ".safetensors":
         atomic_save(obj, path)
         return []
-    try:
-        from safetensors.torch import save_file
-    except ImportError as e:
-        raise ImportError(f"writing {path} needs the 'safetensors' package (pip install safetensors)") from e
+    require("safetensors.torch", "safetensors", what=f"writing {path}")
+    from safetensors.torch import save_file
+
     sd = unwrap_state_dict(obj, where=path)
     dropped = [k for k, v in sd.items() if not isinstance(v, Tensor)]
     if not any(isinstance(v, Tensor) for v in obj.values()):
