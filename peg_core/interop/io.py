@@ -43,6 +43,7 @@ __all__ = [
     "atomic_save",
     "load_state_strict",
     "locate_state_dict",
+    "new_file_mode",
     "read_state_file",
     "strip_prefixes",
     "unwrap_state_dict",
@@ -222,17 +223,43 @@ def load_state_strict(model: torch.nn.Module, state: Mapping[str, Any], where: A
 # ----------------------------------------------------------------------------------------- write
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where the system says it (Linux: /proc).
+
+    Elsewhere it is set and restored at once (``os.umask`` has no read-only form), which another
+    thread creating a file at that instant could notice.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode() -> int:
+    """The mode of a file the user creates: ``0o666`` less the umask (0644 under 022, 0664 under 002)."""
+    return 0o666 & ~_umask()
+
+
 def atomic_save(obj: Any, path: str | os.PathLike, keep_previous: str | os.PathLike | None = None) -> Path:
     """``torch.save`` to ``path`` through a temporary file and an atomic rename.
 
     A run killed while saving leaves the previous file intact.  With ``keep_previous``, an
     existing ``path`` is renamed to it once the new file is fully written (a kill at any
-    moment leaves at least one complete file).
+    moment leaves at least one complete file).  The file gets the mode of any new file under
+    the user's umask (0644 under umask 022, 0664 under 002: readable by the group on a shared
+    cluster: :func:`new_file_mode`), not ``tempfile.mkstemp``'s private 0600.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, new_file_mode())  # mkstemp's 0600 would hide it from the group
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
@@ -278,6 +305,7 @@ def write_state_file(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(tensors, str(tmp), metadata=dict(metadata) if metadata else None)
+    os.chmod(tmp, new_file_mode())  # safetensors writes 0600
     os.replace(tmp, path)
     return dropped
 
