@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import __version__
 from .classify import cli as classify_cli
 from .classify.quantize import main as quantize_cli
 from .engine import UserError, dispatch, grid_arg, int_list, new_parser, nonnegative_int, positive_int
@@ -119,7 +120,7 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (0 ok, 1 user error, 2 usage, 3 NaN/inf loss)."""
     try:
-        return dispatch(PROG, __doc__ or "", COMMANDS, argv)
+        return dispatch(PROG, __doc__ or "", COMMANDS, argv, version=__version__)
     except SystemExit as e:  # argparse: usage errors (2) and --help (0)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from peg_core.engine import dispatch, ensure_writable, new_parser, nonnegative_int, positive_int
 
-from . import evaluate, hf, predict, train
+from . import __version__, evaluate, hf, predict, train
 from .data import SHAPES, SyntheticSpec, make_synthetic_coco
 
 
@@ -77,7 +77,7 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    return dispatch("python -m peg_detr", __doc__, COMMANDS, argv)
+    return dispatch("python -m peg_detr", __doc__, COMMANDS, argv, version=__version__)
 
 
 if __name__ == "__main__":

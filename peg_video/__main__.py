@@ -20,6 +20,8 @@ from pathlib import Path
 
 from peg_core.engine import dispatch, ensure_writable, new_parser, positive_int
 
+from . import __version__
+
 
 def even_size(text: str) -> int:
     """``argparse`` type: a frame side for yuv420p video, an even number of pixels >= 16."""
@@ -106,7 +108,7 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command under the failure policy; returns the exit code."""
-    return dispatch("python -m peg_video", __doc__, COMMANDS, argv)
+    return dispatch("python -m peg_video", __doc__, COMMANDS, argv, version=__version__)
 
 
 if __name__ == "__main__":

@@ -28,13 +28,14 @@ from ..engine import (
     device_arg,
     evaluate_checkpoint,
     fit,
+    image_side,
+    image_side_list,
     int_list,
     new_parser,
     nonnegative_float,
     parse_with_config,
     positive_float,
     positive_int,
-    positive_int_list,
     unit_fraction,
 )
 from ..engine.recipes import add_recipe_args
@@ -131,7 +132,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--data", type=Path, help="ImageFolder root: PATH/train/<class>/*.jpg, PATH/val/<class>/*.jpg "
                    "(default: the generated shapes)")  # fmt: skip
-    g.add_argument("--img-size", type=positive_int, help="training image side")
+    g.add_argument("--img-size", type=image_side, help="training image side")
     g.add_argument("--n-train", type=positive_int, help="generated training images (without --data)")
     g.add_argument("--n-val", type=positive_int, help="generated validation images (without --data)")
     g.add_argument("--augment", choices=AUGMENTS, help="folder training: flip-crop (default) or none")
@@ -166,7 +167,7 @@ def build_eval_parser() -> argparse.ArgumentParser:
     add_eval_args(p, batch_size=128)
     g = p.add_argument_group("classify")
     g.add_argument("--data", type=Path, help="ImageFolder root with val/ (default: the checkpoint's data)")
-    g.add_argument("--eval-sizes", type=positive_int_list,
+    g.add_argument("--eval-sizes", type=image_side_list,
                    help="input sizes, e.g. 36,48,72,96 (default: 0.75, 1, 1.5, 2 x the training size)")  # fmt: skip
     g.add_argument("--pos-interpolation", "--mode", dest="pos_interpolation", choices=RESIZE_MODES,
                    help="resize mode of a learned table (default: the checkpoint's)")  # fmt: skip
@@ -181,7 +182,7 @@ def build_predict_parser() -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+", type=Path, help="image files")
     p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pth written by train")
     p.add_argument("--top-k", type=positive_int, default=5, help="classes shown per image")
-    p.add_argument("--img-size", type=positive_int, help="input size (default: the training size)")
+    p.add_argument("--img-size", type=image_side, help="input size (default: the training size)")
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--output", type=Path, help="also write the predictions as JSON here")
     p.add_argument("--device", type=device_arg, default="auto", help="auto | cpu | cuda | cuda:N")
@@ -195,7 +196,7 @@ def build_make_data_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, help="folder to create (OUT/train/<class>/, OUT/val/<class>/)")
     p.add_argument("--n-train", type=positive_int, default=2048)
     p.add_argument("--n-val", type=positive_int, default=512)
-    p.add_argument("--img-size", type=positive_int, default=48)
+    p.add_argument("--img-size", type=image_side, default=48)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=sorted(FORMATS), default="png")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
