@@ -20,7 +20,6 @@ from .models import (
     SetCriterion,
     build_detr,
     load_official_checkpoint,
-    param_groups,
 )
 from .structures import ImageBatch, pad_images
 
@@ -36,5 +35,4 @@ __all__ = [
     "build_detr",
     "load_official_checkpoint",
     "pad_images",
-    "param_groups",
 ]

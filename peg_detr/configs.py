@@ -12,13 +12,16 @@ Published COCO val2017 box AP the reproductions compare to:
   backbone 2e-5, batch 32, lr drop at 40) -> sine **33.7**, none **32.8**, PEG **33.9** AP
   (Chu et al., "Conditional Positional Encodings for Vision Transformers", detection table).
 * ``demo_tiny``: the embedded synthetic shapes set on a CPU (see ``peg_detr.demo``); no published number.
+
+:data:`DEFAULTS` are the ``train`` defaults without a recipe (DETR's recipe); keys are argparse
+destinations (``train_scales`` is ``--train-sizes``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CONFIGS", "PUBLISHED_AP"]
+__all__ = ["CONFIGS", "DEFAULTS", "PUBLISHED_AP"]
 
 # DETR's multi-scale training sizes (short side 480..800 step 32, long side <= 1333).
 _DETR_DATA: dict[str, Any] = {
@@ -32,7 +35,7 @@ _DETR_DATA: dict[str, Any] = {
 _DETR_MODEL: dict[str, Any] = {
     "backbone": "resnet50",
     "hidden_dim": 256,
-    "nheads": 8,
+    "num_heads": 8,
     "enc_layers": 6,
     "dec_layers": 6,
     "dim_feedforward": 2048,
@@ -75,7 +78,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "backbone": "tiny",
         "pos_enc": "peg",
         "hidden_dim": 64,
-        "nheads": 4,
+        "num_heads": 4,
         "enc_layers": 2,
         "dec_layers": 2,
         "dim_feedforward": 128,
@@ -96,6 +99,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "eval_every": 0,
     },
 }
+
+#: defaults of the detector's train flags (DETR's recipe); --config recipes and explicit flags override them
+DEFAULTS: dict[str, Any] = {
+    "epochs": 300, "lr": 1e-4, "lr_backbone": 1e-5, "weight_decay": 1e-4, "lr_drop": 200, "clip_max_norm": 0.1,
+    "total_batch_size": 2, "train_scales": "480,512,544,576,608,640,672,704,736,768,800", "max_size": 1333,
+    "crop_resize": "400,500,600", "crop_size": "384,600", "val_size": 800, "backbone": "resnet50",
+    "pos_enc": "peg", "num_queries": 100,
+}  # fmt: skip
 
 PUBLISHED_AP: dict[str, float] = {
     "detr_r50_500ep": 42.0,

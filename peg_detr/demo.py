@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from .cli import train
 from .data import SyntheticSpec, make_synthetic_coco
-from .train import main as train
 
 __all__ = ["DEMO_DATA", "run_demo"]
 
@@ -57,13 +57,13 @@ def run_demo(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     # A fresh run each time (the log appends and a stale checkpoint would be confusing); data is kept.
     shutil.rmtree(out_dir / "train", ignore_errors=True)
     argv = [
-        "--config", "demo_tiny", "--coco-path", str(data), "--output-dir", str(out_dir / "train"),
+        "--config", "demo_tiny", "--data-root", str(data), "--output-dir", str(out_dir / "train"),
         "--val-size", str(size), "--eval-sizes", ",".join(map(str, eval_sizes)), "--workers", "0",
         # the demo model's ops are tiny: one thread avoids OpenMP sync costs (and shared-CPU stalls)
         "--threads", "1", "--no-progress",
     ]  # fmt: skip
     if quick:
-        argv += ["--epochs", "1", "--train-scales", "48"]
+        argv += ["--epochs", "1", "--train-sizes", "48"]
     threads = torch.get_num_threads()
     try:
         report = train(argv)

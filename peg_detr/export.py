@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg_core.engine import UserError, new_parser, positive_int, read_checkpoint
+from peg_core.engine import UserError, new_parser, positive_int
 from peg_core.export.onnx import add_export_args, check_output_path, compare_onnxruntime, export_onnx
 
-from .model_io import model_from_checkpoint
+from .model import load_model
 
 __all__ = ["DetrForExport", "build_parser", "main"]
 
@@ -62,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    ckpt = read_checkpoint(args.checkpoint, task="detect")
     check_output_path(args.out)
-    model, _, meta = model_from_checkpoint(ckpt, args.checkpoint)
+    loaded = load_model(args.checkpoint)
+    model, meta = loaded.model, loaded.meta
     wrapper = DetrForExport(model.cpu().eval()).eval()
     # Batch 2: a batch of 1 would be traced as a constant (PyTorch specialises sizes 0 and 1).
     example = torch.randn(2, 3, args.height, args.width, generator=torch.Generator().manual_seed(0))

@@ -1,8 +1,8 @@
-"""Run a trained DETR on image files; write annotated images and a JSON of detections.
+"""Inference with a trained DETR: :class:`Predictor` and the work of ``python -m peg_detr predict``.
 
     python -m peg_detr predict a.jpg b.png --checkpoint runs/detr/checkpoint.pth --threshold 0.7 --output-dir preds
 
-For each input ``NAME.ext`` the output folder gets ``NAME.png`` with the boxes
+(the parser is in :mod:`peg_detr.cli`).  For each input ``NAME.ext`` the output folder gets ``NAME.png`` with the boxes
 and ``label score`` captions drawn by ``torchvision.utils.draw_bounding_boxes``,
 and ``detections.json`` maps each input path to its detections
 (``label``, ``name``, ``score``, ``box`` as ``[x0, y0, x1, y1]`` pixels).
@@ -21,23 +21,12 @@ from torch import Tensor, nn
 from torchvision.transforms.v2 import functional as F
 from torchvision.utils import draw_bounding_boxes
 
-from peg_core.engine import (
-    BrokenLog,
-    BrokenSample,
-    UserError,
-    device_arg,
-    ensure_writable,
-    new_parser,
-    positive_int,
-    read_checkpoint,
-    unit_fraction,
-    write_json,
-)
+from peg_core.engine import BrokenLog, BrokenSample, UserError, write_json
 
 from .data import make_val_transforms, read_rgb, scaled_max_size
-from .model_io import model_from_checkpoint
+from .model import load_model
 
-__all__ = ["Predictor", "main"]
+__all__ = ["Predictor", "predict_images"]
 
 
 class Predictor:
@@ -50,8 +39,8 @@ class Predictor:
     """
 
     def __init__(self, checkpoint: str | Path, size: int | None = None, device: str = "cpu") -> None:
-        ckpt = read_checkpoint(checkpoint, task="detect")
-        model, self.postprocessor, meta = model_from_checkpoint(ckpt, checkpoint)
+        loaded = load_model(checkpoint)
+        model, self.postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
         self.device = torch.device(device)
         self.model: nn.Module = model.to(self.device).eval()
         self.names = {int(c["id"]): str(c["name"]) for c in meta.get("categories", [])}
@@ -81,49 +70,42 @@ def _draw(image: Tensor, det: dict[str, Tensor], predictor: Predictor) -> Tensor
     return draw_bounding_boxes(image, det["boxes"], labels=captions, colors="yellow", width=2)
 
 
-def _parser():
-    p = new_parser("python -m peg_detr predict", __doc__)
-    p.add_argument("images", nargs="+", type=Path)
-    p.add_argument("--checkpoint", required=True, type=Path, help="checkpoint.pth written by train")
-    p.add_argument("--threshold", type=unit_fraction, default=0.7, help="keep detections scoring above this")
-    p.add_argument("--output-dir", "--out", dest="output_dir", type=Path, default=Path("predictions"))
-    p.add_argument(
-        "--size", type=positive_int, help="short side at inference (default: the run's --val-size)"
-    )
-    p.add_argument("--device", type=device_arg, default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-    return p
+def _detections(det: dict[str, Tensor], predictor: Predictor) -> list[dict[str, Any]]:
+    """JSON rows ``{label, name, score, box}`` of one image's detections."""
+    return [
+        {"label": int(lb), "name": predictor.label_name(int(lb)), "score": float(s), "box": b.tolist()}
+        for lb, s, b in zip(det["labels"], det["scores"], det["boxes"])
+    ]
 
 
-def main(argv: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
-    """``python -m peg_detr predict ...``; returns ``{image path: detections}``."""
-    args = _parser().parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("CUDA is not available on this machine", f"--device {args.device}")
-    ensure_writable(args.output_dir)
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    predictor = Predictor(args.checkpoint, size=args.size, device=device)
-    broken = BrokenLog("predict", len(args.images), max_fraction=1.0)
+def predict_images(
+    images: list[Path], checkpoint: Path, output_dir: Path, threshold: float = 0.7, size: int | None = None,
+    device: str = "cpu",
+) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    """Annotated ``NAME.png`` per image, ``detections.json`` and ``report.json`` in ``output_dir``.
+
+    Returns ``{image path: detections}``.  One unreadable image alone is a :class:`UserError`;
+    among several, unreadable ones are skipped and listed in ``report.json``.
+    """
+    predictor = Predictor(checkpoint, size=size, device=device)
+    broken = BrokenLog("predict", len(images), max_fraction=1.0)
     detections: dict[str, list[dict[str, Any]]] = {}
-    for path in args.images:
+    for path in images:
         try:
             image = F.pil_to_tensor(read_rgb(path))
         except BrokenSample as e:
-            if len(args.images) == 1:
+            if len(images) == 1:
                 raise UserError(e.reason, e.path) from None
             print(f"skipped {e.path}: {e.reason}")
             broken.add([(e.path, e.reason)])
             continue
-        det = predictor(image, args.threshold)
-        F.to_pil_image(_draw(image, det, predictor)).save(args.output_dir / f"{path.stem}.png")
-        detections[str(path)] = [
-            {"label": int(lb), "name": predictor.label_name(int(lb)), "score": float(s), "box": b.tolist()}
-            for lb, s, b in zip(det["labels"], det["scores"], det["boxes"])
-        ]
+        det = predictor(image, threshold)
+        F.to_pil_image(_draw(image, det, predictor)).save(output_dir / f"{path.stem}.png")
+        detections[str(path)] = _detections(det, predictor)
         print(f"{path}: {len(detections[str(path)])} detection(s)")
     broken.check(nothing_read=not detections)
-    (args.output_dir / "detections.json").write_text(json.dumps(detections, indent=2) + "\n")
-    report = {"task": "detect", "command": "predict", "checkpoint": str(args.checkpoint), "images": len(detections),
-              "broken": {"predict": broken.report()}, "output_dir": str(args.output_dir)}  # fmt: skip
-    write_json(args.output_dir / "report.json", report)
+    (output_dir / "detections.json").write_text(json.dumps(detections, indent=2) + "\n")
+    report = {"task": "detect", "command": "predict", "checkpoint": str(checkpoint), "images": len(detections),
+              "broken": {"predict": broken.report()}, "output_dir": str(output_dir)}  # fmt: skip
+    write_json(output_dir / "report.json", report)
     return detections

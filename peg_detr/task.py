@@ -2,7 +2,7 @@
 
 :class:`DetectTask` hands :func:`~peg_core.engine.fit` the model built from the
 flags (``model_config`` in the checkpoint), AdamW with the backbone at its own
-learning rate, DETR's StepLR (stepped per epoch), the training step (forward
+learning rate (:func:`optimizer_groups`), DETR's StepLR (stepped per epoch), the training step (forward
 under autocast, Hungarian matching and losses in float32) and the COCO
 evaluation at every ``--eval-sizes``.  Paths and annotation files are checked
 when the run is set up, before any epoch.
@@ -26,6 +26,7 @@ from peg_core.engine import (
     StepOutput,
     TrainParts,
     UserError,
+    param_groups,
     skipping_collate,
 )
 
@@ -40,12 +41,14 @@ from .data import (
     scaled_max_size,
 )
 from .evaluation import evaluate_coco
-from .model_io import build_model, model_from_checkpoint
-from .models import load_official_checkpoint, param_groups
-from .options import model_kwargs_from_args
+from .model import build_model, load_model, model_config_from_args
+from .models import load_official_checkpoint
 from .structures import targets_to, to_float
 
-__all__ = ["DetectTask", "ValSets", "weighted_loss"]
+__all__ = ["DetectTask", "ValSets", "optimizer_groups", "run_args", "weighted_loss"]
+
+#: argument names of checkpoints written before the shared vocabulary -> today's
+_RENAMED_ARGS = {"coco_path": "data_root", "nheads": "num_heads", "pretrained": "init"}
 
 
 def weighted_loss(loss_dict: dict[str, Tensor], weight_dict: dict[str, float]) -> Tensor:
@@ -56,11 +59,26 @@ def weighted_loss(loss_dict: dict[str, Tensor], weight_dict: dict[str, float]) -
     return torch.stack(terms).sum()
 
 
-def _split_paths(coco_path: Path, split: str, ann_json: str | None) -> tuple[Path, Path]:
+def optimizer_groups(model: nn.Module, lr_backbone: float, weight_decay: float) -> list[dict[str, Any]]:
+    """DETR's AdamW groups ``[main, backbone]``: the backbone at ``lr_backbone``, every parameter decayed.
+
+    DETR decays all parameters (norms and biases too), as in the paper.  The order is the one
+    checkpoints written before the shared optimiser hold, so their optimiser states still load.
+    """
+    return param_groups(model, weight_decay, decay_1d=True, lr_by_prefix={"backbone.": lr_backbone})
+
+
+def run_args(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The training run's stored ``args``, with the names of older checkpoints (``coco_path``) renamed."""
+    run = ckpt.get("args") if isinstance(ckpt.get("args"), dict) else {}
+    return {_RENAMED_ARGS.get(k, k): v for k, v in run.items()}
+
+
+def _split_paths(data_root: Path, split: str, ann_json: str | None) -> tuple[Path, Path]:
     """``(image folder, annotation json)`` of a split; a missing one is a :class:`UserError`."""
-    if not Path(coco_path).is_dir():
-        raise UserError("--coco-path folder not found", coco_path)
-    img_dir, ann = resolve_coco_paths(coco_path, split, ann_json)
+    if not Path(data_root).is_dir():
+        raise UserError("--data-root folder not found", data_root)
+    img_dir, ann = resolve_coco_paths(data_root, split, ann_json)
     if not ann.is_file():
         raise UserError("annotation file not found" + (f" (--{split}-json)" if ann_json else ""), ann)
     if not img_dir.is_dir():
@@ -99,14 +117,14 @@ class ValSets:
 
     def __init__(
         self,
-        coco_path: Path,
+        data_root: Path,
         val_json: str | None,
         sizes: list[int],
         val_size: int,
         backend: str = "faster",
     ) -> None:
         self.backend = backend  # COCO evaluation backend (peg_detr.evaluation.BACKENDS)
-        img_dir, self.ann_path = _split_paths(coco_path, "val", val_json)
+        img_dir, self.ann_path = _split_paths(data_root, "val", val_json)
         annotations = load_coco_annotations(self.ann_path)
         self.categories = annotations.categories
         self.headline = val_size if val_size in sizes else sizes[0]
@@ -167,7 +185,7 @@ class _Step:
 
 def _train_set(args: argparse.Namespace) -> tuple[CocoDetr, Path]:
     """The augmented training split and its (checked) annotation file."""
-    img_dir, ann = _split_paths(args.coco_path, "train", args.train_json)
+    img_dir, ann = _split_paths(args.data_root, "train", args.train_json)
     transforms = make_train_transforms(
         args.train_scales,
         args.max_size,
@@ -196,23 +214,19 @@ def _train_loader(
 
 
 class DetectTask:
-    """DETR on COCO-format data for :func:`~peg_core.engine.fit` / :func:`~peg_core.engine.evaluate_checkpoint`.
-
-    Args:
-        adjust_model: called with the restored model before an evaluation (e.g. the resize
-            mode of a learned table, for ``tools.study``).
-    """
+    """DETR on COCO-format data for :func:`~peg_core.engine.fit` / :func:`~peg_core.engine.evaluate_checkpoint`."""
 
     name = "detect"
-
-    def __init__(self, adjust_model: Callable[[nn.Module], None] | None = None) -> None:
-        self.adjust_model = adjust_model
 
     def setup_train(
         self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any] | None
     ) -> TrainParts:
-        for flag, path in (("--pretrained", args.pretrained), ("--backbone-weights", args.backbone_weights)):
-            if path is not None and not path.is_file():
+        # --init may be a Hugging Face folder; --backbone-weights is one state-dict file
+        for flag, path, found in (
+            ("--init", args.init, Path.exists),
+            ("--backbone-weights", args.backbone_weights, Path.is_file),
+        ):
+            if path is not None and not found(path):
                 raise UserError(f"{flag} file not found", path)
         batch = per_process_batch(args, ctx.dist.world_size)
         train_ds, ann = _train_set(args)
@@ -221,7 +235,7 @@ class DetectTask:
                 f"{len(train_ds)} training images are fewer than one batch ({batch} per process)", ann
             )
         val = ValSets(
-            args.coco_path, args.val_json, args.eval_sizes or [args.val_size], args.val_size,
+            args.data_root, args.val_json, args.eval_sizes or [args.val_size], args.val_size,
             getattr(args, "coco_eval_backend", "faster"),
         )  # fmt: skip
         num_classes = args.num_classes
@@ -230,12 +244,12 @@ class DetectTask:
             ctx.print(f"--num-classes not given: using {num_classes} (max category id in {ann.name} + 1)")
         _check_categories(val, num_classes)
 
-        model, criterion, postprocessor = build_model(model_kwargs_from_args(args, num_classes))
-        if args.pretrained is not None and ckpt is None:
-            load_official_checkpoint(model, args.pretrained, args.trust_pickle, num_classes)
+        model, criterion, postprocessor = build_model(model_config_from_args(args, num_classes))
+        if args.init is not None and ckpt is None:  # a resumed run has its own weights
+            load_official_checkpoint(model, args.init, args.trust_pickle, num_classes)
         model.to(ctx.device)
         criterion.to(ctx.device).train()
-        groups = param_groups(model, args.lr, args.lr_backbone, args.weight_decay)
+        groups = optimizer_groups(model, args.lr_backbone, args.weight_decay)
         optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
         loader, on_epoch_start = _train_loader(train_ds, batch, args, ctx)
         return TrainParts(
@@ -259,23 +273,23 @@ class DetectTask:
         )
 
     def setup_eval(self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any]) -> EvalParts:
-        run = ckpt.get("args") if isinstance(ckpt.get("args"), dict) else {}
-        coco_path, val_json = args.coco_path, args.val_json
-        if coco_path is None:
-            if not run.get("coco_path"):
+        run = run_args(ckpt)
+        data_root, val_json = args.data_root, args.val_json
+        if data_root is None:
+            if not run.get("data_root"):
                 raise UserError(
-                    "--coco-path is required (the checkpoint does not name its data)", args.checkpoint
+                    "--data-root is required (the checkpoint does not name its data)", args.checkpoint
                 )
-            coco_path, val_json = Path(run["coco_path"]), val_json or run.get("val_json")
-        model, postprocessor, meta = model_from_checkpoint(ckpt, args.checkpoint)
+            data_root, val_json = Path(run["data_root"]), val_json or run.get("val_json")
+        mode = getattr(args, "pos_interpolation", None)
+        loaded = load_model(ckpt, args.checkpoint, pos_interpolation=mode)
+        model, postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
         val_size = args.val_size or int(meta.get("val_size") or 800)
         val = ValSets(
-            coco_path, val_json, args.eval_sizes or [val_size], val_size,
+            data_root, val_json, args.eval_sizes or [val_size], val_size,
             getattr(args, "coco_eval_backend", "faster"),
         )  # fmt: skip
         _check_categories(val, int(ckpt["model_config"]["num_classes"]))
-        if self.adjust_model is not None:
-            self.adjust_model(model)
         model.to(ctx.device)
         batch = args.batch_size or int(meta.get("batch_size") or 1)
         return EvalParts(

@@ -1,8 +1,11 @@
 """Named training recipes for ``python -m peg_video train --config NAME``.
 
 A recipe only sets defaults; any command-line flag overrides it.  Keys are the
-``train`` parser's argparse destinations (``--clip-max-norm`` -> ``clip_max_norm``;
-``model_opts`` holds the model keywords that ``--model-opt KEY=VALUE`` adds to).  The Kinetics-400
+``train`` parser's argparse destinations (``--clip-max-norm`` -> ``clip_max_norm``,
+``--scale-jitter`` -> ``scale_jitter``; ``model_opts`` holds the other builder keywords that
+``--model-opt KEY=VALUE`` adds to).  The model keys (``model_opts``, ``num_heads`` and the PEG
+group ``peg_*``) belong to the recipe's ``arch``: with another ``--arch`` only the explicit
+flags apply (:data:`MODEL_KEYS`).  The Kinetics-400
 recipes follow the usual ViT-S 16×4 setting (16 frames at stride 4, 224 crop, tubelet
 2×16×16, AdamW, 5 warm-up epochs then cosine, label smoothing 0.1, 3 clips × 3 crops at
 test), varying only the position encoding, so the three runs isolate its effect.
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CONFIGS", "PUBLISHED_K400_TOP1", "PUBLISHED_TOP1"]
+__all__ = ["CONFIGS", "DEFAULTS", "MODEL_KEYS", "PUBLISHED_K400_TOP1", "PUBLISHED_TOP1"]
 
 PUBLISHED_K400_TOP1 = {"UniFormer-S 16x4": 80.8, "VideoMAE ViT-B": 81.5, "TimeSformer": 77.9}
 #: data set -> {model: top-1}; source: VideoMAE model zoo (MCG-NJU/VideoMAE MODEL_ZOO.md)
@@ -52,11 +55,11 @@ PUBLISHED_TOP1 = {
 }
 
 _K400_VIT_S: dict[str, Any] = {
-    "model": "vit_small",
+    "arch": "vit_small",
     "num_frames": 16,
     "stride": 4,
     "crop": 224,
-    "train_scale": [256, 320],
+    "scale_jitter": [256, 320],
     "test_scale": 224,
     "tubelet": [2, 16, 16],
     "num_clips": 3,
@@ -95,12 +98,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "k400_vit_s_16x4_none": {**_K400_VIT_S, "pos_enc": "none"},
     "k400_x3d_xs": {
         **_K400_VIT_S,
-        "model": "x3d_xs",
+        "arch": "x3d_xs",
         "pos_enc": "none",
         "num_frames": 4,
         "stride": 12,
         "crop": 160,
-        "train_scale": [182, 228],
+        "scale_jitter": [182, 228],
         "test_scale": 182,
         "lr": 1.6e-3,
         "model_opts": {},
@@ -110,12 +113,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "hmdb51_vit_s_16x4_peg3d": {**_K400_VIT_S, **_SMALL_SET, "dataset": "hmdb51"},
     # The embedded synthetic set (python -m peg_video make-data): seconds per epoch on a CPU.
     "synthetic_tiny": {
-        "model": "vit_tiny",
+        "arch": "vit_tiny",
         "pos_enc": "peg3d",
         "num_frames": 8,
         "stride": 2,
         "crop": 32,
-        "train_scale": [32, 36],
+        "scale_jitter": [32, 36],
         "test_scale": 32,
         "tubelet": [2, 8, 8],
         "num_clips": 2,
@@ -132,6 +135,21 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "amp": "off",
         "workers": 0,
         "eval_every": 8,
-        "model_opts": {"embed_dim": 64, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0, "peg_at": "all"},
+        "num_heads": 2,
+        # A PEG3d before each of the two blocks (UniFormer's dynamic position embedding): the
+        # recipe's old peg_at "all", written out since "all" now means after every block (0, 1).
+        "peg_at": [-1, 0],
+        "model_opts": {"embed_dim": 64, "depth": 2, "mlp_ratio": 2.0},
     },
+}
+
+#: recipe keys that describe the recipe's own model (dropped, unless given as flags, with another --arch)
+MODEL_KEYS = ("model_opts", "num_heads", "peg_at", "peg_kernel_size", "peg_separable", "peg_padding",
+              "peg_dynamic", "peg_num_kernels", "pos_interpolation")  # fmt: skip
+
+#: ``train`` defaults without ``--config``: the synthetic recipe's data and schedule with a
+#: full-size vit_tiny (its model keys are the builder's defaults)
+DEFAULTS: dict[str, Any] = {
+    **{k: v for k, v in CONFIGS["synthetic_tiny"].items() if k not in MODEL_KEYS},
+    "model_opts": {},
 }

@@ -2,7 +2,7 @@
 
 1. generate the synthetic moving-shapes set (Kinetics CSV + ``path label`` lists);
 2. train the PEG video transformer (config ``synthetic_tiny``: 2 blocks, 64 wide, a 3D PEG
-   before every block, 8 frames at stride 2, 32 px crops) on the CPU;
+   before each block, ``peg_at=[-1, 0]``, 8 frames at stride 2, 32 px crops) on the CPU;
 3. evaluate with the multi-view protocol (2 clips per video), then the same weights on
    clips 1.5× longer (12 frames), which the PEG handles without any change.
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from . import cli
 from .data.synthetic import SyntheticSpec, make_synthetic_kinetics
-from .train import evaluate, parse_args, parse_eval_args, train
 
 __all__ = ["run_demo"]
 
@@ -43,10 +43,10 @@ def run_demo(out_dir: Path, quick: bool = False) -> dict[str, Any]:
         flags += ["--config", "synthetic_tiny", "--output-dir", str(out_dir / "run"), "--workers", "1"]
         if quick:
             flags += ["--epochs", "1", "--no-progress"]
-        report = train(parse_args(flags))
+        report = cli.train(flags)
         argv = ["--checkpoint", report["checkpoint"], "--num-frames", str(LONG_CLIP), "--workers", "1"]
         argv += ["--output-dir", str(out_dir / f"eval_{LONG_CLIP}_frames"), "--no-progress"]
-        long = evaluate(parse_eval_args(argv))
+        long = cli.evaluate(argv)
     finally:
         torch.set_num_threads(threads)
     metrics = report["eval"]

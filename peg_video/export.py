@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from peg_core.engine import UserError, load_model_state, new_parser, positive_int, read_checkpoint
+from peg_core.engine import UserError, new_parser, positive_int
 from peg_core.export.onnx import add_export_args, check_output_path, compare_onnxruntime, export_onnx
 
-from .task import build_model, checkpoint_run
+from .model import load_model
 
 __all__ = ["build_parser", "main"]
 
@@ -43,13 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    ckpt = read_checkpoint(args.checkpoint, task="video")
     check_output_path(args.out)
-    config, classes, _ = checkpoint_run(ckpt, args.checkpoint)
-    model = build_model(config)
+    loaded = load_model(args.checkpoint)
+    model, classes = loaded.model, loaded.classes
     if not hasattr(model, "tubelet"):
         raise UserError("export supports the video transformers; X3D is not exported", args.checkpoint)
-    load_model_state(model, ckpt["model"], args.checkpoint)
     model.eval()
     tub = model.tubelet
     example_size = (

@@ -1,4 +1,4 @@
-"""``python -m peg_video predict``: classify video files with a trained checkpoint.
+"""``python -m peg_video predict``: classify video files with a trained checkpoint (flags: ``peg_video.cli``).
 
     python -m peg_video predict --checkpoint runs/video/checkpoint.pth a.mp4 b.mp4 [--top-k 5]
 
@@ -10,54 +10,31 @@ the softmax of the views is averaged.  Prints one JSON line per video,
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from peg_core.engine import (
-    BrokenSample,
-    UserError,
-    device_arg,
-    load_model_state,
-    new_parser,
-    positive_int,
-    read_checkpoint,
-)
+from peg_core.engine import BrokenSample, UserError
 
 from .data import Annotations, KineticsVideoDataset, VideoRecord
 from .data.loaders import transform_config
-from .task import build_model, check_clip_fits, checkpoint_run
+from .model import check_clip_fits, load_model
 
-__all__ = ["build_parser", "main", "predict"]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = new_parser("python -m peg_video predict", __doc__)
-    p.add_argument("videos", type=Path, nargs="+", help="video files")
-    p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pth written by train")
-    p.add_argument("--top-k", type=positive_int, default=5, help="classes listed per video")
-    p.add_argument("--num-frames", type=positive_int, help="frames per clip (default: the training run's)")
-    p.add_argument("--num-clips", type=positive_int, help="clips per video (default: the training run's)")
-    p.add_argument("--num-crops", type=int, choices=(1, 3), help="crops per clip (default: the run's)")
-    p.add_argument("--device", type=device_arg, default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-    return p
+__all__ = ["predict"]
 
 
 @torch.no_grad()
 def predict(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Top-k classes of each of ``args.videos``; a missing or undecodable video is a :class:`UserError`."""
-    ckpt = read_checkpoint(args.checkpoint, task="video")
+    """Top-k classes of each of ``args.videos`` (:func:`peg_video.cli.build_predict_parser`).
+
+    A missing or undecodable video is a :class:`UserError`.
+    """
     device = torch.device("cpu" if args.device == "auto" else args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError("CUDA is not available on this machine", f"--device {args.device}")
-    config, classes, saved = checkpoint_run(ckpt, args.checkpoint)
-    model = build_model(config)
-    load_model_state(model, ckpt["model"], args.checkpoint)
-    model.to(device).eval()
-    run = argparse.Namespace(**{**saved, **{k: v for k, v in vars(args).items() if v is not None}})
+    loaded = load_model(args.checkpoint)
+    model, classes = loaded.model.to(device).eval(), loaded.classes
+    run = argparse.Namespace(**{**loaded.args, **{k: v for k, v in vars(args).items() if v is not None}})
     check_clip_fits(model, run)
     records = [VideoRecord(path, 0) for path in args.videos]
     ds = KineticsVideoDataset(
@@ -82,9 +59,3 @@ def predict(args: argparse.Namespace) -> list[dict[str, Any]]:
             "top": [{"label": classes[j], "score": round(s, 4)} for s, j in zip(top.values.tolist(), top.indices.tolist())],
         })  # fmt: skip
     return results
-
-
-def main(argv: list[str]) -> int:
-    for line in predict(build_parser().parse_args(argv)):
-        print(json.dumps(line), flush=True)
-    return 0

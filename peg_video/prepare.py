@@ -9,9 +9,19 @@ never looks at more than 320 pixels.  This command writes that copy:
   kept with its timestamp (so frame rate and duration are unchanged), audio dropped (the
   models do not use it); a ``.webm`` keeps its name and is written as Matroska with H.264;
 * a video already at or below the short side is copied byte for byte (faster, lossless);
-* every other file (CSV and ``path label`` lists, ``classes.json``) is copied; a list or CSV
-  holding absolute paths into SRC gets them rewritten to DST (relative paths stay valid as is);
+* every other file (CSV and ``path label`` lists, ``classes.json``) is copied; in a ``path label``
+  list (``.txt``/``.csv`` that is not a Kinetics CSV) each path is parsed, and an absolute path
+  into SRC becomes the same relative path under DST (resolved; other absolute paths and every
+  relative path, which is relative to the list's folder and so stays valid, are left as written);
+  each field of another CSV and each string value of JSON are treated alike; a Kinetics CSV holds no paths and is copied as is;
 * a video that cannot be read is skipped and listed in ``DST/prepare_report.json``.
+
+The settings that change the videos (``--short-side``, ``--crf``, ``--preset``) are recorded in
+``DST/prepare_settings.json`` before any video is written.  A later run into the same DST with
+other settings is refused with one line naming the recorded and the asked settings, before any
+work; ``--overwrite`` removes the earlier run's videos and prepares every video again with the
+new settings (with the same settings it changes nothing: the run resumes).  A DST from before
+the settings file takes its settings from ``prepare_report.json``.
 
 Both Kinetics layouts (flat ``split/ID_start_end.mp4`` and ``split/<class>/ID...mp4``) are
 handled alike: the folder structure under SRC is reproduced under DST.  Outputs are written to
@@ -20,11 +30,15 @@ second run skips every finished one (temporary files of the killed run are remov
 only read.
 
     python -m peg_video prepare k400 k400_320 --short-side 320 --workers 16
+
+The command's flags are in :func:`peg_video.cli.build_prepare_parser`.
 """
 
 from __future__ import annotations
 
-import argparse
+import csv
+import io
+import json
 import os
 import shutil
 import time
@@ -33,17 +47,30 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from peg_core.engine import UserError, ensure_writable, new_parser, nonnegative_int, positive_int, progress
+from peg_core.engine import UserError, ensure_writable, progress
 from peg_core.engine.trainer import write_json
 from peg_core.errors import require
 
+from .data.annotations import LIST_LINE, is_kinetics_csv
+
 av = require("av", None, "av", what="peg_video")  # the video encoder / decoder (PyAV)
 
-__all__ = ["VIDEO_EXTS", "PrepareResult", "main", "prepare_tree", "prepare_video", "scaled_size"]
+__all__ = [
+    "REPORT_NAME",
+    "SETTINGS_NAME",
+    "VIDEO_EXTS",
+    "PrepareResult",
+    "prepare_tree",
+    "prepare_video",
+    "scaled_size",
+]
 
 VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi", ".mov")
 ANNOTATION_EXTS = (".csv", ".txt", ".json")
 REPORT_NAME = "prepare_report.json"
+SETTINGS_NAME = "prepare_settings.json"
+#: the options that change the prepared videos (recorded in DST, compared on a re-run)
+SETTING_KEYS = ("short_side", "crf", "preset")
 _TMP_MARK = ".prepare-tmp"
 # Output container by extension; .webm cannot hold H.264, Matroska (its superset) can.
 _FORMATS = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "matroska", ".avi": "avi"}
@@ -141,28 +168,148 @@ def _prepare_job(job: tuple[Path, Path, int, int, str]) -> PrepareResult:
     return prepare_video(*job)
 
 
+class _PathMap:
+    """Maps an absolute path under SRC to the same relative path under DST; ``None`` otherwise."""
+
+    def __init__(self, src_root: Path, dst_root: Path) -> None:
+        # SRC as given on the command line (made absolute) and with its links resolved.
+        self.roots = sorted({Path(os.path.abspath(src_root)), src_root.resolve()}, key=str)
+        self.dst = dst_root.resolve()
+
+    def __call__(self, text: str) -> str | None:
+        if not os.path.isabs(text):
+            return None  # relative to the annotation file's folder, which DST mirrors
+        path = Path(os.path.normpath(text))
+        for root in self.roots:
+            if path.is_relative_to(root):
+                return str(self.dst / path.relative_to(root))
+        return None
+
+
+def _rewrite_list(text: str, mapped: _PathMap) -> str | None:
+    """A ``<path> <label>`` (or path-only) list with its absolute paths into SRC mapped; ``None`` when none is."""
+    lines, changed = text.splitlines(keepends=True), False
+    for i, line in enumerate(lines):
+        body = line.rstrip("\r\n")
+        if line.lstrip().startswith("#") or not body.strip():
+            continue
+        new = mapped(body.strip())  # a path alone (test lists)
+        if new is not None:
+            start = len(body) - len(body.lstrip())
+            lines[i] = body[:start] + new + line[len(body.rstrip()) :]
+            changed = True
+            continue
+        match = LIST_LINE.match(body)
+        new = mapped(match.group(1)) if match is not None else None
+        if new is not None:
+            lines[i] = line[: match.start(1)] + new + line[match.end(1) :]
+            changed = True
+    return "".join(lines) if changed else None
+
+
+def _rewrite_json(text: str, mapped: _PathMap) -> str | None:
+    """JSON with every string value that is an absolute path into SRC mapped; ``None`` when none is."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    changed = False
+
+    def walk(x):
+        nonlocal changed
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, str) and (new := mapped(x)) is not None:
+            changed = True
+            return new
+        return x
+
+    data = walk(data)
+    return json.dumps(data, indent=1, ensure_ascii=False) + "\n" if changed else None
+
+
+def _rewrite_csv(text: str, mapped: _PathMap) -> str | None:
+    """A comma-separated list: every field that is an absolute path into SRC mapped."""
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error:
+        return None
+    new_rows = [[mapped(f) or f for f in row] for row in rows]
+    if new_rows == rows:
+        return None
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\r\n" if "\r\n" in text else "\n").writerows(new_rows)
+    return out.getvalue()
+
+
+def _rewritten(src: Path, mapped: _PathMap) -> str | None:
+    """The annotation file's text with its paths into SRC pointed at DST, or ``None`` (copy as is)."""
+    suffix = src.suffix.lower()
+    if suffix not in ANNOTATION_EXTS:
+        return None
+    try:
+        text = src.read_bytes().decode("utf-8")  # line ends kept as written (CRLF lists stay CRLF)
+    except (UnicodeDecodeError, OSError):
+        return None
+    if suffix == ".json":
+        return _rewrite_json(text, mapped)
+    if is_kinetics_csv(src):
+        return None  # youtube ids and times, no paths
+    if suffix == ".csv" and "," in text.partition("\n")[0]:
+        return _rewrite_csv(text, mapped)
+    return _rewrite_list(text, mapped)
+
+
 def _copy_annotation(src: Path, out: Path, src_root: Path, dst_root: Path) -> bool:
-    """Copy a non-video file; CSV/list/JSON text with absolute paths into SRC gets them pointed at
-    DST.  Returns whether anything was rewritten."""
+    """Copy a non-video file; a list / CSV / JSON with absolute paths into SRC gets them pointed at
+    DST (see the module docstring).  Returns whether anything was rewritten."""
     tmp = _tmp_name(out)
-    rewritten = False
-    text = None
-    if src.suffix.lower() in ANNOTATION_EXTS:
-        try:
-            text = src.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            text = None
+    text = _rewritten(src, _PathMap(src_root, dst_root))
     if text is not None:
-        for root in {str(src_root), str(src_root.resolve())}:
-            if root + os.sep in text:
-                text = text.replace(root + os.sep, str(dst_root.resolve()) + os.sep)
-                rewritten = True
-    if rewritten:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(text.encode("utf-8"))
     else:
         shutil.copyfile(src, tmp)
     os.replace(tmp, out)
-    return rewritten
+    return text is not None
+
+
+def _recorded_settings(dst: Path) -> tuple[dict | None, Path]:
+    """The settings of an earlier run into ``dst`` and the file they come from (``None``: no run)."""
+    for name in (SETTINGS_NAME, REPORT_NAME):
+        path = dst / name
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise UserError(
+                    f"cannot read the settings of the earlier run ({e}); remove the file", path
+                ) from None
+            if isinstance(data, dict) and all(k in data for k in SETTING_KEYS):
+                return {k: data[k] for k in SETTING_KEYS}, path
+    return None, dst / SETTINGS_NAME
+
+
+def _flags(settings: dict) -> str:
+    return " ".join(f"--{k.replace('_', '-')} {settings[k]}" for k in SETTING_KEYS)
+
+
+def _check_settings(dst: Path, settings: dict, videos: list[Path], src: Path, overwrite: bool) -> None:
+    """Refuse a run whose settings differ from the earlier run's into ``dst``, unless ``overwrite``:
+    then the earlier videos are removed.  Records ``settings`` in ``dst`` (before any video)."""
+    recorded, where = _recorded_settings(dst)
+    if recorded is not None and recorded != settings:
+        if not overwrite:
+            raise UserError(
+                f"the output folder was prepared with {_flags(recorded)}, this run asks {_flags(settings)}; "
+                "give the same settings, another output folder, or --overwrite to prepare every video again",
+                where,
+            )
+        for video in videos:
+            (dst / video.relative_to(src)).unlink(missing_ok=True)
+    dst.mkdir(parents=True, exist_ok=True)
+    write_json(dst / SETTINGS_NAME, settings)
 
 
 def _check_folders(src: Path, dst: Path) -> None:
@@ -194,9 +341,13 @@ def prepare_tree(
     crf: int = 20,
     preset: str = "veryfast",
     show_progress: bool = True,
+    overwrite: bool = False,
 ) -> dict:
     """Prepare the tree ``src`` into ``dst``; returns the report also written to
-    ``dst/prepare_report.json`` (counts per action, broken videos with reasons, settings)."""
+    ``dst/prepare_report.json`` (counts per action, broken videos with reasons, settings).
+
+    A ``dst`` prepared earlier with other settings is a :class:`UserError` unless ``overwrite``
+    (see the module docstring)."""
     src, dst = Path(src), Path(dst)
     _check_folders(src, dst)
     t0 = time.perf_counter()
@@ -206,6 +357,8 @@ def prepare_tree(
     files = sorted(p for p in src.rglob("*") if p.is_file())
     videos = [p for p in files if p.suffix.lower() in VIDEO_EXTS]
     others = [p for p in files if p.suffix.lower() not in VIDEO_EXTS]
+    settings = {"short_side": short_side, "crf": crf, "preset": preset}
+    _check_settings(dst, settings, videos, src, overwrite)
     rewritten = []
     for path in others:
         out = dst / path.relative_to(src)
@@ -239,31 +392,3 @@ def prepare_tree(
     }
     write_json(dst / REPORT_NAME, report)
     return report
-
-
-def main(argv: list[str]) -> int:
-    """The ``prepare`` command."""
-    p = new_parser("python -m peg_video prepare", __doc__.split("\n\n")[0])
-    p.add_argument("src", type=Path, help="Kinetics tree (videos and annotation files)")
-    p.add_argument("dst", type=Path, help="where the prepared copy goes (created)")
-    p.add_argument(
-        "--short-side", type=positive_int, default=320, help="short side of the copies (default 320)"
-    )
-    p.add_argument("--workers", type=positive_int, default=max(1, (os.cpu_count() or 2) - 1))
-    p.add_argument("--crf", type=nonnegative_int, default=20, help="x264 quality (lower: better, larger)")
-    p.add_argument(
-        "--preset",
-        default="veryfast",
-        choices=("ultrafast", "superfast", "veryfast", "faster", "fast", "medium"),
-    )
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
-    if a.crf > 51:
-        p.error(f"argument --crf: expected an integer in [0, 51], got {a.crf}")
-    r = prepare_tree(a.src, a.dst, a.short_side, a.workers, a.crf, a.preset, not a.no_progress)
-    print(
-        f"prepared {r['videos']} videos in {r['seconds']:.1f}s: {r['encoded']} re-encoded, {r['copied']} copied, "
-        f"{r['done']} already done, {r['broken']['count']} broken (listed in {a.dst / REPORT_NAME})"
-    )
-    return 0

@@ -1,8 +1,9 @@
 """The video task for ``peg_core.engine``: what ``fit`` / ``evaluate_checkpoint`` need from peg_video.
 
-Only the video-specific parts live here: annotations and classes, the model (by name, with
+Only the video-specific parts live here: annotations and classes, the model (:mod:`peg_video.model`,
 its keywords stored as the checkpoint's ``model_config``), AdamW with linear warm-up and a
-per-step cosine decay, label smoothing, the training step and the multi-view evaluation.
+per-step cosine decay (``peg_core.engine``'s), label smoothing, the training step and the
+multi-view evaluation.
 The engine does the rest (resume, DDP, AMP, clipping, checkpoints, logs, broken videos).
 
 Data order, random clips and crops are functions of (seed, epoch, index) (``on_epoch_start``
@@ -12,7 +13,6 @@ sets the epoch of the sampler and the dataset), so a resumed run continues exact
 from __future__ import annotations
 
 import argparse
-import math
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,8 @@ from peg_core.engine import (
     StepOutput,
     TrainParts,
     UserError,
-    json_safe,
-    load_model_state,
+    param_groups,
+    warmup_cosine,
 )
 from peg_core.engine.recipes import apply_position_recipe
 
@@ -36,72 +36,16 @@ from .data import Annotations, is_kinetics_csv, load_annotations, read_class_map
 from .data.datasets import SPLIT_DATASETS, load_dataset
 from .data.loaders import make_loader
 from .evaluation import evaluate_views
+from .model import (
+    build_model,
+    check_clip_fits,
+    checkpoint_run,
+    init_weights,
+    load_model,
+    model_config_from_args,
+)
 
-__all__ = [
-    "VideoTask",
-    "build_model",
-    "check_clip_fits",
-    "checkpoint_run",
-    "load_data",
-    "model_config",
-    "param_groups",
-    "warmup_cosine",
-]
-
-
-def model_config(args: argparse.Namespace, num_classes: int) -> dict[str, Any]:
-    """JSON-safe keywords of :func:`peg_video.build_video_model` for ``args``."""
-    return json_safe(
-        {
-            "name": args.model,
-            "pos_enc": args.pos_enc,
-            "num_classes": num_classes,
-            "num_frames": args.num_frames,
-            "img_size": args.crop,
-            "tubelet": list(args.tubelet),
-            **args.model_opts,
-        }
-    )
-
-
-def build_model(config: dict[str, Any]) -> nn.Module:
-    """``build_video_model(**config)``; options that do not fit the model are a :class:`UserError`."""
-    from .models import build_video_model
-
-    try:
-        return build_video_model(**config)
-    except (ValueError, TypeError) as e:  # the constructors' checks of sizes and keywords
-        raise UserError(f"cannot build the model ({e})", f"--model {config.get('name')}") from None
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: no weight decay on biases, norms and the names in ``model.no_weight_decay()``.
-
-    The video transformer names its class token and learned position tables there, as CPVT
-    does; PEG kernels keep their decay.  A model without the method (X3D) exempts 1-d tensors only.
-    """
-    exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim <= 1 or name in exempt else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def warmup_cosine(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_ratio: float
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over ``warmup_steps``, then cosine down to ``min_ratio`` × lr at ``total_steps``
-    (stepped once per optimizer step)."""
-    fn = partial(_lr_factor, warmup=warmup_steps, total=total_steps, min_ratio=min_ratio)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+__all__ = ["VideoTask", "load_data", "resize_clips"]
 
 
 def _classes_beside_list(path: Path) -> list[str] | None:
@@ -200,10 +144,13 @@ class VideoTask:
         train_ann, val_ann, classes = load_data(args, resumed_classes)
         if ctx.is_main:
             write_class_map(classes, ctx.out_dir / "classes.json")
-        config = model_config(args, len(classes))
-        model = build_model(config)
-        if ckpt is None and args.init_2d is not None:
-            ctx.print(self._init_from_2d(model, args))
+        config = model_config_from_args(args, len(classes))
+        try:
+            model = build_model(config)
+        except (ValueError, TypeError) as e:  # the constructors' checks of sizes and keywords
+            raise UserError(f"cannot build the model ({e})", f"--arch {args.arch}") from None
+        if ckpt is None and args.init is not None:
+            ctx.print(init_weights(model, args.init, args.init_source))
         model.to(ctx.device)
         optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr)
         apply_position_recipe(  # before the scheduler, which records each group's lr
@@ -235,7 +182,7 @@ class VideoTask:
             train_ds.set_epoch(epoch)
 
         ctx.print(
-            f"training {args.model}/{args.pos_enc} on {len(train_ann.records)} videos, {len(classes)} classes, "
+            f"training {args.arch}/{args.pos_enc} on {len(train_ann.records)} videos, {len(classes)} classes, "
             f"{args.epochs} epochs x {steps} steps, world size {ctx.dist.world_size}, device {ctx.device}"
         )
         return TrainParts(
@@ -256,12 +203,10 @@ class VideoTask:
 
     def setup_eval(self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any]) -> EvalParts:
         path = args.checkpoint
-        config, classes, saved = checkpoint_run(ckpt, path)
-        run = _eval_args(args, saved)
-        if args.pos_interpolation is not None:
-            config["pos_interpolation"] = args.pos_interpolation
-        model = build_model(config)
-        load_model_state(model, ckpt["model"], path)
+        overrides = _eval_overrides(args, checkpoint_run(ckpt, path)[0])
+        loaded = load_model(ckpt, path, **overrides)
+        model, classes = loaded.model, loaded.classes
+        run = _eval_args(args, loaded.args)
         check_clip_fits(model, run)
         if args.split is not None and run.dataset not in SPLIT_DATASETS:
             raise UserError(f"{run.dataset} has no official splits (only {', '.join(SPLIT_DATASETS)})",
@@ -314,25 +259,15 @@ class VideoTask:
 
         return evaluate
 
-    @staticmethod
-    def _init_from_2d(model: nn.Module, args: argparse.Namespace) -> str:
-        from .models import VideoTransformer, load_2d_checkpoint
 
-        if not isinstance(model, VideoTransformer):
-            raise UserError("--init-2d needs a video transformer (vit_*)", f"--model {args.model}")
-        report = load_2d_checkpoint(model, args.init_2d, source=args.init_2d_source)
-        return str(report).splitlines()[0] + f" from {args.init_2d}"
-
-
-def checkpoint_run(ckpt: dict[str, Any], path: Path) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
-    """``(model_config, classes, training arguments)`` of a video checkpoint; a missing one is a :class:`UserError`."""
-    for key in ("model_config", "meta", "args"):
-        if not isinstance(ckpt.get(key), dict):
-            raise UserError(f"checkpoint has no {key!r} entry", path)
-    classes = ckpt["meta"].get("classes")
-    if not isinstance(classes, list) or not classes:
-        raise UserError("checkpoint has no class list in its 'meta' entry", path)
-    return dict(ckpt["model_config"]), list(classes), dict(ckpt["args"])
+def _eval_overrides(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
+    """``model_config`` entries that ``eval`` flags replace: ``--pos-interpolation`` of a learned table."""
+    if args.pos_interpolation is None:
+        return {}
+    if config.get("pos_enc") != "learned":
+        raise UserError(f"only a learned table is resized; the checkpoint's position encoding is "
+                        f"{config.get('pos_enc')!r}", f"--pos-interpolation {args.pos_interpolation}")  # fmt: skip
+    return {"pos_interpolation": args.pos_interpolation}
 
 
 def _eval_args(args: argparse.Namespace, saved: dict[str, Any]) -> argparse.Namespace:
@@ -374,13 +309,3 @@ def _check_recipe_sizes(model: nn.Module, args: argparse.Namespace) -> None:
         if bad:
             raise UserError(f"sizes must be multiples of the tubelet {tuple(tubelet)}",
                             f"--{flag.replace('_', '-')} {','.join(map(str, sizes))}")  # fmt: skip
-
-
-def check_clip_fits(model: nn.Module, run: argparse.Namespace) -> None:
-    """A transformer's clips must split into its tubelets; say so before decoding any video."""
-    tubelet = getattr(model, "tubelet", None)
-    if tubelet is None:
-        return
-    for flag, value, size in (("--num-frames", run.num_frames, tubelet[0]), ("--crop", run.crop, tubelet[1])):
-        if value % size:
-            raise UserError(f"must be a multiple of the model's tubelet {tuple(tubelet)}", f"{flag} {value}")

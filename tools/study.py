@@ -67,6 +67,7 @@ __all__ = [
     "error_bars",
     "fmt_ms",
     "interpret",
+    "judge",
     "main",
     "markdown_table",
     "plot_task",
@@ -78,8 +79,8 @@ DATA_HELP = {
     "detect": "COCO layout: train2017/, val2017/, annotations/instances_{train,val}2017.json",
     "video": "folder with train.csv + val.csv (Kinetics) or train.txt + val.txt ('path label')",
 }
-#: a difference between two rows counts when larger than this with one seed (no std to go by)
-ONE_SEED_MARGIN = 0.02
+#: a value is "near chance" below ``chance + CHANCE_MARGIN * (1 - chance)`` (a tenth of the way to perfect)
+CHANCE_MARGIN = 0.1
 PROTOCOL_TEXT = {
     "quadrant": (
         "Protocol *quadrant*: the class is the shape and the quadrant it sits in, so the model must "
@@ -194,23 +195,63 @@ def plot_task(result: TaskResult, path: Path) -> Path:
 # ----------------------------------------------------------------------------------- interpretation
 
 
-def compare(a: Row, b: Row, col: str, col_b: str | None = None) -> int:
-    """``1`` when ``a`` beats ``b`` at ``col`` (``b`` at ``col_b``), ``-1`` when it trails, ``0`` within noise.
+def judge(
+    a: Row, b: Row, col: str, col_b: str | None = None, chance: float | None = None
+) -> tuple[int, str | None]:
+    """``(sign, why)``: whether ``a`` at ``col`` beats (``1``) or trails (``-1``) ``b`` at ``col_b``.
 
-    A difference counts when it exceeds the sum of the two sample stds (with one seed:
-    :data:`ONE_SEED_MARGIN`).
+    A difference counts only with at least 2 seeds (a sample std on both sides), when it exceeds
+    the combined spread ``std_a + std_b``, and not when both values are near ``chance`` (see
+    :data:`CHANCE_MARGIN`).  Otherwise the sign is ``0`` and ``why`` says which of these failed.
     """
     col_b = col_b or col
-    diff = a.scores[col] - b.scores[col_b]
+    va, vb = a.scores[col], b.scores[col_b]
     sa, sb = a.std.get(col), b.std.get(col_b)
-    margin = ONE_SEED_MARGIN if sa is None or sb is None else max(sa + sb, 1e-9)
-    return 0 if abs(diff) <= margin else (1 if diff > 0 else -1)
+    reasons = []
+    if sa is None or sb is None:
+        reasons.append("one seed: a difference needs at least 2 seeds")
+    elif abs(va - vb) <= sa + sb:
+        reasons.append(f"the difference {abs(va - vb):.3f} is within the spread ±{sa + sb:.3f}")
+    if chance is not None:
+        near = chance + CHANCE_MARGIN * (1 - chance)
+        if va < near and vb < near:
+            reasons.append(f"both are near chance ({chance:.3f})")
+    if reasons:
+        return 0, "; ".join(reasons)
+    return (1 if va > vb else -1), None
 
 
-def _holds(row: Row, col: str, train: str) -> str:
-    """``keeps 0.98 ± 0.01`` / ``drops to 0.61 ± 0.05`` / ``rises to ...`` from ``train`` to ``col``."""
-    verb = {0: "keeps", 1: "rises to", -1: "drops to"}[compare(row, row, col, train)]
+def compare(a: Row, b: Row, col: str, col_b: str | None = None, chance: float | None = None) -> int:
+    """``1`` when ``a`` beats ``b`` at ``col`` (``b`` at ``col_b``), ``-1`` when it trails, ``0``: no
+    conclusion (see :func:`judge`)."""
+    return judge(a, b, col, col_b, chance)[0]
+
+
+def _no_conclusion(why: str | None) -> str:
+    return f"no conclusion ({why})"
+
+
+def _holds(row: Row, col: str, train: str, chance: float | None = None) -> str:
+    """``keeps 0.98 ± 0.01`` / ``drops to 0.61 ± 0.05`` / ``rises to ...`` from ``train`` to ``col``;
+    ``is at 0.61`` when the seeds or chance do not support a change or its absence."""
+    sign, why = judge(row, row, col, train, chance)
+    if why is not None and ("one seed" in why or "chance" in why):
+        return f"is at {_cell(row, col)}"
+    verb = {0: "keeps", 1: "rises to", -1: "drops to"}[sign]
     return f"{verb} {_cell(row, col)}"
+
+
+def _best(rows: list[Row], col: str, chance: float | None) -> str:
+    """The best row at ``col`` when it is ahead of the runner-up, else no conclusion."""
+    ranked = sorted(rows, key=lambda r: r.scores[col], reverse=True)
+    top = ranked[0]
+    if len(ranked) > 1:
+        sign, why = judge(top, ranked[1], col, chance=chance)
+        if sign != 1:
+            return (
+                f"{_no_conclusion(why)}: highest `{top.label}` ({_cell(top, col)}), next `{ranked[1].label}`"
+            )
+    return f"best `{top.label}` ({_cell(top, col)})"
 
 
 def _find(result: TaskResult, *labels: str) -> Row | None:
@@ -223,7 +264,8 @@ def interpret(result: TaskResult) -> list[str]:
 
     Compares the conditional encoding (``peg`` / ``peg3d``) with a learned table resized
     bicubically, at the training size and at the largest test size, and reads the padding
-    ablation; says which claim of the CPVT paper the table supports, contradicts or cannot separate.
+    ablation; says which claim of the CPVT paper the table supports or contradicts, or that it draws
+    no conclusion and why (one seed, a difference within the spread, both near chance: :func:`judge`).
     """
     out: list[str] = []
     if result.protocol in PROTOCOL_TEXT:
@@ -233,14 +275,13 @@ def interpret(result: TaskResult) -> list[str]:
     peg = _find(result, "peg", "peg3d")
     learned = _find(result, "learned (bicubic)", "learned")
     none = _find(result, "none")
+    chance = result.chance
     if peg is not None and learned is not None and big != train:
-        verdict = compare(peg, learned, big)
+        verdict, why = judge(peg, learned, big, chance=chance)
         out.append(
-            f"At {big} (trained at {train}) {peg.label} {_holds(peg, big, train)} while "
-            f"{learned.label} {_holds(learned, big, train)}: "
-            + {1: f"{peg.label} is ahead", -1: f"{learned.label} is ahead", 0: "within noise of each other"}[
-                verdict
-            ]
+            f"At {big} (trained at {train}) {peg.label} {_holds(peg, big, train, chance)} while "
+            f"{learned.label} {_holds(learned, big, train, chance)}: "
+            + {1: f"{peg.label} is ahead", -1: f"{learned.label} is ahead", 0: _no_conclusion(why)}[verdict]
             + "."
         )
         claim = "a PEG generalises to a larger input without fine-tuning better than a resized learned table"
@@ -248,40 +289,42 @@ def interpret(result: TaskResult) -> list[str]:
             claim += " (CPVT-Ti 73.4 -> 74.2 against DeiT-Ti 72.2 -> 71.2 at 224 -> 384 px)"
         elif result.protocol == "quadrant":
             claim += " when the label needs absolute position (not the paper's protocol: see classify-scale)"
-        support = {1: "supports", -1: "contradicts", 0: "cannot separate"}[verdict]
         keeps = ""
-        if verdict == 1 and compare(peg, peg, big, train) == -1:  # ahead, yet not holding its own level
+        if verdict == 1 and compare(peg, peg, big, train, chance) == -1:  # ahead, yet not holding its level
             keeps = (f", but not that a PEG keeps its accuracy: {peg.label} falls from {_cell(peg, train)} to "
                      f"{_cell(peg, big)}")  # fmt: skip
-        out.append(f"This table {support} the claim that {claim}{keeps}.")
+        if verdict == 0:
+            out.append(f"This table draws no conclusion on the claim that {claim} ({why}).")
+        else:
+            out.append(
+                f"This table {'supports' if verdict == 1 else 'contradicts'} the claim that {claim}{keeps}."
+            )
     if peg is not None and none is not None and result.protocol != "scale":
-        v = compare(peg, none, train)
+        v, why = judge(peg, none, train, chance=chance)
+        reading = {1: "the task needs position, and the PEG supplies it", -1: "the PEG hurts here"}
         out.append(
             f"At the training size {peg.label} reaches {_cell(peg, train)} and `none` {_cell(none, train)}: "
-            + {
-                1: "the task needs position, and the PEG supplies it",
-                0: "no gain from the PEG here",
-                -1: "the PEG hurts here",
-            }[v]
-            + "."
+            f"{reading.get(v) or _no_conclusion(why)}."
         )
     pad = {r.label: r for r in result.rows if r.group == "padding"}
     if "zero padding" in pad and "circular padding" in pad:
         z, c = pad["zero padding"], pad["circular padding"]
-        v = compare(z, c, train)
+        v, why = judge(z, c, train, chance=chance)
+        claim = "the paper's claim that zero padding is what lets a PEG encode absolute position"
         out.append(
             f"Without zero padding (circular) the PEG reaches {_cell(c, train)} at the training size "
             f"against {_cell(z, train)} with zeros: "
-            + {1: "supports", 0: "cannot separate", -1: "contradicts"}[v]
-            + " the paper's claim that zero padding is what lets a PEG encode absolute position."
+            + (
+                f"{_no_conclusion(why)} on {claim}"
+                if v == 0
+                else f"{'supports' if v == 1 else 'contradicts'} {claim}"
+            )
+            + "."
         )
     for group in dict.fromkeys(r.group for r in result.rows if r.group not in ("encoding", "padding")):
         rows = [r for r in result.rows if r.group == group]
-        best_train = max(rows, key=lambda r: r.scores[train])
-        best_big = max(rows, key=lambda r: r.scores[big])
         out.append(
-            f"Ablation {group}: best at the training size `{best_train.label}` ({_cell(best_train, train)}), "
-            f"at {big} `{best_big.label}` ({_cell(best_big, big)})."
+            f"Ablation {group}: at the training size {_best(rows, train, chance)}; at {big} {_best(rows, big, chance)}."
         )
     return out
 
@@ -362,7 +405,9 @@ def write_report(
         "",
         "Embedded data is small and budgets are minutes on a CPU: the numbers show trends between "
         "encodings under a size change, not what these models reach on real data. A difference counts "
-        "(in the sentences) when it exceeds the sum of the two standard deviations.",
+        "(in the sentences) only with at least 2 seeds, when it exceeds the sum of the two standard "
+        "deviations, and not when both values are near chance; otherwise the sentence says no conclusion "
+        "and why.",
     ]
     for r in results:
         png = plot_task(r, out / f"{r.task}.png")

@@ -135,9 +135,19 @@ class TaskResult:
     notes: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [0])
     protocol: str | None = None
+    chance: float | None = None  # the metric of a model that learned nothing (1 / classes; AP: 0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _folder_chance(train: Path) -> float | None:
+    """Top-1 at chance of an ImageFolder ``train`` tree: 1 / its number of class folders."""
+    try:
+        n = sum(1 for p in train.iterdir() if p.is_dir())
+    except OSError:
+        return None
+    return 1 / n if n else None
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
@@ -192,6 +202,7 @@ class Plan:
     protocol: str | None = None
     notes: list[str] = field(default_factory=list)
     views: list[tuple[str, int, int]] = field(default_factory=list)  # video: (label, frames, crop)
+    chance: float | None = None  # the metric at chance (see TaskResult.chance)
 
 
 @dataclass
@@ -221,10 +232,10 @@ def _quiet_parse(parse: Callable[[list[str]], Any], argv: Sequence[str]) -> Any 
 
 def classify_accepts(argv: Sequence[str]) -> bool:
     """Whether ``python -m peg_core train`` takes ``argv`` and builds a model from it."""
-    from peg_core.classify.cli import build_train_parser
+    from peg_core.classify.cli import parse_train_args
     from peg_core.classify.model import build_model, model_config_from_args
 
-    args = _quiet_parse(build_train_parser().parse_args, argv)
+    args = _quiet_parse(parse_train_args, argv)
     if args is None:
         return False
     try:
@@ -378,17 +389,18 @@ def plan_classify(
         task="classify", key=key, out=out, specs=specs, seeds=seeds, budget=budget, epochs=epochs, metric="top-1", sizes=sizes, labels=[f"{s} px" for s in sizes],
         train_label=f"{size} px", data=info, data_name=data_name, model=_describe(DEMO_CONFIG),
         quantize=quantize, protocol=protocol if data is None else None, notes=notes,
+        chance=_folder_chance(Path(info["root"]) / "train"),
     )  # fmt: skip
 
 
 def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
-    from peg_core.classify import load_classifier
     from peg_core.classify.cli import evaluate, train
+    from peg_core.classify.model import load_model
 
     common = ["--device", "cpu", "--no-progress", "--workers", "0"]
     size = int(plan.train_label.split()[0])
     argv = [*common, "--seed", str(seed), "--epochs", str(plan.epochs), "--img-size", str(size),
-            "--batch-size", str(plan.budget.batch_size), "--eval-every", "0", "--data", plan.data["root"],
+            "--batch-size", str(plan.budget.batch_size), "--eval-every", "0", "--data-root", plan.data["root"],
             "--pos-enc", spec.encoding, *spec.argv, "--output-dir", str(run_dir)]  # fmt: skip
     if plan.data[
         "generated"
@@ -396,7 +408,7 @@ def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellR
         argv += ["--augment", "none", "--crop-ratio", "1", "--normalize", "half"]
     train(argv)
     ckpt = run_dir / "checkpoint.pth"
-    model, _ = load_classifier(ckpt)
+    model = load_model(ckpt).model
     x = torch.zeros(1, 3, size, size)
     cost = encoding_cost({"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks}, lambda: model(x))
 
@@ -409,7 +421,7 @@ def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellR
             return {lab: by_size[str(s)] for lab, s in zip(plan.labels, plan.sizes, strict=True)}
         scores = {}
         for lab, s in zip(plan.labels, plan.sizes, strict=True):  # the scenes rendered at each size
-            rep = evaluate([*flags, "--eval-sizes", str(s), "--data", str(Path(plan.data["root"]) / f"at{s}"),
+            rep = evaluate([*flags, "--eval-sizes", str(s), "--data-root", str(Path(plan.data["root"]) / f"at{s}"),
                             "--output-dir", str(run_dir / f"eval_{mode or 'default'}_{s}")])  # fmt: skip
             scores[lab] = rep["eval"]["top1_by_size"][str(s)]
         return scores
@@ -431,11 +443,13 @@ def _classify_int8(plan: Plan, ckpt: Path) -> dict[str, float]:
     """
     import torch.nn.functional as F
 
-    from peg_core.classify import load_classifier
     from peg_core.classify.data import FolderImages, folder_transform, open_val_split, scan_split
+    from peg_core.classify.model import load_model
+    from peg_core.engine import read_checkpoint
     from peg_core.export.quantize import calibration_batches, quantize_int8
 
-    model, checkpoint = load_classifier(ckpt)
+    checkpoint = read_checkpoint(ckpt, "classify")
+    model = load_model(checkpoint, ckpt).model
     meta = checkpoint["meta"]
     classes, size, patch = meta["classes"], int(meta["img_size"]), int(model.patch_size)
     mean, std, crop = meta["mean"], meta["std"], float(meta.get("crop_ratio", 1.0))
@@ -468,20 +482,14 @@ def _detr_eval(
     ckpt_path: Path, coco: Path, sizes: list[int], mode: str | None, batch: int
 ) -> dict[str, dict]:
     """COCO numbers of a ``peg_detr`` checkpoint per short side (``"80"``: stats; learned table resized by ``mode``)."""
-    from peg_core.engine import evaluate_checkpoint
-    from peg_detr.evaluate import parse_eval_args
-    from peg_detr.task import DetectTask
+    from peg_detr import cli
 
-    def set_mode(model: torch.nn.Module) -> None:
-        if mode is not None:
-            model.transformer.encoder.pos.interpolation = mode
-
-    args = parse_eval_args([
-        "--checkpoint", str(ckpt_path), "--coco-path", str(coco), "--eval-sizes", ",".join(map(str, sizes)),
+    argv = [
+        "--checkpoint", str(ckpt_path), "--data-root", str(coco), "--eval-sizes", ",".join(map(str, sizes)),
         "--batch-size", str(batch), "--output-dir", str(ckpt_path.parent / f"eval_{mode or 'default'}"),
         "--workers", "0", "--no-progress", "--device", "cpu",
-    ])  # fmt: skip
-    return evaluate_checkpoint(DetectTask(adjust_model=set_mode), args)["eval"]["sizes"]
+    ] + (["--pos-interpolation", mode] if mode else [])  # fmt: skip
+    return cli.evaluate(argv)["eval"]["sizes"]
 
 
 def plan_detect(
@@ -515,28 +523,27 @@ def plan_detect(
         task="detect", key="detect", out=out, specs=specs, seeds=seeds, budget=budget,
         epochs=epochs or budget.epochs, metric="AP50", sizes=sizes, labels=[f"{s} px" for s in sizes],
         train_label=f"{size} px", data={"root": str(data)}, data_name=data_name,
-        model="DETR demo_tiny (tiny backbone, 2+2 layers, dim 64)", notes=notes,
+        model="DETR demo_tiny (tiny backbone, 2+2 layers, dim 64)", notes=notes, chance=0.0,
     )  # fmt: skip
 
 
 def _detect_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
-    from peg_core.engine import read_checkpoint
-    from peg_detr.model_io import model_from_checkpoint
-    from peg_detr.train import main as train
+    from peg_detr.cli import train
+    from peg_detr.model import load_model as load_detector
 
     size, epochs, data = int(plan.train_label.split()[0]), plan.epochs, Path(plan.data["root"])
     argv = [
-        "--config", "demo_tiny", "--coco-path", str(data), "--output-dir", str(run_dir),
+        "--config", "demo_tiny", "--data-root", str(data), "--output-dir", str(run_dir),
         "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(epochs), "--lr-drop", str(max(1, epochs * 5 // 6)),
         "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
         # one training size (no multi-scale, no crop): every other test size is unseen
-        "--train-scales", str(size), "--crop-resize", "", "--val-size", str(size),
+        "--train-sizes", str(size), "--crop-resize", "", "--val-size", str(size),
         "--max-size", str(2 * size), "--eval-sizes", str(size), "--eval-every", "0",
         "--workers", "0", "--no-progress", "--device", "cpu",
     ]  # fmt: skip
     train(argv)
     ckpt = run_dir / "checkpoint.pth"
-    model, _, _ = model_from_checkpoint(read_checkpoint(ckpt, "detect"), ckpt)
+    model = load_detector(ckpt).model
     enc = model.transformer.encoder
     x = [torch.zeros(3, size, size)]
     model.eval()
@@ -573,13 +580,26 @@ def _video_eval(ckpt_path: Path, frames: int, crop: int, mode: str | None, batch
 
     Each view writes its ``report.json`` to its own folder beside the checkpoint.
     """
-    from peg_video.train import evaluate, parse_eval_args
+    from peg_video import cli
 
     out = ckpt_path.parent / f"eval_{frames}fr_{crop}px_{mode or 'default'}"
     argv = ["--checkpoint", str(ckpt_path), "--num-frames", str(frames), "--crop", str(crop)]
     argv += ["--batch-size", str(batch), "--device", "cpu", "--no-progress", "--workers", "0"]
     argv += ["--output-dir", str(out)] + (["--pos-interpolation", mode] if mode is not None else [])
-    return evaluate(parse_eval_args(argv))["eval"]
+    return cli.evaluate(argv)["eval"]
+
+
+def _video_chance(data: Path) -> float | None:
+    """Top-1 at chance of a video folder: 1 / the classes of its training annotations."""
+    from peg_video.data import load_annotations
+
+    for name in ("train.csv", "train.txt"):
+        if (data / name).is_file():
+            try:
+                return 1 / load_annotations(data / name).num_classes
+            except (ValueError, OSError):
+                return None
+    return None
 
 
 def plan_video(
@@ -589,7 +609,7 @@ def plan_video(
     """Tiny video ViT (``synthetic_tiny``) with peg3d / peg3d-factorized / learned / none.
 
     ``data``: a folder with ``train.csv`` + ``val.csv`` (or ``train.txt`` + ``val.txt``) and the videos.
-    ``ablate`` with ``"video"`` adds the 3D PEG after the first block only (the recipe: after every block).
+    ``ablate`` with ``"video"`` adds the 3D PEG after the first block only (the recipe: before every block).
     """
     from peg_video.configs import CONFIGS
     from peg_video.data.synthetic import SyntheticSpec, make_synthetic_kinetics
@@ -609,11 +629,12 @@ def plan_video(
     specs = [RowSpec(e, e, modes=_modes(e)) for e in ("peg3d", "peg3d-factorized", "learned", "none")]
     if "video" in ablate:
         depth = cfg["model_opts"]["depth"]
+        # the recipe's peg_at [-1, 0] .. [-1, depth-2]: a PEG3d at the input of every block
         specs += [
             RowSpec("full 3x3x3", "peg3d", group="video", same_as="peg3d"),
             RowSpec("factorized 3x3 + 3", "peg3d-factorized", group="video", same_as="peg3d-factorized"),
-            RowSpec(f"full, after blocks {_peg_blocks(depth)}", "peg3d", group="video", same_as="peg3d"),
-            RowSpec("full, after block 0", "peg3d", ("--model-opt", "peg_at=[0]"), group="video"),
+            RowSpec(f"full, before blocks {_peg_blocks(depth)}", "peg3d", group="video", same_as="peg3d"),
+            RowSpec("full, after block 0", "peg3d", ("--peg-at", "0"), group="video"),
         ]
     notes = [
         "Clip length changes the number of frames at the training stride (2); "
@@ -624,14 +645,20 @@ def plan_video(
         task="video", key="video", out=out, specs=specs, seeds=seeds, budget=budget,
         epochs=epochs or budget.epochs, metric="top-1", sizes=[], labels=[v[0] for v in views],
         train_label=views[1][0], data={"root": str(data)}, data_name=data_name,
-        model=_describe(cfg["model_opts"], f"video {cfg['model']}"), notes=notes, views=views,
+        model=_describe(_video_model_keys(cfg), f"video {cfg['arch']}"), notes=notes, views=views,
+        chance=_video_chance(data),
     )  # fmt: skip
+
+
+def _video_model_keys(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The recipe's model keywords (builder options, heads, PEG placement) for the table's caption."""
+    return {**cfg["model_opts"], **{k: cfg[k] for k in ("num_heads", "peg_at") if k in cfg}}
 
 
 def _video_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
     from peg_core.engine import read_checkpoint
-    from peg_video.task import build_model
-    from peg_video.train import parse_args, train
+    from peg_video import cli
+    from peg_video.model import build_model
 
     root = Path(plan.data["root"])
     ann = {split: _annotation(root, split) for split in ("train", "val")}
@@ -642,7 +669,7 @@ def _video_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResu
         "--output-dir", str(run_dir), "--epochs", str(plan.epochs), "--batch-size", str(plan.budget.batch_size),
         "--crop", str(crop), "--seed", str(seed), "--eval-every", "0", "--device", "cpu", "--no-progress",
     ]  # fmt: skip
-    report = train(parse_args(argv))
+    report = cli.train(argv)
     ckpt_path = Path(report["checkpoint"])
     ckpt = read_checkpoint(ckpt_path, "video")
     seed_everything(seed)
@@ -718,7 +745,7 @@ def assemble(plan: Plan, cells: dict[tuple[str, int], CellResult | None], second
     if plan.task == "classify":
         budget["train_size"] = int(plan.train_label.split()[0])
     return TaskResult(plan.key, plan.metric, plan.train_label, list(plan.labels), rows, budget, plan.data_name,
-                      round(seconds, 1), notes, list(plan.seeds), plan.protocol)  # fmt: skip
+                      round(seconds, 1), notes, list(plan.seeds), plan.protocol, plan.chance)  # fmt: skip
 
 
 def cells_of(plan: Plan) -> list[RowSpec]:

@@ -6,26 +6,27 @@ input sizes); :mod:`peg_core.engine` runs it.  torch-only on import: torchvision
 by the commands that read image files.
 """
 
-from .model import ARCHS, DEMO_CONFIG, build_model, make_optimizer, scaled_sizes, warmup_cosine
-from .predict import Prediction, load_classifier, predict_files
+from .configs import CONFIGS, DEFAULTS
+from .model import ARCHS, DEMO_CONFIG, build_model, load_init_weights, load_model, scaled_sizes
+from .predict import Prediction, predict_files
 from .shapes import CLASS_NAMES, NUM_CLASSES, ShapeScenes, make_shape_splits, sample_scenes
-from .task import ClassifyTask, load_model
+from .task import ClassifyTask
 
 __all__ = [
     "ARCHS",
     "CLASS_NAMES",
+    "CONFIGS",
+    "DEFAULTS",
     "DEMO_CONFIG",
     "NUM_CLASSES",
     "ClassifyTask",
     "Prediction",
     "ShapeScenes",
     "build_model",
-    "load_classifier",
+    "load_init_weights",
     "load_model",
-    "make_optimizer",
     "make_shape_splits",
     "predict_files",
     "sample_scenes",
     "scaled_sizes",
-    "warmup_cosine",
 ]

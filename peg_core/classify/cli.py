@@ -2,7 +2,7 @@
 
     python -m peg_core make-data data/shapes
     python -m peg_core train --config demo --output-dir runs/classify
-    python -m peg_core train --config demo --data data/shapes --output-dir runs/classify_folder
+    python -m peg_core train --config demo --data-root data/shapes --output-dir runs/classify_folder
     python -m peg_core eval --checkpoint runs/classify/checkpoint.pth --eval-sizes 36,48,72,96
     python -m peg_core predict --checkpoint runs/classify/checkpoint.pth data/shapes/val/*/00001.png
 
@@ -22,15 +22,21 @@ from typing import Any
 import torch
 
 from ..engine import (
+    RESIZE_MODES,
     UserError,
+    add_alias,
+    add_arch_arg,
+    add_data_root_arg,
     add_eval_args,
+    add_make_data_counts,
+    add_num_heads_arg,
+    add_pos_args,
     add_train_args,
     device_arg,
     evaluate_checkpoint,
     fit,
     image_side,
     image_side_list,
-    int_list,
     new_parser,
     nonnegative_float,
     parse_with_config,
@@ -40,7 +46,7 @@ from ..engine import (
 )
 from ..engine.recipes import add_recipe_args
 from ..models.cpvt import GLOBAL_POOLS, POS_ENCODINGS
-from ..peg import PADDING_MODES
+from .configs import CONFIGS, DEFAULTS
 from .data import AUGMENTS, NORMALIZE, check_layout, require_torchvision
 from .make_data import FORMATS, write_shapes_folder
 from .model import ARCHS
@@ -56,24 +62,13 @@ __all__ = [
     "build_train_parser",
     "evaluate",
     "make_data",
+    "parse_train_args",
     "predict",
     "train",
 ]
 
-RESIZE_MODES = ("nearest", "bilinear", "bicubic", "area")
-#: named recipes (``--config``); explicit flags override them
-CONFIGS: dict[str, dict[str, Any]] = {
-    # The `make demo` recipe: small CPVT-PEG on 2048 generated 48 px shapes (top-1 0.97-0.996 at 48 px:
-    # the recipe is sensitive to float rounding, so the number moves with the CPU thread count).
-    # The data settings apply when the shapes come from a folder (make-data): whole images, no flip
-    # (it would swap the left/right classes), the scenes' own 2 rgb - 1 scaling.
-    "demo": {
-        "arch": "demo", "pos_enc": "peg", "img_size": 48, "n_train": 2048, "n_val": 512, "epochs": 6,
-        "batch_size": 32, "lr": 2e-3, "weight_decay": 0.05, "warmup_epochs": 1.0, "clip_max_norm": 1.0,
-        "augment": "none", "crop_ratio": 1.0, "normalize": "half",
-    },
-}  # fmt: skip
-CONFIGS["demo_quick"] = {**CONFIGS["demo"], "n_train": 512, "epochs": 2}  # seconds; near chance
+#: the generated shapes' split sizes (make-data's defaults, the demo recipe's)
+NUM_TRAIN, NUM_VAL = DEFAULTS["num_train"], DEFAULTS["num_val"]
 
 
 def crop_ratio(text: str) -> float:
@@ -84,45 +79,15 @@ def crop_ratio(text: str) -> float:
     return value
 
 
-def peg_at_arg(text: str) -> list[int] | str:
-    """``argparse`` type of ``--peg-at``: ``"all"``, or block indices ``"0,1,2"`` where ``-1`` is before block 0."""
-    if text.strip() == "all":
-        return "all"
-    parts = [t.strip() for t in text.split(",")]
-    if "-1" in parts:
-        rest = [t for t in parts if t != "-1"]
-        return [-1, *(int_list(",".join(rest)) if rest else [])]
-    return int_list(text)
-
-
-def odd_kernel(text: str) -> int:
-    """``argparse`` type: an odd kernel side >= 1 (the PEG keeps the grid's size)."""
-    value = positive_int(text)
-    if value % 2 == 0:
-        raise argparse.ArgumentTypeError(f"expected an odd integer >= 1; got {text!r}")
-    return value
-
-
 def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (CPVT)")
-    g.add_argument("--arch", choices=ARCHS, help="demo (small, for the generated shapes) or a CPVT size")
-    g.add_argument("--pos-enc", choices=POS_ENCODINGS, help="position encoding (peg: CPVT)")
-    g.add_argument("--peg-at", type=peg_at_arg,
-                   help="blocks followed by a PEG, e.g. 0 or 0,1,2,3; -1: before block 0; all (default: arch's)")  # fmt: skip
-    g.add_argument("--peg-kernel-size", type=odd_kernel, help="PEG depthwise kernel side (default 3)")
-    g.add_argument("--peg-separable", action=argparse.BooleanOptionalAction,
-                   help="separable PEG: a 1xk then a kx1 depthwise conv (default: off)")  # fmt: skip
-    g.add_argument("--peg-padding", choices=PADDING_MODES,
-                   help="PEG conv border: zeros (CPVT) or circular (no absolute position) (default zeros)")  # fmt: skip
-    g.add_argument("--peg-dynamic", action=argparse.BooleanOptionalAction,
-                   help="per-image PEG kernels mixed from a bank (dynamic convolution) (default: off)")  # fmt: skip
-    g.add_argument("--peg-num-kernels", type=positive_int, help="bank size of --peg-dynamic (default 4)")
+    add_arch_arg(g, ARCHS, help="demo (small, for the generated shapes) or a CPVT size")
+    add_pos_args(g, POS_ENCODINGS)  # --pos-enc, the PEG group (peg: CPVT), --pos-interpolation
+    add_alias(g, "--mode", dest="pos_interpolation", choices=RESIZE_MODES)
     g.add_argument("--global-pool", choices=GLOBAL_POOLS, help="token (class token) or avg (default: arch's)")
-    g.add_argument("--pos-interpolation", "--mode", dest="pos_interpolation", choices=RESIZE_MODES,
-                   help="how a learned table is resized for other input sizes")  # fmt: skip
     g.add_argument("--embed-dim", type=positive_int, help="override the arch's width")
     g.add_argument("--depth", type=positive_int, help="override the arch's number of blocks")
-    g.add_argument("--num-heads", type=positive_int, help="override the arch's attention heads")
+    add_num_heads_arg(g)
     g.add_argument("--patch-size", type=positive_int, help="override the arch's patch side")
     g.add_argument("--mlp-ratio", type=positive_float, help="override the arch's MLP width ratio")
     g.add_argument("--drop-path-rate", type=unit_fraction, help="stochastic depth (default 0)")
@@ -130,11 +95,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def _data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
-    g.add_argument("--data", type=Path, help="ImageFolder root: PATH/train/<class>/*.jpg, PATH/val/<class>/*.jpg "
-                   "(default: the generated shapes)")  # fmt: skip
+    add_data_root_arg(g, aliases=["--data"], help="ImageFolder root: PATH/train/<class>/*.jpg, "
+                      "PATH/val/<class>/*.jpg (default: the generated shapes)")  # fmt: skip
     g.add_argument("--img-size", type=image_side, help="training image side")
-    g.add_argument("--n-train", type=positive_int, help="generated training images (without --data)")
-    g.add_argument("--n-val", type=positive_int, help="generated validation images (without --data)")
+    # the generated shapes' counts (without --data-root)
+    add_make_data_counts(g, num_train=NUM_TRAIN, num_val=NUM_VAL, aliases=[("--n-train", "--n-val")])
     g.add_argument("--augment", choices=AUGMENTS, help="folder training: flip-crop (default) or none")
     g.add_argument("--crop-ratio", type=crop_ratio,
                    help="folder evaluation: resize to size / ratio, centre-crop size (default 0.875)")  # fmt: skip
@@ -142,9 +107,20 @@ def _data_args(p: argparse.ArgumentParser) -> None:
                    help="pixel statistics: imagenet (folder default) or half (2x - 1, generated shapes)")  # fmt: skip
 
 
+INIT_HELP = """\
+--init PATH: starting weights, a checkpoint.pth of 'peg_core train', a bare state dict (.pth, read
+with weights_only=True) or a .safetensors file whose keys are the CPVT's (a timm/DeiT checkpoint
+converted by 'python -m peg_core to-cpvt' qualifies).  Keys the file lacks keep their fresh
+initialisation, keys the model lacks are ignored (a load report says how many), a learned table of
+another grid is resized, a head of another number of classes is left out; any other shape mismatch
+is an error naming the key.
+"""
+
+
 def build_train_parser() -> argparse.ArgumentParser:
     p = new_parser(
-        "python -m peg_core train", "Train a CPVT classifier (generated shapes or an ImageFolder)."
+        "python -m peg_core train",
+        "Train a CPVT classifier (generated shapes or an ImageFolder).\n\n" + INIT_HELP,
     )
     add_train_args(p, output_dir="runs/classify", configs=CONFIGS)
     _data_args(p)
@@ -155,8 +131,7 @@ def build_train_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--warmup-epochs", type=nonnegative_float, help="linear warm-up length in epochs")
     add_recipe_args(p)
-    p.set_defaults(**{k: v for k, v in CONFIGS["demo"].items() if k not in ("augment", "crop_ratio", "normalize")},
-                   pos_interpolation="bicubic")  # fmt: skip
+    p.set_defaults(**DEFAULTS)
     return p
 
 
@@ -166,14 +141,18 @@ def build_eval_parser() -> argparse.ArgumentParser:
     )
     add_eval_args(p, batch_size=128)
     g = p.add_argument_group("classify")
-    g.add_argument("--data", type=Path, help="ImageFolder root with val/ (default: the checkpoint's data)")
+    add_data_root_arg(
+        g, aliases=["--data"], help="ImageFolder root with val/ (default: the checkpoint's data)"
+    )
     g.add_argument("--eval-sizes", type=image_side_list,
                    help="input sizes, e.g. 36,48,72,96 (default: 0.75, 1, 1.5, 2 x the training size)")  # fmt: skip
-    g.add_argument("--pos-interpolation", "--mode", dest="pos_interpolation", choices=RESIZE_MODES,
+    g.add_argument("--pos-interpolation", choices=RESIZE_MODES,
                    help="resize mode of a learned table (default: the checkpoint's)")  # fmt: skip
+    add_alias(g, "--mode", dest="pos_interpolation", choices=RESIZE_MODES)
     g.add_argument(
-        "--n-val", type=positive_int, help="generated validation images (default: the training run's)"
+        "--num-val", type=positive_int, help="generated validation images (default: the training run's)"
     )
+    add_alias(g, "--n-val", dest="num_val", type=positive_int)
     return p
 
 
@@ -194,9 +173,8 @@ def build_predict_parser() -> argparse.ArgumentParser:
 def build_make_data_parser() -> argparse.ArgumentParser:
     p = new_parser("python -m peg_core make-data", "Write the generated shapes as an ImageFolder tree.")
     p.add_argument("out", type=Path, help="folder to create (OUT/train/<class>/, OUT/val/<class>/)")
-    p.add_argument("--n-train", type=positive_int, default=2048)
-    p.add_argument("--n-val", type=positive_int, default=512)
-    p.add_argument("--img-size", type=image_side, default=48)
+    add_make_data_counts(p, num_train=NUM_TRAIN, num_val=NUM_VAL, aliases=[("--n-train", "--n-val")])
+    p.add_argument("--img-size", type=image_side, default=DEFAULTS["img_size"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=sorted(FORMATS), default="png")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
@@ -207,25 +185,37 @@ def build_make_data_parser() -> argparse.ArgumentParser:
 
 
 def make_data(argv: Sequence[str] | None = None) -> int:
+    """Write the generated shapes as an ImageFolder tree (:func:`~.make_data.write_shapes_folder`)."""
     args = build_make_data_parser().parse_args(argv)
-    counts = write_shapes_folder(args.out, args.n_train, args.n_val, args.img_size, args.seed, args.format)
+    counts = write_shapes_folder(
+        args.out, args.num_train, args.num_val, args.img_size, args.seed, args.format
+    )
     print(f"wrote {counts['train']} train and {counts['val']} val images ({args.img_size} px, "
           f"{len(CLASS_NAMES)} class folders) to {args.out}")  # fmt: skip
-    print(f"train on them: python -m peg_core train --config demo --data {args.out}")
+    print(f"train on them: python -m peg_core train --config demo --data-root {args.out}")
     return 0
 
 
+def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``train``'s arguments: ``--config NAME`` supplies the recipe's values, explicit flags override them."""
+    return parse_with_config(build_train_parser(), argv, CONFIGS)
+
+
 def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_with_config(build_train_parser(), argv, CONFIGS)
-    if args.data is not None:
+    """Train (or resume) a classifier; returns the run report (``report.json``)."""
+    args = parse_train_args(argv)
+    if args.data_root is not None:
         require_torchvision()
-        check_layout(args.data)  # before the output folder is made
+        check_layout(args.data_root)  # before the output folder is made
+    if args.init is not None and not args.init.is_file():
+        raise UserError("--init weights not found", args.init)  # before the output folder is made
     report = fit(ClassifyTask(), args)
     print(f"checkpoint: {report['checkpoint']}; report: {Path(report['output_dir']) / 'report.json'}")
     return report
 
 
 def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Evaluate a checkpoint (or a quantized ``.pt2``) at one or several sizes; returns the eval report."""
     args = build_eval_parser().parse_args(argv)
     if args.checkpoint.suffix == ".pt2":  # int8 models from 'peg_core quantize' run on the CPU
         if args.device.startswith("cuda"):
@@ -237,6 +227,7 @@ def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def predict(argv: Sequence[str] | None = None) -> int:
+    """Print (and optionally write as JSON) the top-k classes of image files; 0, or a UserError."""
     args = build_predict_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

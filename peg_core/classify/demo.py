@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cli import CONFIGS, evaluate, train
+from .cli import evaluate, train
+from .configs import CONFIGS
 from .model import scaled_sizes
 from .shapes import NUM_CLASSES
 

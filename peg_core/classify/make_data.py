@@ -2,9 +2,9 @@
 
     OUT/train/<class>/00000.png ...    OUT/val/<class>/00000.png ...
 
-The same scenes as the in-memory set of ``train`` without ``--data`` (same ``--seed``,
-``--n-train``, ``--n-val``), so a user sees the layout a real data set needs and can
-train on it with ``python -m peg_core train --config demo --data OUT``.
+The same scenes as the in-memory set of ``train`` without ``--data-root`` (same ``--seed``,
+``--num-train``, ``--num-val``), so a user sees the layout a real data set needs and can
+train on it with ``python -m peg_core train --config demo --data-root OUT``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _write_split(scenes: ShapeScenes, folder: Path, img_size: int, suffix: str) 
 
 
 def write_shapes_folder(
-    out: str | os.PathLike, n_train: int = 2048, n_val: int = 512, img_size: int = 48, seed: int = 0,
+    out: str | os.PathLike, num_train: int = 2048, num_val: int = 512, img_size: int = 48, seed: int = 0,
     fmt: str = "png",
 ) -> dict[str, int]:  # fmt: skip
     """Write ``out/train`` and ``out/val``; returns the image count of each split.
@@ -49,7 +49,7 @@ def write_shapes_folder(
             raise UserError(f"output folder already holds {split}/; remove it or choose another folder", out)
     ensure_writable(out)
     require("PIL", "vision", what="make-data")
-    train, val = make_shape_splits(n_train, n_val, seed=seed)
+    train, val = make_shape_splits(num_train, num_val, seed=seed)
     try:
         return {
             "train": _write_split(train, out / "train", img_size, FORMATS[fmt]),

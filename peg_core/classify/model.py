@@ -1,32 +1,41 @@
-"""The classifier: a :class:`~peg_core.models.CPVT` built from a JSON-safe config, and its optimiser.
+"""The classifier: a :class:`~peg_core.models.CPVT` built from a JSON-safe config, loaded from files.
 
 ``model_config`` (stored in every checkpoint) is ``{"arch": ..., **CPVT keywords}``;
-:func:`build_model` rebuilds the same network from it for ``eval`` and ``predict``.
+:func:`build_model` rebuilds the same network from it, :func:`load_model` rebuilds it with its
+weights (``eval``, ``predict``, ``quantize``), and :func:`load_init_weights` puts starting weights
+(``train --init``) into a freshly built one.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from torch import nn
+from torch import Tensor
 
 from .. import models
-from ..engine import UserError
+from ..engine import LoadedModel, UserError, load_model_state, peg_kwargs, read_checkpoint
+from ..interop.io import WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
+from ..resize import resize_pos_embed
 
 __all__ = [
     "ARCHS",
     "DEMO_CONFIG",
+    "OLD_ARG_NAMES",
     "SCALES",
+    "InitReport",
+    "apply_init_state",
     "build_checked",
     "build_model",
-    "make_optimizer",
+    "load_init_weights",
+    "load_model",
     "model_config_from_args",
+    "read_weights",
     "scaled_sizes",
-    "warmup_cosine",
+    "stored_args",
 ]
 
 ARCHS = ("demo", "cpvt_tiny", "cpvt_small", "cpvt_base")
@@ -44,10 +53,20 @@ DEMO_CONFIG: dict[str, Any] = {
 }
 #: test sizes as multiples of the training size (eval's default)
 SCALES = (0.75, 1.0, 1.5, 2.0)
-#: argparse destinations that override the arch's shape when given
-SHAPE_OPTIONS = ("embed_dim", "depth", "num_heads", "patch_size", "mlp_ratio", "global_pool", "peg_at",
-                 "drop_path_rate", "peg_kernel_size", "peg_separable", "peg_padding", "peg_dynamic",
-                 "peg_num_kernels")  # fmt: skip
+#: argparse destinations (besides the PEG group) that override the arch's shape when given
+SHAPE_OPTIONS = (
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "patch_size",
+    "mlp_ratio",
+    "global_pool",
+    "drop_path_rate",
+)
+#: argument names of checkpoints written before the shared vocabulary -> today's names
+OLD_ARG_NAMES = {"data": "data_root", "n_train": "num_train", "n_val": "num_val"}
+#: the learned position table's key (resized by ``--init`` when it was trained on another grid)
+TABLE_KEY = "pos_enc.pos_embed"
 
 
 def build_model(config: Mapping[str, Any]) -> models.CPVT:
@@ -74,14 +93,14 @@ def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[s
         "num_classes": num_classes,
         "pos_interpolation": args.pos_interpolation,
     }
-    for name in SHAPE_OPTIONS:
-        value = getattr(args, name, None)
+    chosen = {name: getattr(args, name, None) for name in SHAPE_OPTIONS} | peg_kwargs(args)
+    for name, value in chosen.items():
         if value is not None:
             cfg[name] = list(value) if isinstance(value, tuple | list) else value
     return cfg
 
 
-def build_checked(config: Mapping[str, Any], where: str) -> models.CPVT:
+def build_checked(config: Mapping[str, Any], where: str | os.PathLike) -> models.CPVT:
     """:func:`build_model` with a one-line :class:`UserError` naming ``where`` for a bad config."""
     try:
         return build_model(config)
@@ -89,31 +108,151 @@ def build_checked(config: Mapping[str, Any], where: str) -> models.CPVT:
         raise UserError(f"cannot build the model ({' '.join(str(e).split())})", where) from None
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW; no weight decay on ``model.no_weight_decay()`` names and on 1-D parameters (norms, biases)."""
-    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
-    groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
-
-
-def warmup_cosine(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over ``warmup_steps`` (at least 1), then cosine to 0 at ``total_steps``; stepped per step."""
-    warm = max(1, int(warmup_steps))
-
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total_steps - warm)))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
 def scaled_sizes(train_size: int, scales: Sequence[float] = SCALES) -> list[int]:
     """Test sizes ``round(train_size * s)`` (the model pads sizes that are not multiples of the patch)."""
     return [round(train_size * s) for s in scales]
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+
+
+def stored_args(ckpt: Mapping[str, Any]) -> dict[str, Any]:
+    """The training run's arguments stored in ``ckpt``, old names (``data``, ``n_val``) mapped to today's."""
+    out: dict[str, Any] = {}
+    for name, value in dict(ckpt.get("args") or {}).items():
+        new = OLD_ARG_NAMES.get(name, name)
+        if new not in out or name == new:  # today's name wins when a checkpoint holds both
+            out[new] = value
+    return out
+
+
+def load_model(
+    checkpoint: str | os.PathLike | Mapping[str, Any],
+    where: str | os.PathLike | None = None,
+    **overrides: Any,
+) -> LoadedModel:
+    """The CPVT of a ``peg_core train`` checkpoint with its weights, in eval mode on the CPU.
+
+    Args:
+        checkpoint: the checkpoint's path, or the checkpoint already read (``where`` names its file).
+        overrides: ``model_config`` entries that leave the weights' shapes alone, e.g.
+            ``pos_interpolation="nearest"`` (``eval --pos-interpolation``); ``None`` values are ignored.
+
+    Raises :class:`UserError` (one line, naming the file) for an unreadable file, a checkpoint of
+    another task, one without ``model_config`` / ``meta.classes``, or weights that do not fit.
+    """
+    if isinstance(checkpoint, Mapping):
+        ckpt, where = checkpoint, where if where is not None else "checkpoint"
+    else:
+        ckpt, where = read_checkpoint(checkpoint, "classify"), checkpoint
+    config = ckpt.get("model_config")
+    meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
+    classes = meta.get("classes")
+    if not isinstance(config, dict) or not config or not isinstance(classes, list):
+        raise UserError(
+            "checkpoint has no model_config / meta.classes (not written by 'peg_core train')", where
+        )
+    config = {**config, **{k: v for k, v in overrides.items() if v is not None}}
+    model = build_checked(config, where)
+    if model.num_classes != len(classes):
+        raise UserError(f"checkpoint lists {len(classes)} classes for a {model.num_classes}-way head", where)
+    load_model_state(model, ckpt["model"], where)
+    return LoadedModel(model.eval(), config, list(classes), meta, stored_args(ckpt))
+
+
+# ------------------------------------------------------------------------------- starting weights
+
+
+@dataclass
+class InitReport:
+    """What :func:`apply_init_state` did: loaded / missing / unexpected keys, resized and left-out ones."""
+
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # the model's keys the file lacks: kept as built
+    unexpected: list[str] = field(default_factory=list)  # the file's keys the model lacks: ignored
+    resized: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    head_left_out: bool = False  # the file's head has another number of classes
+
+    def line(self) -> str:
+        """One line for the log, e.g. ``loaded 52 tensors, 0 missing, 0 unexpected``."""
+        text = f"loaded {len(self.loaded)} tensors, {len(self.missing)} missing"
+        text += f" (kept as initialised, e.g. {self.missing[0]})" if self.missing else ""
+        text += f", {len(self.unexpected)} unexpected"
+        text += f" (ignored, e.g. {self.unexpected[0]})" if self.unexpected else ""
+        for key, (old, new) in self.resized.items():
+            text += f"; resized {key} {old} -> {new}"
+        return text + ("; head left out (other number of classes)" if self.head_left_out else "")
+
+
+def _shape(t: Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _fit_table(model: models.CPVT, table: Tensor, mine: Tensor) -> Tensor:
+    """A learned table ``(1, P + h'*w', C)`` of another (square) grid resized to the model's ``(1, P + h*w, C)``."""
+    if table.dim() != mine.dim() or table.shape[-1] != mine.shape[-1]:
+        raise ValueError(f"{TABLE_KEY} is {_shape(table)} in the file, {_shape(mine)} in the model")
+    try:
+        return resize_pos_embed(
+            table, model.grid_size, num_prefix_tokens=model.num_prefix_tokens, mode=model.pos_interpolation
+        )
+    except ValueError as e:
+        raise ValueError(f"{TABLE_KEY} {_shape(table)} cannot be resized to {_shape(mine)} ({e})") from None
+
+
+def apply_init_state(model: models.CPVT, state: Mapping[str, Any]) -> InitReport:
+    """Copy the tensors of ``state`` whose keys the model has into ``model`` (not strict).
+
+    A learned table of another grid is resized (:func:`peg_core.resize_pos_embed`, the model's
+    ``pos_interpolation``); a head of another number of classes is left out (fine-tuning on
+    another label set).  Raises ``ValueError`` naming the key and both shapes for any other
+    shape mismatch, and for a non-tensor value under one of the model's keys.
+    """
+    mine = model.state_dict()
+    report = InitReport(unexpected=sorted(set(state) - set(mine)))
+    take: dict[str, Tensor] = {}
+    heads = [k for k in mine if k.startswith("head.") and k in state]
+    if any(_shape(state[k]) != _shape(mine[k]) for k in heads if isinstance(state[k], Tensor)):
+        report.head_left_out = True
+    for key, ref in mine.items():
+        value = state.get(key)
+        if value is None or (report.head_left_out and key in heads):
+            report.missing.append(key)
+            continue
+        if not isinstance(value, Tensor):
+            raise ValueError(f"{key} is a {type(value).__name__} in the file, not a tensor")
+        if key == TABLE_KEY and _shape(value) != _shape(ref):
+            report.resized[key] = (_shape(value), _shape(ref))
+            value = _fit_table(model, value, ref)
+        if _shape(value) != _shape(ref):
+            raise ValueError(f"{key} is {_shape(value)} in the file, {_shape(ref)} in the model")
+        take[key] = value
+    model.load_state_dict(take, strict=False)
+    report.loaded = sorted(take)
+    return report
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, Any]:
+    """The state dict in a classify checkpoint, a bare ``.pth`` state dict or a ``.safetensors`` file.
+
+    Torch files are read with ``weights_only=True``; wrappers (``model``, ``state_dict``, ...)
+    and a DDP ``module.`` prefix are looked through.  One-line :class:`UserError` naming ``path``.
+    """
+    try:
+        obj = read_state_file(path, what="--init weights")
+        if isinstance(obj, Mapping) and obj.get("task", "classify") != "classify":
+            raise UserError(f"--init needs classifier weights; this is a {obj['task']!r} checkpoint", path)
+        return strip_prefixes(unwrap_state_dict(obj, where=path))
+    except WeightsError as e:
+        raise UserError(e.what, e.where) from None
+    except ImportError as e:  # safetensors not installed: the message names the package
+        raise UserError(str(e)) from None
+
+
+def load_init_weights(model: models.CPVT, path: str | os.PathLike) -> InitReport:
+    """``train --init PATH``: :func:`read_weights` then :func:`apply_init_state`; one-line errors."""
+    state = read_weights(path)
+    try:
+        return apply_init_state(model, state)
+    except ValueError as e:
+        raise UserError(f"--init does not fit the model ({e})", path) from None

@@ -11,9 +11,9 @@ import torch
 
 from ..engine import BrokenSample, UserError, read_checkpoint
 from .data import folder_transform, load_image
-from .task import ClassifyTask, load_model
+from .model import load_model
 
-__all__ = ["Prediction", "load_classifier", "predict_files"]
+__all__ = ["Prediction", "predict_files"]
 
 
 @dataclass
@@ -28,12 +28,6 @@ class Prediction:
         if self.skipped is not None:
             return f"{self.path}: skipped ({self.skipped})"
         return f"{self.path}: " + ", ".join(f"{name} {p:.3f}" for name, p in self.top)
-
-
-def load_classifier(path: str | os.PathLike, mode: str | None = None) -> tuple[torch.nn.Module, dict]:
-    """``(model (eval mode, CPU), checkpoint)`` of a ``peg_core train`` checkpoint; one-line errors."""
-    ckpt = read_checkpoint(path, ClassifyTask.name)
-    return load_model(ckpt, path, mode), ckpt
 
 
 @torch.no_grad()
@@ -53,8 +47,8 @@ def predict_files(
     for f in files:
         if not Path(f).is_file():
             raise UserError("image not found", f)
-    model, ckpt = load_classifier(checkpoint)
-    model.to(device)
+    ckpt = read_checkpoint(checkpoint, "classify")
+    model = load_model(ckpt, checkpoint).model.to(device)
     meta = ckpt["meta"]
     classes = meta["classes"]
     tf = folder_transform(

@@ -25,8 +25,8 @@ from ..export.quantize import (
     save_quantized,
 )
 from .data import NORMALIZE, FolderImages, ShapeImages, folder_transform, open_image_folder
+from .model import load_model
 from .shapes import CLASS_NAMES, sample_scenes
-from .task import load_model
 
 __all__ = ["build_parser", "main"]
 
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output.suffix != QUANTIZED_SUFFIX:
         raise UserError(f"the quantized model is a {QUANTIZED_SUFFIX} file", args.output)
     ckpt = read_checkpoint(args.checkpoint, "classify")
-    model = load_model(ckpt, args.checkpoint)
+    model = load_model(ckpt, args.checkpoint).model
     ensure_writable(args.output.parent)
     size = args.img_size or int(ckpt["meta"].get("img_size", model.img_size[0]))
     dataset = _calibration_set(ckpt, args.checkpoint, args.calib_data, args.calib, size)

@@ -18,19 +18,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..engine import EvalParts, RunContext, StepOutput, TrainParts, UserError
+from ..engine import EvalParts, RunContext, StepOutput, TrainParts, UserError, param_groups, warmup_cosine
 from ..engine.broken import SkipBroken, skipping_collate
-from ..engine.checkpoint import load_model_state, read_checkpoint
+from ..engine.checkpoint import read_checkpoint
 from ..engine.recipes import apply_position_recipe
 from ..export.quantize import QUANTIZED_SUFFIX, load_quantized
-from ..models import CPVT
 from .data import NORMALIZE, FolderImages, ShapeImages, folder_transform, open_image_folder, open_val_split
 from .metrics import accuracy
-from .model import build_checked, make_optimizer, model_config_from_args, scaled_sizes, warmup_cosine
+from .model import (
+    OLD_ARG_NAMES,
+    build_checked,
+    load_init_weights,
+    load_model,
+    model_config_from_args,
+    scaled_sizes,
+    stored_args,
+)
 from .sampler import EpochShuffle
 from .shapes import CLASS_NAMES, make_shape_splits, sample_scenes
 
-__all__ = ["ClassifyTask", "classify_step", "data_settings", "load_model", "resize_images"]
+__all__ = ["ClassifyTask", "classify_step", "data_settings", "resize_images", "run_data"]
 
 
 def data_settings(args: argparse.Namespace, on_disk: bool) -> dict[str, Any]:
@@ -76,22 +83,21 @@ def resize_images(
     return x, y
 
 
-def load_model(ckpt: dict[str, Any], path: str | os.PathLike, mode: str | None = None) -> CPVT:
-    """The checkpoint's CPVT with its weights (eval mode); ``mode`` re-sets a learned table's resize mode."""
-    config = ckpt.get("model_config")
-    classes = (ckpt.get("meta") or {}).get("classes")
-    if not isinstance(config, dict) or not config or not isinstance(classes, list):
-        raise UserError(
-            "checkpoint has no model_config / meta.classes (not written by 'peg_core train')", path
-        )
-    config = dict(config)
-    if mode is not None:
-        config["pos_interpolation"] = mode
-    model = build_checked(config, path)
-    if model.num_classes != len(classes):
-        raise UserError(f"checkpoint lists {len(classes)} classes for a {model.num_classes}-way head", path)
-    load_model_state(model, ckpt["model"], path)
-    return model.eval()
+def run_data(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The training run's data: ``meta["data"]`` (old key ``n_val`` read as ``num_val``), else its stored args.
+
+    ``{"kind": "shapes", "seed", "num_val"}`` for the generated shapes, ``{"kind": "folder", "path"}``
+    for an ImageFolder tree.
+    """
+    data = {OLD_ARG_NAMES.get(k, k): v for k, v in ((ckpt.get("meta") or {}).get("data") or {}).items()}
+    if data.get("kind") is None:  # a checkpoint without meta.data: what the run's arguments say
+        args = stored_args(ckpt)
+        root = args.get("data_root")
+        data = {"kind": "folder", "path": root} if root else {"kind": "shapes", **data}
+        for name in ("seed", "num_val"):
+            if args.get(name) is not None:
+                data.setdefault(name, args[name])
+    return data
 
 
 def _summary(metrics: dict[str, Any]) -> str:
@@ -111,20 +117,20 @@ def _size_summary(metrics: dict[str, Any]) -> str:
 
 def _train_data(args: argparse.Namespace) -> tuple[Dataset, Dataset, list[str], dict[str, Any]]:
     """``(train, val at --img-size, class names, data settings for the checkpoint's meta)``."""
-    on_disk = args.data is not None
+    on_disk = args.data_root is not None
     settings = data_settings(args, on_disk)
     mean, std = settings["mean"], settings["std"]
     if not on_disk:
-        scenes = make_shape_splits(args.n_train, args.n_val, seed=args.seed)
+        scenes = make_shape_splits(args.num_train, args.num_val, seed=args.seed)
         train, val = (ShapeImages(s, args.img_size, mean, std) for s in scenes)
-        settings["data"] = {"kind": "shapes", "path": None, "seed": args.seed, "n_val": args.n_val}
+        settings["data"] = {"kind": "shapes", "path": None, "seed": args.seed, "num_val": args.num_val}
         return train, val, list(CLASS_NAMES), settings
-    folder = open_image_folder(args.data)
+    folder = open_image_folder(args.data_root)
     crop = settings["crop_ratio"]
     train_tf = folder_transform(args.img_size, True, settings["augment"], crop, mean, std)
     val_tf = folder_transform(args.img_size, False, crop_ratio=crop, mean=mean, std=std)
     # The resolved path lets eval find the data again from another working directory.
-    settings["data"] = {"kind": "folder", "path": str(Path(args.data).resolve())}
+    settings["data"] = {"kind": "folder", "path": str(Path(args.data_root).resolve())}
     classes = folder.classes
     return (
         FolderImages(folder.train, classes, train_tf),
@@ -145,11 +151,17 @@ class ClassifyTask:
         self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any] | None
     ) -> TrainParts:
         train, val, classes, settings = _train_data(args)
-        workers = args.workers if args.data is not None else 0  # generated: in memory, nothing for workers
+        # generated shapes are in memory: nothing for DataLoader workers to do
+        workers = args.workers if args.data_root is not None else 0
         # The data set-up draws nothing from the global RNG: the initialisation depends on --seed alone.
         config = model_config_from_args(args, len(classes))
         model = build_checked(config, f"--arch {args.arch}").to(ctx.device)
-        optimizer = make_optimizer(model, args.lr, args.weight_decay)
+        if args.init is not None and ckpt is None:  # a resumed run continues from its own weights
+            ctx.print(f"--init {args.init}: {load_init_weights(model, args.init).line()}")
+        # AdamW over [decayed, not decayed (norms, biases, cls token, learned table)]
+        optimizer = torch.optim.AdamW(
+            param_groups(model, args.weight_decay), lr=args.lr, weight_decay=args.weight_decay
+        )
         # before the scheduler: it records each group's lr (a scaled position group included)
         apply_position_recipe(
             optimizer,
@@ -168,7 +180,9 @@ class ClassifyTask:
             pin_memory=ctx.device.type == "cuda",
         )
         steps = len(loader)
-        scheduler = warmup_cosine(optimizer, int(args.warmup_epochs * steps), args.epochs * steps)
+        # at least one warm-up step: the first step runs at the full lr when --warmup-epochs is 0
+        warmup = max(1, int(args.warmup_epochs * steps))
+        scheduler = warmup_cosine(optimizer, warmup, args.epochs * steps)
 
         def evaluate(model: nn.Module, ctx: RunContext) -> dict[str, Any]:
             return accuracy(model, val, ctx, "val", args.batch_size, workers)
@@ -206,11 +220,11 @@ class ClassifyTask:
                 raise UserError("quantized models run on the CPU only", f"--device {ctx.device}")
             model = ckpt["quantized"]
         else:
-            model = load_model(ckpt, path, args.pos_interpolation).to(ctx.device)
+            model = load_model(ckpt, path, pos_interpolation=args.pos_interpolation).model.to(ctx.device)
         meta = ckpt["meta"]
         train_size = int(meta["img_size"] if "img_size" in meta else model.img_size[0])
         sizes = args.eval_sizes or scaled_sizes(train_size)
-        val_at = self._eval_data(args, meta, path)
+        val_at = self._eval_data(args, ckpt, path)
 
         def evaluate(model: nn.Module, ctx: RunContext) -> dict[str, Any]:
             by_size = {
@@ -228,13 +242,14 @@ class ClassifyTask:
         return EvalParts(model, evaluate, _size_summary)
 
     def _eval_data(
-        self, args: argparse.Namespace, meta: dict[str, Any], path: Path
+        self, args: argparse.Namespace, ckpt: dict[str, Any], path: Path
     ) -> Callable[[int], Dataset]:
         """``size -> validation set shown at that size``; the data is checked here, before any work."""
+        meta = ckpt["meta"]
         classes = meta["classes"]
-        data = meta.get("data") or {}
+        data = run_data(ckpt)
         mean, std = meta.get("mean", NORMALIZE["half"][0]), meta.get("std", NORMALIZE["half"][1])
-        root = args.data or (data.get("path") if data.get("kind") == "folder" else None)
+        root = args.data_root or (data.get("path") if data.get("kind") == "folder" else None)
         if root is not None:
             samples = open_val_split(root, classes)
             crop = float(meta.get("crop_ratio", 0.875))
@@ -245,7 +260,9 @@ class ClassifyTask:
 
             return folder_at
         if sorted(classes) != sorted(CLASS_NAMES):
-            raise UserError("the checkpoint's classes are not the generated shapes; pass --data PATH", path)
+            raise UserError(
+                "the checkpoint's classes are not the generated shapes; pass --data-root PATH", path
+            )
         # make_shape_splits' validation scenes: seed + 1
-        scenes = sample_scenes(args.n_val or int(data.get("n_val", 512)), int(data.get("seed", 0)) + 1)
+        scenes = sample_scenes(args.num_val or int(data.get("num_val", 512)), int(data.get("seed", 0)) + 1)
         return lambda s: ShapeImages(scenes, s, mean, std, classes)

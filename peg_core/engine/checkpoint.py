@@ -24,10 +24,12 @@ import contextlib
 import os
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..interop import io
 from ..interop.io import WeightsError, atomic_save
@@ -39,6 +41,7 @@ __all__ = [
     "CHECKPOINT_NAME",
     "PREVIOUS_NAME",
     "CheckpointStore",
+    "LoadedModel",
     "atomic_save",
     "capture_rng_state",
     "load_model_state",
@@ -198,3 +201,20 @@ def restore_rank_rng(ckpt: Mapping[str, Any], rank: int, world_size: int) -> boo
         return False
     restore_rng_state(per_rank[rank])
     return True
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model rebuilt from a training checkpoint, with what the run recorded about it.
+
+    Every task package returns this from ``model.load_model(checkpoint, where=None, **overrides)``
+    (``peg_core.classify.model``, ``peg_detr.model``, ``peg_video.model``), so a tool or a
+    ``Predictor`` loads any task the same way.
+    """
+
+    model: nn.Module  # with the checkpoint's weights, on the CPU
+    config: dict[str, Any]  # the builder keywords it was made from (overrides included)
+    classes: list[str]  # class names, in the head's order
+    meta: dict[str, Any] = field(default_factory=dict)  # the checkpoint's ``meta`` (data sizes, ...)
+    args: dict[str, Any] = field(default_factory=dict)  # the training run's arguments (today's names)
+    postprocess: nn.Module | None = None  # task-specific output decoding (DETR's boxes); None: logits

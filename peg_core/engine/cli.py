@@ -192,7 +192,13 @@ def add_alias(group: argparse._ActionsContainer, *names: str, dest: str, **kwarg
 def add_data_root_arg(
     group: argparse._ActionsContainer, *, help: str, aliases: Sequence[str] = (), required: bool = False
 ) -> None:
-    """``--data-root PATH``: where a task's data set lives (``aliases``: the task's old spellings)."""
+    """``--data-root PATH``: where a task's data set lives (``aliases``: the task's old spellings).
+
+    argparse checks ``required`` per action, so a required option given by an alias would be
+    refused; with aliases, a task checks presence after parsing (peg_detr's ``parse_train_args``).
+    """
+    if required and aliases:
+        raise ValueError("add_data_root_arg: required=True cannot be checked by argparse with aliases")
     group.add_argument("--data-root", type=Path, required=required, help=help)
     if aliases:
         add_alias(group, *aliases, dest="data_root", type=Path)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..encodings import build_position_encoding
-from ..peg import PEG2d
+from ..peg import PEG2d, resolve_peg_at
 from .layers import Block, PatchEmbed, init_vit_weights
 
 __all__ = ["CPVT", "cpvt_base", "cpvt_small", "cpvt_tiny"]
@@ -50,7 +50,8 @@ class CPVT(nn.Module):
             entry), ``"sincos"``, ``"sine"`` (added to the tokens), or ``"none"``.
         peg_at: block indices after which a PEG runs (CPVT: ``(0,)``; ``(0, ..., 5)``
             for the "PEG at 0-5" variant); ``-1`` is right after the patch embedding,
-            before block 0; ``"all"`` is every block. Ignored unless ``pos_enc="peg"``.
+            before block 0; ``"all"`` is after every block (:func:`peg_core.peg.resolve_peg_at`).
+            Ignored unless ``pos_enc="peg"``.
         peg_kernel_size: PEG depthwise conv size (3 in CPVT).
         peg_separable: the light ``1×k`` then ``k×1`` PEG (:class:`PEG2d` ``separable``).
         peg_padding: the PEG conv's ``padding_mode``: ``"zeros"`` (CPVT) or ``"circular"``
@@ -97,19 +98,8 @@ class CPVT(nn.Module):
             class_token = global_pool == "token"
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
-        if isinstance(peg_at, str):
-            if peg_at != "all":
-                raise ValueError(f"peg_at must be block indices or 'all'; got {peg_at!r}")
-            peg_at = range(depth)
-        peg_at = tuple(sorted({int(i) for i in peg_at})) if pos_enc == "peg" else ()
-        if pos_enc == "peg" and not peg_at:
-            raise ValueError("pos_enc='peg' needs at least one block index in peg_at")
-        bad = [i for i in peg_at if not -1 <= i < depth]
-        if bad:
-            raise ValueError(
-                f"peg_at={peg_at} has indices {bad} outside the {depth} blocks (0..{depth - 1}) "
-                "and -1 (before block 0)"
-            )
+        # the suite's one meaning of peg_at (-1: before block 0, i: after block i, "all": every block)
+        peg_at = resolve_peg_at(peg_at, depth) if pos_enc == "peg" else ()
 
         self.embed_dim = embed_dim
         self.num_classes = num_classes

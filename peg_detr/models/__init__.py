@@ -2,17 +2,19 @@
 
 Public API::
 
-    from peg_detr.models import build_detr, load_official_checkpoint, param_groups
+    from peg_core.engine import param_groups
+    from peg_detr.models import build_detr, load_official_checkpoint
 
     model, criterion, postprocessor = build_detr("resnet50", pos_enc="peg")
     load_official_checkpoint(model, "detr-r50-e632da11.pth")  # PEG starts at zero
-    optimizer = torch.optim.AdamW(param_groups(model, 1e-4, 1e-5, 1e-4))
+    groups = param_groups(model, 1e-4, decay_1d=True, lr_by_prefix={"backbone.": 1e-5})
+    optimizer = torch.optim.AdamW(groups, lr=1e-4)
 
 Files: ``backbone`` (ResNets with FrozenBatchNorm2d, the tiny CPU backbone),
 ``transformer`` (encoder/decoder; where position information enters and why
 the decoder keeps sine keys by default), ``detr`` (the detector), ``matcher``
 and ``criterion`` (Hungarian matching, losses), ``postprocess`` (COCO boxes),
-``checkpoint`` (official files), ``optim`` (parameter groups), ``build``.
+``checkpoint`` (official files), ``build``.
 """
 
 from .backbone import BACKBONES, Joiner, ResNetBackbone, TinyBackbone, build_backbone
@@ -21,7 +23,6 @@ from .checkpoint import LoadReport, load_official_checkpoint, read_official_chec
 from .criterion import SetCriterion, build_weight_dict
 from .detr import DETR, MLP, to_image_batch
 from .matcher import HungarianMatcher, match_cost
-from .optim import param_groups
 from .postprocess import PostProcess
 from .transformer import DECODER_KEY_POS, Transformer
 
@@ -44,7 +45,6 @@ __all__ = [
     "build_weight_dict",
     "load_official_checkpoint",
     "match_cost",
-    "param_groups",
     "read_official_checkpoint",
     "to_image_batch",
 ]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 
 from peg_core import build_position_encoding
+from peg_core.peg import resolve_peg_at
 
 from .backbone import build_backbone
 from .criterion import SetCriterion, build_weight_dict
@@ -19,6 +21,13 @@ __all__ = ["POS_ENCODINGS", "build_detr"]
 POS_ENCODINGS = ("peg", "sine", "learned", "sincos", "none")
 
 
+def _peg_at_value(peg_at: Sequence[int] | int | str) -> list[int] | str:
+    """``peg_at`` as stored in the json-safe config: ``"all"`` or a list of layer indices."""
+    if isinstance(peg_at, str):
+        return peg_at
+    return [int(peg_at)] if isinstance(peg_at, int) else [int(i) for i in peg_at]
+
+
 def build_detr(
     backbone: str = "resnet50",
     pos_enc: str = "peg",
@@ -29,17 +38,22 @@ def build_detr(
     backbone_weights: str | os.PathLike | None = None,
     train_backbone: bool = True,
     hidden_dim: int = 256,
-    nheads: int = 8,
+    num_heads: int = 8,
     enc_layers: int = 6,
     dec_layers: int = 6,
     dim_feedforward: int = 2048,
     dropout: float = 0.1,
     pre_norm: bool = False,
     aux_loss: bool = True,
-    peg_at: tuple[int, ...] = (0,),
+    peg_at: Sequence[int] | int | str = (0,),
     peg_kernel_size: int = 3,
+    peg_separable: bool = False,
+    peg_padding: str = "zeros",
+    peg_dynamic: bool = False,
+    peg_num_kernels: int = 4,
     decoder_key_pos: str = "sine",
     learned_grid: tuple[int, int] | None = None,
+    pos_interpolation: str = "bicubic",
     set_cost_class: float = 1.0,
     set_cost_bbox: float = 5.0,
     set_cost_giou: float = 2.0,
@@ -67,16 +81,23 @@ def build_detr(
         backbone_weights: local ImageNet state-dict file (ResNets); a warning
             is issued when a ResNet starts from random weights.
         train_backbone: train ``layer2``-``layer4`` (ResNets) / all (tiny).
-        hidden_dim, nheads, enc_layers, dec_layers, dim_feedforward, dropout,
+        hidden_dim, num_heads, enc_layers, dec_layers, dim_feedforward, dropout,
             pre_norm: transformer sizes (DETR: 256, 8, 6, 6, 2048, 0.1, post-norm).
         aux_loss: return ``aux_outputs`` and weight their losses.
-        peg_at: encoder layers after which a PEG is applied (CPVT: ``(0,)``).
-        peg_kernel_size: PEG depthwise kernel (odd).
+        peg_at: where the PEGs go, as in every model of the suite
+            (:func:`peg_core.peg.resolve_peg_at`): ``i`` after encoder layer ``i``
+            (CPVT: ``(0,)``), ``-1`` on the encoder input before layer 0, ``"all"``
+            after every layer.
+        peg_kernel_size, peg_separable, peg_padding, peg_dynamic, peg_num_kernels:
+            :class:`peg_core.PEG2d`'s depthwise kernel (odd), 1xk + kx1 factorisation,
+            border (``zeros`` / ``circular`` / ``replicate``) and dynamic kernel bank.
         decoder_key_pos: cross-attention key positions, ``sine`` (default, DETR's
             decoder unchanged), ``none`` or ``peg-output``; see
             :mod:`peg_detr.models.transformer` for why ``sine`` is the default.
         learned_grid: ``(H0, W0)`` of the learned table; default: the feature grid
             of an 800×1333 image at the backbone's stride.
+        pos_interpolation: how the learned table is resized to each image's feature
+            grid (``nearest`` / ``bilinear`` / ``bicubic`` / ``area``).
         set_cost_class, set_cost_bbox, set_cost_giou: matching cost weights.
         bbox_loss_coef, giou_loss_coef, eos_coef: loss weights and no-object weight.
     """
@@ -89,21 +110,30 @@ def build_detr(
 
     pos = None
     pegs = None
+    peg_at = _peg_at_value(peg_at)
     if pos_enc == "peg":
-        peg_at = (peg_at,) if isinstance(peg_at, int) else tuple(int(i) for i in peg_at)
-        if not peg_at:
-            raise ValueError("pos_enc='peg' needs at least one encoder layer in peg_at")
-        pegs = {i: build_position_encoding("peg", hidden_dim, kernel_size=peg_kernel_size) for i in peg_at}
+        peg_options = dict(kernel_size=peg_kernel_size, separable=peg_separable, padding_mode=peg_padding,
+                           dynamic=peg_dynamic, num_kernels=peg_num_kernels)  # fmt: skip
+        pegs = {
+            i: build_position_encoding("peg", hidden_dim, **peg_options)
+            for i in resolve_peg_at(peg_at, enc_layers)
+        }
     elif pos_enc == "learned":
         if learned_grid is None:
             learned_grid = (math.ceil(800 / joiner.stride), math.ceil(1333 / joiner.stride))
-        pos = build_position_encoding("learned", hidden_dim, grid_size=tuple(learned_grid), apply_to="qk")
+        pos = build_position_encoding(
+            "learned",
+            hidden_dim,
+            grid_size=tuple(learned_grid),
+            apply_to="qk",
+            interpolation=pos_interpolation,
+        )
     elif pos_enc in ("sine", "sincos"):
         pos = build_position_encoding(pos_enc, hidden_dim, apply_to="qk")
 
     transformer = Transformer(
         d_model=hidden_dim,
-        nhead=nheads,
+        nhead=num_heads,
         num_encoder_layers=enc_layers,
         num_decoder_layers=dec_layers,
         dim_feedforward=dim_feedforward,
@@ -115,7 +145,7 @@ def build_detr(
     )
     model = DETR(joiner, transformer, num_classes, num_queries, aux_loss)
     # Every setting but the weights file, json-safe, so a checkpoint can be rebuilt (predict / resume).
-    config["peg_at"] = [config["peg_at"]] if isinstance(config["peg_at"], int) else list(config["peg_at"])
+    config["peg_at"] = peg_at
     config["learned_grid"] = None if learned_grid is None else list(learned_grid)
     model.build_config = config
 

@@ -11,8 +11,9 @@ Where position information enters:
 * **Encoder** (``pos_enc``): ``sine`` / ``learned`` / ``sincos`` codes are
   added to the queries and keys of every encoder self-attention (DETR);
   ``peg`` adds a mask-aware :class:`peg_core.PEG2d` to the token stream after
-  each encoder layer listed in ``peg_at`` (CPVT: after layer 0), under
-  ``transformer.encoder.pegs.N.*``; ``none`` adds nothing.
+  each encoder layer listed in ``peg_at`` (CPVT: after layer 0; ``-1``: on the
+  encoder input, before layer 0), under ``transformer.encoder.pegs.N.*``
+  (``pegs.-1.*`` before layer 0); ``none`` adds nothing.
 * **Decoder cross-attention keys** (``decoder_key_pos``), a separate choice:
   ``sine`` (DETR's sine codes of the padding mask, the default for every
   ``pos_enc``), ``none``, or ``peg-output`` (what the first PEG adds to the
@@ -30,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from peg_core import PEG2d, PositionEncoding, SinePositionEncoding2d
+from peg_core.peg import resolve_peg_at
 
 __all__ = [
     "DECODER_KEY_POS",
@@ -150,7 +152,8 @@ class TransformerEncoder(nn.Module):
         layers: the encoder layers.
         pos: an encoding with ``apply_to == "qk"`` (added to q/k at every layer),
             or None.
-        pegs: ``{layer index: PEG2d}``, each applied to the tokens after that layer.
+        pegs: ``{layer index: PEG2d}``, each applied to the tokens after that layer
+            (index ``-1``: to the encoder input, before layer 0).
         norm: final LayerNorm (pre-norm only; post-norm DETR has none).
 
     ``forward(src (B, N, C), size (h, w), mask (B, h, w))`` returns the memory
@@ -170,12 +173,20 @@ class TransformerEncoder(nn.Module):
             raise ValueError(f"encoder q/k encoding must have apply_to='qk'; got {pos.apply_to!r}")
         self.pos = pos
         pegs = pegs or {}
-        bad = [i for i in pegs if not 0 <= i < len(layers)]
-        if bad:
-            raise ValueError(f"peg_at {sorted(bad)} out of range for {len(layers)} encoder layers")
+        if pegs:  # the suite's one meaning of the indices; ValueError outside -1 .. depth - 1
+            resolve_peg_at(list(pegs), len(layers))
         # An empty ModuleDict adds no state-dict keys, so sine/none keep DETR's exact keys.
         self.pegs = nn.ModuleDict({str(i): pegs[i] for i in sorted(pegs)})
         self.norm = norm
+
+    def _peg(
+        self, i: int, src: Tensor, size: tuple[int, int], mask: Tensor, peg_out: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """``src`` plus the PEG at position ``i`` (if any); ``peg_out`` keeps the first PEG's output."""
+        if str(i) not in self.pegs:
+            return src, peg_out
+        delta = self.pegs[str(i)].position(src, size, mask)
+        return src + delta, delta if peg_out is None else peg_out
 
     def forward(
         self, src: Tensor, size: tuple[int, int], mask: Tensor, pos: Tensor | None = None
@@ -184,13 +195,9 @@ class TransformerEncoder(nn.Module):
         kpm = mask.flatten(1)
         if pos is None and self.pos is not None:
             pos = self.pos.position(src, size, mask)
-        peg_out = None
+        src, peg_out = self._peg(-1, src, size, mask, None)
         for i, layer in enumerate(self.layers):
-            src = layer(src, pos, kpm)
-            if str(i) in self.pegs:
-                delta = self.pegs[str(i)].position(src, size, mask)
-                peg_out = delta if peg_out is None else peg_out
-                src = src + delta
+            src, peg_out = self._peg(i, layer(src, pos, kpm), size, mask, peg_out)
         if self.norm is not None:
             src = self.norm(src)
         return src, peg_out
@@ -243,7 +250,7 @@ class Transformer(nn.Module):
     ) -> None:
         super().__init__()
         if d_model % nhead:
-            raise ValueError(f"hidden_dim={d_model} must be divisible by nheads={nhead}")
+            raise ValueError(f"hidden_dim={d_model} must be divisible by num_heads={nhead}")
         if decoder_key_pos not in DECODER_KEY_POS:
             raise ValueError(f"decoder_key_pos must be one of {DECODER_KEY_POS}; got {decoder_key_pos!r}")
         if decoder_key_pos == "peg-output" and not pegs:

@@ -27,10 +27,12 @@ from pathlib import Path
 from peg_core.errors import InputError
 
 __all__ = [
+    "LIST_LINE",
     "VIDEO_EXTS",
     "AnnotationError",
     "Annotations",
     "VideoRecord",
+    "check_class_names",
     "is_kinetics_csv",
     "load_annotations",
     "normalize_label",
@@ -45,7 +47,8 @@ _CSV_FIELDS = ("label", "youtube_id", "time_start", "time_end")
 #: file suffixes taken as videos in class folders
 VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi")
 # "<path> <label>": the label is the last field, or a quoted name that may contain spaces.
-_LIST_LINE = re.compile(r"""^\s*(.+?)\s+("[^"]*"|'[^']*'|\S+)\s*$""")
+#: one ``path label`` line of a list file (the path may hold spaces; the label may be quoted)
+LIST_LINE = re.compile(r"""^\s*(.+?)\s+("[^"]*"|'[^']*'|\S+)\s*$""")
 
 
 class AnnotationError(InputError):
@@ -87,6 +90,24 @@ class Annotations:
 def normalize_label(raw: str) -> str:
     """``' "air drumming" '`` -> ``'air_drumming'``."""
     return raw.strip().strip("\"'").strip().replace(" ", "_")
+
+
+def check_class_names(found: list[str], expected: list[str], where: object) -> None:
+    """Refuse data whose class names differ from ``expected`` (a checkpoint's), in order.
+
+    Labels are class indices, so a re-ordered or renamed class list would silently remap them;
+    the :class:`AnnotationError` names the first differing class with both names (or the counts).
+    Used by every reader that takes its class indices from a class list of its own.
+    """
+    for i, (here, there) in enumerate(zip(found, expected)):
+        if here != there:
+            raise AnnotationError(
+                f"class {i} is {here!r} here but {there!r} in the checkpoint (a renamed or re-ordered class "
+                "list would remap the labels)",
+                where,
+            )
+    if len(found) != len(expected):
+        raise AnnotationError(f"has {len(found)} classes, the checkpoint {len(expected)}", where)
 
 
 def _class_index(classes: list[str], name: str, where: str) -> int:
@@ -166,13 +187,17 @@ def read_path_label_list(
     for line_no, line in enumerate(read_text(list_path).splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        match = _LIST_LINE.match(line)
+        match = LIST_LINE.match(line)
         if match is None:
             raise AnnotationError(f"expected '<path> <label>', got {line[:80]!r}", f"{list_path}:{line_no}")
         pairs.append((line_no, match.group(1), match.group(2)))
     if not pairs:
         raise AnnotationError("no annotation lines", list_path)
     numeric = all(lab.lstrip("-").isdigit() for _, _, lab in pairs)
+    beside = list_path.parent / "classes.json"
+    if numeric and classes is not None and beside.is_file():
+        # integer labels index the class file next to the list: it must be the given one
+        check_class_names(read_class_map(beside), list(classes), beside)
     if classes is None:
         if numeric:
             classes = [str(i) for i in range(max(int(lab) for _, _, lab in pairs) + 1)]

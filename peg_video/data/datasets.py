@@ -18,9 +18,12 @@ Official formats (as distributed):
   labels) and ``testlist0{1,2,3}.txt`` (path only: the class is the folder); videos in
   ``<root>/UCF-101/<class>/``.  Class folders are matched without regard to case (the
   official lists spell ``HandstandPushups`` where file names say ``HandStandPushups``).
-* **HMDB51** (``--dataset hmdb51``): ``testTrainMulti_7030_splits/<class>_test_split{1,2,3}.txt``
-  with lines ``<video>.avi <flag>`` (1 train, 2 test, 0 unused); videos in ``<root>/<class>/``.
-  Classes are the sorted class names of the split files.
+* **HMDB51** (``--dataset hmdb51``): ``<class>_test_split{1,2,3}.txt`` with lines
+  ``<video>.avi <flag>`` (1 train, 2 test, 0 unused), in either layout, recognised by its folders:
+  the official archives (``testTrainMulti_7030_splits/`` and the videos in ``<root>/<class>/``) or
+  mmaction2's (``annotations/`` and ``videos/<class>/``).  Classes are the sorted class names of
+  the split files; a class with a split file or a video folder but no file for the asked split is
+  refused (it would shift every later class index).
 * **folder** (``--dataset folder``): ``<root>/{train,val}/<class>/*.{mp4,webm,avi,mkv}``,
   classes the sorted folder names of ``train`` (as ``torchvision.datasets.ImageFolder``).
 
@@ -40,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .annotations import VIDEO_EXTS, AnnotationError, Annotations, VideoRecord, read_text
+from .annotations import VIDEO_EXTS, AnnotationError, Annotations, VideoRecord, check_class_names, read_text
 
 __all__ = [
     "DATASETS",
@@ -64,6 +67,8 @@ SSV2_LABELS = "something-something-v2-labels.json"
 UCF_LISTS = "ucfTrainTestlist"
 UCF_VIDEOS = "UCF-101"
 HMDB_SPLITS = "testTrainMulti_7030_splits"
+#: mmaction2's HMDB51 layout: the split files in ``annotations/``, the videos in ``videos/<class>/``
+HMDB_MMACTION = ("annotations", "videos")
 _HMDB_NAME = re.compile(r"^(.+)_test_split([123])\.txt$")
 
 
@@ -83,12 +88,11 @@ def _lines(path: Path) -> list[tuple[int, str]]:
 
 
 def _fixed_classes(found: list[str], classes: list[str] | None, where: Path) -> list[str]:
-    """The data set's own classes, or ``classes`` (a checkpoint's) when given and equal in number."""
-    if classes is None:
-        return found
-    if len(classes) != len(found):
-        raise AnnotationError(f"has {len(found)} classes, the checkpoint {len(classes)}", where)
-    return list(classes)
+    """The data set's own classes; when ``classes`` (a checkpoint's) is given, they must be the same names
+    in the same order (:func:`~peg_video.data.annotations.check_class_names`)."""
+    if classes is not None:
+        check_class_names(found, list(classes), where)
+    return list(found)
 
 
 # ------------------------------------------------------------------------------------------ SSv2
@@ -209,23 +213,50 @@ def read_ucf101(
 # ---------------------------------------------------------------------------------------- HMDB51
 
 
+def _hmdb51_layout(root: Path) -> tuple[Path, Path]:
+    """``(split file folder, video folder)`` of the official layout, else of mmaction2's."""
+    if (root / HMDB_SPLITS).is_dir():
+        return root / HMDB_SPLITS, root
+    annotations, videos = (root / name for name in HMDB_MMACTION)
+    if annotations.is_dir() and any(_HMDB_NAME.match(p.name) for p in annotations.iterdir()):
+        return annotations, videos
+    raise AnnotationError(
+        f"split folder {HMDB_SPLITS}/ (official layout) or {HMDB_MMACTION[0]}/<class>_test_split1.txt "
+        "(mmaction2 layout) not found",
+        root,
+    )
+
+
 def read_hmdb51(
     root: str | Path, subset: str = "train", split: int = 1, classes: list[str] | None = None
 ) -> Annotations:
-    """HMDB51 videos flagged 1 (``subset="train"``) or 2 (``"test"``) in ``*_test_split{split}.txt``."""
+    """HMDB51 videos flagged 1 (``subset="train"``) or 2 (``"test"``) in ``*_test_split{split}.txt``,
+    in the official layout or mmaction2's (see the module docstring)."""
     _check_subset(subset)
     _check_split(split)
     root = Path(root)
-    folder = root / HMDB_SPLITS
-    if not folder.is_dir():
-        raise AnnotationError(f"split folder {HMDB_SPLITS}/ not found", root)
-    files = {}
+    folder, videos = _hmdb51_layout(root)
+    files, named = {}, set()
     for path in folder.iterdir():
         match = _HMDB_NAME.match(path.name)
-        if match and int(match.group(2)) == split:
-            files[match.group(1)] = path
+        if match:
+            named.add(match.group(1))
+            if int(match.group(2)) == split:
+                files[match.group(1)] = path
     if not files:
         raise AnnotationError(f"no <class>_test_split{split}.txt files", folder)
+    if videos.is_dir():  # class folders holding videos are classes too
+        named |= {
+            p.name for p in videos.iterdir()
+            if p.is_dir() and p != folder and any(v.suffix.lower() in VIDEO_EXTS for v in p.iterdir())
+        }  # fmt: skip
+    missing = sorted(named - set(files))
+    if missing:  # dropping the class would shift every later class index
+        raise AnnotationError(
+            f"class {missing[0]!r} has no split file for split {split} (dropping it would shift the "
+            "later class indices)",
+            folder / f"{missing[0]}_test_split{split}.txt",
+        )
     found = sorted(files)
     classes = _fixed_classes(found, classes, folder)
     wanted = "1" if subset == "train" else "2"
@@ -239,7 +270,7 @@ def read_hmdb51(
                     f"{files[name]}:{line_no}",
                 )
             if parts[1] == wanted:
-                records.append(VideoRecord(root / name / parts[0], label))
+                records.append(VideoRecord(videos / name / parts[0], label))
     if not records:
         raise AnnotationError(f"no video flagged {wanted} ({subset}) in split {split}", folder)
     return Annotations(records, classes)

@@ -18,7 +18,7 @@ __all__ = ["make_loader", "transform_config"]
 
 
 def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
-    """The spatial recipe of ``args`` (``crop``, ``train_scale``, ``test_scale``, ``num_crops``, ``hflip``).
+    """The spatial recipe of ``args`` (``crop``, ``scale_jitter``, ``test_scale``, ``num_crops``, ``hflip``).
 
     A flip is refused for SSv2 here too (not only by the parser), so no other way of building
     the arguments can train it with flipped "left to right" clips.
@@ -29,7 +29,7 @@ def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
         )
     return ClipTransformConfig(
         crop=args.crop,
-        train_scale=tuple(args.train_scale),
+        train_scale=tuple(args.scale_jitter),  # --scale-jitter
         test_scale=args.test_scale,
         num_crops=args.num_crops,
         hflip=bool(args.hflip),

@@ -9,7 +9,11 @@ from torch import nn
 from .vit import VideoTransformer
 from .x3d import X3D_CONFIGS, build_x3d
 
-__all__ = ["VIT_CONFIGS", "build_video_model", "list_video_models"]
+__all__ = ["VIT_CONFIGS", "VIT_ONLY_OPTIONS", "build_video_model", "list_video_models"]
+
+#: VideoTransformer keywords an X3D (a CNN: no attention, no PEG) cannot honour
+VIT_ONLY_OPTIONS = ("num_heads", "peg_at", "peg_kernel_size", "peg_padding", "peg_dynamic", "peg_num_kernels",
+                    "pos_interpolation")  # fmt: skip
 
 #: name -> (embed_dim, depth, num_heads), the DeiT shapes
 VIT_CONFIGS: dict[str, tuple[int, int, int]] = {
@@ -47,13 +51,20 @@ def build_video_model(
         **options: for a ViT, any :class:`~peg_video.models.vit.VideoTransformer`
             keyword, including ``embed_dim``, ``depth``, ``num_heads``,
             ``mlp_ratio`` to override the named size (tiny test/demo models),
-            ``attention``, ``global_pool``, ``peg_at``, ``drop_path_rate``;
-            for X3D, keywords of ``create_x3d``.
+            ``attention``, ``global_pool``, the PEG3d's ``peg_at``,
+            ``peg_kernel_size``, ``peg_padding``, ``peg_dynamic``,
+            ``peg_num_kernels``, ``drop_path_rate``; for X3D, keywords of
+            ``create_x3d`` (the ViT's head and PEG keywords are a ``ValueError``).
     """
     if name in X3D_CONFIGS:
         if pos_enc not in ("peg3d", "none"):
             raise ValueError(
                 f"{name} is a CNN without a position encoding; pos_enc={pos_enc!r} does not apply"
+            )
+        foreign = sorted(set(options) & set(VIT_ONLY_OPTIONS))
+        if foreign:
+            raise ValueError(
+                f"{name} is a CNN without attention heads or a PEG; {', '.join(foreign)} do not apply"
             )
         if isinstance(img_size, Sequence):
             if len(set(img_size)) != 1:

@@ -6,8 +6,8 @@ checkpoints map onto it key for key)::
     clip (B, 3, T, H, W) -> patch_embed.proj (Conv3d, tubelet t×p×p, stride = tubelet)
       -> tokens (B, T'*H'*W', C), frame-major [+ cls_token in front for global_pool="token"]
       -> [pos_enc ("learned", "sincos"): added once here]
-      -> [pos_blocks.-1] -> blocks.0 -> pos_blocks.0 (PEG3d) -> blocks.1 -> ... -> blocks.{depth-1}
-      -> norm -> pool ("avg": mean of the grid tokens; "token": the class token) -> head
+      -> [pos_blocks.-1] -> blocks.0 -> [pos_blocks.0 (PEG3d)] -> blocks.1 -> ... -> blocks.{depth-1}
+      -> [pos_blocks.{depth-1}] -> norm -> pool ("avg": mean of the grid tokens; "token": the class token) -> head
 
 Tokens stay ``(B, N, C)`` from end to end; a PEG3d views them as a
 channels-last-3d grid without copying.
@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from peg_core import check_tokens
 from peg_core.encodings import LearnedPositionEncoding3d, SinCosPositionEncoding3d
 from peg_core.models.layers import Attention, Block, init_vit_weights
+from peg_core.peg import resolve_peg_at
 
 from ..peg3d import PEG3d
 
@@ -121,10 +122,17 @@ class VideoTransformer(nn.Module):
         pos_enc: ``"peg3d"`` (default), ``"peg3d-factorized"``, ``"learned"``
             (spatial + temporal tables), ``"sincos"`` (fixed) or ``"none"``.
         peg_at: block indices after which a PEG3d runs; ``-1`` means before
-            block 0 (CPVT's position numbering).  Default ``(0,)`` as CPVT;
-            ``"all"`` is ``(-1, 0, ..., depth-2)``: a PEG at the input of every
-            block, UniFormer's dynamic position embedding.
+            block 0 (:func:`peg_core.peg.resolve_peg_at`, the meaning of every
+            model of the suite).  Default ``(0,)`` as CPVT; ``"all"`` is
+            ``(0, ..., depth-1)``, after every block.  A PEG at the input of
+            every block (UniFormer's dynamic position embedding) is
+            ``(-1, 0, ..., depth-2)``; checkpoints written when ``"all"`` meant
+            that are read as such (:func:`peg_video.model.checkpoint_run`).
         peg_kernel_size: PEG3d kernel, odd int or ``(kT, kH, kW)``.
+        peg_padding: PEG3d border, ``"zeros"`` (absolute position from the
+            border), ``"circular"`` or ``"replicate"``.
+        peg_dynamic: per-clip PEG3d kernels mixed from a bank of
+            ``peg_num_kernels`` (default 4); not with ``"peg3d-factorized"``.
         attention: ``"joint"`` space-time attention over all tokens (default) or
             ``"divided"`` (temporal then spatial attention per block, TimeSformer).
         global_pool: ``"avg"`` (mean of the grid tokens; default: the CPVT-GAP
@@ -154,6 +162,9 @@ class VideoTransformer(nn.Module):
         pos_enc: str = "peg3d",
         peg_at: Sequence[int] | str = (0,),
         peg_kernel_size: int | Sequence[int] = 3,
+        peg_padding: str = "zeros",
+        peg_dynamic: bool = False,
+        peg_num_kernels: int | None = None,
         attention: str = "joint",
         global_pool: str = "avg",
         drop_path_rate: float = 0.0,
@@ -183,7 +194,11 @@ class VideoTransformer(nn.Module):
         self.attention = attention
         self.global_pool = global_pool
         self.num_prefix_tokens = p = 1 if global_pool == "token" else 0
-        self.peg_at = self._peg_positions(peg_at, depth) if pos_enc.startswith("peg3d") else ()
+        if peg_num_kernels is not None and not peg_dynamic:
+            raise ValueError(
+                "peg_num_kernels sizes the kernel bank of peg_dynamic=True; got peg_dynamic=False"
+            )
+        self.peg_at = resolve_peg_at(peg_at, depth) if pos_enc.startswith("peg3d") else ()
 
         self.patch_embed = TubeletEmbed(tub, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if p else None
@@ -194,13 +209,16 @@ class VideoTransformer(nn.Module):
             )
         elif pos_enc == "sincos":
             self.pos_enc = SinCosPositionEncoding3d(embed_dim, num_prefix_tokens=p)
-        factorized = pos_enc == "peg3d-factorized"
+        peg_options = {
+            "num_prefix_tokens": p,
+            "factorized": pos_enc == "peg3d-factorized",
+            "padding_mode": peg_padding,
+            "dynamic": peg_dynamic,
+            "num_kernels": 4 if peg_num_kernels is None else peg_num_kernels,
+        }
         # Keyed by block index as CPVT's pos_blocks, so "pos_blocks.0" inflates from the 2D "pos_blocks.0".
         self.pos_blocks = nn.ModuleDict(
-            {
-                str(i): PEG3d(embed_dim, peg_kernel_size, num_prefix_tokens=p, factorized=factorized)
-                for i in self.peg_at
-            }
+            {str(i): PEG3d(embed_dim, peg_kernel_size, **peg_options) for i in self.peg_at}
         )
         block = DividedBlock if attention == "divided" else Block
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()
@@ -220,22 +238,6 @@ class VideoTransformer(nn.Module):
         for blk in self.blocks:
             if isinstance(blk, DividedBlock):
                 blk.reset_temporal()
-
-    @staticmethod
-    def _peg_positions(peg_at: Sequence[int] | str, depth: int) -> tuple[int, ...]:
-        if isinstance(peg_at, str):
-            if peg_at != "all":
-                raise ValueError(f"peg_at must be 'all' or block indices; got {peg_at!r}")
-            return tuple(range(-1, depth - 1))
-        positions = tuple(sorted({int(i) for i in peg_at}))
-        if not positions:
-            raise ValueError("a peg3d position encoding needs at least one index in peg_at")
-        bad = [i for i in positions if not -1 <= i < depth]
-        if bad:
-            raise ValueError(
-                f"peg_at={tuple(peg_at)} has indices {bad} outside -1 (before block 0) .. {depth - 1}"
-            )
-        return positions
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names conventionally trained without weight decay."""

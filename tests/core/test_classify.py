@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from peg_core.classify import DEMO_CONFIG, build_model, make_optimizer, scaled_sizes, warmup_cosine
+from peg_core.classify import DEMO_CONFIG, build_model, scaled_sizes
 from peg_core.classify.data import ShapeImages, load_image, open_image_folder
 from peg_core.classify.metrics import accuracy
 from peg_core.classify.shapes import (
@@ -20,7 +20,7 @@ from peg_core.classify.shapes import (
     render_scenes,
     sample_scenes,
 )
-from peg_core.engine import BrokenSample, RunContext, UserError
+from peg_core.engine import BrokenSample, RunContext, UserError, param_groups, warmup_cosine
 from peg_core.engine.distributed import DistInfo
 
 
@@ -101,7 +101,9 @@ def test_demo_model_optimizer_groups_and_schedule():
     learned = build_model(
         {"arch": "demo", "num_classes": 3, "img_size": 32, "pos_enc": "learned", "depth": 1}
     )
-    opt = make_optimizer(learned, lr=1e-3, weight_decay=0.05)
+    # the task's optimiser: AdamW over the engine's groups, in the order [decayed, not decayed]
+    opt = torch.optim.AdamW(param_groups(learned, 0.05), lr=1e-3, weight_decay=0.05)
+    assert [g["name"] for g in opt.param_groups] == ["main", "main_no_decay"]
     decay, no_decay = ({id(p) for p in g["params"]} for g in opt.param_groups)
     named = dict(learned.named_parameters())
     assert id(named["cls_token"]) in no_decay and id(named["pos_enc.pos_embed"]) in no_decay

@@ -11,31 +11,18 @@ import torch
 from peg_core.__main__ import main
 from peg_core.classify.cli import CONFIGS, build_eval_parser, build_train_parser
 from peg_core.engine import CHECKPOINT_KEYS, read_checkpoint
+from tests.core.classify_runs import (
+    keep_threads,  # noqa: F401 (autouse: restores torch's threads)
+    one_line_error,
+    tiny,
+)
 
 #: a tiny CPVT on 16 px shapes: a run of one or two epochs takes a second or two
-TINY = [
-    "--img-size", "16", "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--peg-at", "0",
-    "--batch-size", "8", "--n-train", "48", "--n-val", "24", "--workers", "0", "--threads", "1",
-    "--no-progress", "--device", "cpu",
-]  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+TINY = tiny(48, 24)
 
 
 def _train(out: Path, *extra: str) -> int:
     return main(["train", *TINY, "--output-dir", str(out), *extra])
-
-
-def _one_line_error(capsys, code: int, expected_code: int = 1) -> str:
-    err = capsys.readouterr().err
-    assert code == expected_code, err
-    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
-    return err.strip()
 
 
 def test_resume_is_exact(tmp_path):
@@ -84,7 +71,7 @@ def test_train_eval_predict_on_generated_shapes(tmp_path, capsys):
     assert "16 px top-1" in capsys.readouterr().out
 
     shapes = tmp_path / "shapes"
-    assert main(["make-data", str(shapes), "--n-train", "12", "--n-val", "12", "--img-size", "16"]) == 0
+    assert main(["make-data", str(shapes), "--num-train", "12", "--num-val", "12", "--img-size", "16"]) == 0
     images = sorted((shapes / "val").glob("*/*.png"))[:2]
     (tmp_path / "notes.jpg").write_text("not an image")
     capsys.readouterr()
@@ -103,15 +90,15 @@ def test_train_eval_predict_on_generated_shapes(tmp_path, capsys):
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-6
     # nothing readable: one line, exit 1
     code = main(["predict", "--checkpoint", str(run / "checkpoint.pth"), str(tmp_path / "notes.jpg")])
-    err = _one_line_error(capsys, code)
+    err = one_line_error(capsys, code)
     assert err == f"error: no file could be read as an image (1 skipped): {tmp_path / 'notes.jpg'}"
 
 
 def test_image_folder_from_make_data_with_broken_files(tmp_path, capsys):
     data = tmp_path / "shapes"
-    assert main(["make-data", str(data), "--n-train", "36", "--n-val", "12", "--img-size", "16"]) == 0
+    assert main(["make-data", str(data), "--num-train", "36", "--num-val", "12", "--img-size", "16"]) == 0
     out = capsys.readouterr().out
-    assert f"train on them: python -m peg_core train --config demo --data {data}" in out
+    assert f"train on them: python -m peg_core train --config demo --data-root {data}" in out
     classes = sorted(p.name for p in (data / "train").iterdir())
     assert len(classes) == 12 and len(list((data / "train").glob("*/*.png"))) == 36
     good = next((data / "train" / "ring_top_left").glob("*.png"))
@@ -119,7 +106,9 @@ def test_image_folder_from_make_data_with_broken_files(tmp_path, capsys):
     (data / "train" / "plus_top_right" / "text.jpg").write_text("not a jpeg")
 
     run = tmp_path / "run"
-    assert _train(run, "--config", "demo", "--data", str(data), "--epochs", "1", "--max-broken", "10%") == 0
+    assert (
+        _train(run, "--config", "demo", "--data-root", str(data), "--epochs", "1", "--max-broken", "10%") == 0
+    )
     report = json.loads((run / "report.json").read_text())
     broken = report["broken"]["train"]
     assert broken["count"] == 2 and broken["total"] == 38
@@ -142,8 +131,8 @@ def test_image_folder_from_make_data_with_broken_files(tmp_path, capsys):
 
     # the default --max-broken (1%): 2 of 38 stop the run with one line
     capsys.readouterr()
-    err = _one_line_error(
-        capsys, _train(tmp_path / "run2", "--config", "demo", "--data", str(data), "--epochs", "1")
+    err = one_line_error(
+        capsys, _train(tmp_path / "run2", "--config", "demo", "--data-root", str(data), "--epochs", "1")
     )
     assert err.startswith(
         "error: too many broken samples in split 'train': 2 of 38 (more than --max-broken 1.0%)"
@@ -155,7 +144,7 @@ def test_common_and_task_flags_parse():
         "--config", "demo", "--output-dir", "o", "--resume", "auto", "--epochs", "3", "--batch-size", "4",
         "--lr", "1e-3", "--workers", "0", "--amp", "bf16", "--clip-max-norm", "0.5", "--device", "cpu",
         "--seed", "7", "--eval-every", "0", "--save-every", "1", "--stop-after-epoch", "1", "--max-broken", "5%",
-        "--threads", "1", "--find-unused-parameters", "--no-progress", "--debug", "--data", "d",
+        "--threads", "1", "--find-unused-parameters", "--no-progress", "--debug", "--data-root", "d",
         "--arch", "cpvt_tiny", "--pos-enc", "sincos", "--peg-at", "0,1", "--global-pool", "avg",
         "--pos-interpolation", "bilinear", "--img-size", "64", "--weight-decay", "0", "--warmup-epochs", "0.5",
         "--augment", "none", "--crop-ratio", "0.9", "--normalize", "imagenet",
@@ -173,7 +162,7 @@ def test_common_and_task_flags_parse():
     from peg_core.engine import parse_with_config
 
     recipe = parse_with_config(build_train_parser(), ["--config", "demo_quick", "--epochs", "5"], CONFIGS)
-    assert (recipe.epochs, recipe.n_train, recipe.augment, recipe.normalize) == (5, 512, "none", "half")
+    assert (recipe.epochs, recipe.num_train, recipe.augment, recipe.normalize) == (5, 512, "none", "half")
     plain = build_train_parser().parse_args([])
     assert (plain.epochs, plain.batch_size, plain.lr, plain.weight_decay, plain.clip_max_norm) == (
         6,
@@ -206,28 +195,31 @@ def _folder(root: Path, layout: dict[str, list[str]]) -> Path:
 )  # fmt: skip
 def test_bad_data_folders_are_one_line_errors(tmp_path, capsys, make, message):
     data = make(tmp_path)
-    err = _one_line_error(capsys, _train(tmp_path / "run", "--data", str(data)))
+    err = one_line_error(capsys, _train(tmp_path / "run", "--data-root", str(data)))
     assert err == "error: " + message.format(data=data)
 
 
 def test_usage_and_checkpoint_errors(tmp_path, capsys):
-    err = _one_line_error(capsys, main(["eval", "--eval-sizes", "48"]), 2)
+    err = one_line_error(capsys, main(["eval", "--eval-sizes", "48"]), 2)
     assert "the following arguments are required: --checkpoint" in err
-    err = _one_line_error(capsys, _train(tmp_path / "r", "--epochs", "0"), 2)
+    err = one_line_error(capsys, _train(tmp_path / "r", "--epochs", "0"), 2)
     assert (
         err
         == "error: python -m peg_core train: argument --epochs: expected a positive integer, got '0' (see --help)"
     )
-    err = _one_line_error(capsys, _train(tmp_path / "r", "--peg-at", "3"))
-    assert "peg_at=(3,) has indices [3] outside the 1 blocks" in err
+    err = one_line_error(capsys, _train(tmp_path / "r", "--peg-at", "3"))
+    assert err == (
+        "error: cannot build the model (peg_at=[3] has indices [3] outside -1 (before block 0) .. 0 "
+        "(1 blocks)): --arch demo"
+    )
 
     detr = tmp_path / "detr.pth"
     torch.save({"format": "peg-checkpoint/1", "task": "detect", "model": {"w": torch.zeros(1)}}, detr)
-    err = _one_line_error(capsys, main(["eval", "--checkpoint", str(detr), "--no-progress"]))
+    err = one_line_error(capsys, main(["eval", "--checkpoint", str(detr), "--no-progress"]))
     assert (
         err == f"error: wrong model: checkpoint is for task 'detect', this command needs 'classify': {detr}"
     )
-    err = _one_line_error(capsys, main(["predict", "--checkpoint", str(detr), str(detr)]))
+    err = one_line_error(capsys, main(["predict", "--checkpoint", str(detr), str(detr)]))
     assert "wrong model" in err
 
     assert _train(tmp_path / "run", "--epochs", "1") == 0
@@ -235,15 +227,17 @@ def test_usage_and_checkpoint_errors(tmp_path, capsys):
     cut = tmp_path / "cut.pth"
     cut.write_bytes(whole[: len(whole) // 2])
     capsys.readouterr()
-    err = _one_line_error(capsys, main(["eval", "--checkpoint", str(cut), "--no-progress"]))
+    err = one_line_error(capsys, main(["eval", "--checkpoint", str(cut), "--no-progress"]))
     assert err.startswith("error: checkpoint is truncated") and err.endswith(str(cut))
-    err = _one_line_error(capsys, main(["predict", "--checkpoint", str(cut), str(tmp_path / "nope.png")]))
+    err = one_line_error(capsys, main(["predict", "--checkpoint", str(cut), str(tmp_path / "nope.png")]))
     assert err == f"error: image not found: {tmp_path / 'nope.png'}"
 
 
 def test_make_data_refuses_a_used_folder(tmp_path, capsys):
     (tmp_path / "d" / "val").mkdir(parents=True)
-    err = _one_line_error(capsys, main(["make-data", str(tmp_path / "d"), "--n-train", "1", "--n-val", "1"]))
+    err = one_line_error(
+        capsys, main(["make-data", str(tmp_path / "d"), "--num-train", "1", "--num-val", "1"])
+    )
     assert (
         err
         == f"error: output folder already holds val/; remove it or choose another folder: {tmp_path / 'd'}"

@@ -2,7 +2,7 @@
 
 Each option is checked on the model (shapes, state-dict keys, where the PEG
 runs), through the classify CLI's flags into ``model_config``, and back from a
-saved checkpoint with :func:`peg_core.classify.task.load_model`.
+saved checkpoint with :func:`peg_core.classify.model.load_model`.
 """
 
 from __future__ import annotations
@@ -15,20 +15,16 @@ import torch
 
 from peg_core.__main__ import main
 from peg_core.classify.cli import build_train_parser
-from peg_core.classify.model import build_model, model_config_from_args
-from peg_core.classify.task import load_model
+from peg_core.classify.model import build_model, load_model, model_config_from_args
 from peg_core.engine import read_checkpoint
 from peg_core.models import CPVT
+from tests.core.classify_runs import (
+    keep_threads,  # noqa: F401 (autouse: restores torch's threads)
+    tiny,
+)
 
 #: a tiny CPVT: 32 px images, patch 8 -> a 4x4 grid (5x3 for 40x24 inputs)
 SMALL = {"embed_dim": 16, "depth": 3, "num_heads": 2, "patch_size": 8, "img_size": 32, "num_classes": 3}
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
@@ -98,10 +94,18 @@ def test_peg_at_minus_one_runs_before_block_zero() -> None:
 
 
 def test_bad_options_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"\[-2\] outside the 3 blocks \(0..2\) and -1"):
+    with pytest.raises(ValueError, match=r"indices \[-2\] outside -1 \(before block 0\) \.\. 2 \(3 blocks\)"):
         CPVT(**SMALL, peg_at=(-2,))
     with pytest.raises(ValueError, match="'all'"):
         CPVT(**SMALL, peg_at="every")
+    with pytest.raises(ValueError, match=r"peg_at needs at least one block index \(or 'all'\)"):
+        CPVT(**SMALL, peg_at=())
+    # resolve_peg_at's one meaning: "all" is after every block; other encodings have no PEG at all
+    assert CPVT(**SMALL, peg_at="all").peg_at == (0, 1, 2)
+    assert (
+        CPVT(**SMALL, pos_enc="learned", peg_at="all").peg_at == ()
+        and not CPVT(**SMALL, pos_enc="none").pos_blocks
+    )
     with pytest.raises(ValueError, match="factorized"):
         CPVT(**SMALL, peg_dynamic=True, peg_separable=True)
     with pytest.raises(ValueError, match="padding_mode"):
@@ -151,7 +155,7 @@ def test_checkpoint_round_trip(tmp_path: Path, options: dict) -> None:
     torch.save(
         {"model_config": config, "meta": {"classes": ["a", "b", "c"]}, "model": built.state_dict()}, path
     )
-    loaded = load_model(torch.load(path, weights_only=True), path)
+    loaded = load_model(torch.load(path, weights_only=True), path).model
     assert shapes(loaded) == shapes(built) and loaded.peg_at == built.peg_at
     x = torch.randn(2, 3, 40, 24)
     with torch.no_grad():
@@ -160,11 +164,8 @@ def test_checkpoint_round_trip(tmp_path: Path, options: dict) -> None:
 
 def test_train_then_eval_with_dynamic_circular_peg(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    tiny = ["--img-size", "16", "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--batch-size", "8",
-            "--n-train", "16", "--n-val", "8", "--workers", "0", "--threads", "1", "--no-progress",
-            "--device", "cpu", "--epochs", "1"]  # fmt: skip
     flags = ["--peg-at=-1,0", "--peg-dynamic", "--peg-num-kernels", "2", "--peg-padding", "circular"]
-    assert main(["train", *tiny, *flags, "--output-dir", str(run)]) == 0
+    assert main(["train", *tiny(16, 8, "--epochs", "1"), *flags, "--output-dir", str(run)]) == 0
     ckpt = read_checkpoint(run / "checkpoint.pth", "classify")
     cfg = ckpt["model_config"]
     assert (cfg["peg_at"], cfg["peg_dynamic"], cfg["peg_num_kernels"], cfg["peg_padding"]) == (

@@ -85,7 +85,9 @@ def test_peg_at_placement():
     assert sorted(m.pos_blocks) == [str(i) for i in range(6)]
     assert _call_order(m, x) == [n for i in range(6) for n in (f"blocks{i}", f"peg{i}")]
     assert "pos_blocks.5.proj.weight" in m.state_dict()
-    with pytest.raises(ValueError, match=r"peg_at=\(0, 3\) has indices \[3\] outside the 3 blocks"):
+    with pytest.raises(
+        ValueError, match=r"peg_at=\[0, 3\] has indices \[3\] outside -1 \(before block 0\) \.\. 2"
+    ):
         small(peg_at=(0, 3))
 
 

@@ -51,11 +51,11 @@ def _one_line_error(capsys, code: int, expected_code: int = 1) -> str:
 
 
 def _float_model(run):
-    from peg_core.classify.task import load_model
+    from peg_core.classify.model import load_model
     from peg_core.engine import read_checkpoint
 
     path = run / "checkpoint.pth"
-    return load_model(read_checkpoint(path, "classify"), path)
+    return load_model(read_checkpoint(path, "classify"), path).model
 
 
 def test_the_int8_file_has_quantized_ops_and_agrees_with_float_at_several_sizes(run):

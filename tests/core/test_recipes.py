@@ -11,10 +11,19 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from peg_core.__main__ import main
-from peg_core.classify.model import build_model, make_optimizer, warmup_cosine
+from peg_core.classify.model import build_model
 from peg_core.classify.task import resize_images
 from peg_core.encodings import LearnedPositionEncoding2d
-from peg_core.engine import StepOutput, TrainParts, add_train_args, fit, new_parser, read_checkpoint
+from peg_core.engine import (
+    StepOutput,
+    TrainParts,
+    add_train_args,
+    fit,
+    new_parser,
+    param_groups,
+    read_checkpoint,
+    warmup_cosine,
+)
 from peg_core.engine.recipes import (
     add_recipe_args,
     apply_position_recipe,
@@ -23,21 +32,24 @@ from peg_core.engine.recipes import (
     progressive_epochs,
     stage_of_epoch,
 )
+from tests.core.classify_runs import (
+    keep_threads,  # noqa: F401 (autouse: restores torch's threads)
+    one_line_error,
+    tiny,
+)
 
 SIZES = [8, 12, 16]
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def _tiny(pos_enc: str = "learned"):
     """A 1-block CPVT on 16 px inputs, patch 4 (a 4x4 grid at 16 px, 2x2 at 8 px)."""
     return build_model({"arch": "demo", "pos_enc": pos_enc, "img_size": 16, "num_classes": 3, "embed_dim": 16,
                         "depth": 1, "num_heads": 2, "patch_size": 4, "peg_at": [0]})  # fmt: skip
+
+
+def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
+    """The classifier's optimiser: AdamW over the engine's [decayed, not decayed] groups."""
+    return torch.optim.AdamW(param_groups(model, 0.05), lr=lr, weight_decay=0.05)
 
 
 class SizeTask:
@@ -53,7 +65,7 @@ class SizeTask:
         torch.manual_seed(args.seed)
         model = _tiny(self.pos_enc)
         self.model = model
-        opt = make_optimizer(model, args.lr, 0.05)
+        opt = _adamw(model, args.lr)
         apply_position_recipe(opt, model, freeze=args.freeze_pos, lr_scale=args.pos_lr_scale)
         g = torch.Generator().manual_seed(0)
         data = TensorDataset(torch.randn(32, 3, 16, 16, generator=g), torch.randint(0, 3, (32,), generator=g))
@@ -184,7 +196,7 @@ def test_freeze_pos_keeps_position_parameters_while_the_rest_trains(tmp_path, po
 
 def test_pos_lr_scale_follows_the_scheduler():
     model = _tiny("learned")
-    opt = make_optimizer(model, 1e-3, 0.05)
+    opt = _adamw(model, 1e-3)
     apply_position_recipe(opt, model, lr_scale=0.1)
     pos = [g for g in opt.param_groups if g.get("position")]
     assert len(pos) == 1 and pos[0]["params"] == [model.pos_enc.pos_embed] and pos[0]["weight_decay"] == 0.0
@@ -222,18 +234,7 @@ def test_learned_tables_start_as_trunc_normal_std_002():
 
 # ------------------------------------------------------------------------------------------- CLI
 
-TINY = [
-    "--img-size", "16", "--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--peg-at", "0",
-    "--batch-size", "8", "--n-train", "32", "--n-val", "16", "--workers", "0", "--threads", "1",
-    "--no-progress", "--device", "cpu", "--patch-size", "4",
-]  # fmt: skip
-
-
-def _one_line_error(capsys, code: int, expected_code: int = 1) -> str:
-    err = capsys.readouterr().err
-    assert code == expected_code, err
-    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
-    return err.strip()
+TINY = tiny(32, 16, "--patch-size", "4")
 
 
 def test_classify_cli_runs_the_recipes_and_refuses_bad_values(tmp_path, capsys):
@@ -247,23 +248,22 @@ def test_classify_cli_runs_the_recipes_and_refuses_bad_values(tmp_path, capsys):
     )
     assert [r["size"] for r in _train_log(tmp_path / "p")] == [12, 16]
     capsys.readouterr()
-    err = _one_line_error(
-        capsys, main([*argv, "--progressive-sizes", "12,16", "--progressive-epochs", "1,2"])
-    )
+    err = one_line_error(capsys, main([*argv, "--progressive-sizes", "12,16", "--progressive-epochs", "1,2"]))
     assert err == "error: stages sum to 3, not --epochs 2: --progressive-epochs 1,2"
-    err = _one_line_error(capsys, main([*argv, "--train-sizes", "12", "--progressive-sizes", "12,16"]))
+    err = one_line_error(capsys, main([*argv, "--train-sizes", "12", "--progressive-sizes", "12,16"]))
     assert err == "error: choose one of --train-sizes and --progressive-sizes: --train-sizes"
-    err = _one_line_error(capsys, main([*argv, "--train-sizes", "12,x"]), 2)
+    err = one_line_error(capsys, main([*argv, "--train-sizes", "12,x"]), 2)
     assert "argument --train-sizes: expected comma-separated image sides in 1..4096, got '12,x'" in err
-    err = _one_line_error(capsys, main([*argv, "--pos-lr-scale", "0"]), 2)
+    err = one_line_error(capsys, main([*argv, "--pos-lr-scale", "0"]), 2)
     assert "argument --pos-lr-scale: expected a number > 0" in err
 
 
 def test_detr_train_has_no_size_recipe_flags():
-    from peg_detr.train import build_parser
+    from peg_detr.cli import build_train_parser
 
-    flags = {s for a in build_parser()._actions for s in a.option_strings}
-    assert not flags & {"--train-sizes", "--progressive-sizes", "--freeze-pos", "--pos-lr-scale"}
+    # DETR's --train-sizes is its per-image multi-scale resize (dest train_scales), not the engine's recipe
+    dests = {a.dest for a in build_train_parser()._actions}
+    assert not dests & {"train_sizes", "progressive_sizes", "freeze_pos", "pos_lr_scale"}
 
 
 def test_video_cli_multiscale_and_freeze(tmp_path, capsys):
@@ -279,13 +279,13 @@ def test_video_cli_multiscale_and_freeze(tmp_path, capsys):
                        "--model-opt", "depth=1", "--pos-enc", "learned"]) == 0  # fmt: skip
     ckpt = read_checkpoint(out / "checkpoint.pth", "video")
     assert _train_log(out)[0]["size"] in (16, 20, 24)
-    from peg_video.task import build_model as build_video
+    from peg_video.model import build_model as build_video
 
     names = [n for n, _ in build_video(ckpt["model_config"]).named_parameters()]
     in_optimizer = sum(len(g["params"]) for g in ckpt["optimizer"]["param_groups"])
     assert in_optimizer == len(names) - 2  # all but the frozen spatial and temporal tables
     capsys.readouterr()
-    err = _one_line_error(
+    err = one_line_error(
         capsys, video_main([*argv, "--output-dir", str(tmp_path / "bad"), "--train-sizes", "20"])
     )
     assert err == "error: sizes must be multiples of the tubelet (2, 8, 8): --train-sizes 20"

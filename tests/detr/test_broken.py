@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from peg_detr.__main__ import main as cli
+from peg_detr.cli import train as train_main
 from peg_detr.data import SyntheticSpec, load_coco_annotations, make_synthetic_coco
-from peg_detr.train import main as train_main
 
 pytestmark = pytest.mark.slow
 
-RUN = ["--backbone", "tiny", "--hidden-dim", "32", "--nheads", "2", "--enc-layers", "1", "--dec-layers", "1",
-       "--dim-feedforward", "64", "--num-queries", "5", "--train-scales", "64", "--crop-resize", "", "--val-size",
+RUN = ["--backbone", "tiny", "--hidden-dim", "32", "--num-heads", "2", "--enc-layers", "1", "--dec-layers", "1",
+       "--dim-feedforward", "64", "--num-queries", "5", "--train-sizes", "64", "--crop-resize", "", "--val-size",
        "64", "--total-batch-size", "4", "--workers", "0", "--no-progress", "--epochs", "1"]  # fmt: skip
 
 
@@ -57,7 +57,7 @@ def test_broken_images_are_skipped_listed_and_not_evaluated(broken, tmp_path):
     torch.set_num_threads(1)
     try:
         report = train_main(
-            ["--coco-path", str(broken), "--output-dir", str(tmp_path), "--max-broken", "35%", *RUN]
+            ["--data-root", str(broken), "--output-dir", str(tmp_path), "--max-broken", "35%", *RUN]
         )
     finally:
         torch.set_num_threads(before)
@@ -85,7 +85,7 @@ def test_broken_images_are_skipped_listed_and_not_evaluated(broken, tmp_path):
 
 def test_too_many_broken_stops_with_one_line(broken, tmp_path, capsys):
     # The default --max-broken is 1%.
-    code = cli(["train", "--coco-path", str(broken), "--output-dir", str(tmp_path), *RUN])
+    code = cli(["train", "--data-root", str(broken), "--output-dir", str(tmp_path), *RUN])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1
     assert err[0].startswith("error: too many broken samples in split 'train': ")
@@ -97,7 +97,7 @@ def test_nothing_readable_is_an_error(broken, tmp_path, capsys):
     shutil.copytree(broken, root)
     for f in (root / "val2017").glob("*.jpg"):
         f.write_text("x")
-    code = cli(["eval", "--checkpoint", str(_checkpoint(broken, tmp_path)), "--coco-path", str(root),
+    code = cli(["eval", "--checkpoint", str(_checkpoint(broken, tmp_path)), "--data-root", str(root),
                 "--output-dir", str(tmp_path / "ev"), "--no-progress", "--workers", "0"])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1
@@ -106,6 +106,6 @@ def test_nothing_readable_is_an_error(broken, tmp_path, capsys):
 
 def _checkpoint(data, tmp_path):
     out = tmp_path / "run"
-    train_main(["--coco-path", str(data), "--output-dir", str(out), "--max-broken", "35%", "--eval-every", "0",
+    train_main(["--data-root", str(data), "--output-dir", str(out), "--max-broken", "35%", "--eval-every", "0",
                 "--epochs", "1", *RUN])  # fmt: skip
     return out / "checkpoint.pth"

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from peg_detr.__main__ import main as cli
+from peg_detr.cli import train as train_main
 from peg_detr.data import SyntheticSpec, make_synthetic_coco
-from peg_detr.train import main as train_main
 
 pytestmark = pytest.mark.slow
 
-MODEL = ["--backbone", "tiny", "--hidden-dim", "32", "--nheads", "2", "--enc-layers", "1", "--dec-layers", "1",
+MODEL = ["--backbone", "tiny", "--hidden-dim", "32", "--num-heads", "2", "--enc-layers", "1", "--dec-layers", "1",
          "--dim-feedforward", "64", "--num-queries", "5"]  # fmt: skip
-RUN = ["--train-scales", "64", "--crop-resize", "", "--val-size", "64", "--total-batch-size", "4", "--workers", "0",
+RUN = ["--train-sizes", "64", "--crop-resize", "", "--val-size", "64", "--total-batch-size", "4", "--workers", "0",
        "--no-progress", "--epochs", "1"]  # fmt: skip
 
 
@@ -37,7 +37,7 @@ def ckpt(data, tmp_path_factory):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("run")
-    train_main(["--coco-path", str(data), "--output-dir", str(out), *MODEL, *RUN])
+    train_main(["--data-root", str(data), "--output-dir", str(out), *MODEL, *RUN])
     torch.set_num_threads(before)
     return out / "checkpoint.pth"
 
@@ -53,7 +53,7 @@ def run(argv, capsys):
 
 
 def _train(data, out, *extra):
-    return ["train", "--coco-path", str(data), "--output-dir", str(out), *MODEL, *RUN, *extra]
+    return ["train", "--data-root", str(data), "--output-dir", str(out), *MODEL, *RUN, *extra]
 
 
 def _edited(data, tmp_path, split, edit):
@@ -105,18 +105,18 @@ def test_bad_annotation_files_train(data, tmp_path, capsys, split, edit, message
 )  # fmt: skip
 def test_bad_annotation_files_eval(data, ckpt, tmp_path, capsys, edit, message):
     root, path = _edited(data, tmp_path, "val", edit)
-    argv = ["eval", "--checkpoint", str(ckpt), "--coco-path", str(root), "--output-dir", str(tmp_path / "ev")]
+    argv = ["eval", "--checkpoint", str(ckpt), "--data-root", str(root), "--output-dir", str(tmp_path / "ev")]
     assert run(argv, capsys) == (1, [f"error: {message}: {path}"])
 
 
 def test_missing_paths(data, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run(["train", "--coco-path", "/no/such/coco", "--output-dir", str(out), *RUN], capsys) == (
-        1, ["error: --coco-path folder not found: /no/such/coco"],
+    assert run(["train", "--data-root", "/no/such/coco", "--output-dir", str(out), *RUN], capsys) == (
+        1, ["error: --data-root folder not found: /no/such/coco"],
     )  # fmt: skip
     for flag, message in (
         ("--resume", "checkpoint not found"),
-        ("--pretrained", "--pretrained file not found"),
+        ("--init", "--init file not found"),
         ("--backbone-weights", "--backbone-weights file not found"),
     ):
         code, err = run(_train(data, out, flag, "/nonexistent/x.pth"), capsys)
@@ -133,22 +133,22 @@ def test_missing_paths(data, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["train", "--coco-path", "x", "--backbone", "nosuch"], "argument --backbone: invalid choice: 'nosuch'"),
-        (["train", "--coco-path", "x", "--pos-enc", "nosuch"], "argument --pos-enc: invalid choice: 'nosuch'"),
-        (["train", "--coco-path", "x", "--learned-grid", "0x5"], "argument --learned-grid: expected HxW with positive "
+        (["train", "--data-root", "x", "--backbone", "nosuch"], "argument --backbone: invalid choice: 'nosuch'"),
+        (["train", "--data-root", "x", "--pos-enc", "nosuch"], "argument --pos-enc: invalid choice: 'nosuch'"),
+        (["train", "--data-root", "x", "--learned-grid", "0x5"], "argument --learned-grid: expected HxW with positive "
                                                                   "integers, e.g. 24x32; got '0x5'"),
-        (["train", "--coco-path", "x", "--batch-size", "0"], "argument --batch-size: expected a positive integer, "
+        (["train", "--data-root", "x", "--batch-size", "0"], "argument --batch-size: expected a positive integer, "
                                                               "got '0'"),
-        (["train", "--coco-path", "x", "--epochs", "0"], "argument --epochs: expected a positive integer, got '0'"),
-        (["train", "--coco-path", "x", "--eval-sizes", "80,abc"], "argument --eval-sizes: expected comma-separated "
+        (["train", "--data-root", "x", "--epochs", "0"], "argument --epochs: expected a positive integer, got '0'"),
+        (["train", "--data-root", "x", "--eval-sizes", "80,abc"], "argument --eval-sizes: expected comma-separated "
                                                                    "positive integers, got '80,abc'"),
-        (["train", "--coco-path", "x", "--eval-sizes", "0"], "argument --eval-sizes: expected comma-separated "
+        (["train", "--data-root", "x", "--eval-sizes", "0"], "argument --eval-sizes: expected comma-separated "
                                                               "positive integers, got '0'"),
-        (["train", "--coco-path", "x", "--crop-size", "600,384"], "argument --crop-size: expected MIN,MAX with "
+        (["train", "--data-root", "x", "--crop-size", "600,384"], "argument --crop-size: expected MIN,MAX with "
                                                                    "MIN <= MAX, e.g. 384,600; got '600,384'"),
-        (["train", "--coco-path", "x", "--amp", "none"], "argument --amp: invalid choice: 'none'"),
-        (["train", "--epochs", "1"], "the following arguments are required: --coco-path"),
-        (["eval", "--coco-path", "x"], "the following arguments are required: --checkpoint"),
+        (["train", "--data-root", "x", "--amp", "none"], "argument --amp: invalid choice: 'none'"),
+        (["train", "--epochs", "1"], "the following arguments are required: --data-root"),
+        (["eval", "--data-root", "x"], "the following arguments are required: --checkpoint"),
         (["make-data", "d", "--num-classes", "9"], "argument --num-classes: expected an integer in 1..4, got '9'"),
         (["make-data", "d", "--size", "8"], "argument --size: expected an integer in 16..4096, got '8'"),
         (["make-data", "d", "--min-objects", "4"], "--min-objects 4 is more than --max-objects 3"),
@@ -218,10 +218,10 @@ def test_bad_checkpoints(data, ckpt, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "pwned").exists()
 
 
-def test_pretrained_garbage_and_refused(data, tmp_path, capsys):
+def test_init_garbage_and_refused(data, tmp_path, capsys):
     garbage = tmp_path / "garbage.pth"
     garbage.write_bytes(b"not a torch file at all")
-    code, err = run(_train(data, tmp_path / "out", "--pretrained", str(garbage)), capsys)
+    code, err = run(_train(data, tmp_path / "out", "--init", str(garbage)), capsys)
     assert code == 1 and len(err) == 1
     assert err[0].startswith("error: pretrained checkpoint is truncated or not a torch file")
     assert err[0].endswith(f": {garbage}")
@@ -258,9 +258,9 @@ def test_predict_errors(data, ckpt, tmp_path, capsys):
     [
         (["eval"], 2, "error: python -m peg_detr eval: the following arguments are required: --checkpoint"),
         (
-            ["train", "--coco-path", "/no/such/coco", "--epochs", "1"],
+            ["train", "--data-root", "/no/such/coco", "--epochs", "1"],
             1,
-            "error: --coco-path folder not found: /no/such/coco",
+            "error: --data-root folder not found: /no/such/coco",
         ),
     ],
 )

@@ -11,11 +11,10 @@ from pycocotools.coco import COCO
 from torchvision.ops import box_convert
 
 import peg_detr.evaluation
+from peg_detr.cli import parse_eval_args, parse_train_args
+from peg_detr.cli import train as train_main
 from peg_detr.data import SyntheticSpec, make_synthetic_coco
-from peg_detr.evaluate import parse_eval_args
 from peg_detr.evaluation import STAT_NAMES, CocoEvaluator, coco_stats, faster_ground_truth
-from peg_detr.train import main as train_main
-from peg_detr.train import parse_train_args
 from tools.bench_coco_eval import make_coco_data
 
 
@@ -95,7 +94,7 @@ def test_evaluator_backends_agree(awkward, capsys):
 
 
 def test_flag_parsed_with_faster_default(tmp_path):
-    base = ["--coco-path", str(tmp_path)]
+    base = ["--data-root", str(tmp_path)]
     assert parse_train_args(base).coco_eval_backend == "faster"
     assert parse_train_args([*base, "--coco-eval-backend", "pycocotools"]).coco_eval_backend == "pycocotools"
     assert parse_eval_args(["--checkpoint", "x.pth"]).coco_eval_backend == "faster"
@@ -110,9 +109,9 @@ def test_flag_reaches_the_evaluator(tmp_path, monkeypatch):
     data = make_synthetic_coco(tmp_path / "data", num_train=4, num_val=4, seed=1, spec=spec)
     out = tmp_path / "run"
     train_main([
-        "--coco-path", str(data), "--output-dir", str(out), "--epochs", "1", "--backbone", "tiny",
-        "--hidden-dim", "16", "--nheads", "2", "--enc-layers", "1", "--dec-layers", "1",
-        "--dim-feedforward", "32", "--num-queries", "5", "--train-scales", "48", "--max-size", "64",
+        "--data-root", str(data), "--output-dir", str(out), "--epochs", "1", "--backbone", "tiny",
+        "--hidden-dim", "16", "--num-heads", "2", "--enc-layers", "1", "--dec-layers", "1",
+        "--dim-feedforward", "32", "--num-queries", "5", "--train-sizes", "48", "--max-size", "64",
         "--crop-resize", "off", "--val-size", "48", "--total-batch-size", "4", "--workers", "0",
         "--no-progress", "--coco-eval-backend", "pycocotools",
     ])  # fmt: skip
@@ -128,7 +127,7 @@ def test_flag_reaches_the_evaluator(tmp_path, monkeypatch):
     for backend in ("pycocotools", "faster"):
         argv = ["--checkpoint", str(out / "checkpoint.pth"), "--output-dir", str(tmp_path / backend),
                 "--workers", "0", "--no-progress", "--coco-eval-backend", backend]  # fmt: skip
-        reports[backend] = peg_detr.evaluate.main(argv)["eval"]
+        reports[backend] = peg_detr.cli.evaluate(argv)["eval"]
     assert used == ["pycocotools", "faster"]
     for k in STAT_NAMES:
         assert reports["faster"][k] == pytest.approx(reports["pycocotools"][k], abs=1e-9), k

@@ -102,7 +102,7 @@ def test_mixed_sizes_and_bad_spec(tmp_path):
 
 
 def test_make_data_cli(tmp_path):
-    assert cli(["make-data", str(tmp_path / "d"), "--train", "3", "--val", "2", "--size", "64"]) == 0
+    assert cli(["make-data", str(tmp_path / "d"), "--num-train", "3", "--num-val", "2", "--size", "64"]) == 0
     assert len(_json(tmp_path / "d", "val")["images"]) == 2
     assert len(list((tmp_path / "d" / "train2017").glob("*.jpg"))) == 3
 

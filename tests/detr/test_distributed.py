@@ -13,9 +13,9 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from peg_detr import build_detr
+from peg_detr.cli import evaluate as eval_main
+from peg_detr.cli import train as train_main
 from peg_detr.data import SyntheticSpec, make_synthetic_coco
-from peg_detr.evaluate import main as eval_main
-from peg_detr.train import main as train_main
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def _worker(rank: int, world: int, port: int, data: str, out: str) -> None:
     # 1) One DDP step on different data per rank: identical gradients, equal to the mean of local ones.
     torch.manual_seed(0)
     model, criterion, _ = build_detr(
-        "tiny", "peg", num_classes=4, num_queries=5, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1,
+        "tiny", "peg", num_classes=4, num_queries=5, hidden_dim=32, num_heads=2, enc_layers=1, dec_layers=1,
         dim_feedforward=64, dropout=0.0,
     )  # fmt: skip
     g = torch.Generator().manual_seed(100 + rank)
@@ -82,9 +82,9 @@ def _worker(rank: int, world: int, port: int, data: str, out: str) -> None:
     # 2) The real entry point under DDP: one epoch of training, then evaluation merged over both ranks.
     result = train_main(
         [
-            "--coco-path", data, "--output-dir", out, "--epochs", "1", "--backbone", "tiny", "--hidden-dim", "32",
-            "--nheads", "2", "--enc-layers", "1", "--dec-layers", "1", "--dim-feedforward", "64",
-            "--num-queries", "5", "--train-scales", "64", "--max-size", "96", "--crop-resize", "",
+            "--data-root", data, "--output-dir", out, "--epochs", "1", "--backbone", "tiny", "--hidden-dim", "32",
+            "--num-heads", "2", "--enc-layers", "1", "--dec-layers", "1", "--dim-feedforward", "64",
+            "--num-queries", "5", "--train-sizes", "64", "--max-size", "96", "--crop-resize", "",
             "--val-size", "64", "--total-batch-size", "4", "--workers", "0", "--no-progress", "--device", "cpu",
         ]
     )  # fmt: skip

@@ -130,7 +130,7 @@ def _tiny_peg():
         num_classes=4,
         num_queries=8,
         hidden_dim=32,
-        nheads=2,
+        num_heads=2,
         enc_layers=1,
         dec_layers=1,
         dim_feedforward=64,

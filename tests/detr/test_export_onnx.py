@@ -28,7 +28,7 @@ def _checkpoint(tmp_path, pos_enc: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, _, _ = build_detr(
-            "tiny", pos_enc, num_classes=3, num_queries=5, hidden_dim=32, nheads=2, enc_layers=1,
+            "tiny", pos_enc, num_classes=3, num_queries=5, hidden_dim=32, num_heads=2, enc_layers=1,
             dec_layers=1, dim_feedforward=32, learned_grid=(3, 4),
         )  # fmt: skip
     with torch.no_grad():  # non-trivial PEG weights (its projection starts at zero in some builds)

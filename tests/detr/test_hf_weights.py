@@ -20,7 +20,7 @@ from peg_detr.models import build_detr, load_official_checkpoint
 
 pytestmark = pytest.mark.slow  # ResNet-50 forwards at 320x320 / 256x384 (~30 s CPU for the file)
 
-SMALL = dict(hidden_dim=32, nheads=2, enc_layers=1, dec_layers=2, dim_feedforward=64)
+SMALL = dict(hidden_dim=32, num_heads=2, enc_layers=1, dec_layers=2, dim_feedforward=64)
 SIZES = [(320, 320), (256, 384)]
 
 
@@ -157,3 +157,28 @@ def test_bad_hf_folders_are_one_line_errors(tmp_path):
     (tmp_path / "empty" / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(WeightsError, match="not a readable safetensors file"):
         load_official_checkpoint(model, tmp_path / "empty")
+
+
+def test_train_init_from_hf_folder(hf_dir, tmp_path):
+    """``train --init FOLDER`` (the old ``--pretrained``) starts from a Hugging Face DETR folder."""
+    from peg_core.engine import read_checkpoint
+    from peg_detr.cli import train
+    from peg_detr.data import SyntheticSpec, make_synthetic_coco
+
+    path, _ = hf_dir
+    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3)
+    data = make_synthetic_coco(tmp_path / "data", num_train=4, num_val=2, seed=3, spec=spec)
+    train([
+        "--data-root", str(data), "--output-dir", str(tmp_path / "run"), "--pos-enc", "sine", "--num-queries", "5",
+        "--hidden-dim", "32", "--num-heads", "2", "--enc-layers", "1", "--dec-layers", "2", "--dim-feedforward",
+        "64", "--num-classes", "4", "--train-sizes", "64", "--crop-resize", "", "--val-size", "64",
+        "--total-batch-size", "4", "--epochs", "1", "--lr", "1e-12", "--lr-backbone", "0", "--weight-decay", "0",
+        "--workers", "0", "--no-progress", "--device", "cpu", "--eval-every", "0", "--init", str(path),
+    ])  # fmt: skip
+    trained = read_checkpoint(tmp_path / "run" / "checkpoint.pth", "detect")["model"]
+    reference = _peg_sine()
+    load_official_checkpoint(reference, path)
+    # one step at lr 1e-12: the folder's weights (the class head, 4 ids here and 3 there, starts anew)
+    for k, v in reference.named_parameters():
+        if not k.startswith("class_embed."):
+            torch.testing.assert_close(trained[k], v.detach(), atol=1e-8, rtol=0, msg=k)

@@ -1,4 +1,4 @@
-"""DETR model: shapes per position encoding, input forms, mask invariance, frozen layers, param groups."""
+"""DETR model: shapes per position encoding, input forms, mask invariance, frozen layers, optimiser groups."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from peg_detr import ImageBatch, build_detr, pad_images
-from peg_detr.models import param_groups
+from peg_detr.task import optimizer_groups
 
 SMALL = dict(
-    hidden_dim=32, nheads=4, enc_layers=2, dec_layers=2, dim_feedforward=64, num_queries=10, dropout=0.0
+    hidden_dim=32, num_heads=4, enc_layers=2, dec_layers=2, dim_feedforward=64, num_queries=10, dropout=0.0
 )
 
 
@@ -163,18 +163,50 @@ def test_resnet18_frozen_stem_and_gradients():
     assert names["backbone.0.body.conv1.weight"].grad is None
 
 
-def test_param_groups_split_backbone():
+def test_optimizer_groups_split_backbone_and_decay_all():
     model, _, _ = small()
-    groups = param_groups(model, lr=1e-4, lr_backbone=1e-5, weight_decay=1e-4)
-    assert [g["lr"] for g in groups] == [1e-4, 1e-5]
+    groups = optimizer_groups(model, lr_backbone=1e-5, weight_decay=1e-4)
+    assert [g["name"] for g in groups] == ["main", "backbone"] and groups[1]["lr"] == 1e-5
+    assert all(g["weight_decay"] == 1e-4 for g in groups)  # DETR decays norms and biases too
     backbone_ids = {id(p) for p in model.backbone.parameters()}
     assert all(id(p) in backbone_ids for p in groups[1]["params"])
     assert not any(id(p) in backbone_ids for p in groups[0]["params"])
     n_trainable = sum(p.requires_grad for p in model.parameters())
     assert len(groups[0]["params"]) + len(groups[1]["params"]) == n_trainable
-    torch.optim.AdamW(groups)  # accepted as is
+    opt = torch.optim.AdamW(groups, lr=1e-4)
+    assert [g["lr"] for g in opt.param_groups] == [1e-4, 1e-5]
     frozen, _, _ = small(train_backbone=False)
-    assert len(param_groups(frozen, 1e-4, 1e-5, 1e-4)) == 1
+    assert len(optimizer_groups(frozen, 1e-5, 1e-4)) == 1
+
+
+def test_optimizer_state_of_old_checkpoints_loads():
+    """An optimiser state saved with the former ``peg_detr.models.param_groups`` layout resumes."""
+    model, _, _ = small()
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    old_groups = [
+        {"params": [p for n, p in trainable if not n.startswith("backbone.")], "lr": 1e-4, "weight_decay": 1e-4,
+         "name": "transformer_heads"},
+        {"params": [p for n, p in trainable if n.startswith("backbone.")], "lr": 1e-5, "weight_decay": 1e-4,
+         "name": "backbone"},
+    ]  # fmt: skip
+    old = torch.optim.AdamW(old_groups, lr=1e-4, weight_decay=1e-4)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) if p.requires_grad else None
+    old.step()
+    saved = old.state_dict()
+    new = torch.optim.AdamW(optimizer_groups(model, 1e-5, 1e-4), lr=1e-4, weight_decay=1e-4)
+    new.load_state_dict(saved)
+    assert [g["lr"] for g in new.param_groups] == [1e-4, 1e-5]
+    for group in new.param_groups:
+        for p in group["params"]:
+            assert new.state[p]["exp_avg"].shape == p.shape
+    by_id = {id(p): p for _, p in trainable}
+    assert all(id(p) in by_id for g in new.param_groups for p in g["params"])
+    # the same parameters, in the same order: the restored moments sit on the parameters that made them
+    for p_old, p_new in zip(
+        (p for g in old.param_groups for p in g["params"]), (p for g in new.param_groups for p in g["params"])
+    ):
+        assert p_old is p_new and torch.equal(old.state[p_old]["exp_avg"], new.state[p_new]["exp_avg"])
 
 
 def test_bf16_autocast_forward_and_loss():

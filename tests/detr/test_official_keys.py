@@ -17,7 +17,7 @@ REFERENCE = (
     Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "detr_r50_state_dict_keys.txt"
 )
 SMALL = dict(
-    hidden_dim=32, nheads=4, enc_layers=2, dec_layers=2, dim_feedforward=64, num_queries=10, dropout=0.0
+    hidden_dim=32, num_heads=4, enc_layers=2, dec_layers=2, dim_feedforward=64, num_queries=10, dropout=0.0
 )
 
 

@@ -11,9 +11,9 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from peg_core.engine import UserError
 from peg_detr.__main__ import main as cli
+from peg_detr.cli import train as train_main
 from peg_detr.data import SyntheticSpec, make_synthetic_coco
 from peg_detr.predict import Predictor
-from peg_detr.train import main as train_main
 
 
 def _read(path) -> torch.Tensor:
@@ -30,9 +30,9 @@ def checkpoint(tmp_path_factory):
     data = make_synthetic_coco(root / "data", num_train=4, num_val=2, seed=4, spec=spec)
     train_main(
         [
-            "--coco-path", str(data), "--output-dir", str(root / "run"), "--epochs", "1", "--backbone", "tiny",
-            "--hidden-dim", "32", "--nheads", "2", "--enc-layers", "1", "--dec-layers", "1",
-            "--dim-feedforward", "64", "--num-queries", "5", "--train-scales", "64", "--crop-resize", "",
+            "--data-root", str(data), "--output-dir", str(root / "run"), "--epochs", "1", "--backbone", "tiny",
+            "--hidden-dim", "32", "--num-heads", "2", "--enc-layers", "1", "--dec-layers", "1",
+            "--dim-feedforward", "64", "--num-queries", "5", "--train-sizes", "64", "--crop-resize", "",
             "--val-size", "64", "--total-batch-size", "2", "--workers", "0", "--no-progress",
         ]
     )  # fmt: skip

@@ -78,7 +78,7 @@ def _tiny(pos_enc: str, layers: int = 2):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return build_detr(
-            "tiny", pos_enc, num_classes=3, num_queries=5, hidden_dim=32, nheads=2, enc_layers=layers,
+            "tiny", pos_enc, num_classes=3, num_queries=5, hidden_dim=32, num_heads=2, enc_layers=layers,
             dec_layers=layers, dim_feedforward=32, learned_grid=(3, 5),
         )  # fmt: skip
 

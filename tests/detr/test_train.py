@@ -11,15 +11,14 @@ import torch
 import peg_detr.task
 from peg_core.engine import CHECKPOINT_KEYS, EXIT_DIVERGED, UserError, read_checkpoint
 from peg_detr.__main__ import main as cli
+from peg_detr.cli import evaluate as eval_main
+from peg_detr.cli import parse_train_args
+from peg_detr.cli import train as train_main
 from peg_detr.configs import CONFIGS, PUBLISHED_AP
 from peg_detr.data import SyntheticSpec, make_synthetic_coco
-from peg_detr.evaluate import main as eval_main
 from peg_detr.evaluation import STAT_NAMES
-from peg_detr.model_io import build_model
-from peg_detr.options import model_kwargs_from_args
+from peg_detr.model import build_model, model_config_from_args
 from peg_detr.task import per_process_batch
-from peg_detr.train import main as train_main
-from peg_detr.train import parse_train_args
 
 pytestmark = pytest.mark.slow
 
@@ -42,10 +41,10 @@ def data(tmp_path_factory):
 
 def _argv(data, out, epochs, *extra):
     return [
-        "--coco-path", str(data), "--output-dir", str(out), "--epochs", str(epochs),
-        "--backbone", "tiny", "--pos-enc", "peg", "--hidden-dim", "32", "--nheads", "2",
+        "--data-root", str(data), "--output-dir", str(out), "--epochs", str(epochs),
+        "--backbone", "tiny", "--pos-enc", "peg", "--hidden-dim", "32", "--num-heads", "2",
         "--enc-layers", "1", "--dec-layers", "2", "--dim-feedforward", "64", "--dropout", "0.1",
-        "--num-queries", "6", "--train-scales", "56,64", "--max-size", "96", "--crop-resize", "64",
+        "--num-queries", "6", "--train-sizes", "56,64", "--max-size", "96", "--crop-resize", "64",
         "--crop-size", "40,64", "--val-size", "64", "--total-batch-size", "4", "--workers", "0",
         "--lr", "1e-3", "--lr-backbone", "5e-4", "--lr-drop", "1", "--seed", "7", "--no-progress",
         *extra,
@@ -155,11 +154,11 @@ def test_eval_command_multi_size(data, one_epoch, capsys):
     for k in STAT_NAMES:
         assert report["eval"][k] == pytest.approx(trained["eval"][k], abs=1e-9), k
     assert json.loads((out / "ev" / "report.json").read_text())["eval"]["size"] == 64
-    assert cli(["eval", *argv, "--coco-path", str(data)]) == 0
+    assert cli(["eval", *argv, "--data-root", str(data)]) == 0
 
 
 def test_named_configs():
-    a = parse_train_args(["--config", "cpvt_peg_50ep", "--coco-path", "x"])
+    a = parse_train_args(["--config", "cpvt_peg_50ep", "--data-root", "x"])
     assert (a.pos_enc, a.lr, a.lr_backbone, a.epochs, a.lr_drop, a.total_batch_size) == (
         "peg", 1e-4, 2e-5, 50, 40, 32,
     )  # fmt: skip
@@ -168,10 +167,10 @@ def test_named_configs():
         and a.crop_resize == [400, 500, 600]
         and a.crop_size == [384, 600]
     )
-    b = parse_train_args(["--config", "detr_r50_500ep", "--lr-drop", "300", "--coco-path", "x"])
+    b = parse_train_args(["--config", "detr_r50_500ep", "--lr-drop", "300", "--data-root", "x"])
     assert (b.pos_enc, b.lr_backbone, b.epochs, b.lr_drop, b.total_batch_size) == ("sine", 1e-5, 500, 300, 64)
-    assert parse_train_args(["--config", "cpvt_none_50ep", "--coco-path", "x"]).pos_enc == "none"
-    assert parse_train_args(["--config", "demo_tiny", "--coco-path", "x"]).crop_resize == []
+    assert parse_train_args(["--config", "cpvt_none_50ep", "--data-root", "x"]).pos_enc == "none"
+    assert parse_train_args(["--config", "demo_tiny", "--data-root", "x"]).crop_resize == []
     assert PUBLISHED_AP == {
         "detr_r50_500ep": 42.0, "cpvt_sine_50ep": 33.7, "cpvt_none_50ep": 32.8, "cpvt_peg_50ep": 33.9,
     }  # fmt: skip
@@ -186,7 +185,7 @@ def test_named_configs():
 
 def test_common_flags_accepted():
     a = parse_train_args(
-        ["--coco-path", "x", "--config", "demo_tiny", "--output-dir", "o", "--resume", "auto", "--epochs", "2",
+        ["--data-root", "x", "--config", "demo_tiny", "--output-dir", "o", "--resume", "auto", "--epochs", "2",
          "--batch-size", "3", "--lr", "0.01", "--workers", "1", "--amp", "bf16", "--clip-max-norm", "0",
          "--device", "cpu", "--seed", "5", "--eval-every", "2", "--save-every", "1", "--stop-after-epoch", "1",
          "--max-broken", "5%", "--threads", "1", "--find-unused-parameters", "--no-progress", "--debug",
@@ -214,9 +213,9 @@ def test_demo_quick(tmp_path):
 
 def test_learned_grid_flag_reaches_the_model():
     args = parse_train_args(
-        ["--config", "demo_tiny", "--coco-path", "x", "--pos-enc", "learned", "--learned-grid", "5x7"]
+        ["--config", "demo_tiny", "--data-root", "x", "--pos-enc", "learned", "--learned-grid", "5x7"]
     )
-    kw = model_kwargs_from_args(args, num_classes=4)
+    kw = model_config_from_args(args, num_classes=4)
     assert kw["learned_grid"] == [5, 7]
     model, _, _ = build_model(kw)
     table = dict(model.named_parameters())

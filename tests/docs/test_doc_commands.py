@@ -81,13 +81,13 @@ def shell_commands(code: str) -> list[list[str]]:
 
 # (module, first argument or None) -> argparse check of the remaining arguments
 def _detr_train(argv: list[str]) -> None:
-    from peg_detr.train import parse_train_args
+    from peg_detr.cli import parse_train_args
 
     parse_train_args(argv)
 
 
 def _detr_eval(argv: list[str]) -> None:
-    from peg_detr.evaluate import parse_eval_args
+    from peg_detr.cli import parse_eval_args
 
     parse_eval_args(argv)
 
@@ -106,13 +106,13 @@ def _core_eval(argv: list[str]) -> None:
 
 
 def _video_train(argv: list[str]) -> None:
-    from peg_video.train import parse_args
+    from peg_video.cli import parse_train_args
 
-    parse_args(argv)
+    parse_train_args(argv)
 
 
 def _video_eval(argv: list[str]) -> None:
-    from peg_video.train import build_eval_parser
+    from peg_video.cli import build_eval_parser
 
     build_eval_parser().parse_args(argv)
 
@@ -236,7 +236,7 @@ def _detr_checkpoint(path: Path) -> None:
     from peg_detr import build_detr
 
     model, _, _ = build_detr(
-        "tiny", "peg", num_classes=4, num_queries=5, hidden_dim=32, nheads=2, enc_layers=1, dec_layers=1,
+        "tiny", "peg", num_classes=4, num_queries=5, hidden_dim=32, num_heads=2, enc_layers=1, dec_layers=1,
         dim_feedforward=64,
     )  # fmt: skip
     cats = [

@@ -14,7 +14,17 @@ from peg_core import PEG2d, build_position_encoding
 from peg_core.classify import DEMO_CONFIG
 from peg_core.classify.shapes import SHAPES, sample_scenes
 from peg_video import PEG3d
-from tools.study import compare, error_bars, fmt_ms, int8_table, interpret, main, markdown_table, write_report
+from tools.study import (
+    compare,
+    error_bars,
+    fmt_ms,
+    int8_table,
+    interpret,
+    judge,
+    main,
+    markdown_table,
+    write_report,
+)
 from tools.study_cost import encoding_cost
 from tools.study_tasks import (
     Budget,
@@ -163,6 +173,12 @@ def test_study_quick_all_tasks(tmp_path: Path) -> None:
     assert (tmp_path / "classify-scale.png").is_file() and "Protocol *scale*" in report
     assert doc["tasks"]["classify"]["protocol"] == "quadrant"
     assert set(doc["tasks"]) == set(EXPECTED_ROWS) == set(results) - {"classify-scale"}
+    # one seed: the sentences draw no conclusion, and say why
+    sentences = [line for line in report.splitlines() if line.startswith("* ")]
+    assert sentences and "no conclusion (one seed: a difference needs at least 2 seeds" in report
+    assert not any(w in s for s in sentences for w in ("is ahead", "supports the", "contradicts", "supplies"))
+    assert scale["chance"] == pytest.approx(1 / 3)  # shape-only labels: 3 classes
+    assert doc["tasks"]["detect"]["chance"] == 0.0 and doc["tasks"]["video"]["chance"] > 0
 
     for task, labels in EXPECTED_ROWS.items():
         t = doc["tasks"][task]
@@ -322,23 +338,87 @@ def test_sentences_follow_the_numbers() -> None:
         "At the training size peg reaches 0.990 ± 0.010 and `none` 0.250 ± 0.020: "
         "the task needs position, and the PEG supplies it."
     )
-    # the scale protocol, PEG ahead; one seed (no std): a difference counts above 0.02
+    # the scale protocol, PEG ahead (two seeds or more: stds on both sides)
     scale = interpret(
-        _toy([_row("peg", (0.9, 0.91), None), _row("learned (bicubic)", (0.9, 0.8), None)], "scale")
-    )
+        _toy([_row("peg", (0.9, 0.91), (0.01, 0.01)), _row("learned (bicubic)", (0.9, 0.8), (0.01, 0.02))],
+             "scale")
+    )  # fmt: skip
     assert scale[1] == (
-        "At 96 px (trained at 48 px) peg keeps 0.910 while learned (bicubic) drops to 0.800: peg is ahead."
+        "At 96 px (trained at 48 px) peg keeps 0.910 ± 0.010 while learned (bicubic) drops to 0.800 ± 0.020: "
+        "peg is ahead."
     )
     assert scale[2].startswith("This table supports the claim") and "73.4 -> 74.2" in scale[2]
     # ahead of the table, yet falling: the sentence says both
     falls = interpret(
-        _toy([_row("peg", (0.9, 0.5), None), _row("learned (bicubic)", (0.5, 0.35), None)], "scale")
+        _toy(
+            [_row("peg", (0.9, 0.5), (0.0, 0.0)), _row("learned (bicubic)", (0.5, 0.35), (0.0, 0.0))], "scale"
+        )
     )
-    assert falls[2].endswith(", but not that a PEG keeps its accuracy: peg falls from 0.900 to 0.500.")
-    # overlapping error bars: no verdict
+    assert falls[2].endswith(
+        ", but not that a PEG keeps its accuracy: peg falls from 0.900 ± 0.000 to 0.500 ± 0.000."
+    )
+    # overlapping error bars: no conclusion, and why
     a, b = _row("peg", (0.9, 0.78), (0.05, 0.05)), _row("learned (bicubic)", (0.9, 0.75), (0.05, 0.05))
     assert compare(a, b, "96 px") == 0 and compare(a, b, "96 px", "48 px") == -1
-    assert "cannot separate" in interpret(_toy([a, b], "scale"))[2]
+    assert interpret(_toy([a, b], "scale"))[2].endswith(
+        "draws no conclusion on the claim that a PEG generalises to a larger input without fine-tuning better "
+        "than a resized learned table (CPVT-Ti 73.4 -> 74.2 against DeiT-Ti 72.2 -> 71.2 at 224 -> 384 px) "
+        "(the difference 0.030 is within the spread ±0.100)."
+    )
+
+
+def test_sentences_draw_no_conclusion_without_seeds_spread_or_distance_from_chance() -> None:
+    # one seed (what --quick runs): a big difference, yet no spread to compare it with
+    one = _toy([_row("peg", (0.9, 0.91), None), _row("learned (bicubic)", (0.9, 0.5), None),
+                _row("none", (0.4, 0.4), None)], "quadrant")  # fmt: skip
+    text = interpret(one)
+    assert text[1] == (
+        "At 96 px (trained at 48 px) peg is at 0.910 while learned (bicubic) is at 0.500: "
+        "no conclusion (one seed: a difference needs at least 2 seeds)."
+    )
+    assert text[2].startswith("This table draws no conclusion on the claim that a PEG generalises")
+    assert text[2].endswith("(one seed: a difference needs at least 2 seeds).")
+    assert text[3] == (
+        "At the training size peg reaches 0.900 and `none` 0.400: "
+        "no conclusion (one seed: a difference needs at least 2 seeds)."
+    )
+    assert not any(w in " ".join(text) for w in ("is ahead", "supports", "contradicts", "supplies"))
+    # two seeds whose spreads overlap: |0.80 - 0.74| = 0.06 <= 0.04 + 0.03
+    overlap = _toy([_row("peg", (0.9, 0.80), (0.02, 0.04)), _row("learned (bicubic)", (0.9, 0.74), (0.02, 0.03)),
+                    _row("none", (0.3, 0.3), (0.01, 0.01))], "quadrant")  # fmt: skip
+    text = interpret(overlap)
+    assert text[1].endswith(": no conclusion (the difference 0.060 is within the spread ±0.070).")
+    assert text[3].endswith(": the task needs position, and the PEG supplies it.")  # 0.9 vs 0.3: clear
+    # a clear difference (0.80 - 0.60 = 0.20 > 0.02 + 0.03) counts
+    clear = _toy([_row("peg", (0.9, 0.80), (0.01, 0.02)), _row("learned (bicubic)", (0.9, 0.60), (0.01, 0.03))],
+                 "quadrant")  # fmt: skip
+    assert interpret(clear)[1] == (
+        "At 96 px (trained at 48 px) peg drops to 0.800 ± 0.020 while learned (bicubic) drops to 0.600 ± 0.030: "
+        "peg is ahead."
+    )
+    assert interpret(clear)[2].startswith("This table supports the claim")
+    # the same clear-looking gap near chance (3 classes: below 0.333 + 0.1 * 0.667 = 0.4) is no conclusion
+    near = _toy([_row("peg", (0.39, 0.38), (0.001, 0.001)), _row("none", (0.34, 0.34), (0.001, 0.001))],
+                "quadrant")  # fmt: skip
+    near.chance = 1 / 3
+    assert judge(near.rows[0], near.rows[1], "48 px", chance=None) == (1, None)
+    assert interpret(near)[1] == (
+        "At the training size peg reaches 0.390 ± 0.001 and `none` 0.340 ± 0.001: "
+        "no conclusion (both are near chance (0.333))."
+    )
+    # ablations: a best row only when it is ahead of the next
+    rows = [_row("kernel 1x1", (0.5, 0.4), None), _row("kernel 3x3", (0.6, 0.5), None)]
+    for r in rows:
+        r.group = "kernel"
+    assert interpret(_toy(rows, "scale"))[1] == (
+        "Ablation kernel: at the training size no conclusion (one seed: a difference needs at least 2 seeds): "
+        "highest `kernel 3x3` (0.600), next `kernel 1x1`; at 96 px no conclusion (one seed: a difference needs "
+        "at least 2 seeds): highest `kernel 3x3` (0.500), next `kernel 1x1`."
+    )
+    rows[0].std, rows[1].std = {"48 px": 0.01, "96 px": 0.1}, {"48 px": 0.01, "96 px": 0.1}
+    assert interpret(_toy(rows, "scale"))[1].startswith(
+        "Ablation kernel: at the training size best `kernel 3x3` ("
+    )
 
 
 # ------------------------------------------------------------------------------- scale-protocol data

@@ -7,7 +7,7 @@ from peg_video.data import SyntheticSpec, make_synthetic_kinetics
 #: a 1-block, 32-wide video transformer on 4-frame clips of 32 px: a CPU epoch takes about a second
 TINY = [
     "--config", "synthetic_tiny", "--num-frames", "4", "--stride", "2", "--batch-size", "4",
-    "--model-opt", "embed_dim=32", "--model-opt", "depth=1", "--model-opt", "num_heads=2",
+    "--model-opt", "embed_dim=32", "--model-opt", "depth=1", "--num-heads", "2",
     "--num-clips", "2", "--no-progress", "--workers", "0",
 ]  # fmt: skip
 

@@ -2,6 +2,7 @@
 rule, and ``make-data`` + ``train`` + ``eval`` (``--split all``) through each layout."""
 
 import json
+import shutil
 from argparse import Namespace
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from peg_core.engine import EXIT_ERROR, EXIT_USAGE, UserError, read_checkpoint
 from peg_core.engine.distributed import DistInfo
 from peg_video.__main__ import main
+from peg_video.cli import parse_train_args
 from peg_video.data import KineticsVideoDataset
 from peg_video.data.annotations import AnnotationError
 from peg_video.data.datasets import (
@@ -21,7 +23,6 @@ from peg_video.data.datasets import (
     segment_indices,
 )
 from peg_video.data.loaders import make_loader, transform_config
-from peg_video.train import parse_args
 from tests.video.runs import TINY
 
 ONE_EPOCH = [*TINY, "--epochs", "1"]
@@ -161,6 +162,7 @@ def test_hmdb51_reads_the_split_flags(tmp_path):
     _write(splits / "brush_hair_test_split1.txt", "a.avi 1 \nb.avi 2 \nc.avi 0 \n")
     _write(splits / "brush_hair_test_split2.txt", "a.avi 2 \nb.avi 1 \nc.avi 1 \n")
     _write(splits / "cartwheel_test_split1.txt", "d.avi 2 \ne.avi 1 \n")
+    _write(splits / "cartwheel_test_split2.txt", "d.avi 1 \ne.avi 1 \n")
     train = read_hmdb51(tmp_path, "train", 1)
     assert train.classes == ["brush_hair", "cartwheel"]  # "brush_hair" keeps its underscore
     assert [(r.path, r.label) for r in train.records] == [
@@ -169,12 +171,132 @@ def test_hmdb51_reads_the_split_flags(tmp_path):
     ]  # c.avi is flagged 0: in neither list
     assert [r.path.name for r in read_hmdb51(tmp_path, "test", 1).records] == ["b.avi", "d.avi"]
     assert [r.path.name for r in read_hmdb51(tmp_path, "test", 2).records] == ["a.avi"]
+    _write(splits / "brush_hair_test_split3.txt", "a.avi 1\n")
     bad = _write(splits / "cartwheel_test_split3.txt", "d.avi 1\ne.avi 3\n")
     with pytest.raises(AnnotationError) as info:
         read_hmdb51(tmp_path, "train", 3)
     assert (
         str(info.value) == f"expected '<video>.avi 0|1|2' (0 unused, 1 train, 2 test), got 'e.avi 3': {bad}:2"
     )
+
+
+def test_hmdb51_class_without_its_split_file_is_refused(tmp_path, capsys):
+    splits = tmp_path / "testTrainMulti_7030_splits"
+    _write(splits / "brush_hair_test_split1.txt", "a.avi 1\nb.avi 2\n")
+    _write(splits / "cartwheel_test_split1.txt", "c.avi 1\nd.avi 2\n")
+    _write(splits / "cartwheel_test_split2.txt", "c.avi 2\nd.avi 1\n")
+    # brush_hair has no split 2 file: dropping it would make cartwheel class 0
+    with pytest.raises(AnnotationError) as info:
+        read_hmdb51(tmp_path, "test", 2)
+    assert str(info.value) == (
+        "class 'brush_hair' has no split file for split 2 (dropping it would shift the later class indices): "
+        f"{splits / 'brush_hair_test_split2.txt'}"
+    )
+    # a class folder with videos but no split file at all is a class too
+    _write(tmp_path / "catch" / "e.avi", "")
+    with pytest.raises(
+        AnnotationError, match=r"class 'catch' has no split file for split 1 .*catch_test_split1.txt$"
+    ):
+        read_hmdb51(tmp_path, "train", 1)
+    err = _fails(capsys, ["train", "--dataset", "hmdb51", "--data-root", str(tmp_path), "--split", "2",
+                          "--output-dir", str(tmp_path / "run"), *ONE_EPOCH])  # fmt: skip
+    assert "class 'brush_hair' has no split file for split 2" in err and "brush_hair_test_split2.txt" in err
+
+
+def _mmaction_hmdb51(raw, out):
+    """mmaction2's HMDB51 layout made from a raw one: ``annotations/*.txt``, ``videos/<class>/``."""
+    shutil.copytree(raw / "testTrainMulti_7030_splits", out / "annotations")
+    for folder in sorted(p for p in raw.iterdir() if p.is_dir() and p.name != "testTrainMulti_7030_splits"):
+        shutil.copytree(folder, out / "videos" / folder.name)
+    return out
+
+
+@pytest.mark.slow
+def test_hmdb51_mmaction2_layout_gives_the_same_samples_and_accuracy(tmp_path, capsys):
+    raw = tmp_path / "raw"
+    assert main(["make-data", str(raw), "--dataset", "hmdb51", *LAYOUT]) == 0
+    mm = _mmaction_hmdb51(raw, tmp_path / "mm")
+    assert not (mm / "testTrainMulti_7030_splits").exists()
+    for split in (1, 2, 3):
+        for subset in ("train", "test"):
+            a, b = read_hmdb51(raw, subset, split), read_hmdb51(mm, subset, split)
+            assert a.classes == b.classes and len(a.records) > 0
+            assert [(r.path.relative_to(raw), r.label) for r in a.records] == [
+                (r.path.relative_to(mm / "videos"), r.label) for r in b.records
+            ]
+            assert all(r.path.is_file() for r in b.records)
+    # a model trained on the raw layout scores the same on the mmaction2 copy
+    run = tmp_path / "run"
+    argv = ["train", "--dataset", "hmdb51", "--data-root", str(raw), "--output-dir", str(run), *ONE_EPOCH]
+    assert main(argv) == 0
+    trained = json.loads((run / "report.json").read_text())["eval"]
+    argv = ["eval", "--checkpoint", str(run / "checkpoint.pth"), "--data-root", str(mm), "--output-dir",
+            str(tmp_path / "eval"), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert (
+        report["eval"]["num_videos"] == trained["num_videos"] == 4 and report["broken"]["val"]["count"] == 0
+    )
+    assert report["eval"]["top1"] == trained["top1"]
+    shutil.rmtree(mm / "annotations")
+    err = _fails(capsys, ["eval", "--checkpoint", str(run / "checkpoint.pth"), "--data-root", str(mm)])
+    assert "split folder testTrainMulti_7030_splits/ (official layout) or annotations/" in err
+
+
+def test_every_reader_refuses_other_class_names_than_the_checkpoints(tmp_path):
+    ucf = tmp_path / "ucf"
+    _ucf(ucf, train="YoYo/v_YoYo_g01_c01.avi 3\n", test="YoYo/v_YoYo_g01_c01.avi\n")
+    ind = ucf / "ucfTrainTestlist" / "classInd.txt"
+    with pytest.raises(AnnotationError) as info:  # the checkpoint's order differs from classInd.txt
+        read_ucf101(ucf, "test", 1, ["ApplyEyeMakeup", "YoYo", "HandstandPushups"])
+    assert str(info.value) == (
+        "class 1 is 'HandstandPushups' here but 'YoYo' in the checkpoint (a renamed or re-ordered class list "
+        f"would remap the labels): {ind}"
+    )
+    assert read_ucf101(ucf, "test", 1, ["ApplyEyeMakeup", "HandstandPushups", "YoYo"]).records[0].label == 2
+    with pytest.raises(AnnotationError, match=f"has 3 classes, the checkpoint 4: {ind}$"):
+        read_ucf101(ucf, "test", 1, ["ApplyEyeMakeup", "HandstandPushups", "YoYo", "Zumba"])
+    ssv2 = tmp_path / "ssv2"
+    _ssv2(ssv2, [{"id": "1", "template": "Putting [something] on [something]"}])
+    with pytest.raises(AnnotationError, match="class 0 is 'Pushing something from left to right' here but "
+                       "'Putting something on something' in the checkpoint"):  # fmt: skip
+        read_ssv2(ssv2, "train", sorted(SSV2_LABELS, reverse=True))
+    hmdb = tmp_path / "hmdb"
+    _write(hmdb / "testTrainMulti_7030_splits" / "brush_hair_test_split1.txt", "a.avi 2\n")
+    with pytest.raises(
+        AnnotationError, match="class 0 is 'brush_hair' here but 'comb_hair' in the checkpoint"
+    ):
+        read_hmdb51(hmdb, "test", 1, ["comb_hair"])
+    # Kinetics: an integer-labelled list indexes the classes.json beside it
+    from peg_video.data.annotations import load_annotations, write_class_map
+
+    listed = _write(tmp_path / "kin" / "val.txt", "a.mp4 1\n")
+    write_class_map(["run", "walk"], listed.parent / "classes.json")
+    assert load_annotations(listed, classes=["run", "walk"]).records[0].label == 1
+    with pytest.raises(
+        AnnotationError, match=r"class 0 is 'run' here but 'walk' in the checkpoint.*classes\.json$"
+    ):
+        load_annotations(listed, classes=["walk", "run"])
+
+
+@pytest.mark.slow
+def test_eval_refuses_a_reordered_class_index(tmp_path, capsys):
+    root, run = tmp_path / "ucf", tmp_path / "run"
+    assert main(["make-data", str(root), "--dataset", "ucf101", *LAYOUT]) == 0
+    argv = ["train", "--dataset", "ucf101", "--data-root", str(root), "--output-dir", str(run), *ONE_EPOCH]
+    assert main(argv) == 0
+    ind = root / "ucfTrainTestlist" / "classInd.txt"
+    names = [line.split()[1] for line in ind.read_text().splitlines()]
+    swapped = [names[1], names[0], *names[2:]]
+    ind.write_text("".join(f"{i} {n}\r\n" for i, n in enumerate(swapped, 1)))
+    err = _fails(
+        capsys, ["eval", "--checkpoint", str(run / "checkpoint.pth"), "--output-dir", str(tmp_path / "e")]
+    )
+    assert err == (
+        f"error: class 0 is {names[1]!r} here but {names[0]!r} in the checkpoint (a renamed or re-ordered class "
+        f"list would remap the labels): {ind}\n"
+    )
+    assert not (tmp_path / "e" / "report.json").exists()
 
 
 def test_folder_reads_class_folders(tmp_path):
@@ -234,13 +356,13 @@ def test_dataset_uses_segment_indices(tmp_path):
 
 def test_ssv2_protocol_defaults_and_flip_refusal(tmp_path, capsys):
     # a Kinetics recipe (hflip on, stride sampling) moved to ssv2: no flip, segment sampling
-    args = parse_args(
+    args = parse_train_args(
         ["--config", "k400_vit_s_16x4_peg3d", "--dataset", "ssv2", "--data-root", str(tmp_path)]
     )
     assert (args.hflip, args.sampling, args.split) == (False, "segment", None)
-    args = parse_args(["--config", "ssv2_vit_s_16_learned", "--data-root", str(tmp_path)])
+    args = parse_train_args(["--config", "ssv2_vit_s_16_learned", "--data-root", str(tmp_path)])
     assert (args.dataset, args.hflip, args.sampling, args.pos_enc) == ("ssv2", False, "segment", "learned")
-    assert parse_args(["--config", "ucf101_vit_s_16x4_peg3d", "--data-root", "x"]).hflip is True
+    assert parse_train_args(["--config", "ucf101_vit_s_16x4_peg3d", "--data-root", "x"]).hflip is True
     err = _fails(capsys, ["train", "--dataset", "ssv2", "--data-root", str(tmp_path), "--hflip"], EXIT_USAGE)
     assert "--hflip: refused for ssv2" in err and "left to right" in err
     with pytest.raises(UserError, match="contradict SSv2's left / right labels"):
@@ -381,7 +503,9 @@ def test_split_all_is_refused_without_splits(runs, capsys):
 @pytest.mark.slow
 def test_train_flip_is_off_in_the_built_ssv2_dataset(runs):
     root, run = runs["ssv2"]
-    args = parse_args(["--dataset", "ssv2", "--data-root", str(root), "--output-dir", str(run), *ONE_EPOCH])
+    args = parse_train_args(
+        ["--dataset", "ssv2", "--data-root", str(root), "--output-dir", str(run), *ONE_EPOCH]
+    )
     ann = load_dataset("ssv2", root, "train")
     _, ds = make_loader(args, ann, "train", DistInfo(), run)
     assert ds.sampling == "segment" and ds.transform.cfg.hflip is False

@@ -82,9 +82,10 @@ def test_eval_where_every_video_is_broken_exits_1(data, run, tmp_path, capsys):
         (["make-data", "OUT", "--width", "81"], "argument --width: expected an even number of pixels >= 16"),
         (["eval", "--output-dir", "x"], "the following arguments are required: --checkpoint"),
         (["train", "--train-ann", "a.csv", "--epochs", "0"], "argument --epochs: expected a positive integer"),
+        (["train", "--train-ann", "a.csv", "--scale-jitter", "256"], "argument --scale-jitter: expected 2"),
         (["train", "--train-ann", "a.csv", "--train-scale", "256"], "argument --train-scale: expected 2"),
         (["train", "--train-ann", "a.csv", "--tubelet", "2,16"], "argument --tubelet: expected 3"),
-        (["train", "--train-ann", "a.csv", "--train-scale", "40,36"], "MIN must not exceed MAX"),
+        (["train", "--train-ann", "a.csv", "--scale-jitter", "40,36"], "--scale-jitter: MIN must not exceed MAX"),
         (["train", "--train-ann", "a.csv", "--num-frames", "5"], "--num-frames 5 and --crop 32 must be multiples"),
         (["train", "--train-ann", "a.csv", "--amp", "none"], "argument --amp: invalid choice: 'none'"),
         (["train", "--train-ann", "a.csv", "--model-opt", "depth"], "--model-opt: expected KEY=VALUE"),
@@ -182,18 +183,36 @@ def test_annotation_errors_name_file_and_line(data, tmp_path, capsys):
     assert _fails(capsys, argv) == f"error: class file not found: {tmp_path / 'none.json'}"
 
 
-def test_init_2d_files_are_one_line_errors(data, tmp_path, capsys):
+def test_init_files_are_one_line_errors(data, run, tmp_path, capsys):
     garbage, foreign = tmp_path / "garbage.pth", tmp_path / "foreign.pth"
     garbage.write_bytes(b"\x80\x02 not a torch file")
     torch.save({"encoder.weight": torch.zeros(2, 2)}, foreign)
     cases = [
-        (tmp_path / "missing.pth", "2D checkpoint not found"),
-        (garbage, "2D checkpoint is truncated or not a torch file"),
+        (tmp_path / "missing.pth", "--init checkpoint not found"),
+        (garbage, "--init checkpoint is truncated or not a torch file"),
         (foreign, "the cpvt state dict has no 'patch_embed.proj.weight': not a DeiT-layout ViT checkpoint"),
     ]
-    for path, message in cases:
-        err = _fails(capsys, _train(data, tmp_path / "o", "--init-2d", str(path)))
-        assert err.startswith(f"error: {message}") and err.endswith(f": {path}"), err
+    for flag in ("--init", "--init-2d"):  # --init-2d: the older spelling
+        for path, message in cases:
+            err = _fails(capsys, _train(data, tmp_path / "o", flag, str(path)))
+            assert err.startswith(f"error: {message}") and err.endswith(f": {path}"), err
+    # a video checkpoint of another model: a one-line mismatch; --init-source is for 2-D files only
+    ckpt = run / "checkpoint.pth"
+    err = _fails(capsys, _train(data, tmp_path / "o", "--init", str(ckpt), "--pos-enc", "none"))
+    assert err.startswith("error: checkpoint does not fit the model: ") and err.endswith(f": {ckpt}"), err
+    err = _fails(capsys, _train(data, tmp_path / "o", "--init", str(ckpt), "--init-source", "deit"))
+    assert (
+        err == f"error: --init-source is the layout of a 2-D checkpoint; this is a video checkpoint: {ckpt}"
+    )
+
+
+def test_init_from_a_video_checkpoint_trains(data, run, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(_train(data, tmp_path / "o", "--init", str(run / "checkpoint.pth"))) == 0
+    assert (
+        f"video init: {len(torch.load(run / 'checkpoint.pth')['model'])} tensors from"
+        in capsys.readouterr().out
+    )
 
 
 def test_a_subprocess_shows_no_traceback(tmp_path):

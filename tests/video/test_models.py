@@ -143,7 +143,9 @@ def test_fresh_divided_block_acts_per_frame():
 
 def test_peg_positions_and_order():
     assert tuple(tiny().pos_blocks) == ("0",)
-    model = tiny(depth=3, peg_at="all")
+    # "all": after every block, the meaning of every model of the suite (peg_core.peg.resolve_peg_at)
+    assert tiny(depth=3, peg_at="all").peg_at == (0, 1, 2)
+    model = tiny(depth=3, peg_at=(-1, 0, 1))
     assert model.peg_at == (-1, 0, 1) and tuple(model.pos_blocks) == ("-1", "0", "1")
     calls = []
     for name, mod in [*model.pos_blocks.items(), *((f"b{i}", b) for i, b in enumerate(model.blocks))]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import av
@@ -154,3 +155,82 @@ def test_user_errors(tree, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["prepare", str(tree), str(tmp_path / "o"), "--short-side", "0"])
     assert e.value.code == 2
+
+
+def _small_tree(root: Path) -> Path:
+    """Two 96x64 videos and a list of them."""
+    rng = np.random.default_rng(1)
+    for i, name in enumerate(("a/one.mp4", "b/two.mp4")):
+        write_mp4(root / name, render_video(i, SyntheticSpec(width=96, height=64, frames=6), rng), 12)
+    (root / "list.txt").write_text("a/one.mp4 0\nb/two.mp4 1\n")
+    return root
+
+
+def test_rerun_with_other_settings_is_refused_then_overwritten(tmp_path, capsys):
+    src, dst = _small_tree(tmp_path / "src"), tmp_path / "dst"
+    run = ["prepare", str(src), str(dst), "--workers", "1", "--no-progress"]
+    assert main([*run, "--short-side", "32"]) == 0
+    assert json.loads((dst / "prepare_settings.json").read_text()) == {
+        "short_side": 32,
+        "crf": 20,
+        "preset": "veryfast",
+    }
+    before = snapshot(dst)
+    capsys.readouterr()
+    assert main([*run, "--short-side", "48"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    assert "--short-side 32 --crf 20 --preset veryfast, this run asks --short-side 48" in err
+    assert "--overwrite" in err and err.rstrip().endswith(str(dst / "prepare_settings.json"))
+    assert snapshot(dst) == before  # refused before any work
+    # the same settings resume as before; other settings with --overwrite re-encode every video
+    assert main([*run, "--short-side", "32"]) == 0
+    assert json.loads((dst / REPORT_NAME).read_text())["done"] == 2
+    assert main([*run, "--short-side", "48", "--overwrite"]) == 0
+    report = json.loads((dst / REPORT_NAME).read_text())
+    assert (report["short_side"], report["encoded"], report["done"]) == (48, 2, 0)
+    for name in ("a/one.mp4", "b/two.mp4"):
+        assert probe(dst / name)[:2] == (72, 48)  # decoded frames at the new size
+    assert json.loads((dst / "prepare_settings.json").read_text())["short_side"] == 48
+    # a DST from before the settings file: its report's settings count
+    (dst / "prepare_settings.json").unlink()
+    assert main([*run, "--short-side", "32", "--crf", "30"]) == 1
+    assert "--short-side 48 --crf 20" in capsys.readouterr().err and probe(dst / "a/one.mp4")[:2] == (72, 48)
+
+
+def test_relative_source_rewrites_absolute_paths_deterministically(tmp_path):
+    """Absolute paths into a relative SRC point into DST, others stay; the same for any hash seed."""
+    import os
+    import subprocess
+    import sys
+
+    src = tmp_path / "k"
+    (src / "train").mkdir(parents=True)
+    outside = tmp_path / "other" / "k" / "b.mp4"  # holds "k/" too, but is not under SRC
+    (src / "abs.txt").write_text(
+        f"{src}/train/a.mp4 0\n# {src}/comment.mp4 1\n{outside} 1\ntrain/c.mp4 0\n{src}/sub dir/d e.mp4 1\n"
+        f"{src}/test/only_a_path.mp4\r\n"
+    )
+    (src / "paths.csv").write_text(f"path,label\n{src}/train/a.mp4,0\n{outside},1\n")
+    (src / "meta.json").write_text(json.dumps({"videos": [f"{src}/train/a.mp4", str(outside)], "n": 2}))
+    out = (tmp_path / "out").resolve()
+    texts = []
+    for seed in ("0", "1"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(Path(__file__).parents[2])}
+        proc = subprocess.run(
+            [sys.executable, "-m", "peg_video", "prepare", "k", "out", "--no-progress"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        texts.append({n: (out / n).read_bytes().decode() for n in ("abs.txt", "paths.csv", "meta.json")})
+        assert sorted(json.loads((out / REPORT_NAME).read_text())["rewritten_annotations"]) == sorted(
+            str(Path("out") / n) for n in ("abs.txt", "meta.json", "paths.csv")
+        )
+        shutil.rmtree(out)
+    assert texts[0] == texts[1]
+    assert texts[0]["abs.txt"] == (
+        f"{out}/train/a.mp4 0\n# {src}/comment.mp4 1\n{outside} 1\ntrain/c.mp4 0\n{out}/sub dir/d e.mp4 1\n"
+        f"{out}/test/only_a_path.mp4\r\n"
+    )
+    assert texts[0]["paths.csv"] == f"path,label\n{out}/train/a.mp4,0\n{outside},1\n"
+    assert json.loads(texts[0]["meta.json"]) == {"videos": [f"{out}/train/a.mp4", str(outside)], "n": 2}

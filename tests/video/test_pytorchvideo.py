@@ -113,14 +113,14 @@ def test_training_command_with_pytorchvideo_backend_and_x3d(data, tmp_path):
     assert main([
         "train", "--train-ann", str(data / "train.csv"), "--val-ann", str(data / "val.csv"),
         "--output-dir", str(out), "--config", "synthetic_tiny", "--data-backend", "pytorchvideo",
-        "--model", "x3d_xs", "--pos-enc", "none", "--model-opt", "width_factor=0.5",
+        "--arch", "x3d_xs", "--pos-enc", "none", "--model-opt", "width_factor=0.5",
         "--model-opt", "depth_factor=1.0", "--num-frames", "4", "--epochs", "1", "--batch-size", "3",
         "--num-clips", "1", "--num-crops", "3", "--no-progress",
     ]) == 0  # fmt: skip
     report = json.loads((out / "report.json").read_text())
     assert report["eval"]["num_videos"] == 3 and report["eval"]["num_views"] == 3 * 3
     assert report["steps"] == 2 and report["broken"]["train"]["count"] == 0
-    assert json.loads((out / "args.json").read_text())["model"] == "x3d_xs"
+    assert json.loads((out / "args.json").read_text())["arch"] == "x3d_xs"
     ckpt = read_checkpoint(out / "checkpoint.pth", "video")
     assert ckpt["model_config"]["name"] == "x3d_xs" and "embed_dim" not in ckpt["model_config"]
     assert any(k.startswith("blocks.") for k in ckpt["model"])  # pytorchvideo's X3D

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
+from peg_core.engine import param_groups, warmup_cosine
 from peg_video import build_video_model
+from peg_video.cli import parse_eval_args, parse_train_args
 from peg_video.configs import CONFIGS
-from peg_video.task import param_groups, warmup_cosine
-from peg_video.train import parse_args, parse_eval_args
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -19,26 +19,25 @@ def test_recipes_are_parser_defaults(name):
         if CONFIGS[name].get("dataset", "kinetics") == "kinetics"
         else ["--data-root", "d"]
     )
-    args = parse_args(["--config", name, *data])
+    args = parse_train_args(["--config", name, *data])
     for key, value in CONFIGS[name].items():
         assert getattr(args, key) == value, key
 
 
 def test_flags_override_recipes_and_model_options():
-    args = parse_args([
-        "--config", "k400_vit_s_16x4_peg3d", "--train-ann", "a.csv", "--train-scale", "240,300",
+    args = parse_train_args([
+        "--config", "k400_vit_s_16x4_peg3d", "--train-ann", "a.csv", "--scale-jitter", "240,300",
         "--tubelet", "4,16,16", "--clip-max-norm", "0", "--amp", "off", "--model-opt", "depth=4",
         "--model-opt", "attention=divided",
     ])  # fmt: skip
-    assert args.train_scale == [240, 300] and args.tubelet == [4, 16, 16]
+    assert args.scale_jitter == [240, 300] and args.tubelet == [4, 16, 16]
     assert (args.clip_max_norm, args.amp, args.resume) == (0.0, "off", None)
     assert args.model_opts == {"drop_path_rate": 0.1, "depth": 4, "attention": "divided"}
-    assert not hasattr(args, "explicit_model_opts")
     # another model than the recipe's: the recipe's model options do not apply, explicit ones do
-    other = parse_args(["--config", "synthetic_tiny", "--train-ann", "a.csv", "--model", "x3d_xs",
+    other = parse_train_args(["--config", "synthetic_tiny", "--train-ann", "a.csv", "--arch", "x3d_xs",
                         "--pos-enc", "none", "--model-opt", "width_factor=0.5"])  # fmt: skip
     assert other.model_opts == {"width_factor": 0.5}
-    assert parse_args(["--train-ann", "a.csv", "--resume", "auto"]).resume == "auto"
+    assert parse_train_args(["--train-ann", "a.csv", "--resume", "auto"]).resume == "auto"
 
 
 def test_eval_options_default_to_the_run():

@@ -58,7 +58,7 @@ def test_loss_falls_and_outputs_are_written(data, tmp_path, capsys):
     assert ckpt["epoch"] == 7 and ckpt["meta"]["classes"] == classes["classes"]
     assert ckpt["model_config"] == {
         "name": "vit_tiny", "pos_enc": "peg3d", "num_classes": 6, "num_frames": 4, "img_size": 32,
-        "tubelet": [2, 8, 8], "embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_ratio": 2.0, "peg_at": "all",
+        "tubelet": [2, 8, 8], "embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_ratio": 2.0, "peg_at": [-1, 0],
     }  # fmt: skip
     assert (out / "tb").is_dir() and (out / "checkpoint_prev.pth").is_file()
     assert json.loads((out / "args.json").read_text())["clip_max_norm"] == 1.0
@@ -157,11 +157,11 @@ def test_common_flags_are_accepted(data, tmp_path):
     out = tmp_path / "run"
     flags = ["--epochs", "1", "--amp", "bf16", "--clip-max-norm", "0.5", "--device", "cpu", "--seed", "3",
              "--lr", "2e-3", "--threads", "1", "--eval-every", "1", "--save-every", "1", "--max-broken", "5%",
-             "--find-unused-parameters", "--train-scale", "32,40", "--tubelet", "2,8,8", "--hflip"]  # fmt: skip
+             "--find-unused-parameters", "--scale-jitter", "32,40", "--tubelet", "2,8,8", "--hflip"]  # fmt: skip
     assert _train(data, out, *flags) == 0
     args = json.loads((out / "args.json").read_text())
     assert (args["amp"], args["clip_max_norm"], args["seed"], args["max_broken"]) == ("bf16", 0.5, 3, 0.05)
-    assert args["train_scale"] == [32, 40] and args["tubelet"] == [2, 8, 8] and args["hflip"] is True
+    assert args["scale_jitter"] == [32, 40] and args["tubelet"] == [2, 8, 8] and args["hflip"] is True
     assert (out / "checkpoint0000.pth").is_file() and _report(out)["eval"]["num_videos"] == 6
 
 

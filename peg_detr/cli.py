@@ -1,0 +1,362 @@
+"""The command line of ``python -m peg_detr``: every verb's parser and the command functions.
+
+* ``make-data OUT``: the synthetic shapes set in COCO layout (:mod:`peg_detr.make_data`).
+* ``train``: train on a COCO-format set (works under ``torchrun``); returns the run report.
+* ``eval --checkpoint CKPT``: COCO box AP of a checkpoint, at one or several ``--eval-sizes``.
+* ``predict IMAGE... --checkpoint CKPT``: draw detections on image files (:mod:`peg_detr.predict`).
+* ``export`` / ``export-hf``: ONNX graph / Hugging Face DETR folder (:mod:`peg_detr.export`, :mod:`peg_detr.hf`).
+
+The run flags (``--output-dir --resume --epochs --batch-size --lr --init`` ...) and the knob
+vocabulary (``--data-root``, ``--arch``, ``--num-heads``, the PEG group) come from
+:mod:`peg_core.engine`; the spellings used before it stay as hidden aliases (``--coco-path``,
+``--nheads``, ``--train-scales``, ``--pretrained``, ``make-data --train/--val``).  Values are
+checked by argparse types, so a bad one is a one-line usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from peg_core.engine import (
+    RESIZE_MODES,
+    UserError,
+    add_alias,
+    add_arch_arg,
+    add_data_root_arg,
+    add_eval_args,
+    add_make_data_counts,
+    add_num_heads_arg,
+    add_pos_args,
+    add_train_args,
+    device_arg,
+    ensure_writable,
+    evaluate_checkpoint,
+    fit,
+    grid_arg,
+    new_parser,
+    nonnegative_float,
+    nonnegative_int,
+    parse_with_config,
+    positive_int,
+    positive_int_list,
+    unit_fraction,
+)
+
+from .configs import CONFIGS, DEFAULTS
+from .data import SHAPES
+from .evaluation import BACKENDS
+from .make_data import write_shapes_coco
+from .model import ARCHS
+from .models import BACKBONES, DECODER_KEY_POS, POS_ENCODINGS
+from .task import DetectTask
+
+__all__ = [
+    "build_eval_parser",
+    "build_make_data_parser",
+    "build_predict_parser",
+    "build_train_parser",
+    "evaluate",
+    "export",
+    "export_hf",
+    "make_data",
+    "min_max",
+    "parse_eval_args",
+    "parse_train_args",
+    "predict",
+    "sizes_or_off",
+    "train",
+]
+
+_TRAIN_DOC = """Train DETR (PEG / sine / learned / none) on a COCO-format data set.
+
+Single process::
+
+    python -m peg_detr train --data-root /data/coco --config cpvt_peg_50ep --output-dir runs/peg
+
+Several GPUs / nodes (the recipe's ``--total-batch-size`` is split over the processes)::
+
+    torchrun --nproc_per_node 8 -m peg_detr train --data-root /data/coco --config cpvt_peg_50ep --output-dir runs/peg
+
+Every epoch writes ``checkpoint.pth`` atomically (``--save-every N`` also keeps
+``checkpointNNNN.pth``); ``--resume auto`` continues from the output folder's
+checkpoint exactly.  ``--init PATH`` starts from official DETR weights (``.pth``) or a
+Hugging Face DETR folder / weights file.  ``report.json`` holds the last evaluation
+(``eval.ap``, ``eval.ap50`` at ``--val-size``, ``eval.sizes`` per ``--eval-sizes``) and the
+broken images that were skipped.  Evaluate a checkpoint with ``python -m peg_detr eval``.
+"""
+
+_EVAL_DOC = """Evaluate a DETR training checkpoint (COCO box AP), at one or several input sizes.
+
+    python -m peg_detr eval --checkpoint runs/peg/checkpoint.pth --data-root /data/coco --eval-sizes 512,800,1024
+
+The model is rebuilt from the checkpoint; ``--data-root``, ``--val-json`` and
+``--val-size`` default to the training run's.  ``OUTPUT_DIR/report.json`` (the
+checkpoint's folder by default) holds ``eval.ap`` / ``eval.ap50`` at
+``--val-size``, ``eval.sizes`` (the 12 COCO numbers per size) and the images
+that could not be read (left out of the evaluation, listed under ``broken``).
+Works under ``torchrun`` (the images are split over the processes).
+"""
+
+_PREDICT_DOC = """Run a trained DETR on image files; write annotated images and a JSON of detections.
+
+    python -m peg_detr predict a.jpg b.png --checkpoint runs/detr/checkpoint.pth --threshold 0.7 --output-dir preds
+
+For each input ``NAME.ext`` the output folder gets ``NAME.png`` with the boxes and
+``label score`` captions, and ``detections.json`` maps each input path to its detections
+(``label``, ``name``, ``score``, ``box`` as ``[x0, y0, x1, y1]`` pixels).  A single
+unreadable image is an error; among several, unreadable ones are skipped and listed in
+``report.json`` (``broken``).
+"""
+
+
+# ------------------------------------------------------------------------------------ value types
+
+
+def sizes_or_off(text: str) -> list[int]:
+    """``argparse`` type: ``"400,500,600"`` -> ``[400, 500, 600]``; ``""`` / ``off`` -> ``[]`` (disabled)."""
+    if str(text).strip().lower() in ("", "off", "none"):
+        return []
+    return positive_int_list(text)
+
+
+def min_max(text: str) -> list[int]:
+    """``argparse`` type: ``"384,600"`` -> ``[384, 600]`` (two positive integers, min <= max)."""
+    values = positive_int_list(text)
+    if len(values) != 2 or values[0] > values[1]:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX with MIN <= MAX, e.g. 384,600; got {text!r}")
+    return values
+
+
+def _int_in(lo: int, hi: int):
+    """``argparse`` type: an integer in ``lo..hi``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer in {lo}..{hi}, got {text!r}")
+        return value
+
+    return parse
+
+
+# ------------------------------------------------------------------------------------ flag groups
+
+
+def _add_val_args(p: argparse.ArgumentParser, *, required: bool) -> None:
+    """Where the validation split is and the sizes it is evaluated at (``train`` and ``eval``)."""
+    g = p.add_argument_group("data")
+    # not argparse's required=True, which would refuse the hidden --coco-path: parse_train_args checks
+    add_data_root_arg(
+        g,
+        help="folder with train2017/, val2017/, annotations/"
+        + (" (required)" if required else " (default: the run's)"),
+        aliases=["--coco-path"],
+    )
+    g.add_argument("--val-json", help="validation json (default annotations/instances_val2017.json)")
+    g.add_argument("--val-size", type=positive_int, help="short side at evaluation (headline numbers)")
+    g.add_argument(
+        "--eval-sizes",
+        type=positive_int_list,
+        help="comma-separated short sides to evaluate at, e.g. 512,800,1024 (default: --val-size)",
+    )
+    g.add_argument(
+        "--coco-eval-backend",
+        choices=BACKENDS,
+        default=BACKENDS[0],
+        help="COCO evaluation code: faster (faster-coco-eval, default) or pycocotools (reference); same numbers",
+    )
+
+
+def _add_train_data_args(p: argparse.ArgumentParser) -> None:
+    """The training split, its augmentation and the batch over all processes."""
+    g = p.add_argument_group("training data")
+    g.add_argument("--train-json", help="training json (default annotations/instances_train2017.json)")
+    g.add_argument("--num-classes", type=positive_int, help="classifier size; default: max category id + 1")
+    # dest train_scales: the engine reads args.train_sizes as its per-batch resize recipe, which DETR
+    # does not use (its transforms draw a short side per image); old checkpoints' args say train_scales
+    g.add_argument(
+        "--train-sizes",
+        dest="train_scales",
+        type=positive_int_list,
+        help="short sides of the multi-scale resize",
+    )
+    add_alias(g, "--train-scales", dest="train_scales", type=positive_int_list)
+    g.add_argument("--max-size", type=positive_int, help="long-side cap of the training resize")
+    g.add_argument(
+        "--crop-resize", type=sizes_or_off, help="sizes before the random crop; '' or off disables it"
+    )
+    g.add_argument("--crop-size", type=min_max, help="MIN,MAX side of the random crop")
+    g.add_argument(
+        "--total-batch-size",
+        type=positive_int,
+        help="images per step over all processes, split over them (--batch-size, per process, wins)",
+    )
+    t = p.add_argument_group("schedule")
+    t.add_argument("--lr-backbone", type=nonnegative_float, help="learning rate of the backbone")
+    t.add_argument(
+        "--weight-decay", type=nonnegative_float, help="AdamW weight decay (all parameters, as DETR)"
+    )
+    t.add_argument("--lr-drop", type=positive_int, help="the lr is divided by 10 every this many epochs")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    m = p.add_argument_group("model")
+    add_arch_arg(m, tuple(ARCHS), help="detector architecture", default="detr")
+    m.add_argument("--backbone", choices=BACKBONES, help="CNN backbone (tiny: for CPU demos and tests)")
+    m.add_argument(
+        "--backbone-weights", type=Path, help="local ImageNet weights for the ResNet (nothing is downloaded)"
+    )
+    m.add_argument("--dilation", action="store_true", help="DC5: dilate the last ResNet stage")
+    add_pos_args(
+        m,
+        POS_ENCODINGS,
+        peg_at_help="encoder layers followed by a PEG, e.g. 0 or 0,1; -1: on the encoder input; all: after every layer",
+    )
+    m.add_argument("--decoder-key-pos", choices=DECODER_KEY_POS, help="cross-attention key positions")
+    m.add_argument(
+        "--learned-grid",
+        type=grid_arg,
+        help="HxW feature grid the learned table is built for (default: that of an 800x1333 image)",
+    )
+    m.add_argument("--hidden-dim", type=positive_int)
+    add_num_heads_arg(m, aliases=["--nheads"])
+    m.add_argument("--enc-layers", type=positive_int)
+    m.add_argument("--dec-layers", type=positive_int)
+    m.add_argument("--dim-feedforward", type=positive_int)
+    m.add_argument("--dropout", type=unit_fraction)
+    m.add_argument("--num-queries", type=positive_int)
+    m.add_argument("--no-aux-loss", dest="aux_loss", action="store_false")
+    # --init (the run group) takes official DETR .pth files and Hugging Face DETR folders / weights files
+    add_alias(m, "--pretrained", dest="init", type=Path)
+    m.add_argument(
+        "--trust-pickle", action="store_true", help="allow full unpickling of an official --init file"
+    )
+
+
+# ---------------------------------------------------------------------------------------- parsers
+
+
+def build_make_data_parser() -> argparse.ArgumentParser:
+    p = new_parser("python -m peg_detr make-data", "synthetic COCO-format shapes")
+    p.add_argument("out", type=Path)
+    add_make_data_counts(p, num_train=512, num_val=128, aliases=[("--train", "--val")])
+    p.add_argument("--size", type=_int_in(16, 4096), default=160, help="image side in pixels (16..4096)")
+    p.add_argument(
+        "--num-classes", type=_int_in(1, len(SHAPES)), default=3, help=f"shape classes (1..{len(SHAPES)})"
+    )
+    p.add_argument("--min-objects", type=nonnegative_int, default=1)
+    p.add_argument("--max-objects", type=nonnegative_int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    return p
+
+
+def build_train_parser() -> argparse.ArgumentParser:
+    p = new_parser("python -m peg_detr train", _TRAIN_DOC)
+    add_train_args(p, output_dir="runs/detr", configs=CONFIGS)
+    _add_val_args(p, required=True)
+    _add_train_data_args(p)
+    _add_model_args(p)
+    p.set_defaults(**DEFAULTS)
+    return p
+
+
+def build_eval_parser() -> argparse.ArgumentParser:
+    p = new_parser("python -m peg_detr eval", _EVAL_DOC)
+    add_eval_args(p)
+    _add_val_args(p, required=False)
+    p.add_argument(
+        "--pos-interpolation",
+        choices=RESIZE_MODES,
+        help="resize mode of a learned table (default: the checkpoint's)",
+    )
+    return p
+
+
+def build_predict_parser() -> argparse.ArgumentParser:
+    p = new_parser("python -m peg_detr predict", _PREDICT_DOC)
+    p.add_argument("images", nargs="+", type=Path)
+    p.add_argument("--checkpoint", required=True, type=Path, help="checkpoint.pth written by train")
+    p.add_argument("--threshold", type=unit_fraction, default=0.7, help="keep detections scoring above this")
+    p.add_argument("--output-dir", "--out", dest="output_dir", type=Path, default=Path("predictions"))
+    p.add_argument(
+        "--size", type=positive_int, help="short side at inference (default: the run's --val-size)"
+    )
+    p.add_argument("--device", type=device_arg, default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    return p
+
+
+def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse ``train`` flags; a ``--config`` recipe supplies defaults that explicit flags override."""
+    parser = build_train_parser()
+    args = parse_with_config(parser, argv, CONFIGS)
+    if args.data_root is None:
+        parser.error("the following arguments are required: --data-root")
+    return args
+
+
+def parse_eval_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_eval_parser().parse_args(argv)
+
+
+# --------------------------------------------------------------------------------------- commands
+
+
+def make_data(argv: list[str] | None = None) -> int:
+    """``make-data OUT``: the synthetic shapes set (``peg_detr.data.synthetic``)."""
+    p = build_make_data_parser()
+    a = p.parse_args(argv)
+    if a.min_objects > a.max_objects:
+        p.error(f"--min-objects {a.min_objects} is more than --max-objects {a.max_objects}")
+    ensure_writable(a.out)
+    out = write_shapes_coco(
+        a.out, a.num_train, a.num_val, size=a.size, num_classes=a.num_classes,
+        min_objects=a.min_objects, max_objects=a.max_objects, seed=a.seed,
+    )  # fmt: skip
+    print(f"wrote {a.num_train} train + {a.num_val} val images to {out}")
+    return 0
+
+
+def train(argv: list[str] | None = None) -> dict[str, Any]:
+    """``python -m peg_detr train ...``; returns the run's report (also in OUTPUT_DIR/report.json)."""
+    return fit(DetectTask(), parse_train_args(argv))
+
+
+def evaluate(argv: list[str] | None = None) -> dict[str, Any]:
+    """``python -m peg_detr eval ...``; returns the report (also in OUTPUT_DIR/report.json)."""
+    return evaluate_checkpoint(DetectTask(), parse_eval_args(argv))
+
+
+def predict(argv: list[str] | None = None) -> int:
+    """``python -m peg_detr predict ...``: annotated images, ``detections.json`` and ``report.json``."""
+    from .predict import predict_images  # torchvision's drawing code only when asked
+
+    args = build_predict_parser().parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("CUDA is not available on this machine", f"--device {args.device}")
+    ensure_writable(args.output_dir)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    predict_images(args.images, args.checkpoint, args.output_dir, args.threshold, args.size, device)
+    return 0
+
+
+def export(argv: list[str] | None = None) -> int:
+    """``export CKPT OUT.onnx``: the detector as ONNX with dynamic batch, height and width."""
+    from .export import main as export_main  # imports onnx only when asked
+
+    return export_main(argv)
+
+
+def export_hf(argv: list[str] | None = None) -> Path:
+    """``export-hf CKPT DIR``: a ``sine`` checkpoint as a Hugging Face DETR folder."""
+    from .hf import main as hf_main
+
+    return hf_main(argv)

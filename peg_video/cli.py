@@ -1,0 +1,543 @@
+"""The command lines of ``python -m peg_video``: every verb's parser and command function.
+
+One place for a verb's flags: ``build_<verb>_parser()`` builds it, ``<verb>(argv)`` runs it
+(``make_data``, ``train`` -> the run report, ``evaluate`` -> the eval report, ``predict``,
+``prepare``; ``export`` keeps its parser beside its code in :mod:`peg_video.export`).
+``peg_core.engine`` runs ``train`` and ``eval``; :mod:`peg_video.task` holds the task's hooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from peg_core.engine import (
+    RESIZE_MODES,
+    add_alias,
+    add_arch_arg,
+    add_data_root_arg,
+    add_eval_args,
+    add_make_data_counts,
+    add_num_heads_arg,
+    add_pos_args,
+    add_train_args,
+    device_arg,
+    evaluate_checkpoint,
+    fit,
+    new_parser,
+    nonnegative_float,
+    nonnegative_int,
+    parse_with_config,
+    positive_int,
+    positive_int_list,
+    unit_fraction,
+)
+from peg_core.engine.recipes import add_recipe_args
+
+from .configs import CONFIGS, DEFAULTS, MODEL_KEYS
+from .data.datasets import DATASETS, SPLIT_DATASETS
+from .evaluation import REDUCTIONS
+from .models import VIT_CONFIGS, X3D_CONFIGS, list_video_models
+from .models.vit import POS_ENCODINGS
+
+__all__ = [
+    "build_eval_parser",
+    "build_make_data_parser",
+    "build_predict_parser",
+    "build_prepare_parser",
+    "build_train_parser",
+    "evaluate",
+    "export",
+    "make_data",
+    "parse_eval_args",
+    "parse_train_args",
+    "predict",
+    "prepare",
+    "train",
+]
+
+TRAIN_DOC = """Train the video model on Kinetics-format annotations (one process, or many under ``torchrun``).
+
+AdamW with linear warm-up and per-step cosine decay, label smoothing, multi-view evaluation
+every ``--eval-every`` epochs.  ``OUTPUT_DIR`` gets ``checkpoint.pth`` (every epoch;
+``checkpoint_prev.pth`` before it), ``classes.json``, ``args.json``, ``log.jsonl`` + ``tb/`` and
+``report.json`` (metrics, broken videos with reasons).  ``--resume auto`` continues exactly where
+a run stopped.  ``--dataset ssv2|ucf101|hmdb51|folder`` with ``--data-root DIR`` reads those data
+sets' official files instead of ``--train-ann`` / ``--val-ann`` (see ``docs/data.md``), with their
+protocol defaults (SSv2: segment sampling, no flip).
+
+``--init PATH`` starts a new run from a peg_video checkpoint (its weights; a head of another
+class count is dropped) or from a 2-D image checkpoint (peg_core's CPVT, or a timm DeiT state
+dict with ``--init-source deit``) inflated into the video transformer; the file decides which.
+``--scale-jitter MIN,MAX`` is the random short side of the training clips (augmentation),
+not ``--train-sizes`` (the multi-scale recipe's input sizes).
+"""
+
+BACKENDS = ("peg", "pytorchvideo")
+SAMPLINGS = ("stride", "segment")
+#: ``--model-opt`` keys that have a flag of their own: they go to that flag's value
+_OWN_FLAGS = ("num_heads", "peg_at", "peg_kernel_size", "peg_padding", "peg_dynamic", "peg_num_kernels",
+              "pos_interpolation")  # fmt: skip
+_PEG_DESTS = ("peg_at", "peg_kernel_size", "peg_separable", "peg_padding", "peg_dynamic", "peg_num_kernels")
+
+
+# ------------------------------------------------------------------------------------ argparse types
+
+
+def even_size(text: str) -> int:
+    """``argparse`` type: a frame side for yuv420p video, an even number of pixels >= 16."""
+    value = positive_int(text)
+    if value % 2 or value < 16:
+        raise argparse.ArgumentTypeError(f"expected an even number of pixels >= 16 (yuv420p), got {text!r}")
+    return value
+
+
+def _sized_list(count: int, what: str) -> Callable[[str], list[int]]:
+    def parse(text: str) -> list[int]:
+        values = positive_int_list(text)
+        if len(values) != count:
+            raise argparse.ArgumentTypeError(f"expected {count} comma-separated {what}, got {text!r}")
+        return values
+
+    return parse
+
+
+scale_range = _sized_list(2, "sizes MIN,MAX")
+tubelet_size = _sized_list(3, "sizes T,H,W")
+
+
+def split_arg(text: str) -> int | str:
+    """``argparse`` type of ``eval --split``: 1, 2, 3 or ``all``."""
+    if text.strip().lower() == "all":
+        return "all"
+    if text.strip() in ("1", "2", "3"):
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected 1, 2, 3 or all, got {text!r}")
+
+
+class _ModelOpt(argparse.Action):
+    """``--model-opt KEY=VALUE``: one more builder keyword in ``model_opts`` (after the recipe's).
+
+    A key with a flag of its own (``num_heads``, ``peg_at``, ...; :data:`_OWN_FLAGS`) sets that
+    flag's value instead, so ``--model-opt peg_at=[0]`` (the older spelling) is ``--peg-at 0``.
+    """
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        key, sep, text = str(values).partition("=")
+        if not sep or not key.isidentifier():
+            parser.error(f"argument --model-opt: expected KEY=VALUE, got {values!r}")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text  # a bare word: a string option such as attention=divided
+        if key in _OWN_FLAGS:
+            setattr(namespace, key, value)
+        else:
+            namespace.model_opts = {**(getattr(namespace, "model_opts", None) or {}), key: value}
+
+
+# ------------------------------------------------------------------------------------------ parsers
+
+
+def build_make_data_parser() -> argparse.ArgumentParser:
+    """Arguments of ``make-data``: the synthetic moving-shapes set in a data set's layout."""
+    from .data.synthetic import SyntheticSpec
+
+    d = SyntheticSpec()
+    p = new_parser(
+        "python -m peg_video make-data",
+        "Generate the synthetic moving-shapes set in the official layout of a data set (default Kinetics).",
+    )
+    p.add_argument("out", type=Path)
+    p.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default="kinetics",
+        help="layout: kinetics (CSV + lists, mp4), ssv2 (JSON, VP9 webm), ucf101 / hmdb51 (three splits, "
+        "avi; --num-train + --num-val videos in all), folder (train/val class folders, mp4)",
+    )
+    add_make_data_counts(p, num_train=d.num_train, num_val=d.num_val)
+    p.add_argument("--width", type=even_size, default=d.width, help="frame width (even)")
+    p.add_argument("--height", type=even_size, default=d.height, help="frame height (even)")
+    p.add_argument("--frames", type=positive_int, default=d.frames, help="frames per video")
+    p.add_argument("--fps", type=positive_int, default=d.fps)
+    p.add_argument(
+        "--codec", default=d.codec, choices=("libx264", "mpeg4"), help="mp4 codec (kinetics, folder)"
+    )
+    p.add_argument("--seed", type=int, default=d.seed)
+    return p
+
+
+def _add_view_args(g: argparse._ArgumentGroup) -> None:
+    """Data / view flags that ``train`` and ``eval`` share (``eval`` defaults them to the run's)."""
+    g.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        help="kinetics: --train-ann/--val-ann files; others: the official files under --data-root "
+        "(see docs/data.md)",
+    )
+    add_data_root_arg(g, help="folder of an ssv2 / ucf101 / hmdb51 / folder data set")
+    g.add_argument(
+        "--sampling",
+        choices=SAMPLINGS,
+        help="stride: --num-frames frames --stride apart; segment: one frame per 1/num-frames of the "
+        "video (default: segment for ssv2, else stride)",
+    )
+    g.add_argument("--val-ann", type=Path, help="validation annotations: Kinetics CSV or 'path label' list")
+    g.add_argument("--val-root", type=Path, help="folder of the validation videos (default: beside the file)")
+    g.add_argument(
+        "--data-backend",
+        choices=BACKENDS,
+        help="peg: this project's decord dataset; pytorchvideo: its labeled_video_dataset (decord)",
+    )
+    g.add_argument("--num-frames", type=positive_int, help="frames per clip")
+    g.add_argument("--stride", type=positive_int, help="step between the frames of a clip")
+    g.add_argument("--crop", type=positive_int, help="crop side in pixels")
+    g.add_argument("--test-scale", type=positive_int, help="short side before the test crops")
+    g.add_argument("--num-clips", type=positive_int, help="test clips per video")
+    g.add_argument("--num-crops", type=int, choices=(1, 3), help="test crops per clip")
+    g.add_argument("--reduction", choices=REDUCTIONS, help="fusion of a video's views")
+
+
+def _add_train_data_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--train-ann",
+        type=Path,
+        help="training annotations of --dataset kinetics: Kinetics CSV or 'path label' list",
+    )
+    g.add_argument(
+        "--split", type=int, choices=(1, 2, 3), help="official split of ucf101 / hmdb51 (default 1)"
+    )
+    g.add_argument("--train-root", type=Path, help="folder of the training videos (default: beside the file)")
+    g.add_argument(
+        "--classes",
+        type=Path,
+        help="JSON class list; default: classes.json beside --train-ann "
+        "for integer-labelled lists, else the sorted label names",
+    )
+    _add_view_args(g)
+    g.add_argument(
+        "--scale-jitter",
+        type=scale_range,
+        metavar="MIN,MAX",
+        help="random short side of the training clips before the crop (augmentation; not --train-sizes)",
+    )
+    add_alias(g, "--train-scale", dest="scale_jitter", type=scale_range, metavar="MIN,MAX")
+    g.add_argument(
+        "--hflip",
+        action=argparse.BooleanOptionalAction,
+        help="random horizontal flips (refused for ssv2, whose labels say left / right)",
+    )
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    m = p.add_argument_group("model")
+    add_arch_arg(
+        m, list_video_models(), help="video model (vit_*: transformers, x3d_*: CNNs)", aliases=["--model"]
+    )
+    add_num_heads_arg(m)
+    add_pos_args(
+        m,
+        POS_ENCODINGS,
+        peg_at_help="blocks followed by a PEG3d, e.g. 0 or -1,0; -1: before block 0; all: after every block",
+    )
+    m.add_argument("--tubelet", type=tubelet_size, metavar="T,H,W", help="tubelet of the ViT, e.g. 2,16,16")
+    m.add_argument(
+        "--model-opt",
+        dest="model_opts",
+        action=_ModelOpt,
+        metavar="KEY=VALUE",
+        help="another build_video_model keyword (repeatable), e.g. depth=4, attention=divided",
+    )
+    m.add_argument(
+        "--init-source", choices=("cpvt", "deit"), help="layout of a 2-D --init file (default cpvt)"
+    )
+    add_alias(m, "--init-2d", dest="init", type=Path)
+    add_alias(m, "--init-2d-source", dest="init_source", choices=("cpvt", "deit"))
+
+
+def build_train_parser() -> argparse.ArgumentParser:
+    """Arguments of ``train``; ``--config NAME`` supplies defaults that flags override."""
+    p = new_parser("python -m peg_video train", TRAIN_DOC)
+    add_train_args(p, output_dir="runs/video", configs=CONFIGS)
+    _add_train_data_args(p)
+    _add_model_args(p)
+    o = p.add_argument_group("optimisation")
+    o.add_argument("--min-lr", type=nonnegative_float, help="learning rate at the end of the cosine")
+    o.add_argument("--weight-decay", type=nonnegative_float)
+    o.add_argument("--warmup-epochs", type=nonnegative_float, help="linear warm-up (fractions allowed)")
+    o.add_argument("--label-smoothing", type=unit_fraction)
+    add_recipe_args(p)
+    p.set_defaults(**DEFAULTS, data_backend="peg", reduction="mean", dataset="kinetics")
+    return p
+
+
+def build_eval_parser() -> argparse.ArgumentParser:
+    """Arguments of ``eval``; unset data and view options come from the checkpoint's run."""
+    p = new_parser(
+        "python -m peg_video eval",
+        "Multi-view evaluation of a checkpoint; data and view options default to the ones it was trained with.",
+    )
+    add_eval_args(p)
+    g = p.add_argument_group("data and views (default: the training run's)")
+    _add_view_args(g)
+    g.add_argument(
+        "--split",
+        type=split_arg,
+        help="ucf101 / hmdb51 test list 1, 2, 3, or all: each of the three and their mean (one checkpoint "
+        "on all three lists; the published protocol trains one model per split)",
+    )
+    g.add_argument(
+        "--pos-interpolation",
+        choices=RESIZE_MODES,
+        help="resize mode of a learned table's spatial part at another crop (default: the trained one)",
+    )
+    return p
+
+
+def build_predict_parser() -> argparse.ArgumentParser:
+    """Arguments of ``predict``: video files and a checkpoint; views default to the training run's."""
+    from . import predict as predict_module
+
+    p = new_parser("python -m peg_video predict", predict_module.__doc__)
+    p.add_argument("videos", type=Path, nargs="+", help="video files")
+    p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pth written by train")
+    p.add_argument("--top-k", type=positive_int, default=5, help="classes listed per video")
+    p.add_argument("--num-frames", type=positive_int, help="frames per clip (default: the training run's)")
+    p.add_argument("--num-clips", type=positive_int, help="clips per video (default: the training run's)")
+    p.add_argument("--num-crops", type=int, choices=(1, 3), help="crops per clip (default: the run's)")
+    p.add_argument("--device", type=device_arg, default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    return p
+
+
+def build_prepare_parser() -> argparse.ArgumentParser:
+    """Arguments of ``prepare``: a Kinetics tree copied with its videos at a short side."""
+    p = new_parser(
+        "python -m peg_video prepare",
+        "A copy of a Kinetics tree with videos at short side 320 (docs/data.md).",
+    )
+    p.add_argument("src", type=Path, help="Kinetics tree (videos and annotation files)")
+    p.add_argument("dst", type=Path, help="where the prepared copy goes (created)")
+    p.add_argument(
+        "--short-side", type=positive_int, default=320, help="short side of the copies (default 320)"
+    )
+    p.add_argument("--workers", type=positive_int, default=max(1, (os.cpu_count() or 2) - 1))
+    p.add_argument("--crf", type=nonnegative_int, default=20, help="x264 quality (lower: better, larger)")
+    p.add_argument(
+        "--preset",
+        default="veryfast",
+        choices=("ultrafast", "superfast", "veryfast", "faster", "fast", "medium"),
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="when DST was prepared with other settings, prepare every video again (default: refuse)",
+    )
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+# -------------------------------------------------------------------------------- train's checks
+
+
+def _explicit_options(argv: Sequence[str]) -> dict[str, Any]:
+    """The ``train`` options given on the command line itself, without parser or recipe defaults.
+
+    The same parser with every default suppressed: argparse then sets only what ``argv`` names.
+    (Checked after the real parse, so ``argv`` is known to be valid.)
+    """
+    p = build_train_parser()
+    p._defaults.clear()  # set_defaults' values: the synthetic recipe's
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+    return vars(p.parse_known_args(list(argv))[0])
+
+
+def _check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace, explicit: dict[str, Any]) -> None:
+    """``--dataset`` against the data flags; fills the data set's protocol defaults (sampling, flip, split)."""
+    if args.dataset == "kinetics":
+        if args.train_ann is None:
+            p.error("the following arguments are required with --dataset kinetics: --train-ann")
+        if args.data_root is not None:
+            p.error("argument --data-root: not used by --dataset kinetics (give --train-ann / --val-ann)")
+    else:
+        if args.data_root is None:
+            p.error(f"the following arguments are required with --dataset {args.dataset}: --data-root")
+        for flag in ("train_ann", "val_ann", "train_root", "val_root"):
+            if getattr(args, flag) is not None:
+                p.error(f"argument --{flag.replace('_', '-')}: not used by --dataset {args.dataset} "
+                        "(it reads its official files under --data-root)")  # fmt: skip
+    if args.split is not None and args.dataset not in SPLIT_DATASETS:
+        p.error(f"argument --split: {args.dataset} has no official splits (only {', '.join(SPLIT_DATASETS)})")
+    args.split = (args.split or 1) if args.dataset in SPLIT_DATASETS else None
+    if args.dataset == "ssv2":
+        if explicit.get("hflip"):
+            p.error(
+                'argument --hflip: refused for ssv2: its labels name directions ("from left to right"), '
+                "so a flipped clip contradicts its label"
+            )
+        args.hflip = False  # whatever a recipe made for another data set says
+    if args.sampling is None:
+        args.sampling = "segment" if args.dataset == "ssv2" else "stride"
+    if args.sampling == "segment" and args.data_backend == "pytorchvideo":
+        p.error("argument --sampling: segment sampling needs --data-backend peg")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _drop_or_refuse(
+    p: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    explicit: dict[str, Any],
+    dests: Sequence[str],
+    why: str,
+) -> None:
+    """Options the model cannot honour: refused when given as flags, a recipe's value is dropped."""
+    for dest in dests:
+        if getattr(args, dest, None) is None:
+            continue
+        if dest in explicit:
+            p.error(f"argument {_flag(dest)}: {why}")
+        setattr(args, dest, None)
+
+
+def _check_model(p: argparse.ArgumentParser, args: argparse.Namespace, explicit: dict[str, Any]) -> None:
+    """Model options against the model: each one given is honoured or refused, never ignored."""
+    recipe = CONFIGS[args.config] if args.config else DEFAULTS
+    if args.arch != recipe["arch"]:  # the recipe's model options belong to its own model
+        for key in MODEL_KEYS:
+            setattr(args, key, explicit.get(key, {} if key == "model_opts" else None))
+    if args.arch in X3D_CONFIGS:
+        _drop_or_refuse(p, args, explicit, ("num_heads",), f"{args.arch} is a CNN without attention heads")
+    if args.arch in X3D_CONFIGS or not args.pos_enc.startswith("peg3d"):
+        what = f"--arch {args.arch}" if args.arch in X3D_CONFIGS else f"--pos-enc {args.pos_enc}"
+        _drop_or_refuse(p, args, explicit, _PEG_DESTS, f"needs a PEG (--pos-enc peg3d or peg3d-factorized "
+                        f"on a vit_*), not {what}")  # fmt: skip
+    if args.pos_enc != "learned" or args.arch in X3D_CONFIGS:
+        _drop_or_refuse(
+            p, args, explicit, ("pos_interpolation",), "resizes a learned table (--pos-enc learned)"
+        )
+    # --peg-separable: the video PEG3d's separable form is the factorized one (spatial kxk, then temporal k)
+    if args.peg_separable and args.pos_enc == "peg3d":
+        args.pos_enc = "peg3d-factorized"
+    elif args.peg_separable is False and args.pos_enc == "peg3d-factorized":
+        p.error("argument --no-peg-separable: contradicts --pos-enc peg3d-factorized (the separable PEG3d)")
+    if args.peg_num_kernels is not None and not args.peg_dynamic:
+        p.error("argument --peg-num-kernels: sizes the kernel bank of --peg-dynamic, which is off")
+    if args.peg_dynamic and args.pos_enc == "peg3d-factorized":
+        p.error("argument --peg-dynamic: not with the factorized (separable) PEG3d")
+
+
+def _check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    lo, hi = args.scale_jitter
+    if lo > hi:
+        p.error(f"argument --scale-jitter: MIN must not exceed MAX, got {lo},{hi}")
+    if lo < args.crop:
+        p.error(f"argument --scale-jitter: {lo},{hi} must be >= --crop {args.crop}")
+    if args.test_scale < args.crop:
+        p.error(f"argument --test-scale: {args.test_scale} must be >= --crop {args.crop}")
+    if args.arch in VIT_CONFIGS:
+        t, h, w = args.tubelet
+        if args.num_frames % t or args.crop % h or args.crop % w:
+            p.error(
+                f"--num-frames {args.num_frames} and --crop {args.crop} must be multiples of "
+                f"--tubelet {t},{h},{w}"
+            )
+    if args.min_lr > args.lr:
+        p.error(f"argument --min-lr: {args.min_lr} must not exceed --lr {args.lr}")
+
+
+def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse ``train`` arguments (recipe defaults, then flags) and check the options against each other."""
+    p = build_train_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_with_config(p, argv, CONFIGS)
+    explicit = _explicit_options(argv)
+    _check_dataset(p, args, explicit)
+    _check_model(p, args, explicit)
+    _check_sizes(p, args)
+    return args
+
+
+def parse_eval_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse ``eval`` arguments (unset ones are the checkpoint's run's)."""
+    return build_eval_parser().parse_args(argv)
+
+
+# ------------------------------------------------------------------------------ command functions
+
+
+def _print_result(report: dict[str, Any]) -> None:
+    """The final metrics as one JSON line (rank 0 only)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        broken = {split: log["count"] for split, log in report["broken"].items()}
+        print(json.dumps({**report["eval"], "broken": broken, "status": report["status"]}), flush=True)
+
+
+def make_data(argv: Sequence[str] | None = None) -> int:
+    """``make-data OUT ...``: write the synthetic set; prints its counts as one JSON line."""
+    from .make_data import make_data as write
+
+    print(json.dumps(write(build_make_data_parser().parse_args(argv))))
+    return 0
+
+
+def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """``train ...``: fit the model; prints the final metrics as one JSON line, returns the run report."""
+    from .task import VideoTask
+
+    report = fit(VideoTask(), parse_train_args(argv))
+    _print_result(report)
+    return report
+
+
+def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """``eval --checkpoint CKPT ...``: prints the metrics as one JSON line, returns the eval report."""
+    from .task import VideoTask
+
+    report = evaluate_checkpoint(VideoTask(), parse_eval_args(argv))
+    _print_result(report)
+    return report
+
+
+def predict(argv: Sequence[str] | None = None) -> int:
+    """``predict --checkpoint CKPT VIDEO...``: one JSON line per video with its top classes."""
+    from .predict import predict as run
+
+    for line in run(build_predict_parser().parse_args(argv)):
+        print(json.dumps(line), flush=True)
+    return 0
+
+
+def prepare(argv: Sequence[str] | None = None) -> int:
+    """``prepare SRC DST ...``: the short-side copy of a Kinetics tree; prints a one-line summary."""
+    from .prepare import REPORT_NAME, prepare_tree
+
+    p = build_prepare_parser()
+    a = p.parse_args(argv)
+    if a.crf > 51:
+        p.error(f"argument --crf: expected an integer in [0, 51], got {a.crf}")
+    r = prepare_tree(a.src, a.dst, a.short_side, a.workers, a.crf, a.preset, not a.no_progress, a.overwrite)
+    print(
+        f"prepared {r['videos']} videos in {r['seconds']:.1f}s: {r['encoded']} re-encoded, {r['copied']} copied, "
+        f"{r['done']} already done, {r['broken']['count']} broken (listed in {a.dst / REPORT_NAME})"
+    )
+    return 0
+
+
+def export(argv: Sequence[str]) -> int:
+    """``export CKPT OUT.onnx ...`` (its parser is beside its code, :mod:`peg_video.export`)."""
+    from .export import main
+
+    return main(list(argv))

@@ -1,0 +1,200 @@
+"""The video model of ``python -m peg_video``: built from keywords, from ``train`` flags, from a checkpoint.
+
+* :func:`build_model` builds from the keywords a checkpoint stores as ``model_config``
+  (:func:`peg_video.build_video_model`'s);
+* :func:`model_config_from_args` makes those keywords from parsed ``train`` flags;
+* :func:`checkpoint_run` / :func:`load_model` read a video checkpoint back, older ones included
+  (their ``peg_at: "all"`` and their argument names are mapped to today's meaning);
+* :func:`init_weights` is ``train --init PATH``: a video checkpoint, or a 2-D image one to inflate.
+
+Checkpoint problems are :class:`~peg_core.engine.UserError` (one line naming the file); a
+config the builder refuses is the builder's ``ValueError`` / ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from peg_core.engine import (
+    LoadedModel,
+    UserError,
+    json_safe,
+    load_model_state,
+    peg_kwargs,
+    read_checkpoint,
+    read_state_file,
+)
+
+from .models import VIT_CONFIGS, VideoTransformer, build_video_model, load_2d_checkpoint
+from .models.init_2d import Init2dError
+
+__all__ = [
+    "OLD_ARG_NAMES",
+    "build_model",
+    "check_clip_fits",
+    "checkpoint_run",
+    "init_weights",
+    "load_model",
+    "model_config_from_args",
+    "upgrade_model_config",
+]
+
+#: ``train`` argument names of checkpoints written before the shared vocabulary -> today's
+OLD_ARG_NAMES = {
+    "model": "arch",
+    "train_scale": "scale_jitter",
+    "init_2d": "init",
+    "init_2d_source": "init_source",
+}
+
+
+def build_model(config: Mapping[str, Any]) -> nn.Module:
+    """``build_video_model(**config)``: ``config`` is a checkpoint's ``model_config`` (``name``, ``pos_enc``, ...).
+
+    Raises the builder's ``ValueError`` / ``TypeError`` for keywords that do not fit the model.
+    """
+    return build_video_model(**config)
+
+
+def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[str, Any]:
+    """JSON-safe :func:`build_model` keywords for parsed ``train`` flags (stored as ``model_config``).
+
+    Only options that were set go in (``--num-heads``, the PEG group, ``--pos-interpolation``),
+    so an unset one keeps the builder's default and old checkpoints' configs stay comparable.
+    ``--peg-separable`` is not a keyword: the parser has turned it into ``pos_enc="peg3d-factorized"``.
+    """
+    config: dict[str, Any] = {
+        "name": args.arch,
+        "pos_enc": args.pos_enc,
+        "num_classes": num_classes,
+        "num_frames": args.num_frames,
+        "img_size": args.crop,
+        "tubelet": list(args.tubelet),
+        **args.model_opts,
+    }
+    if getattr(args, "num_heads", None) is not None:
+        config["num_heads"] = args.num_heads
+    config.update({k: v for k, v in peg_kwargs(args).items() if k != "peg_separable"})
+    if getattr(args, "pos_interpolation", None) is not None:
+        config["pos_interpolation"] = args.pos_interpolation
+    return json_safe(config)
+
+
+def upgrade_model_config(config: Mapping[str, Any], state: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with an old checkpoint's ``peg_at: "all"`` read with the meaning it had when written.
+
+    Until the suite agreed on one meaning, the video ViT's ``"all"`` was ``-1 .. depth-2`` (a PEG at
+    the input of every block); today it is ``0 .. depth-1``.  A state dict with a PEG before block 0
+    (``pos_blocks.-1.*``) can only be the old meaning, so that config gets the explicit old list.
+    """
+    config = dict(config)
+    if config.get("peg_at") == "all" and any(str(k).startswith("pos_blocks.-1.") for k in state):
+        depth = config.get("depth") or VIT_CONFIGS.get(config.get("name", "vit_small"), (0, 12, 0))[1]
+        config["peg_at"] = list(range(-1, int(depth) - 1))
+    return config
+
+
+def checkpoint_run(
+    ckpt: Mapping[str, Any], path: str | os.PathLike | None
+) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """``(model_config, classes, training arguments)`` of a video checkpoint, in today's terms.
+
+    The config is upgraded (:func:`upgrade_model_config`) and old argument names are renamed
+    (:data:`OLD_ARG_NAMES`).  A missing entry is a :class:`UserError` naming ``path``.
+    """
+    for key in ("model_config", "meta", "args"):
+        if not isinstance(ckpt.get(key), Mapping):
+            raise UserError(f"checkpoint has no {key!r} entry", path)
+    classes = ckpt["meta"].get("classes")
+    if not isinstance(classes, list) or not classes:
+        raise UserError("checkpoint has no class list in its 'meta' entry", path)
+    state = ckpt.get("model") if isinstance(ckpt.get("model"), Mapping) else {}
+    saved = dict(ckpt["args"])
+    for old, new in OLD_ARG_NAMES.items():
+        if old in saved and new not in saved:
+            saved[new] = saved.pop(old)
+    return upgrade_model_config(ckpt["model_config"], state), list(classes), saved
+
+
+def load_model(
+    checkpoint: str | os.PathLike | Mapping[str, Any], path: str | os.PathLike | None = None, **overrides: Any
+) -> LoadedModel:
+    """The trained model of a video checkpoint (a file, or a checkpoint dict read from ``path``).
+
+    ``overrides`` replace ``model_config`` entries (``pos_interpolation="nearest"``).  The weights
+    are loaded strictly; every problem is a one-line :class:`UserError` naming the file.  The model
+    is on the CPU in training mode.
+    """
+    if isinstance(checkpoint, Mapping):
+        ckpt, where = checkpoint, path
+    else:
+        where = Path(checkpoint)
+        ckpt = read_checkpoint(where, task="video")
+    config, classes, saved = checkpoint_run(ckpt, where)
+    config.update(overrides)
+    try:
+        model = build_model(config)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"cannot build the checkpoint's model ({e})", where) from None
+    load_model_state(model, ckpt["model"], where)
+    meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
+    return LoadedModel(model, config, classes, meta, saved)
+
+
+def init_weights(model: nn.Module, path: str | os.PathLike, source: str | None = None) -> str:
+    """``train --init PATH``: start ``model`` from a file; returns a one-line account.
+
+    The file decides the kind: a peg_video training checkpoint (the engine's format with
+    ``task: "video"``) loads key for key (a classifier head of another class count is dropped
+    and stays at its initial values); anything else is a 2-D image checkpoint (peg_core's CPVT
+    checkpoint or state dict, a timm DeiT state dict with ``source="deit"``) inflated into the
+    video transformer (:func:`peg_video.load_2d_checkpoint`).
+    """
+    path = Path(path)
+    obj = read_state_file(path, what="--init checkpoint")
+    if isinstance(obj, Mapping) and obj.get("task") == "video":
+        if source is not None:
+            raise UserError(
+                "--init-source is the layout of a 2-D checkpoint; this is a video checkpoint", path
+            )
+        return _init_from_video(model, obj, path)
+    if not isinstance(model, VideoTransformer):
+        raise UserError(f"a 2-D image checkpoint initialises a video transformer (vit_*), not a {type(model).__name__}",
+                        path)  # fmt: skip
+    try:
+        report = load_2d_checkpoint(model, obj, source=source or "cpvt")
+    except Init2dError as e:  # it was given the tensors, not the file: name the file
+        raise Init2dError(e.what, path) from None
+    return f"2D init: {str(report).splitlines()[0]} from {path}"
+
+
+def _init_from_video(model: nn.Module, ckpt: Mapping[str, Any], path: Path) -> str:
+    """Load a video checkpoint's weights into ``model``; a head of another size keeps its init."""
+    _, classes, _ = checkpoint_run(ckpt, path)
+    state = dict(ckpt["model"])
+    mine = model.state_dict()
+    dropped = [
+        k
+        for k in ("head.weight", "head.bias")
+        if k in state and k in mine and state[k].shape != mine[k].shape
+    ]
+    state.update({k: mine[k] for k in dropped})  # same keys, so the strict load checks everything else
+    load_model_state(model, state, path)
+    head = f"; head left at init ({len(classes)} classes in the checkpoint)" if dropped else ""
+    return f"video init: {len(state) - len(dropped)} tensors from {path}{head}"
+
+
+def check_clip_fits(model: nn.Module, run: argparse.Namespace) -> None:
+    """A transformer's clips must split into its tubelets; say so before decoding any video."""
+    tubelet = getattr(model, "tubelet", None)
+    if tubelet is None:
+        return
+    for flag, value, size in (("--num-frames", run.num_frames, tubelet[0]), ("--crop", run.crop, tubelet[1])):
+        if value % size:
+            raise UserError(f"must be a multiple of the model's tubelet {tuple(tubelet)}", f"{flag} {value}")

@@ -1,0 +1,177 @@
+"""The shared flag vocabulary of ``python -m peg_video``: new spellings, hidden old ones, what reaches the model.
+
+Also the checkpoint side of it: ``peg_at: "all"`` of checkpoints written when it meant "before
+every block", old argument names, and ``train --init`` with a video or a 2-D checkpoint.
+"""
+
+import argparse
+
+import pytest
+import torch
+
+from peg_core.engine import UserError
+from peg_core.models import CPVT
+from peg_video import build_video_model
+from peg_video.__main__ import COMMANDS
+from peg_video.cli import build_eval_parser, build_make_data_parser, parse_train_args
+from peg_video.model import build_model, checkpoint_run, init_weights, load_model, model_config_from_args
+
+DATA = ["--train-ann", "a.csv"]
+TINY_VIT = {"name": "vit_tiny", "num_classes": 3, "num_frames": 4, "img_size": 16, "tubelet": [2, 8, 8],
+            "embed_dim": 16, "depth": 3, "num_heads": 2}  # fmt: skip
+
+
+def _args(*flags: str) -> argparse.Namespace:
+    return parse_train_args([*DATA, *flags])
+
+
+def test_the_verb_table():
+    assert list(COMMANDS) == ["make-data", "train", "eval", "predict", "prepare", "export"]
+
+
+@pytest.mark.parametrize(
+    ("new", "old"),
+    [
+        (["--arch", "vit_small"], ["--model", "vit_small"]),
+        (["--scale-jitter", "36,40"], ["--train-scale", "36,40"]),
+        (["--init", "w.pth"], ["--init-2d", "w.pth"]),
+        (["--init", "w.pth", "--init-source", "deit"], ["--init-2d", "w.pth", "--init-2d-source", "deit"]),
+        (["--num-heads", "4"], ["--model-opt", "num_heads=4"]),
+        (["--peg-at", "0"], ["--model-opt", "peg_at=[0]"]),
+        (["--peg-kernel-size", "5"], ["--model-opt", "peg_kernel_size=5"]),
+    ],
+)
+def test_old_spellings_parse_to_the_same_namespace(new, old):
+    assert vars(_args("--config", "synthetic_tiny", *new)) == vars(_args("--config", "synthetic_tiny", *old))
+
+
+def test_make_data_counts_and_eval_interpolation():
+    a = build_make_data_parser().parse_args(["out", "--num-train", "7", "--num-val", "3"])
+    assert (a.num_train, a.num_val) == (7, 3)
+    assert (
+        build_eval_parser().parse_args(["--checkpoint", "c", "--pos-interpolation", "area"]).pos_interpolation
+        == "area"
+    )
+
+
+def test_peg_flags_reach_the_built_model():
+    args = _args("--config", "synthetic_tiny", "--peg-at", "0,1", "--peg-kernel-size", "5", "--peg-padding",
+                 "circular", "--peg-dynamic", "--peg-num-kernels", "2", "--num-heads", "4")  # fmt: skip
+    config = model_config_from_args(args, 6)
+    assert config["peg_at"] == [0, 1] and config["num_heads"] == 4
+    model = build_model(config)
+    assert tuple(model.pos_blocks) == ("0", "1") and model.blocks[0].attn.num_heads == 4
+    peg = model.pos_blocks["0"]
+    assert (
+        peg.kernel_size == (5, 5, 5)
+        and peg.padding_mode == "circular"
+        and peg.dynamic
+        and peg.num_kernels == 2
+    )
+    # --peg-separable is the factorized PEG3d (spatial kxk, then temporal k)
+    sep = _args("--config", "synthetic_tiny", "--peg-separable")
+    assert (
+        sep.pos_enc == "peg3d-factorized"
+        and build_model(model_config_from_args(sep, 6)).pos_blocks["0"].factorized
+    )
+    learned = _args("--pos-enc", "learned", "--pos-interpolation", "nearest")
+    assert build_model(model_config_from_args(learned, 6)).pos_enc.interpolation == "nearest"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--pos-enc", "learned", "--peg-kernel-size", "5"], "argument --peg-kernel-size: needs a PEG"),
+        (["--arch", "x3d_xs", "--pos-enc", "none", "--peg-at", "0"], "argument --peg-at: needs a PEG"),
+        (
+            ["--arch", "x3d_xs", "--pos-enc", "none", "--num-heads", "2"],
+            "x3d_xs is a CNN without attention heads",
+        ),
+        (["--pos-interpolation", "nearest"], "argument --pos-interpolation: resizes a learned table"),
+        (["--peg-num-kernels", "3"], "argument --peg-num-kernels: sizes the kernel bank of --peg-dynamic"),
+        (["--pos-enc", "peg3d-factorized", "--no-peg-separable"], "contradicts --pos-enc peg3d-factorized"),
+        (
+            ["--pos-enc", "peg3d-factorized", "--peg-dynamic"],
+            "argument --peg-dynamic: not with the factorized",
+        ),
+        (["--peg-kernel-size", "4"], "argument --peg-kernel-size: expected an odd integer"),
+    ],
+)
+def test_flags_the_model_cannot_honour_are_refused(flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        _args("--config", "synthetic_tiny", *flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_recipe_model_options_stay_with_the_recipe_arch():
+    # synthetic_tiny's PEG placement and heads describe its own 2-block model, not an X3D / a vit_small
+    x3d = _args("--config", "synthetic_tiny", "--arch", "x3d_xs", "--pos-enc", "none")
+    assert (x3d.peg_at, x3d.num_heads, x3d.model_opts) == (None, None, {})
+    small = _args("--config", "synthetic_tiny", "--arch", "vit_small", "--peg-at", "all")
+    assert (small.peg_at, small.num_heads) == ("all", None)
+    # a recipe's PEG placement is dropped quietly when the flags pick another encoding
+    assert _args("--config", "synthetic_tiny", "--pos-enc", "learned").peg_at is None
+
+
+def _old_all_checkpoint(depth: int = 3) -> dict:
+    """A checkpoint as written when the video ViT's ``peg_at="all"`` meant ``-1 .. depth-2``."""
+    config = {**TINY_VIT, "depth": depth, "pos_enc": "peg3d", "peg_at": "all"}
+    model = build_video_model(**{**config, "peg_at": list(range(-1, depth - 1))})
+    old_args = {"model": "vit_tiny", "train_scale": [16, 20], "init_2d": None, "crop": 16}
+    return {"format": "peg-checkpoint/1", "task": "video", "model": model.state_dict(), "model_config": config,
+            "meta": {"classes": ["a", "b", "c"]}, "args": old_args}  # fmt: skip
+
+
+def test_old_all_checkpoint_loads_with_its_weights(tmp_path):
+    ckpt = _old_all_checkpoint()
+    path = tmp_path / "old.pth"
+    torch.save(ckpt, path)
+    loaded = load_model(path)
+    assert loaded.config["peg_at"] == [-1, 0, 1] and tuple(loaded.model.pos_blocks) == ("-1", "0", "1")
+    for key, value in ckpt["model"].items():
+        assert torch.equal(loaded.model.state_dict()[key], value), key
+    # old argument names come back under today's
+    assert (
+        loaded.args["arch"] == "vit_tiny"
+        and loaded.args["scale_jitter"] == [16, 20]
+        and "model" not in loaded.args
+    )
+    # "all" today: after every block; a checkpoint with those keys keeps that meaning
+    today = build_video_model(**{**TINY_VIT, "peg_at": "all"})
+    assert tuple(today.pos_blocks) == ("0", "1", "2")
+    new = {
+        **ckpt,
+        "model": today.state_dict(),
+        "model_config": {**TINY_VIT, "pos_enc": "peg3d", "peg_at": "all"},
+    }
+    assert checkpoint_run(new, None)[0]["peg_at"] == "all"
+
+
+def test_init_takes_a_video_checkpoint(tmp_path):
+    ckpt = _old_all_checkpoint()
+    path = tmp_path / "video.pth"
+    torch.save(ckpt, path)
+    model = build_video_model(**{**TINY_VIT, "num_classes": 5, "peg_at": [-1, 0, 1]})
+    said = init_weights(model, path)
+    assert (
+        said.startswith(f"video init: {len(ckpt['model']) - 2} tensors from {path}")
+        and "head left at init" in said
+    )
+    assert torch.equal(model.blocks[2].mlp.fc1.weight, ckpt["model"]["blocks.2.mlp.fc1.weight"])
+    assert torch.equal(model.pos_blocks["-1"].proj.weight, ckpt["model"]["pos_blocks.-1.proj.weight"])
+    with pytest.raises(UserError, match="checkpoint does not fit the model: 2 missing"):
+        init_weights(build_video_model(**{**TINY_VIT, "peg_at": [-1, 0, 1, 2]}), path)
+
+
+def test_init_takes_a_2d_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    image = CPVT(embed_dim=16, depth=3, num_heads=2, patch_size=8, num_classes=3, img_size=16, pos_enc="peg",
+                 peg_at=(0,), global_pool="avg")  # fmt: skip
+    path = tmp_path / "image.pth"
+    torch.save({"model": image.state_dict()}, path)
+    model = build_video_model(**TINY_VIT, peg_at=[0])
+    said = init_weights(model, path)
+    assert said.startswith("2D init: ") and said.endswith(f" from {path}")
+    assert torch.equal(model.blocks[1].attn.qkv.weight, image.blocks[1].attn.qkv.weight)
+    assert model.pos_blocks["0"].proj.weight.shape == (16, 1, 3, 3, 3)
