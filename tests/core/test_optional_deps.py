@@ -8,6 +8,8 @@ it were not installed) in the test only, then runs the command in process: exit 
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from peg_core.engine import run_command
 from peg_core.errors import InputError, MissingDependency, require
 from tests.core.test_classify_cli import TINY
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def _hide(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
     """Make ``import name`` fail for each of ``names`` (and their submodules) until the test ends."""
@@ -27,6 +31,21 @@ def _hide(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
         for loaded in [m for m in sys.modules if m.startswith(f"{name}.")]:
             monkeypatch.delitem(sys.modules, loaded)
         monkeypatch.setitem(sys.modules, name, None)
+
+
+def run_module(module: str, args: list[str], hide: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` in a fresh interpreter, with package ``hide`` not importable.
+
+    Task packages import their required packages at load time, so hiding one needs a new process.
+    """
+    code = "import runpy, sys\n"
+    if hide:
+        code += f"sys.modules[{hide!r}] = None\n"
+    code += f"sys.argv = [{module!r}, *sys.argv[1:]]; runpy.run_module({module!r}, run_name='__main__')"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "default"}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str], code: int) -> str:

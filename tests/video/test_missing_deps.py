@@ -1,33 +1,24 @@
 """peg_video without one of its packages, and without pytorchvideo's import-time FutureWarning.
 
 A missing package is hidden in a fresh interpreter (``sys.modules[name] = None``: ``import name``
-fails as if it were not installed), since peg_video imports decord / av / pytorchvideo at load time.
+fails as if it were not installed), since peg_video imports decord / av / pytorchvideo at load time:
+``python -m peg_video`` says which package to install in one line, exit 1.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.core.test_optional_deps import run_module
+
 TINY_SET = ["--num-train", "2", "--num-val", "1", "--width", "64", "--height", "48", "--frames", "4"]
 
 
 def _peg_video(args: list[str], hide: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m peg_video ARGS`` in a fresh interpreter, with package ``hide`` not importable."""
-    code = "import runpy, sys\n"
-    if hide:
-        code += f"sys.modules[{hide!r}] = None\n"
-    code += "sys.argv = ['peg_video', *sys.argv[1:]]; runpy.run_module('peg_video', run_name='__main__')"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "default"}
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+    return run_module("peg_video", args, hide)
 
 
 @pytest.mark.parametrize(
