@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from peg_core.engine import UserError, ensure_writable, new_parser, read_checkpoint
+from peg_core.errors import require
 from peg_core.interop.io import WeightsError, read_state_file, strip_prefixes, write_state_file
 
 __all__ = [
@@ -296,6 +297,7 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     layers, non-ResNet backbones or other decoder key positions have no Hugging Face DETR
     equivalent and are refused with a :class:`UserError` before anything is written.
     """
+    require("safetensors.torch", "hf", "peg-detr", what="export-hf")  # said first; nothing written
     ckpt = read_checkpoint(checkpoint, "detect")
     cfg = ckpt.get("model_config")
     if not isinstance(cfg, dict) or "num_classes" not in cfg:

@@ -38,13 +38,12 @@ from torch import Tensor, nn
 from torch.export import Dim
 from torch.utils.data import Dataset
 
-from ..errors import InputError
+from ..errors import InputError, require
 from ..interop.io import WeightsError
 from .pt2 import check_pt2_archive, read_extra_file
 
 __all__ = [
     "QUANTIZED_SUFFIX",
-    "MissingExtraError",
     "QuantizedClassifier",
     "SizeRangeError",
     "calibration_batches",
@@ -61,15 +60,6 @@ META_FILE = "peg_quantized.json"
 #: smallest and largest grid side (in patches) the exported graph accepts
 MIN_GRID, MAX_GRID = 2, 256
 #: how to install what quantization needs
-EXTRA = "pip install 'peg-core[quantize]'"
-
-
-class MissingExtraError(InputError, ImportError):
-    """An optional package is not installed: ``what`` names it, ``where`` the install command.
-
-    An ``ImportError`` for callers that catch those, and an ``InputError`` so the command line
-    prints it as one line.
-    """
 
 
 class SizeRangeError(InputError):
@@ -77,9 +67,9 @@ class SizeRangeError(InputError):
 
 
 def _require_torchao() -> None:
-    """A one-line :class:`MissingExtraError` when torchao is not installed (checked without importing it)."""
+    """A one-line :class:`~peg_core.errors.MissingDependency` when torchao is not installed (found, not imported)."""
     if importlib.util.find_spec("torchao") is None:
-        raise MissingExtraError("int8 quantization needs the 'torchao' package", EXTRA)
+        require("torchao", "quantize", what="int8 quantization")
 
 
 def calibration_batches(dataset: Dataset, n: int, batch_size: int = 32) -> list[Tensor]:
@@ -173,10 +163,12 @@ def _quiet(name: str) -> Iterator[None]:
 
 
 def _import_pt2e() -> None:
-    """Import torchao's PT2E flow without its import-time deprecation log line."""
-    _require_torchao()
+    """Import torchao's PT2E flow without its import-time deprecation log line.
+
+    A missing torchao is a one-line :class:`~peg_core.errors.MissingDependency` naming ``peg-core[quantize]``.
+    """
     with _quiet("torch.utils._pytree"):
-        import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401
+        require("torchao.quantization.pt2e.quantize_pt2e", "quantize", what="int8 quantization")
 
 
 def quantize_int8(

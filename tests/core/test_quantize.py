@@ -235,5 +235,5 @@ def test_without_torchao_quantize_and_eval_name_the_extra(run, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                           env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=120)  # fmt: skip
     assert proc.stdout.split() == ["1", "1"], proc.stderr
-    line = "error: int8 quantization needs the 'torchao' package: pip install 'peg-core[quantize]'"
+    line = "error: int8 quantization needs torchao: pip install 'peg-core[quantize]'"
     assert proc.stderr.splitlines() == [line, line] and "Traceback" not in proc.stderr

@@ -323,7 +323,9 @@ def test_safetensors_missing_is_a_clear_error(tmp_path, monkeypatch, capsys):
     torch.save(deit_like(grid=4), tmp_path / "a.pth")
     monkeypatch.setitem(sys.modules, "safetensors", None)
     monkeypatch.delitem(sys.modules, "safetensors.torch", raising=False)
-    with pytest.raises(ImportError, match=r"reading .*b.safetensors needs the 'safetensors' package"):
+    with pytest.raises(
+        ImportError, match=r"reading .*b.safetensors needs safetensors: pip install 'peg-core\[safetensors\]'"
+    ):
         read_state_file(_touch(tmp_path / "b.safetensors"))
     assert (
         cli(["resize-pos-embed", str(tmp_path / "a.pth"), str(tmp_path / "o.safetensors"), "--grid", "2"])
