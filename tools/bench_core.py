@@ -190,6 +190,29 @@ def dynamic_nchw(peg: PEG2d, x: Tensor, size: tuple[int, int], mask: Tensor | No
     return torch.cat([x[:, :p], tokens + out.flatten(2).transpose(1, 2)], dim=1)
 
 
+def pass_calls(
+    impls: dict[str, tuple[Tensor, Callable[[Tensor], Tensor], list[Tensor]]], pass_: str
+) -> dict[str, Callable[[], object]]:
+    """One zero-argument call per implementation ``name: (input, fn, params)``: the forward, or
+    forward + backward with fresh gradients (no accumulation cost) on a copy of the input."""
+    calls: dict[str, Callable[[], object]] = {}
+    for name, (xin, f, mod_params) in impls.items():
+        if pass_ == "fwd":
+            calls[name] = lambda f=f, xin=xin: f(xin)
+            continue
+        xg = xin.clone().requires_grad_()
+        params = [xg, *mod_params]
+
+        def step(f=f, xg=xg, params=params) -> None:
+            for t in params:
+                t.grad = None
+            out = f(xg)
+            out.backward(torch.ones_like(out))
+
+        calls[name] = step
+    return calls
+
+
 def measure_dynamic(
     case: Case, threads: int, min_run_time: float, repeats: int, cpu_time: bool
 ) -> list[DynRow]:
@@ -199,34 +222,15 @@ def measure_dynamic(
     dyn = PEG2d(c, kernel_size=3, num_prefix_tokens=p, dynamic=True, num_kernels=4)
     mask = detr_mask(b, case.size) if case.masked else None
     x = torch.randn(b, p + h * w, c)
-    impls: dict[str, tuple[torch.nn.Module, Callable[[Tensor], Tensor]]] = {
-        "static": (static, lambda t: static(t, (h, w), mask)),
-        "dynamic": (dyn, lambda t: dyn(t, (h, w), mask)),
-        "nchw": (dyn, lambda t: dynamic_nchw(dyn, t, (h, w), mask)),
+    impls = {
+        "static": (x, lambda t: static(t, (h, w), mask), list(static.parameters())),
+        "dynamic": (x, lambda t: dyn(t, (h, w), mask), list(dyn.parameters())),
+        "nchw": (x, lambda t: dynamic_nchw(dyn, t, (h, w), mask), list(dyn.parameters())),
     }
     torch.testing.assert_close(impls["dynamic"][1](x), impls["nchw"][1](x), atol=1e-5, rtol=1e-5)
     rows = []
     for pass_ in ("fwd", "fwd+bwd"):
-        calls: dict[str, Callable[[], object]] = {}
-        for name, (mod, f) in impls.items():
-            if pass_ == "fwd":
-                calls[name] = lambda f=f: f(x)
-                continue
-            xg = x.clone().requires_grad_()
-            params = [xg, *mod.parameters()]
-
-            def step(f=f, xg=xg, params=params) -> None:
-                for t in params:
-                    t.grad = None
-                out = f(xg)
-                out.backward(torch.ones_like(out))
-
-            calls[name] = step
-        us = dict.fromkeys(calls, float("inf"))
-        for _ in range(repeats):
-            for name, call in calls.items():
-                with torch.set_grad_enabled(pass_ != "fwd"):
-                    us[name] = min(us[name], timed(call, threads, min_run_time, cpu_time) * 1e6)
+        us = best_of(pass_calls(impls, pass_), pass_ != "fwd", threads, min_run_time, repeats, cpu_time)
         rows.append(DynRow(case.name, b, pass_, us["static"], us["dynamic"], us["nchw"]))
     return rows
 
@@ -304,27 +308,13 @@ def measure_rope(
         s, c = mixed(size, num_prefix_tokens=p)  # the table is built per forward, as CPVT does
         return attn(t, (s[0], c[0]))
 
-    impls = {"rope": (x, lambda t: apply_rope(t, sin, cos)), "timm": (x, timm_rope),
-             "attn_rope": (tokens, attn_rope), "attn": (tokens, attn)}  # fmt: skip
+    params = [*attn.parameters(), *mixed.parameters()]
+    impls = {"rope": (x, lambda t: apply_rope(t, sin, cos), []), "timm": (x, timm_rope, []),
+             "attn_rope": (tokens, attn_rope, params), "attn": (tokens, attn, params)}  # fmt: skip
     torch.testing.assert_close(impls["rope"][1](x), timm_rope(x), atol=1e-5, rtol=1e-5)
     rows = []
     for pass_ in ("fwd", "fwd+bwd"):
-        calls: dict[str, Callable[[], object]] = {}
-        for name, (xin, f) in impls.items():
-            if pass_ == "fwd":
-                calls[name] = lambda f=f, xin=xin: f(xin)
-                continue
-            xg = xin.clone().requires_grad_()
-            params = [xg, *attn.parameters(), *mixed.parameters()]
-
-            def step(f=f, xg=xg, params=params) -> None:
-                for t in params:
-                    t.grad = None
-                out = f(xg)
-                out.backward(torch.ones_like(out))
-
-            calls[name] = step
-        us = best_of(calls, pass_ != "fwd", threads, min_run_time, repeats, cpu_time)
+        us = best_of(pass_calls(impls, pass_), pass_ != "fwd", threads, min_run_time, repeats, cpu_time)
         rows.append(RopeRow(f"{heads} heads 14x14+cls", batch, pass_, us["rope"], us["timm"], us["attn_rope"],
                             us["attn"]))  # fmt: skip
     return rows
