@@ -3,9 +3,11 @@
 Public API::
 
     from peg_core import PEG2d, PEG3d, build_position_encoding, resize_pos_embed
+    from peg_core import RoPEAxial, RoPEMixed, RoPEDinoV3, apply_rope, build_rope
 
 ``import peg_core`` is the position-encoding library alone: the PEGs (static, separable,
-dynamic), the fixed and learned encodings in 1/2/3-D, resizing and the grid helpers.  It
+dynamic), the fixed and learned encodings in 1/2/3-D, the rotary encodings (axial, mixed, DINOv3, 3-D;
+``peg_core.rope``), resizing and the grid helpers.  It
 depends on torch alone and loads nothing else of the project; the sub-packages are opt-in:
 ``peg_core.engine`` (training), ``peg_core.interop`` (weights files, surgery, timm /
 torchvision conversion), ``peg_core.export`` (ONNX, int8), ``peg_core.classify`` (the CPVT
@@ -33,10 +35,21 @@ from .resize import (
     resize_pos_embed_3d,
     resize_pos_embed_traceable,
 )
+from .rope import (
+    ROPE_KINDS,
+    RoPEAxial,
+    RoPEDinoV3,
+    RoPEMixed,
+    RotaryEmbedding,
+    apply_rope,
+    build_rope,
+    rope_coords,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ROPE_KINDS",
     "LearnedPositionEncoding2d",
     "LearnedPositionEncoding3d",
     "NoPositionEncoding",
@@ -44,10 +57,16 @@ __all__ = [
     "PEG3d",
     "PEGNd",
     "PositionEncoding",
+    "RoPEAxial",
+    "RoPEDinoV3",
+    "RoPEMixed",
+    "RotaryEmbedding",
     "SinCosPositionEncoding2d",
     "SinCosPositionEncoding3d",
     "SinePositionEncoding2d",
+    "apply_rope",
     "build_position_encoding",
+    "build_rope",
     "check_mask",
     "check_size",
     "check_tokens",
@@ -58,6 +77,7 @@ __all__ = [
     "resize_pos_embed_1d",
     "resize_pos_embed_3d",
     "resize_pos_embed_traceable",
+    "rope_coords",
     "sincos_1d",
     "sincos_2d",
     "tokens_to_grid",

@@ -24,6 +24,13 @@ B*C``) against the static PEG on the same shapes (``dynamic/static``), and
 against the same dynamic PEG with the batch folded into channels in
 channels-first order (``nchw-fold``: ``(1, B*C, H, W)`` contiguous), the
 layout its implementation avoids.
+
+A third table times the rotary path (``--only rope`` runs it alone): ``peg_core.apply_rope``
+on queries ``(B, heads, 1 + N, 64)`` with a table that has identity rows for the class token,
+next to timm's ``apply_rot_embed_cat`` on the same tensors as timm's attention uses it (slice
+off the prefix, rotate, concatenate back; target ``rope/timm <= 1``), and
+:class:`peg_core.models.layers.Attention` with a mixed-RoPE table next to the same attention
+without one (``attn+rope/attn``).  timm is needed for the first ratio only.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.benchmark import Timer
 
-from peg_core import PEG2d
+from peg_core import PEG2d, apply_rope
 from peg_core.peg import peg2d_reference, tokens_to_grid
 
 
@@ -183,6 +190,29 @@ def dynamic_nchw(peg: PEG2d, x: Tensor, size: tuple[int, int], mask: Tensor | No
     return torch.cat([x[:, :p], tokens + out.flatten(2).transpose(1, 2)], dim=1)
 
 
+def pass_calls(
+    impls: dict[str, tuple[Tensor, Callable[[Tensor], Tensor], list[Tensor]]], pass_: str
+) -> dict[str, Callable[[], object]]:
+    """One zero-argument call per implementation ``name: (input, fn, params)``: the forward, or
+    forward + backward with fresh gradients (no accumulation cost) on a copy of the input."""
+    calls: dict[str, Callable[[], object]] = {}
+    for name, (xin, f, mod_params) in impls.items():
+        if pass_ == "fwd":
+            calls[name] = lambda f=f, xin=xin: f(xin)
+            continue
+        xg = xin.clone().requires_grad_()
+        params = [xg, *mod_params]
+
+        def step(f=f, xg=xg, params=params) -> None:
+            for t in params:
+                t.grad = None
+            out = f(xg)
+            out.backward(torch.ones_like(out))
+
+        calls[name] = step
+    return calls
+
+
 def measure_dynamic(
     case: Case, threads: int, min_run_time: float, repeats: int, cpu_time: bool
 ) -> list[DynRow]:
@@ -192,34 +222,15 @@ def measure_dynamic(
     dyn = PEG2d(c, kernel_size=3, num_prefix_tokens=p, dynamic=True, num_kernels=4)
     mask = detr_mask(b, case.size) if case.masked else None
     x = torch.randn(b, p + h * w, c)
-    impls: dict[str, tuple[torch.nn.Module, Callable[[Tensor], Tensor]]] = {
-        "static": (static, lambda t: static(t, (h, w), mask)),
-        "dynamic": (dyn, lambda t: dyn(t, (h, w), mask)),
-        "nchw": (dyn, lambda t: dynamic_nchw(dyn, t, (h, w), mask)),
+    impls = {
+        "static": (x, lambda t: static(t, (h, w), mask), list(static.parameters())),
+        "dynamic": (x, lambda t: dyn(t, (h, w), mask), list(dyn.parameters())),
+        "nchw": (x, lambda t: dynamic_nchw(dyn, t, (h, w), mask), list(dyn.parameters())),
     }
     torch.testing.assert_close(impls["dynamic"][1](x), impls["nchw"][1](x), atol=1e-5, rtol=1e-5)
     rows = []
     for pass_ in ("fwd", "fwd+bwd"):
-        calls: dict[str, Callable[[], object]] = {}
-        for name, (mod, f) in impls.items():
-            if pass_ == "fwd":
-                calls[name] = lambda f=f: f(x)
-                continue
-            xg = x.clone().requires_grad_()
-            params = [xg, *mod.parameters()]
-
-            def step(f=f, xg=xg, params=params) -> None:
-                for t in params:
-                    t.grad = None
-                out = f(xg)
-                out.backward(torch.ones_like(out))
-
-            calls[name] = step
-        us = dict.fromkeys(calls, float("inf"))
-        for _ in range(repeats):
-            for name, call in calls.items():
-                with torch.set_grad_enabled(pass_ != "fwd"):
-                    us[name] = min(us[name], timed(call, threads, min_run_time, cpu_time) * 1e6)
+        us = best_of(pass_calls(impls, pass_), pass_ != "fwd", threads, min_run_time, repeats, cpu_time)
         rows.append(DynRow(case.name, b, pass_, us["static"], us["dynamic"], us["nchw"]))
     return rows
 
@@ -235,6 +246,92 @@ def markdown_dynamic(rows: list[DynRow]) -> str:
         lines.append(
             f"| {r.case} | {r.batch} | {r.pass_} | {r.static_us:.0f} | {r.dynamic_us:.0f} | {r.nchw_us:.0f} "
             f"| {r.vs_static:.2f} | {r.nchw_vs_dynamic:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+@dataclass
+class RopeRow:
+    case: str
+    batch: int
+    pass_: str
+    rope_us: float
+    timm_us: float
+    attn_rope_us: float
+    attn_us: float
+
+    @property
+    def vs_timm(self) -> float:
+        return self.rope_us / self.timm_us
+
+    @property
+    def attn_vs_plain(self) -> float:
+        return self.attn_rope_us / self.attn_us
+
+
+def best_of(calls: dict[str, Callable[[], object]], grad: bool, threads: int, min_run_time: float, repeats: int,
+            cpu_time: bool) -> dict[str, float]:  # fmt: skip
+    """Smallest median µs per implementation over interleaved rounds."""
+    us = dict.fromkeys(calls, float("inf"))
+    for _ in range(repeats):
+        for name, call in calls.items():
+            with torch.set_grad_enabled(grad):
+                us[name] = min(us[name], timed(call, threads, min_run_time, cpu_time) * 1e6)
+    return us
+
+
+def measure_rope(
+    batch: int, heads: int, threads: int, min_run_time: float, repeats: int, cpu_time: bool
+) -> list[RopeRow]:
+    """apply_rope vs timm's apply_rot_embed_cat, and Attention with / without RoPE; 14x14 grid + class token."""
+    from timm.layers.pos_embed_sincos import apply_rot_embed_cat
+
+    from peg_core import build_rope
+    from peg_core.models.layers import Attention
+
+    d, size, p = 64, (14, 14), 1
+    n = p + size[0] * size[1]
+    axial = build_rope("rope-axial", d)
+    sin, cos = axial(size, num_prefix_tokens=p)
+    # timm's cat layout for the same rotation: plain sin / cos of each pair, interleaved, no prefix rows
+    ang = axial.angles(size)[0, 0, 0]
+    emb = torch.cat([ang.sin().repeat_interleave(2, -1), ang.cos().repeat_interleave(2, -1)], -1)
+    mixed = build_rope("rope-mixed", d, num_heads=heads, depth=1)
+    attn = Attention(heads * d, heads)
+    x = torch.randn(batch, heads, n, d)
+    tokens = torch.randn(batch, n, heads * d)
+
+    def timm_rope(t: Tensor) -> Tensor:
+        return torch.cat([t[:, :, :p], apply_rot_embed_cat(t[:, :, p:], emb)], dim=2)
+
+    def attn_rope(t: Tensor) -> Tensor:
+        s, c = mixed(size, num_prefix_tokens=p)  # the table is built per forward, as CPVT does
+        return attn(t, (s[0], c[0]))
+
+    params = [*attn.parameters(), *mixed.parameters()]
+    impls = {"rope": (x, lambda t: apply_rope(t, sin, cos), []), "timm": (x, timm_rope, []),
+             "attn_rope": (tokens, attn_rope, params), "attn": (tokens, attn, params)}  # fmt: skip
+    torch.testing.assert_close(impls["rope"][1](x), timm_rope(x), atol=1e-5, rtol=1e-5)
+    rows = []
+    for pass_ in ("fwd", "fwd+bwd"):
+        us = best_of(pass_calls(impls, pass_), pass_ != "fwd", threads, min_run_time, repeats, cpu_time)
+        rows.append(RopeRow(f"{heads} heads 14x14+cls", batch, pass_, us["rope"], us["timm"], us["attn_rope"],
+                            us["attn"]))  # fmt: skip
+    return rows
+
+
+def markdown_rope(rows: list[RopeRow]) -> str:
+    lines = [
+        "Rotary path: apply_rope vs timm apply_rot_embed_cat (same q, head dim 64), Attention + mixed RoPE vs "
+        "plain Attention; median µs per call",
+        "",
+        "| shape | B | pass | apply_rope µs | timm µs | attn+rope µs | attn µs | rope/timm | attn+rope/attn |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.case} | {r.batch} | {r.pass_} | {r.rope_us:.0f} | {r.timm_us:.0f} | {r.attn_rope_us:.0f} "
+            f"| {r.attn_us:.0f} | {r.vs_timm:.2f} | {r.attn_vs_plain:.2f} |"
         )
     return "\n".join(lines)
 
@@ -262,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
     parser.add_argument("--repeats", type=int, default=None, help="timing rounds per implementation")
+    parser.add_argument("--only", choices=("peg", "rope"), default=None, help="run one part (default: all)")
     parser.add_argument(
         "--cpu-time",
         action="store_true",
@@ -275,6 +373,23 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     min_run_time = 0.2 if args.quick else 0.5
     repeats = args.repeats or (2 if args.quick else 3)
+    payload: dict = {"threads": args.threads, "clock": "thread_cpu" if args.cpu_time else "wall",
+                     "torch": torch.__version__}  # fmt: skip
+    if args.only != "peg":
+        rope_rows = [
+            row
+            for b, heads in ((8, 3), (32, 6) if not args.quick else (8, 6))
+            for row in measure_rope(b, heads, args.threads, min_run_time, repeats, args.cpu_time)
+        ]
+        print(markdown_rope(rope_rows))
+        print(f"\nworst rope/timm = {max(r.vs_timm for r in rope_rows):.2f} (target <= 1)")
+        payload["rope_rows"] = [asdict(r) | {"vs_timm": r.vs_timm, "attn_vs_plain": r.attn_vs_plain}
+                                for r in rope_rows]  # fmt: skip
+    if args.only == "rope":
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(payload, fh, indent=2)
+        return
     rows = [
         row
         for case in cases(args.quick)
@@ -295,10 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\n" + markdown_dynamic(dyn_rows))
     print(f"\nworst dynamic/static = {max(r.vs_static for r in dyn_rows):.2f}")
     if args.json:
-        payload = {
-            "threads": args.threads,
-            "clock": "thread_cpu" if args.cpu_time else "wall",
-            "torch": torch.__version__,
+        payload |= {
             "rows": [
                 asdict(r) | {"vs_naive": r.vs_naive, "vs_copy": r.vs_copy, "conv_vs_copy": r.conv_vs_copy}
                 for r in rows

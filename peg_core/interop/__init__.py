@@ -7,7 +7,8 @@ imported when a ``.safetensors`` file is used, timm by ``import peg_core.interop
   ``weights_only=True``, ``.safetensors``), :func:`unwrap_state_dict`, :func:`strip_prefixes`,
   the one :class:`LoadReport` and :class:`WeightsError`;
 * :mod:`.surgery`: resize the position table of a ViT checkpoint, or turn it into a CPVT one;
-* :mod:`.convert`: turn a live timm / torchvision ViT into a CPVT;
+* :mod:`.convert`: turn a live timm / torchvision ViT into a CPVT (PEGs instead of its table);
+* :mod:`.from_timm`: today's timm backbones (DeiT / ViT, the rope ViTs, DINOv3) as a CPVT, same outputs;
 * :mod:`.timm` (needs timm): this project's CPVT in timm's model registry.
 
 Errors: library functions here raise :class:`WeightsError` (a ``ValueError``) or
@@ -16,6 +17,7 @@ Errors: library functions here raise :class:`WeightsError` (a ``ValueError``) or
 """
 
 from .convert import convert_to_cpvt
+from .from_timm import from_timm
 from .io import (
     LoadReport,
     WeightsError,
@@ -45,6 +47,7 @@ __all__ = [
     "atomic_save",
     "convert_to_cpvt",
     "find_pos_embed_key",
+    "from_timm",
     "is_torchvision_vit",
     "learned_to_cpvt",
     "load_state_strict",

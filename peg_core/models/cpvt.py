@@ -3,8 +3,9 @@
 Layout (timm/DeiT parameter names, so DeiT checkpoints map onto it)::
 
     image (B, 3, H, W) --pad to a multiple of the patch--> patch_embed.proj (conv p×p, stride p)
-      -> tokens (B, h*w, C) [+ cls_token in front when the class token is used]
+      -> tokens (B, h*w, C) [+ cls_token, reg_token (registers) in front]
       -> [non-PEG encodings ("learned", "sincos", "sine"): added here, once]
+      -> [rotary encodings ("rope-*"): one (sin, cos) table per forward, applied to q and k in every block]
       -> [pos_blocks.-1 (PEG2d) when peg_at holds -1: CPVT's "position -1" ablation]
       -> blocks.0 -> pos_blocks.0 (PEG2d) -> blocks.1 -> ... -> blocks.{depth-1}
       -> norm -> pool ("token": the class token; "avg": mean of the grid tokens) -> head
@@ -13,7 +14,13 @@ Any input size runs: the image is zero-padded at the bottom and right up to the
 next multiple of ``patch_size`` (at most ``patch_size - 1`` pixels, after
 normalisation, so padding is black-ish in pixel space) rather than refused.
 A PEG needs no resizing; a learned table is resized to the new grid with
-``pos_interpolation``.
+``pos_interpolation``; a rotary table is rebuilt for the new grid (integer patch
+indices for axial / mixed, coordinates normalised to [-1, 1] for DINOv3).
+
+``pos_enc`` combines parts with ``+``: at most one additive table (``learned``,
+``sincos``, ``sine``), ``peg`` (PEGs after the blocks in ``peg_at``) and at most one
+rotary encoding (``rope-axial``, ``rope-mixed``, ``rope-dinov3``), e.g. ``peg+rope-mixed``;
+:data:`POS_ENCODINGS` lists the named variants the command line offers.
 """
 
 from __future__ import annotations
@@ -26,11 +33,39 @@ from torch import Tensor, nn
 
 from ..encodings import build_position_encoding
 from ..peg import PEG2d, resolve_peg_at
+from ..rope import build_rope
 from .layers import Block, PatchEmbed, init_vit_weights
 
-__all__ = ["CPVT", "cpvt_base", "cpvt_small", "cpvt_tiny"]
+__all__ = ["CPVT", "POS_ENCODINGS", "cpvt_base", "cpvt_small", "cpvt_tiny", "parse_pos_enc"]
 
-POS_ENCODINGS = ("peg", "learned", "sincos", "sine", "none")
+ROTARY = ("rope-axial", "rope-mixed", "rope-dinov3")
+ADDITIVE = ("learned", "sincos", "sine")
+POS_ENCODINGS = (
+    "peg", "learned", "sincos", "sine", "none", *ROTARY, *(f"{a}+{r}" for a in ("peg", "learned") for r in ROTARY)
+)  # fmt: skip
+
+
+def parse_pos_enc(pos_enc: str) -> tuple[str | None, bool, str | None]:
+    """``"peg+learned+rope-mixed"`` -> ``(table, peg, rotary)`` = ``("learned", True, "rope-mixed")``.
+
+    Raises ``ValueError`` for an unknown part, a repeated kind or ``none`` combined with anything.
+    """
+    if not isinstance(pos_enc, str):
+        raise TypeError(f"pos_enc must be a string; got {type(pos_enc).__name__}")
+    parts = pos_enc.split("+")
+    bad = [q for q in parts if q not in ("peg", "none", *ADDITIVE, *ROTARY)]
+    if bad or len(set(parts)) != len(parts) or ("none" in parts and len(parts) > 1):
+        raise ValueError(
+            f"pos_enc must be one of {POS_ENCODINGS} or a '+' combination of one table {ADDITIVE}, "
+            f"'peg' and one rotary encoding {ROTARY}; got {pos_enc!r}"
+        )
+    tables = [q for q in parts if q in ADDITIVE]
+    rotary = [q for q in parts if q in ROTARY]
+    if len(tables) > 1 or len(rotary) > 1:
+        raise ValueError(f"pos_enc {pos_enc!r} combines two tables or two rotary encodings; keep one of each")
+    return (tables[0] if tables else None), "peg" in parts, (rotary[0] if rotary else None)
+
+
 GLOBAL_POOLS = ("token", "avg")
 
 
@@ -64,6 +99,19 @@ class CPVT(nn.Module):
             ``global_pool='token'``" (CPVT-GAP has none).
         drop_path_rate: stochastic depth, linearly increasing over the blocks.
         pos_interpolation: mode used to resize a learned table for another grid.
+        rope_temperature: rotary base (``None``: 100 axial, 10 mixed, 100 DINOv3, as naver / DINOv3).
+        rope_indexing: rotary coordinate order, ``"xy"`` (naver / timm rope ViTs) or ``"ij"``
+            (``None``: ``"xy"`` for axial / mixed, ``"ij"`` for DINOv3).
+        rope_options: further keywords of the rotary class (e.g. DINOv3's ``shift_coords``,
+            ``jitter_coords``, ``rescale_coords``, ``min_period``, ``max_period``).
+        num_reg_tokens: register tokens after the class token (DINOv3: 4); key ``reg_token``.
+        init_values: layer scale of every block (``blocks.<i>.ls1.gamma``, ``ls2.gamma``); ``None``: none.
+        qkv_bias: bias of the ``qkv`` projections (DINOv3: False).
+        norm_eps: LayerNorm epsilon (DINOv3: 1e-5).
+        fc_norm: normalise after pooling (``fc_norm``) instead of before (``norm``), as timm's ViTs with
+            average pooling do.
+        no_embed_class: the learned table has no prefix entries and is added before the class /
+            register tokens are prepended (timm's ``no_embed_class``; the rope ``_ape`` ViTs).
     """
 
     def __init__(
@@ -88,10 +136,18 @@ class CPVT(nn.Module):
         class_token: bool | None = None,
         drop_path_rate: float = 0.0,
         pos_interpolation: str = "bicubic",
+        rope_temperature: float | None = None,
+        rope_indexing: str | None = None,
+        rope_options: dict | None = None,
+        num_reg_tokens: int = 0,
+        init_values: float | None = None,
+        qkv_bias: bool = True,
+        norm_eps: float = 1e-6,
+        fc_norm: bool = False,
+        no_embed_class: bool = False,
     ) -> None:
         super().__init__()
-        if pos_enc not in POS_ENCODINGS:
-            raise ValueError(f"pos_enc must be one of {POS_ENCODINGS}; got {pos_enc!r}")
+        table, has_peg, rotary = parse_pos_enc(pos_enc)
         if global_pool not in GLOBAL_POOLS:
             raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}; got {global_pool!r}")
         if class_token is None:
@@ -99,7 +155,9 @@ class CPVT(nn.Module):
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
         # the suite's one meaning of peg_at (-1: before block 0, i: after block i, "all": every block)
-        peg_at = resolve_peg_at(peg_at, depth) if pos_enc == "peg" else ()
+        peg_at = resolve_peg_at(peg_at, depth) if has_peg else ()
+        if num_reg_tokens < 0:
+            raise ValueError(f"num_reg_tokens must be >= 0; got {num_reg_tokens}")
 
         self.embed_dim = embed_dim
         self.num_classes = num_classes
@@ -107,7 +165,8 @@ class CPVT(nn.Module):
         self.img_size = _pair(img_size)
         self.grid_size = tuple(-(-s // patch_size) for s in self.img_size)  # ceil: images are padded
         self.global_pool = global_pool
-        self.num_prefix_tokens = 1 if class_token else 0
+        self.num_prefix_tokens = (1 if class_token else 0) + num_reg_tokens
+        self.no_embed_class = no_embed_class
         self.pos_enc_kind = pos_enc
         self.peg_at = peg_at
         self.peg_options = {
@@ -120,14 +179,18 @@ class CPVT(nn.Module):
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, num_reg_tokens, embed_dim)) if num_reg_tokens else None
         p = self.num_prefix_tokens
-        if pos_enc == "learned":
+        table_prefix = 0 if no_embed_class else p  # the table's prefix entries
+        if table == "learned":
             self.pos_enc = build_position_encoding(
-                "learned", embed_dim, grid_size=self.grid_size, num_prefix_tokens=p,
+                "learned", embed_dim, grid_size=self.grid_size, num_prefix_tokens=table_prefix,
                 interpolation=pos_interpolation,
             )  # fmt: skip
-        elif pos_enc in ("sincos", "sine"):
-            self.pos_enc = build_position_encoding(pos_enc, embed_dim, num_prefix_tokens=p, apply_to="tokens")
+        elif table in ("sincos", "sine"):
+            self.pos_enc = build_position_encoding(
+                table, embed_dim, num_prefix_tokens=table_prefix, apply_to="tokens"
+            )
         else:
             self.pos_enc = None  # PEGs live in pos_blocks; "none" has nothing
         # ModuleDict keyed by block index: state-dict keys read pos_blocks.<i>.proj.weight
@@ -135,16 +198,30 @@ class CPVT(nn.Module):
         self.pos_blocks = nn.ModuleDict(
             {str(i): PEG2d(embed_dim, num_prefix_tokens=p, **self.peg_options) for i in peg_at}
         )
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+        if rotary is not None:
+            rope_kw = dict(rope_options or {})
+            if rope_indexing is not None:
+                rope_kw["indexing"] = rope_indexing
+            self.rope = build_rope(rotary, embed_dim // num_heads, num_heads=num_heads, depth=depth,
+                                   temperature=rope_temperature, **rope_kw)  # fmt: skip
+        else:
+            self.rope = None
+        half = self.rope is not None and self.rope.half
         dpr = [drop_path_rate * i / max(1, depth - 1) for i in range(depth)]  # plain floats: meta-device safe
+        block = {"qkv_bias": qkv_bias, "norm_eps": norm_eps, "init_values": init_values, "rope_half": half}
         self.blocks = nn.ModuleList(
-            [Block(embed_dim, num_heads, mlp_ratio, drop_path=dpr[i]) for i in range(depth)]
+            [Block(embed_dim, num_heads, mlp_ratio, drop_path=dpr[i], **block) for i in range(depth)]
         )
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.norm = nn.Identity() if fc_norm else nn.LayerNorm(embed_dim, eps=norm_eps)
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if fc_norm else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
         init_vit_weights(self)
-        if self.cls_token is not None:
-            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                nn.init.trunc_normal_(token, std=0.02)
 
     @property
     def pos_interpolation(self) -> str | None:
@@ -157,8 +234,11 @@ class CPVT(nn.Module):
             self.pos_enc.interpolation = mode
 
     def no_weight_decay(self) -> set[str]:
-        """Parameter names conventionally trained without weight decay."""
-        return {"cls_token", "pos_enc.pos_embed"}
+        """Parameter names conventionally trained without weight decay (incl. learned rotary frequencies)."""
+        names = {"cls_token", "reg_token", "pos_enc.pos_embed"}
+        if self.rope is not None and hasattr(self.rope, "no_weight_decay"):
+            names |= {f"rope.{n}" for n in self.rope.no_weight_decay()}
+        return names
 
     @property
     def num_features(self) -> int:
@@ -200,14 +280,21 @@ class CPVT(nn.Module):
         if x.dim() != 4:
             raise ValueError(f"expected images (B, C, H, W); got shape {tuple(x.shape)}")
         x, size = self.patch_embed(self.pad_to_patch(x))
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        if self.pos_enc is not None:
+        if self.pos_enc is not None and self.no_embed_class:
+            x = self.pos_enc(x, size)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        if prefix:
+            x = torch.cat([*prefix, x], dim=1)
+        if self.pos_enc is not None and not self.no_embed_class:
             x = self.pos_enc(x, size)
         if "-1" in self.pos_blocks:
             x = self.pos_blocks["-1"](x, size)
+        rope = None if self.rope is None else self.rope(size, num_prefix_tokens=self.num_prefix_tokens)
         for i, blk in enumerate(self.blocks):
-            x = blk(x)
+            if rope is None:
+                x = blk(x)
+            else:  # mixed: one table per block (depth, heads, N, D); the others share one (N, D)
+                x = blk(x, (rope[0][i], rope[1][i]) if self.rope.learned else rope)
             key = str(i)
             if key in self.pos_blocks:
                 x = self.pos_blocks[key](x, size)
@@ -216,6 +303,7 @@ class CPVT(nn.Module):
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens ``(B, P + h*w, C)`` -> logits ``(B, num_classes)`` (or pooled ``(B, C)``)."""
         x = x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens :].mean(1)
+        x = self.fc_norm(x)
         return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:

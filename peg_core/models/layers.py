@@ -11,7 +11,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Attention", "Block", "DropPath", "Mlp", "PatchEmbed", "drop_path", "init_vit_weights"]
+from ..rope import apply_rope
+
+__all__ = [
+    "Attention",
+    "Block",
+    "DropPath",
+    "LayerScale",
+    "Mlp",
+    "PatchEmbed",
+    "drop_path",
+    "init_vit_weights",
+]
 
 
 def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
@@ -56,24 +67,47 @@ class PatchEmbed(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with a fused ``qkv`` projection and ``F.scaled_dot_product_attention``."""
+    """Multi-head self-attention with a fused ``qkv`` projection and ``F.scaled_dot_product_attention``.
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0) -> None:
+    ``forward(x, rope=None, attn_mask=None)``: tokens ``(B, N, C)`` -> ``(B, N, C)``.  ``rope`` is an
+    apply-form ``(sin, cos)`` table from :class:`peg_core.rope.RotaryEmbedding` (``(N, D)``,
+    ``(B, 1, N, D)`` or ``(heads, N, D)``, ``D = C / heads``, prefix rows included): queries and
+    keys are rotated, values are not.  ``rope_half`` is the table's pair layout (DINOv3: True).
+    ``attn_mask`` goes to SDPA (bool: True = attend).  No parameters are added: the state-dict
+    keys stay ``qkv.{weight,bias}``, ``proj.{weight,bias}``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        *,
+        rope_half: bool = False,
+    ) -> None:
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"embed_dim={dim} must be divisible by num_heads={num_heads}")
         self.num_heads = num_heads
         self.attn_drop = attn_drop
+        self.rope_half = rope_half
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
         b, n, c = x.shape
         # (B, N, 3C) -> (3, B, heads, N, C/heads)
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
+        if rope is not None:
+            sin, cos = rope
+            q = apply_rope(q, sin, cos, half=self.rope_half)
+            k = apply_rope(k, sin, cos, half=self.rope_half)
         p = self.attn_drop if self.training else 0.0
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
         return self.proj(x.transpose(1, 2).reshape(b, n, c))
 
 
@@ -90,8 +124,25 @@ class Mlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (CaiT / timm ``ls1``, ``ls2``): ``x * gamma``; key ``gamma``."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5) -> None:
+        super().__init__()
+        self.init_values = init_values
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
 class Block(nn.Module):
-    """Pre-norm transformer block: ``x + attn(norm1(x))`` then ``x + mlp(norm2(x))``; ``(B, N, C)`` in and out."""
+    """Pre-norm transformer block: ``x + attn(norm1(x))`` then ``x + mlp(norm2(x))``; ``(B, N, C)`` in and out.
+
+    ``init_values`` adds layer scale (``ls1.gamma``, ``ls2.gamma`` as in timm; none by default, so
+    the keys of a plain block are unchanged).  ``forward(x, rope=None, attn_mask=None)`` passes the
+    rotary table and mask to :class:`Attention`.
+    """
 
     def __init__(
         self,
@@ -101,17 +152,24 @@ class Block(nn.Module):
         qkv_bias: bool = True,
         drop_path: float = 0.0,
         norm_eps: float = 1e-6,
+        *,
+        init_values: float | None = None,
+        rope_half: bool = False,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias)
+        self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias, rope_half=rope_half)
+        self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+    def forward(
+        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), rope, attn_mask)))
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 
 def _init_weights(m: nn.Module) -> None:

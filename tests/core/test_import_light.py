@@ -10,7 +10,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 #: everything ``import peg_core`` may load of the project: the contract, PEGs, encodings, resizing
-LIBRARY = ["peg_core", "peg_core.base", "peg_core.encodings", "peg_core.peg", "peg_core.resize"]
+LIBRARY = [
+    "peg_core",
+    "peg_core.base",
+    "peg_core.encodings",
+    "peg_core.peg",
+    "peg_core.resize",
+    "peg_core.rope",
+]
 #: opt-in sub-packages and heavy / optional dependencies that must stay unloaded
 NEVER = (
     "peg_core.engine", "peg_core.interop", "peg_core.export", "peg_core.classify", "peg_core.models",

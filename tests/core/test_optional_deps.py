@@ -106,7 +106,10 @@ def test_predict_without_torchvision(checkpoint, tmp_path, monkeypatch, capsys):
 def test_quantize_without_torchao(checkpoint, tmp_path, monkeypatch, capsys):
     _hide(monkeypatch, "torchao")
     code = main(["quantize", str(checkpoint), str(tmp_path / "int8.pt2"), "--calib", "8"])
-    assert _one_line_error(capsys, code) == "error: int8 quantization needs torchao: pip install 'peg-core[quantize]'"
+    assert (
+        _one_line_error(capsys, code)
+        == "error: int8 quantization needs torchao: pip install 'peg-core[quantize]'"
+    )
     assert not (tmp_path / "int8.pt2").exists()
 
 
