@@ -75,7 +75,7 @@ def test_eval_output_dir_beside_the_checkpoint_and_never_over_a_training_report(
     assert eval_output_dir(ckpt, None) == tmp_path / "run" / "eval"
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "report.json").write_text(json.dumps({"command": "train"}))
-    with pytest.raises(UserError, match="holds a training run's report.json") as e:
+    with pytest.raises(UserError, match=r"holds a training run's report\.json") as e:
         eval_output_dir(ckpt, tmp_path / "run")
     assert e.value.where == str(tmp_path / "run")
     (tmp_path / "odd").mkdir()
