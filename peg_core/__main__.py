@@ -13,7 +13,7 @@ Surgery: ``IN`` / ``OUT`` are ``.pth`` (read with ``weights_only=True``) or
 ``.safetensors`` files; ``OUT`` is written in the format its suffix names.
 
 This is the command-line layer: the library's documented errors (``WeightsError``, a
-``ValueError``; ``OSError`` while writing; ``ImportError`` for a missing safetensors) become
+``ValueError``; ``OSError`` while writing; ``MissingDependency`` for a missing safetensors) become
 one ``error: <what>: <where>`` line here.  Anything else is a bug and keeps its traceback.
 """
 
@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import __version__
 from .classify import cli as classify_cli
 from .classify.quantize import main as quantize_cli
 from .engine import UserError, dispatch, grid_arg, int_list, new_parser, nonnegative_int, positive_int
@@ -60,20 +61,20 @@ def _to_cpvt_parser() -> argparse.ArgumentParser:
 
 
 def _load(path: Path) -> object:
-    """The object in ``path``; an unreadable file or a missing safetensors package is a :class:`UserError`."""
+    """The object in ``path``; an unreadable file is a :class:`UserError`.
+
+    A missing safetensors package is a ``MissingDependency`` (an ``InputError``), printed as one line
+    by the command line like a :class:`UserError`.
+    """
     try:
         return read_state_file(path)
     except WeightsError as e:  # names the file already
         raise UserError(e.what, e.where) from None
-    except ImportError as e:  # the message names the file and the package
-        raise UserError(str(e)) from None
 
 
 def _write(new: object, args: argparse.Namespace, summary: str) -> int:
     try:
         left_out = write_state_file(new, args.output)
-    except ImportError as e:
-        raise UserError(str(e)) from None
     except (WeightsError, OSError) as e:
         raise UserError(f"cannot write ({e})", args.output) from None
     print(summary)
@@ -121,7 +122,7 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (0 ok, 1 user error, 2 usage, 3 NaN/inf loss)."""
     try:
-        return dispatch(PROG, __doc__ or "", COMMANDS, argv)
+        return dispatch(PROG, __doc__ or "", COMMANDS, argv, version=__version__)
     except SystemExit as e:  # argparse: usage errors (2) and --help (0)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
 

@@ -9,14 +9,20 @@ Error policy by layer (see ``docs/architecture.md``):
   :class:`InputError` into the one line ``error: <what>: <where>``;
 * anything else is a bug and keeps its traceback.
 
-This module imports nothing, so any layer may use it.
+An optional package that is not installed is a :class:`MissingDependency`, raised by
+:func:`require` at the one place that imports it: its message names the package and the
+``pip install`` line of the extra that brings it.
+
+This module imports only the standard library, so any layer may use it.
 """
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
-__all__ = ["InputError"]
+__all__ = ["InputError", "MissingDependency", "require"]
 
 
 class InputError(ValueError):
@@ -29,3 +35,47 @@ class InputError(ValueError):
         self.what = what
         self.where = None if where is None else str(where)
         super().__init__(what if where is None else f"{what}: {where}")
+
+
+class MissingDependency(InputError, ImportError):
+    """A package is not installed: ``"<what> needs <module>: pip install '<package>[<extra>]'"``.
+
+    An optional extra of peg-core, or a required dependency of a task package missing from a
+    broken installation (``pip install <package>``).
+
+    An :class:`InputError` (the command line prints it as one line, exit 1) and an ``ImportError``
+    (code that already falls back on a missing package keeps working).
+    """
+
+    def __init__(self, what: str, where: Any = None, *, module: str | None = None) -> None:
+        super().__init__(what, where)
+        self.name = module  # ImportError's attribute: the module that is missing
+
+
+def _install_hint(extra: str | None, package: str = "peg-core") -> str:
+    """``pip install 'peg-core[onnx]'`` for an extra; ``pip install decord`` for a plain package."""
+    return f"pip install '{package}[{extra}]'" if extra else f"pip install {package}"
+
+
+def require(module: str, extra: str | None, package: str = "peg-core", what: str | None = None) -> ModuleType:
+    """``importlib.import_module(module)``, or a :class:`MissingDependency` naming the extra to install.
+
+    Args:
+        module: the dotted module to import, e.g. ``"safetensors.torch"``.
+        extra: the extra of ``package`` that brings it (``"onnx"``); ``None``: ``package`` is the
+            pip name of the module itself (a required dependency of a task package, e.g. ``"decord"``).
+        package: the distribution whose extra it is (``"peg-core"``), or the pip name when ``extra`` is ``None``.
+        what: the feature that needs it, e.g. ``"export"`` (``None``: the message says the package
+            is not installed).
+
+    Only the absence of ``module``'s own package becomes a :class:`MissingDependency`; a package it
+    imports in turn that is missing is a broken installation and keeps its traceback.
+    """
+    top = module.split(".")[0]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != top:
+            raise
+        problem = f"{what} needs {top}" if what else f"{top} is not installed"
+        raise MissingDependency(problem, _install_hint(extra, package), module=module) from e

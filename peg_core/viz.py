@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .errors import require
 from .peg import PEG2d
 
 __all__ = [
@@ -83,11 +84,10 @@ def plot_similarity(
     sim: Tensor, path: str | os.PathLike, title: str | None = None, tile_inches: float = 0.45, dpi: int = 100
 ) -> Path:
     """Draw an ``(H, W, H, W)`` similarity (:func:`cosine_similarity_map`) as a PNG of ``H×W`` small maps."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        raise ImportError("peg_core.viz needs matplotlib (pip install matplotlib)") from e
+    require("matplotlib", "viz", what="peg_core.viz")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     h, w = sim.shape[:2]
     mosaic = similarity_mosaic(sim.detach().float().cpu()).numpy()
     # A Figure without pyplot: no global backend state is touched.

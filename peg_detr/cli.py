@@ -245,9 +245,6 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--no-aux-loss", dest="aux_loss", action="store_false")
     # --init (the run group) takes official DETR .pth files and Hugging Face DETR folders / weights files
     add_alias(m, "--pretrained", dest="init", type=Path)
-    m.add_argument(
-        "--trust-pickle", action="store_true", help="allow full unpickling of an official --init file"
-    )
 
 
 # ---------------------------------------------------------------------------------------- parsers

@@ -25,18 +25,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import faster_coco_eval
 import numpy as np
 import torch
-from pycocotools.coco import COCO
-from pycocotools.cocoeval import COCOeval
 from torch import Tensor, nn
 from torchvision.ops import box_convert
 
 from peg_core.engine import RunContext
 from peg_core.engine.distributed import all_gather_object, is_main_process
+from peg_core.errors import require
 
 from .structures import to_float
+
+# Required dependencies of peg-detr: a broken installation says which package to install.
+faster_coco_eval = require("faster_coco_eval", None, "faster-coco-eval", what="peg_detr")
+COCO = require("pycocotools.coco", None, "pycocotools", what="peg_detr").COCO
+COCOeval = require("pycocotools.cocoeval", None, "pycocotools", what="peg_detr").COCOeval
 
 __all__ = [
     "BACKENDS",

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from peg_core.engine import UserError, ensure_writable, new_parser, read_checkpoint
+from peg_core.errors import require
 from peg_core.interop.io import WeightsError, read_state_file, strip_prefixes, write_state_file
 
 __all__ = [
@@ -113,6 +114,7 @@ def read_hf_state(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str,
             config = json.loads(cfg.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise WeightsError(f"config.json is not valid json ({e})", cfg) from None
+        _check_config(config, cfg)
         files = [p / f for f in HF_WEIGHT_FILES if (p / f).is_file()]
         if not files:
             raise WeightsError(f"Hugging Face folder has neither {' nor '.join(HF_WEIGHT_FILES)}", p)
@@ -120,7 +122,62 @@ def read_hf_state(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str,
     state = read_state_file(p, what="Hugging Face weights")
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise WeightsError("Hugging Face weights file is not a state dict of tensors", p)
+    _check_shapes(state, p)
     return state, config
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+#: ``config.json`` fields read here or describing the tensors: (what they must be, check)
+CONFIG_FIELDS: dict[str, tuple[str, Any]] = {
+    "auxiliary_loss": ("true or false", lambda v: isinstance(v, bool)),
+    "d_model": ("a positive int", _positive_int),
+    "encoder_layers": ("a positive int", _positive_int),
+    "decoder_layers": ("a positive int", _positive_int),
+    "num_queries": ("a positive int", _positive_int),
+    "id2label": ("an object", lambda v: isinstance(v, dict)),
+}
+
+
+def _check_config(config: Any, path: Path) -> None:
+    """``config.json`` must be a JSON object whose known fields have their types; a one-line error otherwise."""
+    if not isinstance(config, dict):
+        raise WeightsError(f"config.json is not a JSON object (got {type(config).__name__})", path)
+    for key, (want, ok) in CONFIG_FIELDS.items():
+        if key in config and not ok(config[key]):
+            raise WeightsError(f"config.json key {key!r} must be {want}; got {str(config[key])[:60]}", path)
+
+
+def _check_shapes(state: dict[str, Tensor], path: Path) -> None:
+    """The tensors that are measured or combined before the shape comparison: the classifier and q / k / v.
+
+    ``class_labels_classifier.weight`` gives the class count (its rows); each attention's ``q_proj`` /
+    ``k_proj`` / ``v_proj`` are concatenated.  A weight must be 2-D ``(out, in)``, its bias 1-D
+    ``(out,)``, and k / v shaped like q; a :class:`WeightsError` names the file and key otherwise.
+    """
+    used = {k: t for k, t in state.items() if k.startswith("class_labels_classifier.") or _QKV.match(k)}
+    for key, t in used.items():
+        ndim = 2 if key.endswith(".weight") else 1
+        if t.dim() != ndim:
+            layout = "(out, in)" if ndim == 2 else "(out,)"
+            raise WeightsError(f"key {key} has shape {tuple(t.shape)}: expected {layout}", path)
+    for key, t in used.items():
+        head = key.rpartition(".")[0]
+        weight = used.get(f"{head}.weight")
+        if key.endswith(".bias") and weight is not None and t.shape[0] != weight.shape[0]:
+            raise WeightsError(
+                f"key {key} has shape {tuple(t.shape)}: expected ({weight.shape[0]},) like {head}.weight",
+                path,
+            )
+        m = _QKV.match(key)
+        q = used.get(f"{m.group(1)}.q_proj.{m.group(3)}") if m else None
+        if q is not None and t.shape != q.shape:
+            raise WeightsError(
+                f"key {key} has shape {tuple(t.shape)}: expected {tuple(q.shape)} like {m.group(1)}.q_proj",
+                path,
+            )
 
 
 def hf_to_official(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -240,6 +297,7 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     layers, non-ResNet backbones or other decoder key positions have no Hugging Face DETR
     equivalent and are refused with a :class:`UserError` before anything is written.
     """
+    require("safetensors.torch", "hf", "peg-detr", what="export-hf")  # said first; nothing written
     ckpt = read_checkpoint(checkpoint, "detect")
     cfg = ckpt.get("model_config")
     if not isinstance(cfg, dict) or "num_classes" not in cfg:

@@ -246,7 +246,7 @@ class DetectTask:
 
         model, criterion, postprocessor = build_model(model_config_from_args(args, num_classes))
         if args.init is not None and ckpt is None:  # a resumed run has its own weights
-            load_official_checkpoint(model, args.init, args.trust_pickle, num_classes)
+            load_official_checkpoint(model, args.init, num_classes=num_classes)
         model.to(ctx.device)
         criterion.to(ctx.device).train()
         groups = optimizer_groups(model, args.lr_backbone, args.weight_decay)

@@ -17,8 +17,14 @@ from __future__ import annotations
 import sys
 
 from peg_core.engine import dispatch
+from peg_core.errors import MissingDependency
 
-from . import cli
+from . import __version__
+
+try:
+    from . import cli
+except MissingDependency as e:  # a required package missing from a broken installation: one line, exit 1
+    raise SystemExit(f"error: {e}") from None
 
 COMMANDS = {
     "make-data": cli.make_data,
@@ -33,7 +39,7 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command under the failure policy; returns the exit code."""
-    return dispatch("python -m peg_video", __doc__, COMMANDS, argv)
+    return dispatch("python -m peg_video", __doc__, COMMANDS, argv, version=__version__)
 
 
 if __name__ == "__main__":

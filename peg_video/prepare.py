@@ -47,12 +47,13 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-import av
-
 from peg_core.engine import UserError, ensure_writable, progress
 from peg_core.engine.trainer import write_json
+from peg_core.errors import require
 
 from .data.annotations import LIST_LINE, is_kinetics_csv
+
+av = require("av", None, "av", what="peg_video")  # the video encoder / decoder (PyAV)
 
 __all__ = [
     "REPORT_NAME",

@@ -39,12 +39,13 @@ from ..engine import (
     done_line,
     evaluate_checkpoint,
     fit,
+    image_side,
+    image_side_list,
     new_parser,
     nonnegative_float,
     parse_with_config,
     positive_float,
     positive_int,
-    positive_int_list,
     print_closing,
     run_reported,
     unit_fraction,
@@ -105,7 +106,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     add_data_root_arg(g, aliases=["--data"], help="ImageFolder root: PATH/train/<class>/*.jpg, "
                       "PATH/val/<class>/*.jpg (default: the generated shapes)")  # fmt: skip
-    g.add_argument("--img-size", type=positive_int, help="training image side")
+    g.add_argument("--img-size", type=image_side, help="training image side")
     # the generated shapes' counts (without --data-root)
     add_make_data_counts(g, num_train=NUM_TRAIN, num_val=NUM_VAL, aliases=[("--n-train", "--n-val")])
     g.add_argument("--augment", choices=AUGMENTS, help="folder training: flip-crop (default) or none")
@@ -152,7 +153,7 @@ def build_eval_parser() -> argparse.ArgumentParser:
     add_data_root_arg(
         g, aliases=["--data"], help="ImageFolder root with val/ (default: the checkpoint's data)"
     )
-    g.add_argument("--eval-sizes", type=positive_int_list,
+    g.add_argument("--eval-sizes", type=image_side_list,
                    help="input sizes, e.g. 36,48,72,96 (default: 0.75, 1, 1.5, 2 x the training size)")  # fmt: skip
     g.add_argument("--pos-interpolation", choices=RESIZE_MODES,
                    help="resize mode of a learned table (default: the checkpoint's)")  # fmt: skip
@@ -169,7 +170,7 @@ def build_predict_parser() -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+", type=Path, help="image files")
     p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pth written by train")
     p.add_argument("--top-k", type=positive_int, default=5, help="classes shown per image")
-    p.add_argument("--img-size", type=positive_int, help="input size (default: the training size)")
+    p.add_argument("--img-size", type=image_side, help="input size (default: the training size)")
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--output", type=Path, help="also write the predictions as JSON here")
     p.add_argument("--device", type=device_arg, default="auto", help="auto | cpu | cuda | cuda:N")
@@ -183,7 +184,7 @@ def build_make_data_parser() -> argparse.ArgumentParser:
     p = new_parser("python -m peg_core make-data", "Write the generated shapes as an ImageFolder tree.")
     p.add_argument("out", type=Path, help="folder to create (OUT/train/<class>/, OUT/val/<class>/)")
     add_make_data_counts(p, num_train=NUM_TRAIN, num_val=NUM_VAL, aliases=[("--n-train", "--n-val")])
-    p.add_argument("--img-size", type=positive_int, default=DEFAULTS["img_size"])
+    p.add_argument("--img-size", type=image_side, default=DEFAULTS["img_size"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=sorted(FORMATS), default="png")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")

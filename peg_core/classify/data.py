@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from ..engine import BrokenSample, UserError
+from ..errors import require
 from .shapes import ShapeScenes
 
 __all__ = [
@@ -143,12 +144,9 @@ def folder_transform(
 
 
 def require_torchvision(what: str = "an image folder (--data)") -> None:
-    """A one-line :class:`UserError` when torchvision (and its PIL) cannot be imported."""
-    try:
-        import PIL  # noqa: F401
-        import torchvision  # noqa: F401
-    except ImportError:
-        raise UserError(f"{what} needs torchvision and Pillow: pip install torchvision pillow") from None
+    """A one-line ``MissingDependency`` naming ``peg-core[vision]`` when torchvision or its PIL is missing."""
+    require("torchvision", "vision", what=what)
+    require("PIL", "vision", what=what)
 
 
 def _torchvision_folder() -> Any:

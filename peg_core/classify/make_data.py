@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..engine import UserError, ensure_writable
+from ..errors import require
 from .shapes import CLASS_NAMES, ShapeScenes, make_shape_splits
 
 __all__ = ["write_shapes_folder"]
@@ -47,10 +48,7 @@ def write_shapes_folder(
         if (out / split).exists():
             raise UserError(f"output folder already holds {split}/; remove it or choose another folder", out)
     ensure_writable(out)
-    try:
-        import PIL  # noqa: F401
-    except ImportError:
-        raise UserError("make-data needs Pillow: pip install pillow") from None
+    require("PIL", "vision", what="make-data")
     train, val = make_shape_splits(num_train, num_val, seed=seed)
     try:
         return {

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from ..engine import UserError, new_parser, positive_int, read_checkpoint
+from ..engine import UserError, image_side, new_parser, positive_int, read_checkpoint
 from ..engine.trainer import ensure_writable
 from ..export.quantize import (
     QUANTIZED_SUFFIX,
@@ -43,7 +43,7 @@ def build_parser():
     p.add_argument("--calib", type=positive_int, default=256, help="calibration images (default 256)")
     p.add_argument("--calib-data", "--data", dest="calib_data", type=Path,
                    help="ImageFolder root whose train/ images calibrate (default: the checkpoint's data)")  # fmt: skip
-    p.add_argument("--img-size", type=positive_int, help="calibration size (default: the training size)")
+    p.add_argument("--img-size", type=image_side, help="calibration size (default: the training size)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="calibration batch size")
     p.add_argument("--threads", type=positive_int, help="torch intra-op CPU threads")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")

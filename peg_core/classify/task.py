@@ -224,6 +224,8 @@ class ClassifyTask:
         meta = ckpt["meta"]
         train_size = int(meta["img_size"] if "img_size" in meta else model.img_size[0])
         sizes = args.eval_sizes or scaled_sizes(train_size)
+        if "quantized" in ckpt:  # sides its graph was not exported for: refused before any data is read
+            model.check_sizes(sizes, f"--eval-sizes {','.join(map(str, sizes))}" if args.eval_sizes else path)
         val_at = self._eval_data(args, ckpt, path)
 
         def evaluate(model: nn.Module, ctx: RunContext) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from .checkpoint import (
 )
 from .cli import (
     AMP_CHOICES,
+    MAX_IMAGE_SIDE,
     PEG_OPTIONS,
     RESIZE_MODES,
     add_alias,
@@ -44,6 +45,8 @@ from .cli import (
     device_arg,
     dispatch,
     grid_arg,
+    image_side,
+    image_side_list,
     int_list,
     json_safe,
     new_parser,
@@ -97,6 +100,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
+    "MAX_IMAGE_SIDE",
     "METRIC_NAMES",
     "PEG_OPTIONS",
     "PREVIOUS_NAME",
@@ -137,6 +141,8 @@ __all__ = [
     "evaluate_checkpoint",
     "fit",
     "grid_arg",
+    "image_side",
+    "image_side_list",
     "init_distributed",
     "int_list",
     "is_main_process",

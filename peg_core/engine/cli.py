@@ -34,6 +34,8 @@ __all__ = [
     "device_arg",
     "dispatch",
     "grid_arg",
+    "image_side",
+    "image_side_list",
     "int_list",
     "json_safe",
     "nonnegative_float",
@@ -110,6 +112,21 @@ def int_list(text: str) -> list[int]:
 def positive_int_list(text: str) -> list[int]:
     """``argparse`` type: ``"60,80,100"`` -> ``[60, 80, 100]`` (integers >= 1)."""
     return _list(text, positive_int, "positive integers")
+
+
+#: the largest image side (pixels) a size flag accepts: a 4096x4096 RGB float batch of one is
+#: 200 MB, and a typo such as ``--eval-sizes 100000`` (~50 GB per image) is refused before any work
+MAX_IMAGE_SIDE = 4096
+
+
+def image_side(text: str) -> int:
+    """``argparse`` type: an image side in pixels, ``1..MAX_IMAGE_SIDE``."""
+    return _number(text, int, f"an image side in 1..{MAX_IMAGE_SIDE}", lambda v: 1 <= v <= MAX_IMAGE_SIDE)
+
+
+def image_side_list(text: str) -> list[int]:
+    """``argparse`` type: ``"36,48,72"`` -> ``[36, 48, 72]``, each side in ``1..MAX_IMAGE_SIDE``."""
+    return _list(text, image_side, f"image sides in 1..{MAX_IMAGE_SIDE}")
 
 
 def grid_arg(text: str) -> list[int]:
@@ -411,17 +428,28 @@ def json_safe(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
 
 
 def dispatch(
-    prog: str, doc: str, commands: Mapping[str, Callable[[list[str]], Any]], argv: Sequence[str] | None = None
+    prog: str,
+    doc: str,
+    commands: Mapping[str, Callable[[list[str]], Any]],
+    argv: Sequence[str] | None = None,
+    version: str | None = None,
 ) -> int:
     """``python -m PACKAGE COMMAND ...``: run ``commands[COMMAND](rest)`` under the failure policy.
 
-    No command or ``-h`` prints the package's help; an unknown command is a usage error.
+    No command or ``-h`` prints the package's help; ``--version`` prints ``peg-core 0.1.0`` (the
+    distribution's name, from the last word of ``prog``, and ``version``); an unknown command is a
+    usage error.  Returns the exit code, as console scripts (``sys.exit(main())``) expect.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(doc.strip())
         print(f"\ncommands: {', '.join(commands)} (add -h for the options of each)")
+        if version is not None:
+            print("--version: print the version and exit")
         return 0 if argv else 2
+    if argv[0] == "--version" and version is not None:
+        print(f"{prog.split()[-1].replace('_', '-')} {version}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in commands:
         print(
@@ -432,14 +460,41 @@ def dispatch(
     return run_command(commands[name], rest)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``-h`` keeps the description's line breaks and ends each option's help with its default.
+
+    Unlike ``argparse.ArgumentDefaultsHelpFormatter``, nothing is added where it would mislead or
+    repeat: a ``None`` default (the recipe's or the checkpoint's value, which the help says), a
+    ``SUPPRESS`` one (hidden aliases), the on/off state of a switch (``store_true`` /
+    ``store_false``), or a help that already names its default.  Lists print as they are typed
+    (``0,1``), paths as paths.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            text == argparse.SUPPRESS
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(default, bool)
+            or "default" in text
+            or not (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))
+        ):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})".lstrip()
+
+
 def new_parser(prog: str, description: str | None = None) -> ArgumentParser:
-    """An :class:`~peg_core.engine.errors.ArgumentParser` with the raw-description formatter."""
-    return ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    """An :class:`~peg_core.engine.errors.ArgumentParser` whose ``-h`` shows the defaults (:class:`HelpFormatter`)."""
+    return ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
 
 
-__all__ += ["PEG_OPTIONS", "PEG_PADDINGS", "add_json_arg", "configs_command", "new_parser", "peg_kwargs"]
+__all__ += [
+    "MAX_IMAGE_SIDE", "PEG_OPTIONS", "PEG_PADDINGS", "HelpFormatter", "add_json_arg", "configs_command",
+    "new_parser", "peg_kwargs",
+]  # fmt: skip
 
 
 # ------------------------------------------------------------------------- the recipes, made visible

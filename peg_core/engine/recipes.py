@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..base import PositionEncoding
-from .cli import positive_float, positive_int_list
+from .cli import image_side_list, positive_float, positive_int_list
 from .errors import UserError
 
 __all__ = [
@@ -41,9 +41,9 @@ __all__ = [
 def add_recipe_args(p: argparse.ArgumentParser) -> None:
     """The recipe flags of a ``train`` command whose task has a ``resize_batch`` hook."""
     g = p.add_argument_group("resolution-change recipes")
-    g.add_argument("--train-sizes", type=positive_int_list,
+    g.add_argument("--train-sizes", type=image_side_list,
                    help="multi-scale training: one size per batch drawn from this list, e.g. 32,40,48")  # fmt: skip
-    g.add_argument("--progressive-sizes", type=positive_int_list,
+    g.add_argument("--progressive-sizes", type=image_side_list,
                    help="progressive resolution: one size per stage of epochs, e.g. 32,40,48")  # fmt: skip
     g.add_argument("--progressive-epochs", type=positive_int_list,
                    help="epochs of each progressive stage, summing to --epochs (default: an even split)")  # fmt: skip

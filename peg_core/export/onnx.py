@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..engine.cli import positive_int
 from ..engine.errors import UserError
 from ..engine.trainer import ensure_writable
-from ..errors import InputError
+from ..errors import InputError, require
 
 __all__ = [
     "MAX_OPSET",
@@ -87,8 +87,11 @@ def export_onnx(
     """``torch.onnx.export(dynamo=True)`` of ``model`` on ``example``, saved to ``out`` with ``metadata``.
 
     The exporter's progress lines are kept off the console (shown only if it fails).
+    A missing ``onnx`` / ``onnxscript`` (the dynamo exporter's) is a one-line
+    :class:`~peg_core.errors.MissingDependency` before any tracing.
     """
-    import onnx
+    onnx = require("onnx", "onnx", what="export")
+    require("onnxscript", "onnx", what="export")
 
     log = io.StringIO()
     try:
@@ -118,7 +121,7 @@ def compare_onnxruntime(out: Path, feed: Mapping[str, Tensor], expected: Sequenc
 
     A shape mismatch or a difference above :data:`CHECK_TOLERANCE` is an :class:`OnnxCheckError` naming ``out``.
     """
-    import onnxruntime as ort
+    ort = require("onnxruntime", "onnx", what="export --check")
 
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     got = session.run(None, {k: v.numpy() for k, v in feed.items()})

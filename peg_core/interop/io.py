@@ -13,8 +13,9 @@ Errors: a file that cannot be used is a :class:`WeightsError` (a ``ValueError``)
 ``what`` says why (missing, empty, truncated, not in its format, refused pickle, no tensors)
 and whose ``where`` names the file or key.  Only the command-line layer turns it into the
 one-line ``error: <what>: <where>`` (the engine's :func:`~peg_core.engine.read_state_file`
-and :func:`~peg_core.engine.run_command`); a missing ``safetensors`` package is an
-``ImportError`` naming the file and the package.
+and :func:`~peg_core.engine.run_command`); a missing ``safetensors`` package is a
+:class:`~peg_core.errors.MissingDependency` (an ``InputError`` and an ``ImportError``) naming
+the file and the extra: ``pip install 'peg-core[safetensors]'``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, require
 
 __all__ = [
     "PREFIXES",
@@ -42,6 +43,7 @@ __all__ = [
     "atomic_save",
     "load_state_strict",
     "locate_state_dict",
+    "new_file_mode",
     "read_state_file",
     "strip_prefixes",
     "unwrap_state_dict",
@@ -88,7 +90,7 @@ def _read_torch(path: Path, what: str, map_location: str | torch.device) -> Any:
                 "(loaded with weights_only=True; nothing in it was executed)",
                 path,
             ) from e
-        detail = re.search(r"WeightsUnpickler error: *([^\n]+)", str(e))
+        detail = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(e))  # the reason may start a new line
         reason = detail.group(1)[:120] if detail else "not a pickle"
         raise WeightsError(f"{what} is truncated or not a torch file ({reason})", path) from e
     except (EOFError, zipfile.BadZipFile) as e:
@@ -102,11 +104,10 @@ def _read_torch(path: Path, what: str, map_location: str | torch.device) -> Any:
 
 def _read_safetensors(path: Path, what: str, map_location: str | torch.device) -> dict[str, Tensor]:
     """``safetensors.torch.load_file``; a missing package is said first, a file it cannot parse is a :class:`WeightsError`."""
-    try:
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-    except ImportError as e:
-        raise ImportError(f"reading {path} needs the 'safetensors' package (pip install safetensors)") from e
+    require("safetensors.torch", "safetensors", what=f"reading {path}")
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     _check_file(path, what)
     try:
         return load_file(str(path), device=str(map_location))
@@ -128,7 +129,7 @@ def read_state_file(
     Raises:
         WeightsError: missing, not a file, unreadable, empty, truncated, not in its format, or (torch)
             holding pickled objects other than tensors and plain containers (refused, never run).
-        ImportError: a ``.safetensors`` file without the ``safetensors`` package.
+        MissingDependency: a ``.safetensors`` file without the ``safetensors`` package.
     """
     path = Path(path)
     if path.suffix == ".safetensors":
@@ -222,17 +223,43 @@ def load_state_strict(model: torch.nn.Module, state: Mapping[str, Any], where: A
 # ----------------------------------------------------------------------------------------- write
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where the system says it (Linux: /proc).
+
+    Elsewhere it is set and restored at once (``os.umask`` has no read-only form), which another
+    thread creating a file at that instant could notice.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode() -> int:
+    """The mode of a file the user creates: ``0o666`` less the umask (0644 under 022, 0664 under 002)."""
+    return 0o666 & ~_umask()
+
+
 def atomic_save(obj: Any, path: str | os.PathLike, keep_previous: str | os.PathLike | None = None) -> Path:
     """``torch.save`` to ``path`` through a temporary file and an atomic rename.
 
     A run killed while saving leaves the previous file intact.  With ``keep_previous``, an
     existing ``path`` is renamed to it once the new file is fully written (a kill at any
-    moment leaves at least one complete file).
+    moment leaves at least one complete file).  The file gets the mode of any new file under
+    the user's umask (0644 under umask 022, 0664 under 002: readable by the group on a shared
+    cluster: :func:`new_file_mode`), not ``tempfile.mkstemp``'s private 0600.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, new_file_mode())  # mkstemp's 0600 would hide it from the group
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
@@ -261,10 +288,9 @@ def write_state_file(
     if path.suffix != ".safetensors":
         atomic_save(obj, path)
         return []
-    try:
-        from safetensors.torch import save_file
-    except ImportError as e:
-        raise ImportError(f"writing {path} needs the 'safetensors' package (pip install safetensors)") from e
+    require("safetensors.torch", "safetensors", what=f"writing {path}")
+    from safetensors.torch import save_file
+
     sd = unwrap_state_dict(obj, where=path)
     dropped = [k for k, v in sd.items() if not isinstance(v, Tensor)]
     if not any(isinstance(v, Tensor) for v in obj.values()):
@@ -279,6 +305,7 @@ def write_state_file(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(tensors, str(tmp), metadata=dict(metadata) if metadata else None)
+    os.chmod(tmp, new_file_mode())  # safetensors writes 0600
     os.replace(tmp, path)
     return dropped
 

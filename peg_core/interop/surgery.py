@@ -45,15 +45,23 @@ PREFIX_TOKEN_NAMES = ("cls_token", "class_token", "dist_token", "reg_token")
 StateDict = dict[str, Any]
 
 
-def find_pos_embed_key(sd: Mapping[str, Any], key: str | None = None) -> str:
-    """The key of the (single) position table in ``sd``; a :class:`WeightsError` naming candidates otherwise."""
+def find_pos_embed_key(
+    sd: Mapping[str, Any],
+    key: str | None = None,
+    old_size: int | Sequence[int] | None = None,
+    num_prefix_tokens: int | None = None,
+) -> str:
+    """The key of the (single) position table in ``sd``; a :class:`WeightsError` naming candidates otherwise.
+
+    A ``key`` given by the caller must hold a position table (see :func:`_check_given_table`);
+    ``old_size`` / ``num_prefix_tokens`` are the caller's grid and prefix-token count, if any.
+    """
     if key is not None:
         if key not in sd:
             near = [k for k in sd if k.endswith(key) or key.endswith(k)]
             hint = f"; did you mean {near}?" if near else f"; tables found: {_candidates(sd)}"
             raise WeightsError(f"key {key!r} is not in the checkpoint{hint}")
-        if not isinstance(sd[key], Tensor) or sd[key].dim() not in (2, 3):
-            raise WeightsError(f"{key!r} is not a position table (1, N, C) or (N, C): {_describe(sd[key])}")
+        _check_given_table(sd, key, old_size, num_prefix_tokens)
         return key
     found = _candidates(sd)
     if not found:
@@ -67,16 +75,62 @@ def find_pos_embed_key(sd: Mapping[str, Any], key: str | None = None) -> str:
     return found[0]
 
 
+def _check_given_table(
+    sd: Mapping[str, Any], key: str, old_size: int | Sequence[int] | None, num_prefix_tokens: int | None
+) -> None:
+    """Refuse a ``--key`` that is not a position table, so no classifier or projection is "resized" or dropped.
+
+    A table is ``(1, N, C)`` (``(N, C)`` only under a table's name: ``pos_embed``, ``pos_embedding``).
+    Under a table's name that is enough (the grid is checked, with its hints, when it is resized);
+    under any other name the tensor must also look like one: ``C`` the width of the tokens next to it
+    (``cls_token`` ..., ``patch_embed.proj``) and ``N`` minus the prefix tokens a grid, square unless
+    ``old_size`` is given.
+    """
+    value = sd[key]
+    if not isinstance(value, Tensor):
+        raise WeightsError(f"{key} is a {type(value).__name__}: not a position table (1, N, C)")
+    shape = tuple(value.shape)
+    named = key.rsplit(".", 1)[-1] in TABLE_NAMES
+    if not ((value.dim() == 3 and shape[0] == 1) or (value.dim() == 2 and named)):
+        raise WeightsError(f"{key} has shape {shape}: not a position table (1, N, C)")
+    if named:
+        return
+    width = _token_width(sd, key)
+    if width is not None and shape[-1] != width:
+        raise WeightsError(
+            f"{key} has shape {shape}: not a position table (1, N, C) of the {width}-wide tokens"
+        )
+    n = shape[-2]
+    p = num_prefix_tokens if num_prefix_tokens is not None else _prefix_tokens_near(sd, key)[0]
+    if old_size is not None:
+        h, w = (old_size, old_size) if isinstance(old_size, int) else tuple(old_size)
+        fits, grid = n - p == h * w, f"{h}x{w}"
+    else:
+        fits, grid = n - p > 0 and round((n - p) ** 0.5) ** 2 == n - p, "square"
+    if not fits:
+        raise WeightsError(
+            f"{key} has shape {shape}: not a position table (1, N, C) ({n - p} rows after {p} prefix "
+            f"token(s) are not a {grid} grid)"
+        )
+
+
+def _token_width(sd: Mapping[str, Any], key: str) -> int | None:
+    """The width ``C`` of the model's tokens: its class / distillation tokens', else its patch embedding's."""
+    _, names = _prefix_tokens_near(sd, key)
+    if names:
+        return int(sd[names[0]].shape[-1])
+    for name in ("patch_embed.proj.weight", "conv_proj.weight"):
+        if isinstance(sd.get(name), Tensor) and sd[name].dim() == 4:
+            return int(sd[name].shape[0])
+    return None
+
+
 def _candidates(sd: Mapping[str, Any]) -> list[str]:
     return [
         k
         for k, v in sd.items()
         if k.rsplit(".", 1)[-1] in TABLE_NAMES and isinstance(v, Tensor) and v.dim() in (2, 3)
     ]
-
-
-def _describe(v: Any) -> str:
-    return f"tensor of shape {tuple(v.shape)}" if isinstance(v, Tensor) else type(v).__name__
 
 
 def _prefix_tokens_near(sd: Mapping[str, Any], key: str) -> tuple[int, list[str]]:
@@ -148,7 +202,7 @@ def resize_checkpoint(
         (the input is not modified), and a :class:`TableChange`.
     """
     sd, rewrap = locate_state_dict(state_dict)
-    k = find_pos_embed_key(sd, key)
+    k = find_pos_embed_key(sd, key, old_size, num_prefix_tokens)
     table = sd[k]
     n = table.shape[-2]
     if num_prefix_tokens is not None:

@@ -29,16 +29,14 @@ from typing import Any
 
 from torch import Tensor
 
-try:
-    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-    from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-except ImportError as e:  # name the extra, not just the missing module
-    raise ImportError(
-        f"peg_core.interop.timm needs timm, the optional extra 'timm': pip install 'peg-core[timm]' ({e})"
-    ) from e
+from ..errors import require
 
-from ..models.cpvt import CPVT
-from .io import WeightsError, load_state_strict, read_state_file, strip_prefixes, unwrap_state_dict
+require("timm", "timm", what="peg_core.interop.timm")  # names the extra, not just the missing module
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # noqa: E402
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model  # noqa: E402
+
+from ..models.cpvt import CPVT  # noqa: E402
+from .io import WeightsError, load_state_strict, read_state_file, strip_prefixes, unwrap_state_dict  # noqa: E402
 
 __all__ = ["TimmCPVT", "load_weights_file"]
 

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pycocotools.coco import COCO
-
 from peg_core.engine import UserError
+from peg_core.errors import require
+
+COCO = require("pycocotools.coco", None, "pycocotools", what="peg_detr").COCO
 
 __all__ = ["CocoAnnotations", "load_coco_annotations"]
 

@@ -2,9 +2,8 @@
 
 The official files are ``{"model": state_dict, "args": argparse.Namespace, ...}``.
 They are read with ``torch.load(weights_only=True)`` and an allow-list that
-admits ``argparse.Namespace`` and nothing else; ``weights_only=False`` (which
-runs arbitrary pickled code) is used only when the caller passes
-``trust_pickle=True``.
+admits ``argparse.Namespace`` and nothing else; a file that pickles anything else is
+refused, never unpickled (no file runs code: there is no ``weights_only=False`` path).
 
 Key rules: a ``module.`` prefix (DataParallel) is stripped; PEG weights the
 file lacks are reported and set to zero, so a ``peg`` model loaded from a
@@ -45,9 +44,7 @@ __all__ = ["LoadReport", "load_official_checkpoint", "read_official_checkpoint"]
 SAFE_GLOBALS = [argparse.Namespace]
 
 
-def read_official_checkpoint(
-    path: str | os.PathLike, trust_pickle: bool = False
-) -> tuple[dict[str, Tensor], dict[str, Any] | None]:
+def read_official_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, Any] | None]:
     """Read ``path`` -> ``(state_dict with "module." stripped, args as a dict or None)``."""
     path = Path(path)
     what = "pretrained checkpoint"
@@ -57,13 +54,11 @@ def read_official_checkpoint(
     except WeightsError as e:
         if "refused" not in e.what:
             raise
-        if not trust_pickle:
-            raise WeightsError(
-                f"{e.what}; only if you trust the file, pass --trust-pickle (trust_pickle=True), which runs any "
-                "code it contains",
-                path,
-            ) from None
-        obj = _load_trusted(path, what)
+        raise WeightsError(
+            f"{e.what}; only argparse.Namespace is allowed besides tensors: re-save the file's tensors "
+            "(torch.save(ckpt['model'], PATH)) where you trust it",
+            path,
+        ) from None
     if not isinstance(obj, dict):
         raise WeightsError(
             f"{what} is not a dict (a state dict or {{'model': state_dict}}; got {type(obj).__name__})", path
@@ -78,16 +73,6 @@ def read_official_checkpoint(
     return state, args if isinstance(args, dict) else None
 
 
-def _load_trusted(path: Path, what: str) -> Any:
-    """Full unpickling: only on the user's explicit ``trust_pickle`` for a file weights_only refused."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except (AttributeError, ImportError, RuntimeError, ValueError, TypeError, EOFError) as e:
-        raise WeightsError(
-            f"{what} could not be unpickled ({type(e).__name__}: {str(e)[:120]})", path
-        ) from None
-
-
 def _keys(keys: list[str]) -> str:
     return f"{keys[:5]}{f' and {len(keys) - 5} more' if len(keys) > 5 else ''}"
 
@@ -99,7 +84,7 @@ def _peg_keys(model: nn.Module) -> set[str]:
 
 
 def load_official_checkpoint(
-    model: nn.Module, path: str | os.PathLike, trust_pickle: bool = False, num_classes: int | None = None
+    model: nn.Module, path: str | os.PathLike, num_classes: int | None = None
 ) -> LoadReport:
     """Load an official-format DETR checkpoint into ``model`` (a :class:`~peg_detr.models.DETR`).
 
@@ -109,7 +94,6 @@ def load_official_checkpoint(
             Hugging Face DETR folder (``config.json`` + ``model.safetensors`` / ``pytorch_model.bin``)
             or either weights file, whose keys are mapped by :func:`peg_detr.hf.hf_to_official`
             (``LoadReport.args`` is then the folder's ``config.json``).
-        trust_pickle: allow ``weights_only=False`` (explicit user choice only).
         num_classes: the class count wanted; default the model's.  When the
             file's differs, ``class_embed.*`` is dropped and keeps its fresh init.
 
@@ -128,7 +112,7 @@ def load_official_checkpoint(
                 "between layers and DETR (peg_detr) does not, so outputs differ from that configuration's"
             )
     else:
-        state, args = read_official_checkpoint(path, trust_pickle)
+        state, args = read_official_checkpoint(path)
         if looks_like_hf(state):  # a Hugging Face state dict saved under another file name
             state = hf_to_official(state)
     own = model.state_dict()
@@ -139,7 +123,13 @@ def load_official_checkpoint(
         )
     report = LoadReport(source=str(path), args=args)
 
-    file_classes = state["class_embed.weight"].shape[0] - 1 if "class_embed.weight" in state else None
+    head = state.get("class_embed.weight")
+    if head is not None and head.dim() != 2:  # its rows give the class count
+        raise WeightsError(
+            f"key class_embed.weight has shape {tuple(head.shape)}: expected (num_classes + 1, hidden_dim)",
+            path,
+        )
+    file_classes = head.shape[0] - 1 if head is not None else None
     dropped: list[str] = []
     if file_classes is not None and file_classes != model_classes:
         dropped = sorted(k for k in state if k.startswith("class_embed."))

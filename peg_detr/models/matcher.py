@@ -6,6 +6,8 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import box_convert, generalized_box_iou
 
+from peg_core.errors import require
+
 __all__ = ["HungarianMatcher", "match_cost"]
 
 
@@ -104,7 +106,9 @@ class HungarianMatcher(nn.Module):
         if not torch.isfinite(cost).all():
             raise ValueError("matching cost has NaN/inf entries: check pred_boxes and the target boxes")
         # Imported here so that building a model needs no scipy (tools/gpu_check.py runs with torch alone).
-        from scipy.optimize import linear_sum_assignment
+        linear_sum_assignment = require(
+            "scipy.optimize", None, "scipy", what="matching"
+        ).linear_sum_assignment
 
         out = []
         for layer_cost in cost:

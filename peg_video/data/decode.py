@@ -22,12 +22,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import av
-import decord
 import numpy as np
+
+from peg_core.errors import require
 
 if TYPE_CHECKING:
     from .transforms import ClipTransformConfig
+
+av = require("av", None, "av", what="peg_video")  # the video encoder / decoder (PyAV)
+decord = require("decord", None, "decord", what="peg_video")  # the clip reader
 
 __all__ = [
     "REDUCE_MARGIN",

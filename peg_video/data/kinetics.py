@@ -24,18 +24,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import decord
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from peg_core.engine import BrokenSample, SampleBatch, skipping_collate
+from peg_core.errors import require
 
 from .annotations import Annotations
 from .datasets import segment_indices
 from .decode import open_video, transform_short_side
 from .sampling import multiview_indices, train_clip_indices
 from .transforms import ClipTransformConfig, EvalClipTransform, TrainClipTransform, frames_to_clip
+
+decord = require("decord", None, "decord", what="peg_video")  # the clip reader
 
 __all__ = [
     "DECODE_ERRORS",

@@ -25,13 +25,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import decord
 from torch.utils.data import DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
+
+from peg_core.errors import require
 
 from ..compat import ensure_pytorchvideo_compat
 from .annotations import Annotations
 from .kinetics import DECODE_ERRORS, first_line
 from .transforms import ClipTransformConfig, EvalClipTransform
+
+decord = require("decord", None, "decord", what="peg_video")  # the clip reader
 
 ensure_pytorchvideo_compat()
 from pytorchvideo.data import labeled_video_dataset, make_clip_sampler  # noqa: E402

@@ -30,11 +30,13 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-import av
 import numpy as np
 
 from peg_core.engine import UserError
+from peg_core.errors import require
 from peg_core.errors import InputError
+
+av = require("av", None, "av", what="peg_video")  # the video encoder / decoder (PyAV)
 
 __all__ = [
     "MOTIONS",
@@ -159,7 +161,7 @@ def write_mp4(
 
 def _check_decord(path: Path, spec: SyntheticSpec) -> None:
     """decord 0.6 mis-sizes some frame sizes (e.g. 48x40 comes back with 4 channels): fail early."""
-    import decord
+    decord = require("decord", None, "decord", what="peg_video")
 
     shape = decord.VideoReader(str(path), num_threads=1)[0].shape
     if tuple(shape) != (spec.height, spec.width, 3):

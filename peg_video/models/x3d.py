@@ -37,10 +37,9 @@ def build_x3d(
     """
     if name not in X3D_CONFIGS:
         raise ValueError(f"unknown X3D model {name!r}; choose from {sorted(X3D_CONFIGS)}")
-    from ..compat import ensure_pytorchvideo_compat
+    from ..compat import import_pytorchvideo
 
-    ensure_pytorchvideo_compat()
-    from pytorchvideo.models.x3d import create_x3d
+    create_x3d = import_pytorchvideo("pytorchvideo.models.x3d").create_x3d
 
     depth_factor, _, _ = X3D_CONFIGS[name]
     options.setdefault("depth_factor", depth_factor)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import zipfile
+from email.message import Message
 from email.parser import Parser
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torchvision", "pytorchvideo", "decord", "scipy", "pycocotools")
+PACKAGES = ("peg-core", "peg-detr", "peg-video")
+REPO_URL = "https://github.com/peg-project/peg"
 
 IMPORT_ALL = """
 import importlib, json, pkgutil, sys
@@ -61,9 +64,20 @@ def _build_wheel(package: str, out: Path) -> Path:
     return wheel
 
 
-def _requirements(wheel: zipfile.ZipFile) -> list[str]:
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> dict[str, Path]:
+    """The three wheels, built once for the module."""
+    out = tmp_path_factory.mktemp("wheels")
+    return {package: _build_wheel(package, out) for package in PACKAGES}
+
+
+def _metadata(wheel: zipfile.ZipFile) -> Message:
     (meta,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
-    return Parser().parsestr(wheel.read(meta).decode()).get_all("Requires-Dist") or []
+    return Parser().parsestr(wheel.read(meta).decode())
+
+
+def _requirements(wheel: zipfile.ZipFile) -> list[str]:
+    return _metadata(wheel).get_all("Requires-Dist") or []
 
 
 @pytest.mark.parametrize(
@@ -74,8 +88,8 @@ def _requirements(wheel: zipfile.ZipFile) -> list[str]:
         ("peg-detr", "peg_detr", {"peg-core", "torch", "torchvision", "scipy", "pycocotools"}),
     ],
 )
-def test_wheel_holds_only_its_package(tmp_path, package, own, needs):
-    with zipfile.ZipFile(_build_wheel(package, tmp_path)) as wheel:
+def test_wheel_holds_only_its_package(wheels, package, own, needs):
+    with zipfile.ZipFile(wheels[package]) as wheel:
         names = wheel.namelist()
         stray = [n for n in names if not (n.startswith(f"{own}/") or ".dist-info/" in n)]
         assert not stray, f"{package} wheel holds files outside {own}/: {stray}"
@@ -90,3 +104,52 @@ def test_wheel_holds_only_its_package(tmp_path, package, own, needs):
     else:
         assert needs <= names_only, reqs
         assert not {n for n in names_only if n.startswith("peg-") and n != "peg-core"}, reqs
+
+
+@pytest.mark.parametrize(
+    "package,extras",
+    [
+        ("peg-core", {"vision", "onnx", "safetensors", "quantize", "timm", "viz"}),
+        ("peg-detr", {"onnx", "safetensors", "hf"}),
+        ("peg-video", {"onnx", "safetensors"}),
+    ],
+)
+def test_wheel_metadata_readme_license_urls_extras_scripts(wheels, package, extras):
+    """What an index page and ``pip install`` show: the README, the license, the links, the extras, the command."""
+    with zipfile.ZipFile(wheels[package]) as wheel:
+        meta = _metadata(wheel)
+        (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        scripts = wheel.read(entry_points).decode()
+        license_text = wheel.read(
+            next(n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE"))
+        )
+    readme = (ROOT / "packages" / package / "README.md").read_text()
+    assert meta["Description-Content-Type"] == "text/markdown"
+    assert meta.get_payload().strip() == readme.strip() and readme.startswith(f"# {package}\n")
+    assert meta["License-Expression"] == "Apache-2.0" and meta.get_all("License-File") == ["LICENSE"]
+    assert b"Apache License" in license_text and b"Version 2.0, January 2004" in license_text
+    assert sorted(meta.get_all("Project-URL")) == [
+        f"Documentation, {REPO_URL}/tree/main/docs",
+        f"Homepage, {REPO_URL}",
+        f"Issues, {REPO_URL}/issues",
+    ]
+    assert set(meta.get_all("Provides-Extra")) == extras
+    module = package.replace("-", "_")
+    assert scripts.split() == ["[console_scripts]", package, "=", f"{module}.__main__:main"]
+    if package != "peg-core":  # the task packages' extras come through peg-core's of the same name
+        onnx = [Requirement(r) for r in _requirements(zipfile.ZipFile(wheels[package])) if "onnx" in r]
+        assert [(r.name, r.extras) for r in onnx] == [("peg-core", {"onnx"})]
+
+
+def test_dev_install_declares_the_three_console_scripts():
+    """The root development pyproject installs the same commands as the wheels."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {
+        "peg-core": "peg_core.__main__:main",
+        "peg-detr": "peg_detr.__main__:main",
+        "peg-video": "peg_video.__main__:main",
+    }
+    assert project["license"] == "Apache-2.0" and (ROOT / "LICENSE").read_text().lstrip().startswith(
+        "Apache License"
+    )

@@ -111,9 +111,7 @@ def test_errors_are_one_line(run, tmp_path, capsys):
     fake = tmp_path / "fake.pt2"
     fake.write_bytes(b"not a zip")
     err = _one_line_error(capsys, main(["eval", "--checkpoint", str(fake), "--no-progress"]))
-    assert err.startswith("error: not a quantized model written by 'peg_core quantize'") and err.endswith(
-        str(fake)
-    )
+    assert err == f"error: not a .pt2 archive (not a readable zip file: File is not a zip file): {fake}"
     err = _one_line_error(capsys, main(["eval", "--checkpoint", str(tmp_path / "gone.pt2"), "--no-progress"]))
     assert err == f"error: quantized model not found: {tmp_path / 'gone.pt2'}"
 
@@ -170,3 +168,72 @@ def test_cpvt_tiny_quantizes():
     model = quantize_int8(ref, [torch.randn(4, 3, 64, 64)], torch.zeros(1, 3, 32, 32))
     assert has_quantized_ops(model)["dequantize_per_channel"] >= 12 * 4
     _check_close(model, ref, [(64, 64), (48, 80)], n=4)
+
+
+def _with_meta(src, dst, text: str):
+    """A copy of the ``.pt2`` ``src`` whose metadata member holds ``text``."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for name in zin.namelist():
+            zout.writestr(name, text if name.endswith("extra/peg_quantized.json") else zin.read(name))
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "the metadata is empty"),
+        ("{", "the metadata is not valid JSON"),
+        ("[1, 2]", "the metadata is not a JSON object (got list)"),
+        ("{}", "the metadata has no key 'num_classes' (a positive int)"),
+        ('{"num_classes": 8, "patch_size": 0}', "metadata key 'patch_size' must be a positive int; got 0"),
+        ('{"num_classes": "8"}', "metadata key 'num_classes' must be a positive int; got 8"),
+        ('{"num_classes": 2, "patch_size": 4, "img_size": 16, "classes": "ab"}',
+         "metadata key 'classes' must be a list of class names (str); got ab"),
+        ('{"num_classes": 2, "patch_size": 4, "img_size": 16, "classes": ["a", "b"], "grid_range": [2, 1]}',
+         "metadata key 'grid_range' must be [min, max] grid sides in patches, 2 <= min <= max; got [2, 1]"),
+        ('{"num_classes": 3, "patch_size": 4, "img_size": 16, "classes": ["a", "b"]}',
+         "metadata key 'classes' has 2 names but 'num_classes' is 3"),
+        ('{"num_classes": 2, "patch_size": 4, "img_size": 16, "classes": ["a", "b"], "data": {"seed": "x"}}',
+         "metadata key 'data.seed' must be an int; got x"),
+    ],
+)  # fmt: skip
+def test_bad_metadata_is_one_line_naming_the_file_and_key(run, tmp_path, capsys, text, message):
+    path = _with_meta(run / "int8.pt2", tmp_path / "bad.pt2", text)
+    code = main(["eval", "--checkpoint", str(path), "--no-progress", "--output-dir", str(tmp_path / "e")])
+    err = _one_line_error(capsys, code)
+    assert err.startswith(f"error: {message}") and err.endswith(f": {path} (extra/peg_quantized.json)"), err
+
+
+def test_sizes_outside_the_exported_range_are_refused_up_front(run, tmp_path, capsys):
+    model, meta = load_quantized(run / "int8.pt2")
+    assert meta["grid_range"] == [2, 256] and model.size_range() == (5, 1024)  # patch 4
+    argv = ["eval", "--checkpoint", str(run / "int8.pt2"), "--no-progress", "--output-dir", str(tmp_path)]
+    err = _one_line_error(capsys, main([*argv, "--eval-sizes", "4,16,2000"]))
+    assert err == (
+        "error: the quantized model was exported for image sides of 5 to 1024 px (2 to 256 patches of 4 px); "
+        "got [4, 2000]: --eval-sizes 4,16,2000"
+    )
+    assert not (tmp_path / "report.json").exists()  # refused before any evaluation
+    with pytest.raises(ValueError, match=r"5 to 1024 px .* got \[4\]: input of shape \(1, 3, 4, 16\)"):
+        model(torch.zeros(1, 3, 4, 16))
+
+
+def test_without_torchao_quantize_and_eval_name_the_extra(run, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys; sys.modules['torchao'] = None\n"  # 'import torchao' fails as if it were not installed
+        "from peg_core.__main__ import main\n"
+        f"print(main(['quantize', {str(run / 'checkpoint.pth')!r}, {str(tmp_path / 'q.pt2')!r}]))\n"
+        f"print(main(['eval', '--checkpoint', {str(run / 'int8.pt2')!r}, '--no-progress']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=120)  # fmt: skip
+    assert proc.stdout.split() == ["1", "1"], proc.stderr
+    line = "error: int8 quantization needs torchao: pip install 'peg-core[quantize]'"
+    assert proc.stderr.splitlines() == [line, line] and "Traceback" not in proc.stderr

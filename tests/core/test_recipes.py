@@ -253,7 +253,7 @@ def test_classify_cli_runs_the_recipes_and_refuses_bad_values(tmp_path, capsys):
     err = one_line_error(capsys, main([*argv, "--train-sizes", "12", "--progressive-sizes", "12,16"]))
     assert err == "error: choose one of --train-sizes and --progressive-sizes: --train-sizes"
     err = one_line_error(capsys, main([*argv, "--train-sizes", "12,x"]), 2)
-    assert "argument --train-sizes: expected comma-separated positive integers" in err
+    assert "argument --train-sizes: expected comma-separated image sides in 1..4096, got '12,x'" in err
     err = one_line_error(capsys, main([*argv, "--pos-lr-scale", "0"]), 2)
     assert "argument --pos-lr-scale: expected a number > 0" in err
 

@@ -141,6 +141,51 @@ def test_errors_name_the_keys():
         resize_checkpoint({"pos_embed": torch.zeros(1, 7, 4)}, 3)
 
 
+@pytest.mark.parametrize(
+    ("key", "extra", "message"),
+    [
+        ("head.weight", [], "head.weight has shape (10, 8): not a position table (1, N, C)"),
+        ("blocks.0.attn.qkv.weight", [], "blocks.0.attn.qkv.weight has shape (24, 8): not a position table (1, N, C)"),
+        ("cls_token", [], "cls_token has shape (1, 1, 8): not a position table (1, N, C) (0 rows after 1 prefix "
+                          "token(s) are not a square grid)"),
+        ("extra.table", [], "extra.table has shape (1, 197, 4): not a position table (1, N, C) of the 8-wide tokens"),
+        ("extra.rows", ["--old-grid", "3x3"], "extra.rows has shape (1, 20, 8): not a position table (1, N, C) "
+                                              "(19 rows after 1 prefix token(s) are not a 3x3 grid)"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("verb", ["resize-pos-embed", "to-cpvt"])
+def test_a_key_that_is_not_a_position_table_is_refused(tmp_path, capsys, verb, key, extra, message):
+    sd = {**deit_like(), "extra.table": torch.randn(1, 197, 4), "extra.rows": torch.randn(1, 20, 8)}
+    src, out = tmp_path / "deit.pth", tmp_path / "out.pth"
+    torch.save(sd, src)
+    if verb == "to-cpvt" and extra:
+        extra = []  # to-cpvt has no --old-grid: the square-grid rule applies
+        message = "extra.rows has shape (1, 20, 8): not a position table (1, N, C) (19 rows after 1 prefix " \
+                  "token(s) are not a square grid)"  # fmt: skip
+    grid = ["--grid", "4x4"] if verb == "resize-pos-embed" else []
+    capsys.readouterr()
+    assert cli([verb, str(src), str(out), *grid, "--key", key, *extra]) == 1
+    assert capsys.readouterr().err == f"error: {message}: {src}\n"
+    assert not out.exists()
+
+
+def test_a_table_under_another_name_is_accepted_by_its_shape():
+    sd = {
+        "cls_token": torch.randn(1, 1, 8),
+        "enc.pe": torch.randn(1, 1 + 14 * 14, 8),
+        "blocks.0.w": torch.zeros(1),
+    }
+    new, change = resize_checkpoint(sd, 4, key="enc.pe", mode="nearest")
+    assert change.old_grid == (14, 14) and new["enc.pe"].shape == (1, 17, 8)
+    converted, report = learned_to_cpvt(sd, key="enc.pe")
+    assert report.dropped == {"enc.pe": (1, 197, 8)} and "enc.pe" not in converted
+    # (N, C) is a table only under a table's name
+    assert resize_checkpoint({"pos_embed": torch.randn(17, 8)}, 2, key="pos_embed")[0]["pos_embed"].shape == (
+        5,
+        8,
+    )
+
+
 @torch.no_grad()
 def test_learned_to_cpvt_equals_source_without_table():
     src = small_cpvt(pos_enc="learned", global_pool="token")
@@ -278,7 +323,9 @@ def test_safetensors_missing_is_a_clear_error(tmp_path, monkeypatch, capsys):
     torch.save(deit_like(grid=4), tmp_path / "a.pth")
     monkeypatch.setitem(sys.modules, "safetensors", None)
     monkeypatch.delitem(sys.modules, "safetensors.torch", raising=False)
-    with pytest.raises(ImportError, match=r"reading .*b.safetensors needs the 'safetensors' package"):
+    with pytest.raises(
+        ImportError, match=r"reading .*b.safetensors needs safetensors: pip install 'peg-core\[safetensors\]'"
+    ):
         read_state_file(_touch(tmp_path / "b.safetensors"))
     assert (
         cli(["resize-pos-embed", str(tmp_path / "a.pth"), str(tmp_path / "o.safetensors"), "--grid", "2"])
