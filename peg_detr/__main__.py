@@ -4,6 +4,7 @@
 * ``train``: train on a COCO-format set (works under ``torchrun``); see ``train -h``.
 * ``eval --checkpoint CKPT``: COCO box AP of a checkpoint, at one or several ``--eval-sizes``.
 * ``predict IMAGE... --checkpoint CKPT``: draw detections on image files.
+* ``configs [NAME]``: the named recipes of ``train --config NAME`` and what they set.
 * ``export-hf CKPT DIR``: write a ``sine`` checkpoint as a Hugging Face DETR folder.
 * ``export CKPT OUT.onnx``: the detector as an ONNX graph (dynamic batch, height, width).
 
@@ -30,6 +31,7 @@ COMMANDS = {
     "train": cli.train,
     "eval": cli.evaluate,
     "predict": cli.predict,
+    "configs": cli.configs,
     "export": cli.export,
     "export-hf": cli.export_hf,
 }

@@ -23,16 +23,20 @@ import torch
 
 from peg_core.engine import (
     RESIZE_MODES,
+    Summary,
     UserError,
     add_alias,
     add_arch_arg,
     add_data_root_arg,
     add_eval_args,
+    add_json_arg,
     add_make_data_counts,
     add_num_heads_arg,
     add_pos_args,
     add_train_args,
+    configs_command,
     device_arg,
+    done_line,
     ensure_writable,
     evaluate_checkpoint,
     fit,
@@ -43,10 +47,12 @@ from peg_core.engine import (
     parse_with_config,
     positive_int,
     positive_int_list,
+    print_closing,
+    run_reported,
     unit_fraction,
 )
 
-from .configs import CONFIGS, DEFAULTS
+from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS
 from .data import SHAPES
 from .evaluation import BACKENDS
 from .make_data import write_shapes_coco
@@ -59,6 +65,7 @@ __all__ = [
     "build_make_data_parser",
     "build_predict_parser",
     "build_train_parser",
+    "configs",
     "evaluate",
     "export",
     "export_hf",
@@ -70,6 +77,9 @@ __all__ = [
     "sizes_or_off",
     "train",
 ]
+
+#: the closing lines' metrics: COCO box AP and AP50 at the headline short side
+SUMMARY = Summary(("ap", "ap50"), size_key="size")
 
 _TRAIN_DOC = """Train DETR (PEG / sine / learned / none) on a COCO-format data set.
 
@@ -94,8 +104,8 @@ _EVAL_DOC = """Evaluate a DETR training checkpoint (COCO box AP), at one or seve
     python -m peg_detr eval --checkpoint runs/peg/checkpoint.pth --data-root /data/coco --eval-sizes 512,800,1024
 
 The model is rebuilt from the checkpoint; ``--data-root``, ``--val-json`` and
-``--val-size`` default to the training run's.  ``OUTPUT_DIR/report.json`` (the
-checkpoint's folder by default) holds ``eval.ap`` / ``eval.ap50`` at
+``--val-size`` default to the training run's.  ``OUTPUT_DIR/report.json`` (``eval/``
+beside the checkpoint by default) holds ``eval.ap`` / ``eval.ap50`` at
 ``--val-size``, ``eval.sizes`` (the 12 COCO numbers per size) and the images
 that could not be read (left out of the evaluation, listed under ``broken``).
 Works under ``torchrun`` (the images are split over the processes).
@@ -106,7 +116,7 @@ _PREDICT_DOC = """Run a trained DETR on image files; write annotated images and 
     python -m peg_detr predict a.jpg b.png --checkpoint runs/detr/checkpoint.pth --threshold 0.7 --output-dir preds
 
 For each input ``NAME.ext`` the output folder gets ``NAME.png`` with the boxes and
-``label score`` captions, and ``detections.json`` maps each input path to its detections
+``label score`` captions (drawn at least 512 px on the long side), and ``detections.json`` maps each input path to its detections
 (``label``, ``name``, ``score``, ``box`` as ``[x0, y0, x1, y1]`` pixels).  A single
 unreadable image is an error; among several, unreadable ones are skipped and listed in
 ``report.json`` (``broken``).
@@ -252,6 +262,7 @@ def build_make_data_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-objects", type=nonnegative_int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    add_json_arg(p)
     return p
 
 
@@ -288,6 +299,7 @@ def build_predict_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    add_json_arg(p)
     return p
 
 
@@ -318,18 +330,24 @@ def make_data(argv: list[str] | None = None) -> int:
         a.out, a.num_train, a.num_val, size=a.size, num_classes=a.num_classes,
         min_objects=a.min_objects, max_objects=a.max_objects, seed=a.seed,
     )  # fmt: skip
-    print(f"wrote {a.num_train} train + {a.num_val} val images to {out}")
+    counts = {"command": "make-data", "train": a.num_train, "val": a.num_val, "out": str(out)}
+    line = done_line(
+        "make-data", f"{a.num_train} train and {a.num_val} val images, {a.size} px, COCO layout", out
+    )
+    print_closing(line, counts, a.json)
     return 0
 
 
 def train(argv: list[str] | None = None) -> dict[str, Any]:
     """``python -m peg_detr train ...``; returns the run's report (also in OUTPUT_DIR/report.json)."""
-    return fit(DetectTask(), parse_train_args(argv))
+    args = parse_train_args(argv)
+    return run_reported("train", args, lambda: fit(DetectTask(), args), SUMMARY)
 
 
 def evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     """``python -m peg_detr eval ...``; returns the report (also in OUTPUT_DIR/report.json)."""
-    return evaluate_checkpoint(DetectTask(), parse_eval_args(argv))
+    args = parse_eval_args(argv)
+    return run_reported("eval", args, lambda: evaluate_checkpoint(DetectTask(), args), SUMMARY)
 
 
 def predict(argv: list[str] | None = None) -> int:
@@ -341,8 +359,18 @@ def predict(argv: list[str] | None = None) -> int:
         raise UserError("CUDA is not available on this machine", f"--device {args.device}")
     ensure_writable(args.output_dir)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    predict_images(args.images, args.checkpoint, args.output_dir, args.threshold, args.size, device)
+    predict_images(
+        args.images, args.checkpoint, args.output_dir, args.threshold, args.size, device, args.json
+    )
     return 0
+
+
+def configs(argv: list[str] | None = None) -> int:
+    """``configs [NAME]``: the named recipes of ``train --config`` (:func:`peg_core.engine.configs_command`)."""
+    return configs_command(
+        argv or [], prog="python -m peg_detr", configs=CONFIGS, train_parser=build_train_parser,
+        descriptions=DESCRIPTIONS,
+    )  # fmt: skip
 
 
 def export(argv: list[str] | None = None) -> int:

@@ -1,111 +1,228 @@
 """Inference with a trained DETR: :class:`Predictor` and the work of ``python -m peg_detr predict``.
 
-    python -m peg_detr predict a.jpg b.png --checkpoint runs/detr/checkpoint.pth --threshold 0.7 --output-dir preds
+    from peg_detr.predict import Predictor
+    predictor = Predictor.from_checkpoint("runs/detr/checkpoint.pth", device="cpu", threshold=0.5)
+    print(predictor.predict_files(["a.jpg"])[0].line())
 
-(the parser is in :mod:`peg_detr.cli`).  For each input ``NAME.ext`` the output folder gets ``NAME.png`` with the boxes
-and ``label score`` captions drawn by ``torchvision.utils.draw_bounding_boxes``,
-and ``detections.json`` maps each input path to its detections
-(``label``, ``name``, ``score``, ``box`` as ``[x0, y0, x1, y1]`` pixels).
-A single unreadable image is an error; among several, unreadable ones are
-skipped and listed in ``report.json`` (``broken``).
+``predictor(inputs)`` takes image files or uint8 ``(3, H, W)`` tensors and returns one
+:class:`Prediction` per input: :class:`Detection` s (``label``, ``name``, ``score``, ``box`` as
+``[x0, y0, x1, y1]`` pixels of the input) above the threshold, or the reason it was skipped.
+
+``python -m peg_detr predict a.jpg b.png --checkpoint CKPT --output-dir preds`` (the parser is in
+:mod:`peg_detr.cli`) writes ``NAME.png`` per input with the boxes and ``label score`` captions
+(:func:`draw_detections`: at least 512 px on the long side, captions on a filled background),
+``detections.json`` mapping each input path to its detections, and ``report.json``.  A single
+unreadable image is an error; among several, unreadable ones are skipped and listed in
+``report.json`` (``broken``).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor, nn
 from torchvision.transforms.v2 import functional as F
-from torchvision.utils import draw_bounding_boxes
 
-from peg_core.engine import BrokenLog, BrokenSample, UserError, write_json
+from peg_core.engine import BrokenLog, BrokenSample, UserError, done_line, print_closing, write_json
+from peg_core.engine.predictor import FilePredictor
+from peg_core.engine.predictor import Prediction as _Base
 
 from .data import make_val_transforms, read_rgb, scaled_max_size
 from .model import load_model
 
-__all__ = ["Predictor", "predict_images"]
+__all__ = ["MIN_CANVAS", "Detection", "Prediction", "Predictor", "draw_detections", "predict_images"]
+
+#: the annotated PNG's long side is at least this many pixels (small inputs are upscaled)
+MIN_CANVAS = 512
+#: caption font height as a fraction of the canvas's long side (about 14 px at 512 px)
+FONT_FRACTION = 1 / 36
+#: one colour per class id (cycled), readable with black caption text
+PALETTE = ((255, 214, 0), (0, 200, 255), (255, 96, 160), (120, 230, 90), (255, 150, 40), (190, 140, 255))
 
 
-class Predictor:
+@dataclass
+class Detection:
+    """One detected object: category id, its name, score and box ``[x0, y0, x1, y1]`` in input pixels."""
+
+    label: int
+    name: str
+    score: float
+    box: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "name": self.name, "score": self.score, "box": self.box}
+
+
+@dataclass
+class Prediction(_Base):
+    """The detections of one input, best score first (``skipped``: why there are none)."""
+
+    detections: list[Detection] = field(default_factory=list)
+
+    def result_text(self) -> str:
+        shown = ", ".join(f"{d.name} {d.score:.2f}" for d in self.detections)
+        n = len(self.detections)
+        return f"{n} detection{'' if n == 1 else 's'}" + (f" ({shown})" if shown else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "detections": [d.to_json() for d in self.detections],
+            "skipped": self.skipped,
+        }
+
+
+class Predictor(FilePredictor):
     """A model restored from a ``peg_detr`` training checkpoint, ready for inference.
 
     Args:
         checkpoint: ``checkpoint.pth`` written by ``python -m peg_detr train``.
         size: evaluation short side (default: the training run's ``--val-size``).
         device: torch device string.
+        threshold: detections scoring at most this are left out.
     """
 
-    def __init__(self, checkpoint: str | Path, size: int | None = None, device: str = "cpu") -> None:
+    def __init__(
+        self, checkpoint: str | Path, size: int | None = None, device: str = "cpu", threshold: float = 0.7
+    ) -> None:
         loaded = load_model(checkpoint)
         model, self.postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
         self.device = torch.device(device)
         self.model: nn.Module = model.to(self.device).eval()
         self.names = {int(c["id"]): str(c["name"]) for c in meta.get("categories", [])}
+        self.threshold = threshold
         size = size or int(meta.get("val_size") or 800)
         self.transform = make_val_transforms(size, scaled_max_size(size), with_boxes=False)
 
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, device: str = "cpu", **options: Any) -> Predictor:
+        """``options``: ``threshold`` (0.7), ``size`` (the run's ``--val-size``)."""
+        return cls(path, device=device, **options)
+
+    def read(self, path: str) -> Tensor:
+        return F.pil_to_tensor(read_rgb(path))
+
     @torch.no_grad()
-    def __call__(self, image: Tensor, threshold: float = 0.7) -> dict[str, Tensor]:
-        """Detections on a uint8 ``(3, H, W)`` image: ``scores`` (n,), ``labels`` (n,), ``boxes`` (n, 4) xyxy px."""
+    def detect(self, image: Tensor, threshold: float | None = None) -> dict[str, Tensor]:
+        """Raw detections on a uint8 ``(3, H, W)`` image: ``scores`` (n,), ``labels`` (n,), ``boxes`` (n, 4) xyxy px."""
         x = self.transform(image).to(self.device)
         outputs = self.model([x])
         sizes = torch.tensor([image.shape[-2:]], device=self.device)
         result = self.postprocessor(outputs, sizes)[0]
-        keep = result["scores"] > threshold
-        return {k: v[keep].cpu() for k, v in result.items()}
+        keep = result["scores"] > (self.threshold if threshold is None else threshold)
+        order = result["scores"][keep].argsort(descending=True)
+        return {k: v[keep][order].cpu() for k, v in result.items()}
+
+    def run(self, paths: list[str | None], items: list[Tensor]) -> list[Prediction]:
+        return [self._prediction(path, self.detect(image)) for path, image in zip(paths, items)]
+
+    def skipped(self, path: str, reason: str) -> Prediction:
+        return Prediction(path, skipped=reason)
 
     def label_name(self, label: int) -> str:
         return self.names.get(label, str(label))
 
-
-def _draw(image: Tensor, det: dict[str, Tensor], predictor: Predictor) -> Tensor:
-    if len(det["boxes"]) == 0:
-        return image
-    captions = [
-        f"{predictor.label_name(int(lb))} {float(s):.2f}" for lb, s in zip(det["labels"], det["scores"])
-    ]
-    return draw_bounding_boxes(image, det["boxes"], labels=captions, colors="yellow", width=2)
+    def _prediction(self, path: str | None, det: dict[str, Tensor]) -> Prediction:
+        found = [
+            Detection(int(lb), self.label_name(int(lb)), float(s), b.tolist())
+            for lb, s, b in zip(det["labels"], det["scores"], det["boxes"])
+        ]
+        return Prediction(path, detections=found)
 
 
-def _detections(det: dict[str, Tensor], predictor: Predictor) -> list[dict[str, Any]]:
-    """JSON rows ``{label, name, score, box}`` of one image's detections."""
-    return [
-        {"label": int(lb), "name": predictor.label_name(int(lb)), "score": float(s), "box": b.tolist()}
-        for lb, s, b in zip(det["labels"], det["scores"], det["boxes"])
-    ]
+# ------------------------------------------------------------------------------------------ drawing
+
+
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """PIL's bundled font at ``size`` px (Pillow >= 10.1); the fixed bitmap font before that."""
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: no size argument
+        return ImageFont.load_default()
+
+
+def caption_height(canvas_side: int) -> int:
+    """Height in pixels of a caption's filled background on a canvas whose long side is ``canvas_side``."""
+    font_px = max(11, round(canvas_side * FONT_FRACTION))
+    return font_px + 2 * max(2, font_px // 5)
+
+
+def draw_detections(image: Tensor | Image.Image, detections: list[Detection]) -> Image.Image:
+    """The image with its boxes and ``name score`` captions, upscaled to at least :data:`MIN_CANVAS` px.
+
+    Boxes, line width and font scale with the canvas, so a 64 px input and a 1333 px one get the
+    same proportions; each caption sits on a filled box of its class colour above its box (inside
+    it when there is no room above).
+    """
+    pil = F.to_pil_image(image) if isinstance(image, Tensor) else image.convert("RGB")
+    scale = max(1.0, MIN_CANVAS / max(pil.size))
+    canvas = pil.resize((round(pil.width * scale), round(pil.height * scale)), Image.Resampling.BICUBIC)
+    side = max(canvas.size)
+    width = max(2, round(side / 256))
+    text_h = caption_height(side)
+    pad = max(2, (text_h - round(side * FONT_FRACTION)) // 2)
+    font = _font(text_h - 2 * pad)
+    draw = ImageDraw.Draw(canvas)
+    for d in detections:
+        color = PALETTE[d.label % len(PALETTE)]
+        x0, y0, x1, y1 = (v * scale for v in d.box)
+        draw.rectangle([x0, y0, x1, y1], outline=color, width=width)
+        text = f"{d.name} {d.score:.2f}"
+        bx0, by0, bx1, by1 = draw.textbbox((0, 0), text, font=font)  # the glyphs' own extent
+        text_w = math.ceil(bx1 - bx0) + 2 * pad
+        top = y0 - text_h if y0 >= text_h else y0  # above the box, else inside its top edge
+        left = min(max(0.0, x0), max(0.0, canvas.width - text_w))
+        draw.rectangle([left, top, left + text_w, top + text_h - 1], fill=color)
+        # centred in the band, descenders included, so no glyph spills onto the box
+        draw.text((left + pad - bx0, top + (text_h - (by1 - by0)) / 2 - by0), text, fill=(0, 0, 0), font=font)
+    return canvas
+
+
+# ------------------------------------------------------------------------------- the predict verb
 
 
 def predict_images(
     images: list[Path], checkpoint: Path, output_dir: Path, threshold: float = 0.7, size: int | None = None,
-    device: str = "cpu",
+    device: str = "cpu", as_json: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
     """Annotated ``NAME.png`` per image, ``detections.json`` and ``report.json`` in ``output_dir``.
 
     Returns ``{image path: detections}``.  One unreadable image alone is a :class:`UserError`;
-    among several, unreadable ones are skipped and listed in ``report.json``.
+    among several, unreadable ones are skipped and listed in ``report.json``.  Prints one line per
+    image and a closing line (``as_json``: the report as the only stdout line).
     """
-    predictor = Predictor(checkpoint, size=size, device=device)
+    predictor = Predictor(checkpoint, size=size, device=device, threshold=threshold)
     broken = BrokenLog("predict", len(images), max_fraction=1.0)
     detections: dict[str, list[dict[str, Any]]] = {}
     for path in images:
-        try:
-            image = F.pil_to_tensor(read_rgb(path))
+        try:  # read here, not by predict_files: the pixels are drawn on too
+            image = predictor.read(str(path))
         except BrokenSample as e:
             if len(images) == 1:
                 raise UserError(e.reason, e.path) from None
-            print(f"skipped {e.path}: {e.reason}")
             broken.add([(e.path, e.reason)])
-            continue
-        det = predictor(image, threshold)
-        F.to_pil_image(_draw(image, det, predictor)).save(output_dir / f"{path.stem}.png")
-        detections[str(path)] = _detections(det, predictor)
-        print(f"{path}: {len(detections[str(path)])} detection(s)")
+            pred = predictor.skipped(str(path), e.reason)
+        else:
+            (pred,) = predictor.run([str(path)], [image])
+            draw_detections(image, pred.detections).save(output_dir / f"{path.stem}.png")
+            detections[str(path)] = [d.to_json() for d in pred.detections]
+        if not as_json:
+            print(pred.line(), flush=True)
     broken.check(nothing_read=not detections)
     (output_dir / "detections.json").write_text(json.dumps(detections, indent=2) + "\n")
     report = {"task": "detect", "command": "predict", "checkpoint": str(checkpoint), "images": len(detections),
               "broken": {"predict": broken.report()}, "output_dir": str(output_dir)}  # fmt: skip
     write_json(output_dir / "report.json", report)
+    found = sum(len(d) for d in detections.values())
+    line = done_line(
+        "predict", f"{found} detections in {len(detections)} images, {broken.count} skipped", output_dir
+    )
+    print_closing(line, {**report, "detections": detections}, as_json)
     return detections

@@ -154,8 +154,8 @@ class ValSets:
 
 
 def summary(metrics: dict[str, Any]) -> str:
-    """``AP 0.301, AP50 0.700 at 80 px on 100 images``, and a table when several sizes were evaluated."""
-    text = f"AP {metrics['ap']:.3f}, AP50 {metrics['ap50']:.3f} at {metrics['size']} px on {metrics['images']} images"
+    """``ap 0.301, ap50 0.700 at 80 px on 100 images``, and a table when several sizes were evaluated."""
+    text = f"ap {metrics['ap']:.3f}, ap50 {metrics['ap50']:.3f} at {metrics['size']} px on {metrics['images']} images"
     if metrics.get("excluded"):
         text += f" ({metrics['excluded']} unreadable images left out, listed in report.json)"
     if len(metrics["sizes"]) > 1:

@@ -8,6 +8,7 @@
     python -m peg_video eval --checkpoint runs/video/checkpoint.pth --num-frames 16
     python -m peg_video predict --checkpoint runs/video/checkpoint.pth clip1.mp4 clip2.mp4
     python -m peg_video export runs/video/checkpoint.pth video.onnx --check
+    python -m peg_video configs [NAME]
     python -m peg_video prepare k400 k400_320 --short-side 320 --workers 16
 """
 
@@ -30,6 +31,7 @@ COMMANDS = {
     "train": cli.train,
     "eval": cli.evaluate,
     "predict": cli.predict,
+    "configs": cli.configs,
     "prepare": cli.prepare,
     "export": cli.export,
 }

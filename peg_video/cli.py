@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -19,15 +18,19 @@ from typing import Any
 
 from peg_core.engine import (
     RESIZE_MODES,
+    Summary,
     add_alias,
     add_arch_arg,
     add_data_root_arg,
     add_eval_args,
+    add_json_arg,
     add_make_data_counts,
     add_num_heads_arg,
     add_pos_args,
     add_train_args,
+    configs_command,
     device_arg,
+    done_line,
     evaluate_checkpoint,
     fit,
     new_parser,
@@ -36,11 +39,13 @@ from peg_core.engine import (
     parse_with_config,
     positive_int,
     positive_int_list,
+    print_closing,
+    run_reported,
     unit_fraction,
 )
 from peg_core.engine.recipes import add_recipe_args
 
-from .configs import CONFIGS, DEFAULTS, MODEL_KEYS
+from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, MODEL_KEYS
 from .data.datasets import DATASETS, SPLIT_DATASETS
 from .evaluation import REDUCTIONS
 from .models import VIT_CONFIGS, X3D_CONFIGS, list_video_models
@@ -52,6 +57,7 @@ __all__ = [
     "build_predict_parser",
     "build_prepare_parser",
     "build_train_parser",
+    "configs",
     "evaluate",
     "export",
     "make_data",
@@ -80,6 +86,8 @@ not ``--train-sizes`` (the multi-scale recipe's input sizes).
 """
 
 BACKENDS = ("peg", "pytorchvideo")
+#: the closing lines' metrics: video-level top-1 / top-5 of the multi-view protocol
+SUMMARY = Summary(("top1", "top5"), at="{num_frames} frames, {crop} px")
 SAMPLINGS = ("stride", "segment")
 #: ``--model-opt`` keys that have a flag of their own: they go to that flag's value
 _OWN_FLAGS = ("num_heads", "peg_at", "peg_kernel_size", "peg_padding", "peg_dynamic", "peg_num_kernels",
@@ -171,6 +179,7 @@ def build_make_data_parser() -> argparse.ArgumentParser:
         "--codec", default=d.codec, choices=("libx264", "mpeg4"), help="mp4 codec (kinetics, folder)"
     )
     p.add_argument("--seed", type=int, default=d.seed)
+    add_json_arg(p)
     return p
 
 
@@ -315,6 +324,7 @@ def build_predict_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-crops", type=int, choices=(1, 3), help="crops per clip (default: the run's)")
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    add_json_arg(p)
     return p
 
 
@@ -478,46 +488,55 @@ def parse_eval_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ------------------------------------------------------------------------------ command functions
 
 
-def _print_result(report: dict[str, Any]) -> None:
-    """The final metrics as one JSON line (rank 0 only)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        broken = {split: log["count"] for split, log in report["broken"].items()}
-        print(json.dumps({**report["eval"], "broken": broken, "status": report["status"]}), flush=True)
-
-
 def make_data(argv: Sequence[str] | None = None) -> int:
-    """``make-data OUT ...``: write the synthetic set; prints its counts as one JSON line."""
+    """``make-data OUT ...``: write the synthetic set; one closing line with its counts (``--json``: as JSON)."""
     from .make_data import make_data as write
 
-    print(json.dumps(write(build_make_data_parser().parse_args(argv))))
+    args = build_make_data_parser().parse_args(argv)
+    counts = write(args)
+    text = ", ".join(f"{v} {k}" for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool))
+    line = done_line("make-data", f"{text or 'written'}, {args.dataset} layout", args.out)
+    print_closing(line, {"command": "make-data", **counts}, args.json)
     return 0
 
 
 def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """``train ...``: fit the model; prints the final metrics as one JSON line, returns the run report."""
+    """``train ...``: fit the model; prints the closing line (``--json``: the report), returns the run report."""
     from .task import VideoTask
 
-    report = fit(VideoTask(), parse_train_args(argv))
-    _print_result(report)
-    return report
+    args = parse_train_args(argv)
+    return run_reported("train", args, lambda: fit(VideoTask(), args), SUMMARY)
 
 
 def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """``eval --checkpoint CKPT ...``: prints the metrics as one JSON line, returns the eval report."""
+    """``eval --checkpoint CKPT ...``: prints the closing line (``--json``: the report), returns the eval report."""
     from .task import VideoTask
 
-    report = evaluate_checkpoint(VideoTask(), parse_eval_args(argv))
-    _print_result(report)
-    return report
+    args = parse_eval_args(argv)
+    return run_reported("eval", args, lambda: evaluate_checkpoint(VideoTask(), args), SUMMARY)
 
 
 def predict(argv: Sequence[str] | None = None) -> int:
-    """``predict --checkpoint CKPT VIDEO...``: one JSON line per video with its top classes."""
+    """``predict --checkpoint CKPT VIDEO...``: one line per video with its top classes, then a closing line."""
     from .predict import predict as run
 
-    for line in run(build_predict_parser().parse_args(argv)):
-        print(json.dumps(line), flush=True)
+    args = build_predict_parser().parse_args(argv)
+    preds = run(args)
+    if not args.json:
+        for pred in preds:
+            print(pred.line(), flush=True)
+    skipped = sum(p.skipped is not None for p in preds)
+    line = done_line("predict", f"{len(preds) - skipped} videos, {skipped} skipped", args.checkpoint)
+    print_closing(line, {"command": "predict", "predictions": [p.to_json() for p in preds]}, args.json)
     return 0
+
+
+def configs(argv: Sequence[str] | None = None) -> int:
+    """``configs [NAME]``: the named recipes of ``train --config`` (:func:`peg_core.engine.configs_command`)."""
+    return configs_command(
+        argv or [], prog="python -m peg_video", configs=CONFIGS, train_parser=build_train_parser,
+        descriptions=DESCRIPTIONS,
+    )  # fmt: skip
 
 
 def prepare(argv: Sequence[str] | None = None) -> int:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CONFIGS", "DEFAULTS", "MODEL_KEYS", "PUBLISHED_K400_TOP1", "PUBLISHED_TOP1"]
+__all__ = ["CONFIGS", "DEFAULTS", "DESCRIPTIONS", "MODEL_KEYS", "PUBLISHED_K400_TOP1", "PUBLISHED_TOP1"]
 
 PUBLISHED_K400_TOP1 = {"UniFormer-S 16x4": 80.8, "VideoMAE ViT-B": 81.5, "TimeSformer": 77.9}
 #: data set -> {model: top-1}; source: VideoMAE model zoo (MCG-NJU/VideoMAE MODEL_ZOO.md)
@@ -141,6 +141,20 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "peg_at": [-1, 0],
         "model_opts": {"embed_dim": 64, "depth": 2, "mlp_ratio": 2.0},
     },
+}
+
+#: one line per recipe for ``python -m peg_video configs``
+DESCRIPTIONS: dict[str, str] = {
+    "k400_vit_s_16x4_peg3d": "Kinetics-400, ViT-S 16x4 with a 3D PEG: 100 epochs, 3 clips x 3 crops at test",
+    "k400_vit_s_16x4_learned": "the Kinetics-400 ViT-S 16x4 recipe with a learned space-time table",
+    "k400_vit_s_16x4_none": "the Kinetics-400 ViT-S 16x4 recipe without position encoding",
+    "k400_x3d_xs": "X3D-XS (pytorchvideo's CNN baseline) on Kinetics-400: 4 frames at stride 12, 160 px",
+    "ssv2_vit_s_16_peg3d": "Something-Something v2, ViT-S, 16 segment-sampled frames, no flips, 3D PEG",
+    "ssv2_vit_s_16_learned": "the SSv2 ViT-S recipe with a learned space-time table",
+    "ssv2_vit_s_16_none": "the SSv2 ViT-S recipe without position encoding",
+    "ucf101_vit_s_16x4_peg3d": "UCF101 split 1, ViT-S 16x4 with a 3D PEG: 50 epochs, 5 clips x 3 crops at test",
+    "hmdb51_vit_s_16x4_peg3d": "HMDB51 split 1, ViT-S 16x4 with a 3D PEG: 50 epochs, 5 clips x 3 crops at test",
+    "synthetic_tiny": "the embedded synthetic set (make-data): a 2-block vit_tiny, seconds per epoch on a CPU",
 }
 
 #: recipe keys that describe the recipe's own model (dropped, unless given as flags, with another --arch)

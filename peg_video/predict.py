@@ -1,61 +1,113 @@
-"""``python -m peg_video predict``: classify video files with a trained checkpoint (flags: ``peg_video.cli``).
+"""``python -m peg_video predict``: classify video files with a trained checkpoint (:class:`Predictor`; flags: ``peg_video.cli``).
 
     python -m peg_video predict --checkpoint runs/video/checkpoint.pth a.mp4 b.mp4 [--top-k 5]
 
-Each video is seen as the training run's test views (``--num-clips`` × ``--num-crops``);
-the softmax of the views is averaged.  Prints one JSON line per video,
-``{"video": path, "top": [{"label": name, "score": p}, ...]}``.
+Each video is seen as the training run's test views (``--num-clips`` × ``--num-crops``); the
+softmax of the views is averaged.  Prints one line per video (``PATH: class p, ...``) and a
+closing line; ``--json`` prints ``{"command": "predict", "predictions": [...]}`` instead.
+In Python::
+
+    from peg_video.predict import Predictor
+    predictor = Predictor.from_checkpoint("runs/video/checkpoint.pth", device="cpu", top_k=3)
+    print(predictor.predict_files(["a.mp4"])[0].line())
+
+``predictor(inputs)`` also takes clips already at the model's input: a ``(C, T, H, W)`` tensor
+or the views of one video ``(V, C, T, H, W)`` (normalised as in training).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from peg_core.engine import BrokenSample, UserError
+from peg_core.engine import UserError
+from peg_core.engine.predictor import ClassPrediction, FilePredictor
 
 from .data import Annotations, KineticsVideoDataset, VideoRecord
 from .data.loaders import transform_config
 from .model import check_clip_fits, load_model
 
-__all__ = ["predict"]
+__all__ = ["Prediction", "Predictor", "predict"]
+
+#: the video model's result: ``top`` = ``[(class name, probability), ...]``, best first
+Prediction = ClassPrediction
+#: view options a prediction may change (default: the training run's)
+VIEW_OPTIONS = ("num_frames", "num_clips", "num_crops")
 
 
-@torch.no_grad()
-def predict(args: argparse.Namespace) -> list[dict[str, Any]]:
+class Predictor(FilePredictor):
+    """A video model restored from a ``peg_video train`` checkpoint; ``predictor(inputs) -> list[Prediction]``.
+
+    ``views``: ``num_frames``, ``num_clips``, ``num_crops`` (default: the training run's test views).
+    A clip that does not split into the model's tubelets is a :class:`UserError` here, before
+    any video is decoded.
+    """
+
+    def __init__(
+        self, checkpoint: str | os.PathLike, device: str = "cpu", top_k: int = 5, **views: int | None
+    ) -> None:
+        unknown = sorted(set(views) - set(VIEW_OPTIONS))
+        if unknown:
+            raise TypeError(f"unknown view options {unknown}; expected some of {VIEW_OPTIONS}")
+        self.device = torch.device(device)
+        loaded = load_model(checkpoint)
+        self.model = loaded.model.to(self.device).eval()
+        self.classes = loaded.classes
+        self.top_k = min(top_k, len(self.classes))
+        self.run_args = argparse.Namespace(
+            **{**loaded.args, **{k: v for k, v in views.items() if v is not None}}
+        )
+        check_clip_fits(self.model, self.run_args)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, device: str = "cpu", **options: Any) -> Predictor:
+        """``options``: ``top_k`` (5) and the view options ``num_frames``, ``num_clips``, ``num_crops``."""
+        return cls(path, device, **options)
+
+    def read(self, path: str) -> torch.Tensor:
+        """The test views ``(V, C, T, S, S)`` of the video in ``path``; :class:`BrokenSample` when unreadable."""
+        run = self.run_args
+        ds = KineticsVideoDataset(
+            Annotations([VideoRecord(Path(path), 0)], self.classes), "test", run.num_frames, run.stride, run.num_clips,
+            transform_config(run), sampling=getattr(run, "sampling", None) or "stride",  # SSv2: segments
+        )  # fmt: skip
+        return ds[0]["video"]
+
+    def prepare(self, item: torch.Tensor) -> torch.Tensor:
+        return item.unsqueeze(0) if item.dim() == 4 else item  # one clip: one view
+
+    def run(self, paths: list[str | None], items: list[torch.Tensor]) -> list[Prediction]:
+        out = []
+        for path, views in zip(paths, items):  # one video at a time: its views are the batch
+            probs = self.model(views.to(self.device)).float().softmax(-1).mean(0)  # (K,)
+            top = probs.topk(self.top_k)
+            out.append(Prediction(path, top=[(self.classes[j], round(p, 4)) for p, j in
+                                              zip(top.values.tolist(), top.indices.tolist())]))  # fmt: skip
+        return out
+
+    def skipped(self, path: str, reason: str) -> Prediction:
+        return Prediction(path, skipped=reason)
+
+
+def predict(args: argparse.Namespace) -> list[Prediction]:
     """Top-k classes of each of ``args.videos`` (:func:`peg_video.cli.build_predict_parser`).
 
-    A missing or undecodable video is a :class:`UserError`.
+    Unreadable videos come back skipped; when none can be read that is a :class:`UserError`
+    naming the (first) video.
     """
-    device = torch.device("cpu" if args.device == "auto" else args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    device = "cpu" if args.device == "auto" else args.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("CUDA is not available on this machine", f"--device {args.device}")
-    loaded = load_model(args.checkpoint)
-    model, classes = loaded.model.to(device).eval(), loaded.classes
-    run = argparse.Namespace(**{**loaded.args, **{k: v for k, v in vars(args).items() if v is not None}})
-    check_clip_fits(model, run)
-    records = [VideoRecord(path, 0) for path in args.videos]
-    ds = KineticsVideoDataset(
-        Annotations(records, classes),
-        "test",
-        run.num_frames,
-        run.stride,
-        run.num_clips,
-        transform_config(run),
-        sampling=getattr(run, "sampling", None) or "stride",  # SSv2 runs sample segments
-    )
-    results = []
-    for i, path in enumerate(args.videos):
-        try:
-            views = ds[i]["video"]  # (V, C, T, S, S)
-        except BrokenSample as e:
-            raise UserError(f"cannot read the video ({e.reason})", path) from None
-        probs = model(views.to(device)).float().softmax(-1).mean(0)  # (K,)
-        top = probs.topk(min(args.top_k, len(classes)))
-        results.append({
-            "video": str(path),
-            "top": [{"label": classes[j], "score": round(s, 4)} for s, j in zip(top.values.tolist(), top.indices.tolist())],
-        })  # fmt: skip
-    return results
+    views = {k: getattr(args, k) for k in VIEW_OPTIONS}
+    predictor = Predictor.from_checkpoint(args.checkpoint, device, top_k=args.top_k, **views)
+    preds = predictor.predict_files(args.videos)
+    if all(p.skipped is not None for p in preds):
+        first = preds[0]
+        what = f"cannot read the video ({first.skipped})" if len(preds) == 1 else "no video could be read"
+        raise UserError(what if len(preds) == 1 else f"{what} ({len(preds)} skipped; first: {first.skipped})",
+                        first.path)  # fmt: skip
+    return preds

@@ -8,7 +8,7 @@ by the commands that read image files.
 
 from .configs import CONFIGS, DEFAULTS
 from .model import ARCHS, DEMO_CONFIG, build_model, load_init_weights, load_model, scaled_sizes
-from .predict import Prediction, predict_files
+from .predict import Prediction, Predictor, predict_files
 from .shapes import CLASS_NAMES, NUM_CLASSES, ShapeScenes, make_shape_splits, sample_scenes
 from .task import ClassifyTask
 
@@ -21,6 +21,7 @@ __all__ = [
     "NUM_CLASSES",
     "ClassifyTask",
     "Prediction",
+    "Predictor",
     "ShapeScenes",
     "build_model",
     "load_init_weights",

@@ -23,16 +23,20 @@ import torch
 
 from ..engine import (
     RESIZE_MODES,
+    Summary,
     UserError,
     add_alias,
     add_arch_arg,
     add_data_root_arg,
     add_eval_args,
+    add_json_arg,
     add_make_data_counts,
     add_num_heads_arg,
     add_pos_args,
     add_train_args,
+    configs_command,
     device_arg,
+    done_line,
     evaluate_checkpoint,
     fit,
     image_side,
@@ -42,15 +46,17 @@ from ..engine import (
     parse_with_config,
     positive_float,
     positive_int,
+    print_closing,
+    run_reported,
     unit_fraction,
 )
 from ..engine.recipes import add_recipe_args
 from ..models.cpvt import GLOBAL_POOLS, POS_ENCODINGS
-from .configs import CONFIGS, DEFAULTS
+from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS
 from .data import AUGMENTS, NORMALIZE, check_layout, require_torchvision
 from .make_data import FORMATS, write_shapes_folder
 from .model import ARCHS
-from .predict import predict_files
+from .predict import Predictor, check_files_exist
 from .shapes import CLASS_NAMES
 from .task import ClassifyTask
 
@@ -60,6 +66,7 @@ __all__ = [
     "build_make_data_parser",
     "build_predict_parser",
     "build_train_parser",
+    "configs",
     "evaluate",
     "make_data",
     "parse_train_args",
@@ -69,6 +76,8 @@ __all__ = [
 
 #: the generated shapes' split sizes (make-data's defaults, the demo recipe's)
 NUM_TRAIN, NUM_VAL = DEFAULTS["num_train"], DEFAULTS["num_val"]
+#: the closing lines' metrics: top-1 / top-5, at the training size
+SUMMARY = Summary(("top1", "top5"), size_key="train_size")
 
 
 def crop_ratio(text: str) -> float:
@@ -167,6 +176,7 @@ def build_predict_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=device_arg, default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=positive_int, help="torch intra-op CPU threads")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    add_json_arg(p)
     return p
 
 
@@ -178,6 +188,7 @@ def build_make_data_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=sorted(FORMATS), default="png")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    add_json_arg(p)
     return p
 
 
@@ -190,9 +201,13 @@ def make_data(argv: Sequence[str] | None = None) -> int:
     counts = write_shapes_folder(
         args.out, args.num_train, args.num_val, args.img_size, args.seed, args.format
     )
-    print(f"wrote {counts['train']} train and {counts['val']} val images ({args.img_size} px, "
-          f"{len(CLASS_NAMES)} class folders) to {args.out}")  # fmt: skip
-    print(f"train on them: python -m peg_core train --config demo --data-root {args.out}")
+    if not args.json:
+        print(f"train on them: python -m peg_core train --config demo --data-root {args.out}")
+    line = done_line("make-data", f"{counts['train']} train and {counts['val']} val images, {args.img_size} px, "
+                     f"{len(CLASS_NAMES)} classes", args.out)  # fmt: skip
+    print_closing(
+        line, {"command": "make-data", **counts, "img_size": args.img_size, "out": str(args.out)}, args.json
+    )
     return 0
 
 
@@ -209,9 +224,7 @@ def train(argv: Sequence[str] | None = None) -> dict[str, Any]:
         check_layout(args.data_root)  # before the output folder is made
     if args.init is not None and not args.init.is_file():
         raise UserError("--init weights not found", args.init)  # before the output folder is made
-    report = fit(ClassifyTask(), args)
-    print(f"checkpoint: {report['checkpoint']}; report: {Path(report['output_dir']) / 'report.json'}")
-    return report
+    return run_reported("train", args, lambda: fit(ClassifyTask(), args), SUMMARY)
 
 
 def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -221,9 +234,7 @@ def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if args.device.startswith("cuda"):
             raise UserError("quantized models run on the CPU only", f"--device {args.device}")
         args.device = "cpu"
-    report = evaluate_checkpoint(ClassifyTask(), args)
-    print(f"report: {Path(report['output_dir']) / 'report.json'}")
-    return report
+    return run_reported("eval", args, lambda: evaluate_checkpoint(ClassifyTask(), args), SUMMARY)
 
 
 def predict(argv: Sequence[str] | None = None) -> int:
@@ -237,17 +248,33 @@ def predict(argv: Sequence[str] | None = None) -> int:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("CUDA is not available on this machine", f"--device {args.device}")
     require_torchvision("predict")
-    preds = predict_files(args.checkpoint, args.images, args.top_k, args.img_size, device, args.batch_size)
-    for pred in preds:
-        print(pred.line())
+    check_files_exist(args.images)  # a mistyped path: one line before the model is read
+    predictor = Predictor.from_checkpoint(
+        args.checkpoint, device, top_k=args.top_k, img_size=args.img_size, batch_size=args.batch_size
+    )
+    preds = predictor.predict_files(args.images)
+    if not args.json:
+        for pred in preds:
+            print(pred.line())
     skipped = [p for p in preds if p.skipped is not None]
+    rows = [p.to_json() for p in preds]
     if args.output is not None:
-        rows = [{"path": p.path, "top": [{"class": c, "p": v} for c, v in p.top], "skipped": p.skipped}
-                for p in preds]  # fmt: skip
         try:
             args.output.write_text(json.dumps(rows, indent=1) + "\n")
         except OSError as e:
             raise UserError(f"cannot write predictions ({e.strerror or e})", args.output) from None
     if len(skipped) == len(preds):
         raise UserError(f"no file could be read as an image ({len(skipped)} skipped)", skipped[0].path)
+    line = done_line(
+        "predict", f"{len(preds) - len(skipped)} images, {len(skipped)} skipped", args.output or "stdout"
+    )
+    print_closing(line, {"command": "predict", "predictions": rows}, args.json)
     return 0
+
+
+def configs(argv: Sequence[str] | None = None) -> int:
+    """``configs [NAME]``: the named recipes of ``train --config`` (:func:`peg_core.engine.configs_command`)."""
+    return configs_command(
+        argv or [], prog="python -m peg_core", configs=CONFIGS, train_parser=build_train_parser,
+        descriptions=DESCRIPTIONS,
+    )  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CONFIGS", "DEFAULTS"]
+__all__ = ["CONFIGS", "DEFAULTS", "DESCRIPTIONS"]
 
 #: named recipes (``--config``); explicit flags override them
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -31,4 +31,10 @@ _FOLDER_SETTINGS = ("augment", "crop_ratio", "normalize")
 DEFAULTS: dict[str, Any] = {
     **{k: v for k, v in CONFIGS["demo"].items() if k not in _FOLDER_SETTINGS},
     "pos_interpolation": "bicubic",
+}
+
+#: one line per recipe for ``python -m peg_core configs``
+DESCRIPTIONS: dict[str, str] = {
+    "demo": "the `make demo` recipe: small CPVT-PEG, 2048 generated 48 px shapes, 6 epochs (minutes on a CPU)",
+    "demo_quick": "demo with 512 images and 2 epochs: seconds, near chance (a smoke run)",
 }

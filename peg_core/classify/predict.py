@@ -1,36 +1,82 @@
-"""``predict``: the top-k classes of image files under a trained checkpoint."""
+"""``predict``: the top-k classes of images under a trained checkpoint (:class:`Predictor`).
+
+    from peg_core.classify.predict import Predictor
+    predictor = Predictor.from_checkpoint("runs/classify/checkpoint.pth", device="cpu", top_k=3)
+    print(predictor.predict_files(["a.png", "b.png"])[0].line())
+
+Inputs are image files, PIL images or image tensors ``(3, H, W)`` (uint8, or float in
+``[0, 1]``); each is resized and centre-cropped as in evaluation, at ``img_size`` or the
+training size.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..engine import BrokenSample, UserError, read_checkpoint
+from ..engine import UserError
+from ..engine.predictor import ClassPrediction, FilePredictor
 from .data import folder_transform, load_image
 from .model import load_model
 
-__all__ = ["Prediction", "predict_files"]
+__all__ = ["Prediction", "Predictor", "predict_files"]
+
+#: the classifier's result: ``top`` = ``[(class name, probability), ...]``, best first
+Prediction = ClassPrediction
 
 
-@dataclass
-class Prediction:
-    """The classes of one file, best first (``skipped`` says why a file was not classified)."""
+class Predictor(FilePredictor):
+    """A classifier restored from a ``peg_core train`` checkpoint; ``predictor(inputs) -> list[Prediction]``."""
 
-    path: str
-    top: list[tuple[str, float]] = field(default_factory=list)
-    skipped: str | None = None
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike,
+        device: str | torch.device = "cpu",
+        top_k: int = 5,
+        img_size: int | None = None,
+        batch_size: int = 32,
+    ) -> None:
+        loaded = load_model(checkpoint)
+        self.device = torch.device(device)
+        self.model = loaded.model.to(self.device).eval()
+        self.classes = loaded.classes
+        self.top_k = min(top_k, len(self.classes))
+        self.batch_size = batch_size
+        meta = loaded.meta
+        self.img_size = img_size or int(meta["img_size"])
+        self.transform = folder_transform(
+            self.img_size, False, crop_ratio=float(meta.get("crop_ratio", 0.875)),
+            mean=meta.get("mean", (0.5,) * 3), std=meta.get("std", (0.5,) * 3),
+        )  # fmt: skip
 
-    def line(self) -> str:
-        if self.skipped is not None:
-            return f"{self.path}: skipped ({self.skipped})"
-        return f"{self.path}: " + ", ".join(f"{name} {p:.3f}" for name, p in self.top)
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | os.PathLike, device: str | torch.device = "cpu", **options: Any
+    ) -> Predictor:
+        """``options``: ``top_k`` (5), ``img_size`` (the training size), ``batch_size`` (32)."""
+        return cls(path, device, **options)
+
+    def read(self, path: str) -> Any:
+        return load_image(path)
+
+    def prepare(self, item: Any) -> torch.Tensor:
+        return self.transform(item)
+
+    def run(self, paths: list[str | None], items: list[torch.Tensor]) -> list[Prediction]:
+        probs = self.model(torch.stack(items).to(self.device)).float().softmax(-1)
+        values, indices = probs.topk(self.top_k, dim=-1)
+        return [
+            Prediction(path, top=[(self.classes[j], p) for j, p in zip(idx, v)])
+            for path, v, idx in zip(paths, values.tolist(), indices.tolist())
+        ]
+
+    def skipped(self, path: str, reason: str) -> Prediction:
+        return Prediction(path, skipped=reason)
 
 
-@torch.no_grad()
 def predict_files(
     checkpoint: str | os.PathLike,
     files: Sequence[str | os.PathLike],
@@ -39,34 +85,17 @@ def predict_files(
     device: str | torch.device = "cpu",
     batch_size: int = 32,
 ) -> list[Prediction]:
-    """Classify ``files`` (resized + centre-cropped as in evaluation, at ``img_size`` or the training size).
+    """Classify ``files`` (:class:`Predictor`); a missing file is a :class:`UserError` before the model is read.
 
-    A missing file is a :class:`UserError` (before the model is read); a file that is not a
-    readable image becomes a skipped :class:`Prediction`.
+    A file that is not a readable image becomes a skipped :class:`Prediction`.
     """
+    check_files_exist(files)
+    predictor = Predictor(checkpoint, device, top_k=top_k, img_size=img_size, batch_size=batch_size)
+    return predictor.predict_files(files)
+
+
+def check_files_exist(files: Sequence[str | os.PathLike]) -> None:
+    """A missing image is a mistyped path: one line before any work (an unreadable one is only skipped)."""
     for f in files:
-        if not Path(f).is_file():
+        if not os.path.isfile(f):
             raise UserError("image not found", f)
-    ckpt = read_checkpoint(checkpoint, "classify")
-    model = load_model(ckpt, checkpoint).model.to(device)
-    meta = ckpt["meta"]
-    classes = meta["classes"]
-    tf = folder_transform(
-        img_size or int(meta["img_size"]), False, crop_ratio=float(meta.get("crop_ratio", 0.875)),
-        mean=meta.get("mean", (0.5,) * 3), std=meta.get("std", (0.5,) * 3),
-    )  # fmt: skip
-    out = [Prediction(str(f)) for f in files]
-    ready: list[tuple[Prediction, torch.Tensor]] = []
-    for pred in out:
-        try:
-            ready.append((pred, tf(load_image(pred.path))))
-        except BrokenSample as e:
-            pred.skipped = e.reason
-    k = min(top_k, len(classes))
-    for i in range(0, len(ready), batch_size):
-        chunk = ready[i : i + batch_size]
-        probs = model(torch.stack([x for _, x in chunk]).to(device)).float().softmax(-1)
-        values, indices = probs.topk(k, dim=-1)
-        for (pred, _), v, idx in zip(chunk, values.tolist(), indices.tolist()):
-            pred.top = [(classes[j], p) for j, p in zip(idx, v)]
-    return out

@@ -101,9 +101,9 @@ def run_data(ckpt: dict[str, Any]) -> dict[str, Any]:
 
 
 def _summary(metrics: dict[str, Any]) -> str:
-    text = f"val top-1 {metrics['top1']:.4f}"
+    text = f"val top1 {metrics['top1']:.4f}"
     if "top5" in metrics:
-        text += f" top-5 {metrics['top5']:.4f}"
+        text += f" top5 {metrics['top5']:.4f}"
     return text + f" loss {metrics['loss']:.4f} ({metrics['samples']} images)"
 
 
@@ -111,7 +111,7 @@ def _size_summary(metrics: dict[str, Any]) -> str:
     parts = []
     for size, top1 in metrics["top1_by_size"].items():
         top5 = metrics.get("top5_by_size", {}).get(size)
-        parts.append(f"{size} px top-1 {top1:.4f}" + (f" top-5 {top5:.4f}" if top5 is not None else ""))
+        parts.append(f"{size} px top1 {top1:.4f}" + (f" top5 {top5:.4f}" if top5 is not None else ""))
     return "; ".join(parts)
 
 

@@ -12,6 +12,7 @@ one-line usage error before any work starts.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -352,6 +353,21 @@ def add_train_args(
     g.add_argument("--find-unused-parameters", action="store_true", help="DDP flag, for frozen branches only")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress display")
     g.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    g.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved settings (recipe, then flags) as JSON and exit without training",
+    )
+    add_json_arg(g)
+
+
+def add_json_arg(group: argparse._ActionsContainer) -> None:
+    """``--json``: the command's report as the only stdout line (:mod:`peg_core.engine.summary`)."""
+    group.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as one JSON line instead of the closing summary (other output: stderr)",
+    )
 
 
 def add_eval_args(p: argparse.ArgumentParser, *, batch_size: int | None = None) -> None:
@@ -359,7 +375,10 @@ def add_eval_args(p: argparse.ArgumentParser, *, batch_size: int | None = None) 
     g = p.add_argument_group("run (common to every package)")
     g.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pth written by train")
     g.add_argument(
-        "--output-dir", type=Path, help="where report.json goes (default: the checkpoint's folder)"
+        "--output-dir",
+        type=Path,
+        help="where report.json goes (default: eval/ beside the checkpoint; a training report is never "
+        "overwritten)",
     )
     g.add_argument("--batch-size", type=positive_int, default=batch_size, help="samples per process")
     g.add_argument("--workers", type=nonnegative_int, default=2, help="DataLoader worker processes")
@@ -371,6 +390,7 @@ def add_eval_args(p: argparse.ArgumentParser, *, batch_size: int | None = None) 
     g.add_argument("--threads", type=positive_int, help="torch intra-op CPU threads")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress display")
     g.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    add_json_arg(g)
 
 
 def parse_with_config(
@@ -471,4 +491,86 @@ def new_parser(prog: str, description: str | None = None) -> ArgumentParser:
     return ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
 
 
-__all__ += ["MAX_IMAGE_SIDE", "PEG_OPTIONS", "PEG_PADDINGS", "HelpFormatter", "new_parser", "peg_kwargs"]
+__all__ += [
+    "MAX_IMAGE_SIDE", "PEG_OPTIONS", "PEG_PADDINGS", "HelpFormatter", "add_json_arg", "configs_command",
+    "new_parser", "peg_kwargs",
+]  # fmt: skip
+
+
+# ------------------------------------------------------------------------- the recipes, made visible
+
+
+def _flag_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """argparse dest -> its visible action (the one with the long option a user types, not a hidden alias)."""
+    actions: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        if any(o.startswith("--") for o in action.option_strings) and action.help is not argparse.SUPPRESS:
+            actions.setdefault(action.dest, action)
+    return actions
+
+
+def _flag_value(value: Any) -> str:
+    """A recipe value as it would be typed: lists comma-separated, an empty string as ''."""
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return "''" if value == "" else str(value)
+
+
+def _as_flag(dest: str, value: Any, action: argparse.Action | None) -> str:
+    """One recipe entry as command-line text (``--hflip``, ``--no-hflip``, ``--epochs 6``)."""
+    if action is None:
+        return f"{dest}={_flag_value(value)}"
+    name = next(o for o in action.option_strings if o.startswith("--"))
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return name if value else "--no-" + name[2:]
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        return name if bool(value) == action.const else f"{dest}={value}"
+    if isinstance(value, dict):  # KEY=VALUE options (video's --model-opt): the flag once per key
+        return " ".join(f"{name} {k}={v}" for k, v in value.items()) or f"{dest}={{}}"
+    return f"{name} {_flag_value(value)}"
+
+
+def recipe_flags(recipe: Mapping[str, Any], parser: argparse.ArgumentParser) -> str:
+    """``--arch demo --pos-enc peg ...``: the flags a recipe sets, in the parser's spelling."""
+    actions = _flag_actions(parser)
+    return " ".join(_as_flag(k, v, actions.get(k)) for k, v in recipe.items())
+
+
+def configs_command(
+    argv: Sequence[str],
+    *,
+    prog: str,
+    configs: Mapping[str, Mapping[str, Any]],
+    train_parser: Callable[[], argparse.ArgumentParser],
+    descriptions: Mapping[str, str] | None = None,
+) -> int:
+    """The ``configs`` verb of every package: the named recipes of ``train --config NAME``.
+
+    ``configs`` lists each recipe with its one-line description and the flags it sets;
+    ``configs NAME`` prints that recipe's full settings (the ``train`` defaults with the recipe
+    applied) as JSON; an unknown name is a usage error listing the known ones.
+    """
+    p = new_parser(f"{prog} configs", "The named recipes of 'train --config NAME' and what they set.")
+    p.add_argument("name", nargs="?", help="one recipe: print its full settings as JSON")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    args = p.parse_args(list(argv))
+    descriptions = descriptions or {}
+    parser = train_parser()
+    if args.name is None:
+        for name, recipe in configs.items():
+            print(f"{name}: {descriptions.get(name, '(no description)')}")
+            print(f"    {recipe_flags(recipe, parser)}")
+        print(f"\nfull settings of one: {prog} configs NAME; train with one: {prog} train --config NAME")
+        return 0
+    if args.name not in configs:
+        p.error(f"unknown recipe {args.name!r}; choose from {', '.join(configs)}")
+    settings = {
+        a.dest: a.default
+        for a in parser._actions
+        if a.default is not argparse.SUPPRESS and a.dest not in ("help", "config")
+    }
+    settings = {**settings, **parser._defaults, **configs[args.name]}
+    for dest in ("print_config", "json", "debug"):
+        settings.pop(dest, None)
+    print(json.dumps(json_safe(dict(sorted(settings.items()))), indent=1))
+    return 0

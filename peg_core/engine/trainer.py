@@ -63,11 +63,16 @@ __all__ = [
     "StepOutput",
     "Task",
     "TrainParts",
+    "eval_output_dir",
     "evaluate_checkpoint",
     "fit",
     "write_json",
 ]
 
+#: the run's summary, in OUTPUT_DIR (train) or the eval folder (eval)
+REPORT_NAME = "report.json"
+#: ``eval``'s default output folder, beside the checkpoint (the training run's report stays)
+EVAL_DIR_NAME = "eval"
 #: ``--amp`` values -> autocast dtype (CUDA only; CPU autocast is slower here)
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -315,6 +320,7 @@ class _Fit:
         start_epoch, step, metrics = 0, 0, {}
         if ckpt is not None:
             start_epoch, step, metrics = self._restore(ckpt, ckpt_path)
+        self.epochs_done = start_epoch
         net: nn.Module = parts.model
         if ctx.dist.distributed:
             net = nn.parallel.DistributedDataParallel(
@@ -351,6 +357,7 @@ class _Fit:
                     if parts.summary is not None:
                         ctx.print(f"epoch {epoch + 1}/{epochs}: {parts.summary(metrics)}")
                 self._save(epoch, step, metrics)
+                self.epochs_done = epoch + 1
                 stop_after = getattr(args, "stop_after_epoch", None)
                 if stop_after is not None and epoch + 1 >= stop_after and not last:
                     ctx.print(
@@ -365,7 +372,7 @@ class _Fit:
             logger.close()
         report = self._report(status, step, train_stats, metrics)
         if ctx.is_main:
-            write_json(self.out / "report.json", report)
+            write_json(self.out / REPORT_NAME, report)
         return report
 
     def _restore(self, ckpt: dict[str, Any], path: Path | None) -> tuple[int, int, dict[str, Any]]:
@@ -490,6 +497,7 @@ class _Fit:
             "command": "train",
             "status": status,
             "epochs": self.args.epochs,
+            "epochs_done": self.epochs_done,
             "steps": step,
             "seconds": round(time.time() - self.t0, 1),
             "train": train,
@@ -512,14 +520,46 @@ def _json_roundtrip(obj: Any) -> Any:
 # --------------------------------------------------------------------------------------- evaluate
 
 
+def _report_command(path: Path) -> str | None:
+    """The ``command`` of the ``report.json`` at ``path`` (None: no file); ``"?"`` for one not ours."""
+    if not path.is_file():
+        return None
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return "?"
+    return str(report.get("command", "?")) if isinstance(report, dict) else "?"
+
+
+def eval_output_dir(checkpoint: Path, output_dir: str | os.PathLike | None) -> Path:
+    """Where ``eval`` writes its ``report.json``: ``--output-dir``, by default ``<checkpoint folder>/eval``.
+
+    The training run's ``report.json`` sits beside its checkpoint, so ``eval`` never writes
+    there by default; an ``--output-dir`` whose ``report.json`` is not an earlier eval's (a
+    training report, ``predict``'s, a file of someone else) is refused rather than overwritten.
+    """
+    out = Path(output_dir) if output_dir else checkpoint.parent / EVAL_DIR_NAME
+    held = _report_command(out / REPORT_NAME)
+    if held not in (None, "eval"):
+        whose = "a training run's" if held == "train" else f"another command's ({held})"
+        raise UserError(
+            f"--output-dir holds {whose} report.json, which eval would overwrite; choose another folder "
+            f"(default: {checkpoint.parent / EVAL_DIR_NAME})",
+            out,
+        )
+    return out
+
+
 def evaluate_checkpoint(task: Task, args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate ``args.checkpoint``; returns the report (also written to OUTPUT_DIR/report.json).
 
-    The output folder is checked before the checkpoint is read, so an unwritable folder fails
-    in a second, not after the whole evaluation.
+    OUTPUT_DIR is ``--output-dir``, by default ``eval/`` beside the checkpoint
+    (:func:`eval_output_dir`: a training report is never overwritten).  The output folder is
+    checked before the checkpoint is read, so an unwritable folder fails in a second, not after
+    the whole evaluation.
     """
     ckpt_path = Path(args.checkpoint)
-    out = Path(args.output_dir) if getattr(args, "output_dir", None) else ckpt_path.parent
+    out = eval_output_dir(ckpt_path, getattr(args, "output_dir", None))
     args.output_dir = out
     t0 = time.time()
     ctx = _start(args, out)
@@ -540,9 +580,10 @@ def evaluate_checkpoint(task: Task, args: argparse.Namespace) -> dict[str, Any]:
             "eval": _json_roundtrip(metrics),
             "broken": {name: log.report() for name, log in ctx.broken.items()},
             "output_dir": str(out),
+            "report": str(out / REPORT_NAME),
         }
         if ctx.is_main:
-            write_json(out / "report.json", report)
+            write_json(out / REPORT_NAME, report)
             if parts.summary is not None:
                 print(parts.summary(metrics), flush=True)
         return report

@@ -68,7 +68,13 @@ def test_train_eval_predict_on_generated_shapes(tmp_path, capsys):
     # the same weights on the same 24 validation scenes at the training size: the training run's number
     assert ev["eval"]["top1"] == trained["eval"]["top1"] == ev["eval"]["top1_by_size"]["16"]
     assert all(round(v * 24) == pytest.approx(v * 24) for v in ev["eval"]["top1_by_size"].values())
-    assert "16 px top-1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "16 px top1" in out
+    # one closing line, the report's own keys and numbers, and where the report is
+    top1, top5 = ev["eval"]["top1"], ev["eval"]["top5_by_size"]["16"]
+    assert out.splitlines()[-1] == (
+        f"eval done: top1 {top1:.3f} top5 {top5:.3f} at 16 px ({tmp_path / 'ev' / 'report.json'})"
+    )
 
     shapes = tmp_path / "shapes"
     assert main(["make-data", str(shapes), "--num-train", "12", "--num-val", "12", "--img-size", "16"]) == 0
@@ -81,8 +87,9 @@ def test_train_eval_predict_on_generated_shapes(tmp_path, capsys):
         == 0
     )
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 3 and lines[0].startswith(f"{images[0]}: ") and lines[0].count(",") == 2
+    assert len(lines) == 4 and lines[0].startswith(f"{images[0]}: ") and lines[0].count(",") == 2
     assert lines[2] == f"{tmp_path / 'notes.jpg'}: skipped (not an image (no image format recognised))"
+    assert lines[3] == f"predict done: 2 images, 1 skipped ({tmp_path / 'p.json'})"
     rows = json.loads((tmp_path / "p.json").read_text())
     assert [len(r["top"]) for r in rows] == [3, 3, 0] and rows[2]["skipped"]
     assert all(r["top"][0]["class"] in ckpt["meta"]["classes"] for r in rows[:2])
@@ -126,8 +133,10 @@ def test_image_folder_from_make_data_with_broken_files(tmp_path, capsys):
         main(["eval", "--checkpoint", str(run / "checkpoint.pth"), "--eval-sizes", "12,16", "--no-progress"])
         == 0
     )
-    ev = json.loads((run / "report.json").read_text())["eval"]
+    # by default the eval report goes to eval/ beside the checkpoint: the training report stays
+    ev = json.loads((run / "eval" / "report.json").read_text())["eval"]
     assert ev["top1"] == pytest.approx(report["eval"]["top1"]) and list(ev["top1_by_size"]) == ["12", "16"]
+    assert json.loads((run / "report.json").read_text()) == report
 
     # the default --max-broken (1%): 2 of 38 stop the run with one line
     capsys.readouterr()
@@ -242,3 +251,125 @@ def test_make_data_refuses_a_used_folder(tmp_path, capsys):
         err
         == f"error: output folder already holds val/; remove it or choose another folder: {tmp_path / 'd'}"
     )
+
+
+def test_eval_never_overwrites_the_training_report(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run, "--epochs", "1") == 0
+    trained = (run / "report.json").read_text()
+    ckpt = str(run / "checkpoint.pth")
+    capsys.readouterr()
+    err = one_line_error(
+        capsys, main(["eval", "--checkpoint", ckpt, "--output-dir", str(run), "--no-progress"])
+    )
+    assert err == (
+        "error: --output-dir holds a training run's report.json, which eval would overwrite; choose another "
+        f"folder (default: {run / 'eval'}): {run}"
+    )
+    assert (run / "report.json").read_text() == trained
+    assert main(["eval", "--checkpoint", ckpt, "--no-progress"]) == 0
+    assert json.loads((run / "eval" / "report.json").read_text())["command"] == "eval"
+    assert main(["eval", "--checkpoint", ckpt, "--no-progress"]) == 0  # an eval report may be replaced
+    assert (run / "report.json").read_text() == trained
+
+
+def test_closing_lines_and_json(tmp_path, capsys):
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert _train(run, "--epochs", "1") == 0
+    report = json.loads((run / "report.json").read_text())
+    m = report["eval"]
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == f"train done: top1 {m['top1']:.3f} top5 {m['top5']:.3f}, 1 epoch, 0 skipped ({run})"
+    # --json: the report is the only stdout line; the epoch lines went to stderr
+    assert _train(tmp_path / "j", "--epochs", "1", "--json") == 0
+    captured = capsys.readouterr()
+    (line,) = captured.out.splitlines()
+    assert json.loads(line) == json.loads((tmp_path / "j" / "report.json").read_text())
+    assert "epoch 1/1" in captured.err
+    ckpt = str(run / "checkpoint.pth")
+    assert main(["eval", "--checkpoint", ckpt, "--eval-sizes", "16", "--no-progress", "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line) == json.loads((run / "eval" / "report.json").read_text())
+    shapes = tmp_path / "shapes"
+    assert (
+        main(["make-data", str(shapes), "--num-train", "12", "--num-val", "12", "--img-size", "16", "--json"])
+        == 0
+    )
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line) == {
+        "command": "make-data",
+        "train": 12,
+        "val": 12,
+        "img_size": 16,
+        "out": str(shapes),
+    }
+    image = sorted((shapes / "val").glob("*/*.png"))[0]
+    assert (
+        main(["predict", "--checkpoint", ckpt, str(image), "--top-k", "2", "--device", "cpu", "--json"]) == 0
+    )
+    (line,) = capsys.readouterr().out.splitlines()
+    (row,) = json.loads(line)["predictions"]
+    assert row["path"] == str(image) and len(row["top"]) == 2 and row["skipped"] is None
+
+
+def test_configs_verb_and_print_config(tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["configs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("demo: the `make demo` recipe") and out[1].strip().startswith(
+        "--arch demo --pos-enc peg"
+    )
+    assert out[2].startswith("demo_quick: ") and "--num-train 512" in out[3] and "--epochs 2" in out[3]
+    assert main(["configs", "demo_quick"]) == 0
+    settings = json.loads(capsys.readouterr().out)
+    assert (settings["num_train"], settings["epochs"], settings["lr"], settings["workers"]) == (
+        512,
+        2,
+        2e-3,
+        2,
+    )
+    err = one_line_error(capsys, main(["configs", "nope"]), 2)
+    assert (
+        err
+        == "error: python -m peg_core configs: unknown recipe 'nope'; choose from demo, demo_quick (see --help)"
+    )
+    # --print-config: the recipe, then the flags; nothing trained, nothing written
+    never = tmp_path / "never"
+    assert (
+        main(
+            ["train", "--config", "demo_quick", "--epochs", "3", "--output-dir", str(never), "--print-config"]
+        )
+        == 0
+    )
+    resolved = json.loads(capsys.readouterr().out)
+    assert (resolved["epochs"], resolved["num_train"], resolved["output_dir"]) == (3, 512, str(never))
+    assert not never.exists()
+
+
+def test_predictor_api(tmp_path):
+    from PIL import Image
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    from peg_core.classify.predict import Prediction, Predictor
+
+    run = tmp_path / "run"
+    assert _train(run, "--epochs", "1") == 0
+    predictor = Predictor.from_checkpoint(run / "checkpoint.pth", device="cpu", top_k=3)
+    shapes = tmp_path / "shapes"
+    assert main(["make-data", str(shapes), "--num-train", "12", "--num-val", "12", "--img-size", "16"]) == 0
+    image = sorted((shapes / "val").glob("*/*.png"))[0]
+    (tmp_path / "bad.png").write_text("no")
+    by_path = predictor.predict_files([image, tmp_path / "bad.png"])
+    assert [type(p) for p in by_path] == [Prediction, Prediction] and by_path[1].skipped.startswith(
+        "not an image"
+    )
+    assert by_path[0].path == str(image) and len(by_path[0].top) == 3 and by_path[1].top == []
+    # the same image as a tensor, and as a PIL image: the same classes and probabilities
+    with Image.open(image) as im:
+        pil = im.convert("RGB")
+    tensor = pil_to_tensor(pil)  # uint8 (3, H, W)
+    for p in predictor([tensor, pil]):
+        assert p.path is None and [c for c, _ in p.top] == [c for c, _ in by_path[0].top]
+        assert [v for _, v in p.top] == pytest.approx([v for _, v in by_path[0].top], abs=1e-5)
+    assert by_path[0].line().startswith(f"{image}: {by_path[0].top[0][0]} ")

@@ -204,7 +204,9 @@ def test_eval_checkpoint_report_and_wrong_task(tmp_path, capsys):
     add_eval_args(p)
     report = evaluate_checkpoint(ToyTask(), p.parse_args(["--checkpoint", str(tmp_path / "checkpoint.pth")]))
     assert report["command"] == "eval" and report["eval"]["mse"] > 0
-    assert json.loads((tmp_path / "report.json").read_text())["command"] == "eval"
+    # eval/ beside the checkpoint: the training run's report.json stays
+    assert json.loads((tmp_path / "eval" / "report.json").read_text())["command"] == "eval"
+    assert json.loads((tmp_path / "report.json").read_text())["command"] == "train"
 
     class Other(ToyTask):
         name = "video"

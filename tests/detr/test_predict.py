@@ -52,11 +52,12 @@ def test_predict_cli_writes_images_and_json(checkpoint, tmp_path):
     )
     report = json.loads((out / "detections.json").read_text())
     assert sorted(report) == sorted(map(str, images))
-    predictor = Predictor(ckpt)
+    predictor = Predictor.from_checkpoint(ckpt, threshold=0.0)
     for path in images:
         original = _read(path)
         drawn = _read(out / f"{path.stem}.png")
-        assert drawn.shape == original.shape
+        # a 64 px input is drawn on a 512 px canvas (same aspect), so the captions are legible
+        assert drawn.shape == (3, 512, 512) and original.shape == (3, 64, 64)
         dets = report[str(path)]
         assert len(dets) == 5  # threshold 0: every query (softmax scores are > 0)
         h, w = original.shape[-2:]
@@ -66,11 +67,44 @@ def test_predict_cli_writes_images_and_json(checkpoint, tmp_path):
             assert d["name"] == names.get(d["label"], str(d["label"])) and 0 < d["score"] <= 1
             x0, y0, x1, y1 = d["box"]
             assert -1e-3 <= x0 <= x1 <= w + 1e-3 and -1e-3 <= y0 <= y1 <= h + 1e-3
-        assert not torch.equal(drawn, original)  # boxes were drawn
-        # The json holds exactly what the Predictor computes.
-        direct = predictor(original, threshold=0.0)
+        # The json holds exactly what the Predictor computes, from the file or from the tensor.
+        direct = predictor.detect(original)
         torch.testing.assert_close(torch.tensor([d["score"] for d in dets]), direct["scores"])
         torch.testing.assert_close(torch.tensor([d["box"] for d in dets]), direct["boxes"])
+        (from_file,) = predictor.predict_files([path])
+        (from_tensor,) = predictor(original)
+        assert [d.to_json() for d in from_file.detections] == dets and from_file.path == str(path)
+        assert [d.to_json() for d in from_tensor.detections] == dets and from_tensor.path is None
+
+
+def test_the_png_is_large_with_small_filled_captions(checkpoint, tmp_path):
+    """A 64 px input: the PNG is 512 px, the caption a small filled band above its box."""
+    from peg_detr.predict import PALETTE, Detection, caption_height, draw_detections
+
+    image = torch.full((3, 64, 48), 128, dtype=torch.uint8)  # plain grey, portrait
+    canvas = draw_detections(image, [Detection(1, "square", 0.93, [8.0, 24.0, 40.0, 56.0])])
+    assert canvas.size == (384, 512)  # long side 512, aspect kept: boxes scale by 8
+    pixels = pil_to_tensor(canvas).int()
+    colour = torch.tensor(PALETTE[1]).view(3, 1, 1)
+    filled = ((pixels - colour).abs() < 40).all(0)  # (H, W): the class's colour
+    top = 24 * 8  # the box's top edge on the canvas; the caption sits just above it
+    caption_rows = filled[:top].any(1).nonzero().flatten()
+    height = len(caption_rows)
+    assert height == caption_height(512) and int(caption_rows[-1]) == top - 1  # one band, touching the box
+    assert 0.02 < height / 512 < 0.06  # legible, and a small fraction of the canvas (not object-sized)
+    band = pixels[:, top - height : top, 64:]
+    assert (band.amax(0) < 60).any()  # black text on the filled background
+    assert filled[top, 64:320].all()  # the box's top edge, 8x wider than at 64 px
+
+    # the CLI writes that PNG
+    data, ckpt = checkpoint
+    path = sorted((data / "val2017").glob("*.jpg"))[0]
+    assert (
+        cli(["predict", str(path), "--checkpoint", str(ckpt), "--threshold", "0", "--out", str(tmp_path)])
+        == 0
+    )
+    with Image.open(tmp_path / f"{path.stem}.png") as im:
+        assert max(im.size) >= 512
 
 
 def test_predict_threshold_and_errors(checkpoint, tmp_path):
@@ -86,4 +120,4 @@ def test_predict_threshold_and_errors(checkpoint, tmp_path):
     bad = tmp_path / "bad.pth"
     torch.save({"weights": torch.zeros(1)}, bad)
     with pytest.raises(UserError, match="not a peg training checkpoint"):
-        Predictor(bad)
+        Predictor.from_checkpoint(bad)

@@ -61,6 +61,15 @@ def _model(path):
     return read_checkpoint(path, "detect")["model"]
 
 
+def test_train_closing_line(data, tmp_path, capsys):
+    capsys.readouterr()
+    assert cli(["train", *_argv(data, tmp_path, 1, "--eval-every", "0")]) == 0
+    m = json.loads((tmp_path / "report.json").read_text())["eval"]
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"train done: ap {m['ap']:.3f} ap50 {m['ap50']:.3f} at 64 px, 1 epoch, 0 skipped ({tmp_path})"
+    )
+
+
 def test_outputs_written(one_epoch):
     out, report = one_epoch
     assert report["status"] == "finished" and report["task"] == "detect" and report["steps"] == 4
@@ -147,14 +156,31 @@ def test_eval_command_multi_size(data, one_epoch, capsys):
     out, trained = one_epoch
     argv = ["--checkpoint", str(out / "checkpoint.pth"), "--output-dir", str(out / "ev"), "--eval-sizes", "48,64",
             "--val-size", "64", "--workers", "0", "--no-progress"]  # fmt: skip
+    capsys.readouterr()
     report = eval_main(argv)
     assert report["command"] == "eval" and set(report["eval"]["sizes"]) == {"48", "64"}
-    assert "short side |   AP" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "short side |   AP" in printed
+    m = report["eval"]
+    assert printed.splitlines()[-1] == (
+        f"eval done: ap {m['ap']:.3f} ap50 {m['ap50']:.3f} at 64 px ({out / 'ev' / 'report.json'})"
+    )
     # The saved model at the training run's size and batch reproduces the run's numbers (data from the checkpoint).
     for k in STAT_NAMES:
         assert report["eval"][k] == pytest.approx(trained["eval"][k], abs=1e-9), k
     assert json.loads((out / "ev" / "report.json").read_text())["eval"]["size"] == 64
     assert cli(["eval", *argv, "--data-root", str(data)]) == 0
+    # without --output-dir: eval/ beside the checkpoint; the training report stays; --json: one line
+    capsys.readouterr()
+    assert (
+        cli(
+            ["eval", "--checkpoint", str(out / "checkpoint.pth"), "--workers", "0", "--no-progress", "--json"]
+        )
+        == 0
+    )
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line) == json.loads((out / "eval" / "report.json").read_text())
+    assert json.loads((out / "report.json").read_text())["command"] == "train"
 
 
 def test_named_configs():
@@ -221,3 +247,32 @@ def test_learned_grid_flag_reaches_the_model():
     table = dict(model.named_parameters())
     (name,) = [k for k in table if k.endswith("pos_embed")]
     assert table[name].shape == (1, 5 * 7, args.hidden_dim)
+
+
+def test_configs_verb_and_print_config(tmp_path, capsys):
+    capsys.readouterr()
+    assert cli(["configs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    names = [line.split(":")[0] for line in out if line and not line.startswith(" ") and ": " in line]
+    assert names[: len(CONFIGS)] == list(CONFIGS)
+    tiny = out[out.index(next(x for x in out if x.startswith("demo_tiny: "))) + 1]
+    assert "--backbone tiny" in tiny and "--train-sizes 64,80,96" in tiny and "--crop-resize ''" in tiny
+    assert cli(["configs", "cpvt_peg_50ep"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert (full["pos_enc"], full["epochs"], full["lr_backbone"], full["arch"]) == ("peg", 50, 2e-5, "detr")
+    never = tmp_path / "never"
+    argv = [
+        "train",
+        "--config",
+        "demo_tiny",
+        "--data-root",
+        str(tmp_path),
+        "--epochs",
+        "2",
+        "--output-dir",
+        str(never),
+    ]
+    assert cli([*argv, "--print-config"]) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert (resolved["epochs"], resolved["train_scales"], resolved["crop_resize"]) == (2, [64, 80, 96], [])
+    assert not never.exists()

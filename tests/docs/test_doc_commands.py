@@ -157,6 +157,9 @@ RUNNABLE: list[tuple[str, str | None, str | None]] = [
     ("peg_video", "make-data", None),
     ("peg_core", "resize-pos-embed", None),
     ("peg_core", "make-data", None),
+    ("peg_core", "configs", None),
+    ("peg_detr", "configs", None),
+    ("peg_video", "configs", None),
 ]
 #: cheap commands that a dedicated test already runs for real (same flags): only parsed here, to keep
 #: the suite's time down
@@ -251,10 +254,60 @@ def _detr_checkpoint(path: Path) -> None:
     )  # fmt: skip
 
 
-#: files the docs' runnable commands read, created in the working directory before they run
+def _quiet(fn: Callable[[list[str]], object], argv: list[str]) -> None:
+    """Run a command function in process for a fixture, its console lines swallowed."""
+    import contextlib
+    import io
+
+    import torch
+
+    threads = torch.get_num_threads()  # --threads 1 of the tiny runs must not leak into later tests
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            assert fn(argv) is not None
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _classify_run(path: Path) -> None:
+    """A one-epoch tiny CPVT (seconds) and the generated shapes it reads (``data/py_shapes``)."""
+    from peg_core.classify import cli
+    from tests.core.classify_runs import tiny
+
+    work = path.parents[2]
+    _quiet(
+        cli.make_data,
+        [str(work / "data" / "py_shapes"), "--num-train", "12", "--num-val", "12", "--img-size", "16"],
+    )
+    _quiet(cli.train, [*tiny(24, 12), "--epochs", "1", "--output-dir", str(path.parent)])
+
+
+def _detect_images(path: Path) -> None:
+    """The synthetic COCO shapes (``make-data``'s layout) under ``path``."""
+    from peg_detr.data import SyntheticSpec, make_synthetic_coco
+
+    make_synthetic_coco(path, num_train=2, num_val=2, seed=0, spec=SyntheticSpec(size=64, num_classes=3))
+
+
+def _video_run(path: Path) -> None:
+    """A one-epoch tiny video transformer and the synthetic Kinetics set it reads (``data/py_video``)."""
+    from peg_video import cli
+    from tests.video.runs import TINY, synthetic_set
+
+    data = synthetic_set(path.parents[2] / "data" / "py_video", num_train=4, num_val=2, frames=8)
+    _quiet(
+        cli.train,
+        ["--train-ann", str(data / "train.csv"), "--output-dir", str(path.parent), *TINY, "--epochs", "1"],
+    )
+
+
+#: files the docs' commands and python blocks read, created in the working directory before they run
 FIXTURES: dict[str, Callable[[Path], None]] = {
     "deit_tiny_patch16_224.pth": _deit_checkpoint,
     "runs/detr_tiny/checkpoint.pth": _detr_checkpoint,
+    "runs/py_classify/checkpoint.pth": _classify_run,
+    "data/py_coco": _detect_images,
+    "runs/py_video/checkpoint.pth": _video_run,
 }
 
 
@@ -351,6 +404,10 @@ for line, code in blocks:
 @pytest.mark.parametrize("path", [p for p in DOCS if any(b[0] == "python" for b in blocks(p))], ids=_doc_id)
 def test_python_blocks(path: Path, tmp_path: Path) -> None:
     code = [(line, textwrap.dedent(src)) for lang, line, src in blocks(path) if lang == "python"]
+    for name, make in FIXTURES.items():  # e.g. the checkpoints the Predictor examples load
+        if any(name in src for _, src in code):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            make(tmp_path / name)
     runner = _RUNNER.format(blocks=code, doc=_doc_id(path))
     proc = subprocess.run(
         [sys.executable, "-c", runner], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300

@@ -26,7 +26,42 @@ def _args(*flags: str) -> argparse.Namespace:
 
 
 def test_the_verb_table():
-    assert list(COMMANDS) == ["make-data", "train", "eval", "predict", "prepare", "export"]
+    assert list(COMMANDS) == ["make-data", "train", "eval", "predict", "configs", "prepare", "export"]
+
+
+def test_configs_verb_lists_every_recipe_with_its_flags(capsys):
+    from peg_video.__main__ import main
+    from peg_video.configs import CONFIGS, DESCRIPTIONS
+
+    assert set(DESCRIPTIONS) == set(CONFIGS)
+    capsys.readouterr()
+    assert main(["configs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    i = out.index(f"synthetic_tiny: {DESCRIPTIONS['synthetic_tiny']}")
+    assert (
+        "--arch vit_tiny" in out[i + 1]
+        and "--peg-at -1,0" in out[i + 1]
+        and "--scale-jitter 32,36" in out[i + 1]
+    )
+    assert main(["configs", "k400_x3d_xs"]) == 0
+    full = __import__("json").loads(capsys.readouterr().out)
+    assert (full["arch"], full["num_frames"], full["crop"], full["dataset"]) == ("x3d_xs", 4, 160, "kinetics")
+
+
+def test_print_config_shows_what_the_checks_resolved(tmp_path, capsys):
+    """--print-config runs after the package's checks: a recipe's model keys leave with its --arch."""
+    import json
+
+    from peg_video.__main__ import main
+
+    capsys.readouterr()
+    argv = [*DATA, "--config", "synthetic_tiny", "--arch", "x3d_xs", "--pos-enc", "none", "--print-config"]
+    assert main(["train", *argv, "--output-dir", str(tmp_path / "never")]) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert (resolved["arch"], resolved["peg_at"], resolved["num_heads"], resolved["model_opts"]) == (
+        "x3d_xs", None, None, {},
+    )  # fmt: skip
+    assert resolved["sampling"] == "stride" and not (tmp_path / "never").exists()
 
 
 @pytest.mark.parametrize(

@@ -50,8 +50,10 @@ def test_loss_falls_and_outputs_are_written(data, tmp_path, capsys):
     assert 0.0 <= metrics["top1"] <= metrics["top5"] <= 1.0
     assert report["broken"]["train"] == {"count": 0, "total": 12, "samples": []}
     assert report["broken"]["val"] == {"count": 0, "total": 6, "samples": []}
-    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert printed["top1"] == metrics["top1"] and printed["broken"] == {"train": 0, "val": 0}
+    closing = capsys.readouterr().out.strip().splitlines()[-1]
+    assert closing == (
+        f"train done: top1 {metrics['top1']:.3f} top5 {metrics['top5']:.3f}, 8 epochs, 0 skipped ({out})"
+    )
     classes = json.loads((out / "classes.json").read_text())
     assert classes["classes"][0] == "circle_clockwise" and classes["index"]["move_up"] == 5
     ckpt = read_checkpoint(out / "checkpoint.pth", "video")
@@ -123,8 +125,15 @@ def test_eval_command_at_a_longer_clip(data, tmp_path, capsys):
     assert report["command"] == "eval" and report["epoch"] == 0 and report["broken"]["val"]["count"] == 0
     metrics = report["eval"]
     assert metrics["num_frames"] == 8 and metrics["num_videos"] == 6 and metrics["num_views"] == 6 * 2 * 3
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["top1"] == metrics["top1"]
+    closing = capsys.readouterr().out.strip().splitlines()[-1]
+    assert closing == (
+        f"eval done: top1 {metrics['top1']:.3f} top5 {metrics['top5']:.3f} at 8 frames, 32 px "
+        f"({tmp_path / 'ev' / 'report.json'})"
+    )
     assert _report(out)["command"] == "train"  # the run's report stays
+    assert main([*argv, "--json"]) == 0  # --json: the report is the only stdout line
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line) == _report(tmp_path / "ev")
 
 
 def test_eval_at_a_larger_crop_resizes_a_learned_table(data, tmp_path, monkeypatch):
@@ -173,8 +182,33 @@ def test_predict_lists_top_classes(data, tmp_path, capsys):
     assert (
         main(["predict", "--checkpoint", str(out / "checkpoint.pth"), *map(str, videos), "--top-k", "3"]) == 0
     )
-    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
-    assert [x["video"] for x in lines] == list(map(str, videos))
-    for line in lines:
-        scores = [t["score"] for t in line["top"]]
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert (
+        len(printed) == 3 and printed[-1] == f"predict done: 2 videos, 0 skipped ({out / 'checkpoint.pth'})"
+    )
+    argv = [
+        "predict",
+        "--checkpoint",
+        str(out / "checkpoint.pth"),
+        *map(str, videos),
+        "--top-k",
+        "3",
+        "--json",
+    ]
+    assert main(argv) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    rows = json.loads(line)["predictions"]
+    assert [x["path"] for x in rows] == list(map(str, videos))
+    for row, text in zip(rows, printed):
+        scores = [t["p"] for t in row["top"]]
         assert len(scores) == 3 and scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1.0001
+        assert text == f"{row['path']}: " + ", ".join(f"{t['class']} {t['p']:.3f}" for t in row["top"])
+    # the same through the Python API, and on a clip already at the model's input
+    from peg_video.predict import Predictor
+
+    predictor = Predictor.from_checkpoint(out / "checkpoint.pth", top_k=3)
+    (pred,) = predictor.predict_files(videos[:1])
+    assert [(c, round(p, 4)) for c, p in pred.top] == [(t["class"], t["p"]) for t in rows[0]["top"]]
+    views = predictor.read(str(videos[0]))
+    (again,) = predictor(views)
+    assert again.path is None and again.top == pred.top
