@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -100,4 +101,18 @@ def run_command(fn: Callable[[list[str]], Any], argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `configs NAME | head`: the reader left; nothing more to say to it
+        _silence_stdout()
+        return EXIT_ERROR
+    try:
+        sys.stdout.flush()  # a closed pipe surfaces here when the output was buffered
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_ERROR
     return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not raise again (Python docs' recipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
