@@ -41,12 +41,13 @@ from peg_core.engine import (
     evaluate_checkpoint,
     fit,
     grid_arg,
+    image_side,
+    image_side_list,
     new_parser,
     nonnegative_float,
     nonnegative_int,
     parse_with_config,
     positive_int,
-    positive_int_list,
     print_closing,
     run_reported,
     unit_fraction,
@@ -130,12 +131,12 @@ def sizes_or_off(text: str) -> list[int]:
     """``argparse`` type: ``"400,500,600"`` -> ``[400, 500, 600]``; ``""`` / ``off`` -> ``[]`` (disabled)."""
     if str(text).strip().lower() in ("", "off", "none"):
         return []
-    return positive_int_list(text)
+    return image_side_list(text)
 
 
 def min_max(text: str) -> list[int]:
     """``argparse`` type: ``"384,600"`` -> ``[384, 600]`` (two positive integers, min <= max)."""
-    values = positive_int_list(text)
+    values = image_side_list(text)
     if len(values) != 2 or values[0] > values[1]:
         raise argparse.ArgumentTypeError(f"expected MIN,MAX with MIN <= MAX, e.g. 384,600; got {text!r}")
     return values
@@ -170,10 +171,10 @@ def _add_val_args(p: argparse.ArgumentParser, *, required: bool) -> None:
         aliases=["--coco-path"],
     )
     g.add_argument("--val-json", help="validation json (default annotations/instances_val2017.json)")
-    g.add_argument("--val-size", type=positive_int, help="short side at evaluation (headline numbers)")
+    g.add_argument("--val-size", type=image_side, help="short side at evaluation (headline numbers)")
     g.add_argument(
         "--eval-sizes",
-        type=positive_int_list,
+        type=image_side_list,
         help="comma-separated short sides to evaluate at, e.g. 512,800,1024 (default: --val-size)",
     )
     g.add_argument(
@@ -194,11 +195,11 @@ def _add_train_data_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--train-sizes",
         dest="train_scales",
-        type=positive_int_list,
+        type=image_side_list,
         help="short sides of the multi-scale resize",
     )
-    add_alias(g, "--train-scales", dest="train_scales", type=positive_int_list)
-    g.add_argument("--max-size", type=positive_int, help="long-side cap of the training resize")
+    add_alias(g, "--train-scales", dest="train_scales", type=image_side_list)
+    g.add_argument("--max-size", type=image_side, help="long-side cap of the training resize")
     g.add_argument(
         "--crop-resize", type=sizes_or_off, help="sizes before the random crop; '' or off disables it"
     )

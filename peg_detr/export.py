@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg_core.engine import UserError, new_parser, positive_int
+from peg_core.engine import UserError, image_side, new_parser
 from peg_core.export.onnx import add_export_args, check_output_path, compare_onnxruntime, export_onnx
 
 from .model import load_model
@@ -34,7 +34,7 @@ __all__ = ["DetrForExport", "build_parser", "main"]
 
 def side_arg(text: str) -> int:
     """``argparse`` type: an example image side, at least 16 pixels."""
-    value = positive_int(text)
+    value = image_side(text)
     if value < 16:
         raise argparse.ArgumentTypeError(f"expected at least 16 pixels, got {text!r}")
     return value

@@ -33,6 +33,8 @@ from peg_core.engine import (
     done_line,
     evaluate_checkpoint,
     fit,
+    image_side,
+    image_side_list,
     new_parser,
     nonnegative_float,
     nonnegative_int,
@@ -100,15 +102,17 @@ _PEG_DESTS = ("peg_at", "peg_kernel_size", "peg_separable", "peg_padding", "peg_
 
 def even_size(text: str) -> int:
     """``argparse`` type: a frame side for yuv420p video, an even number of pixels >= 16."""
-    value = positive_int(text)
+    value = image_side(text)
     if value % 2 or value < 16:
         raise argparse.ArgumentTypeError(f"expected an even number of pixels >= 16 (yuv420p), got {text!r}")
     return value
 
 
-def _sized_list(count: int, what: str) -> Callable[[str], list[int]]:
+def _sized_list(
+    count: int, what: str, kind: Callable[[str], list[int]] = positive_int_list
+) -> Callable[[str], list[int]]:
     def parse(text: str) -> list[int]:
-        values = positive_int_list(text)
+        values = kind(text)
         if len(values) != count:
             raise argparse.ArgumentTypeError(f"expected {count} comma-separated {what}, got {text!r}")
         return values
@@ -116,7 +120,7 @@ def _sized_list(count: int, what: str) -> Callable[[str], list[int]]:
     return parse
 
 
-scale_range = _sized_list(2, "sizes MIN,MAX")
+scale_range = _sized_list(2, "sizes MIN,MAX", image_side_list)
 tubelet_size = _sized_list(3, "sizes T,H,W")
 
 
@@ -207,8 +211,8 @@ def _add_view_args(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument("--num-frames", type=positive_int, help="frames per clip")
     g.add_argument("--stride", type=positive_int, help="step between the frames of a clip")
-    g.add_argument("--crop", type=positive_int, help="crop side in pixels")
-    g.add_argument("--test-scale", type=positive_int, help="short side before the test crops")
+    g.add_argument("--crop", type=image_side, help="crop side in pixels")
+    g.add_argument("--test-scale", type=image_side, help="short side before the test crops")
     g.add_argument("--num-clips", type=positive_int, help="test clips per video")
     g.add_argument("--num-crops", type=int, choices=(1, 3), help="test crops per clip")
     g.add_argument("--reduction", choices=REDUCTIONS, help="fusion of a video's views")

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from peg_core.engine import UserError, new_parser, positive_int
+from peg_core.engine import UserError, image_side, new_parser, positive_int
 from peg_core.export.onnx import add_export_args, check_output_path, compare_onnxruntime, export_onnx
 
 from .model import load_model
@@ -36,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--num-frames", type=positive_int, help="example clip length (default: the training run's)"
     )
-    p.add_argument("--height", type=positive_int, help="example crop height (default: the training crop)")
-    p.add_argument("--width", type=positive_int, help="example crop width (default: the training crop)")
+    p.add_argument("--height", type=image_side, help="example crop height (default: the training crop)")
+    p.add_argument("--width", type=image_side, help="example crop width (default: the training crop)")
     return p
 
 
