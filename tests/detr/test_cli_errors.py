@@ -141,9 +141,9 @@ def test_missing_paths(data, tmp_path, capsys):
                                                               "got '0'"),
         (["train", "--data-root", "x", "--epochs", "0"], "argument --epochs: expected a positive integer, got '0'"),
         (["train", "--data-root", "x", "--eval-sizes", "80,abc"], "argument --eval-sizes: expected comma-separated "
-                                                                   "positive integers, got '80,abc'"),
+                                                                   "image sides in 1..4096, got '80,abc'"),
         (["train", "--data-root", "x", "--eval-sizes", "0"], "argument --eval-sizes: expected comma-separated "
-                                                              "positive integers, got '0'"),
+                                                              "image sides in 1..4096, got '0'"),
         (["train", "--data-root", "x", "--crop-size", "600,384"], "argument --crop-size: expected MIN,MAX with "
                                                                    "MIN <= MAX, e.g. 384,600; got '600,384'"),
         (["train", "--data-root", "x", "--amp", "none"], "argument --amp: invalid choice: 'none'"),
