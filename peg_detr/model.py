@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from peg_core.engine import LoadedModel, UserError, load_model_state, read_checkpoint, read_state_file
+from peg_core.engine import LoadedModel, UserError, checkpoint_and_where, load_model_state, read_state_file
 from peg_core.engine.cli import peg_kwargs
 
 from .models import build_detr
@@ -105,10 +105,7 @@ def load_model(
         (``""`` for an id the data set does not use: COCO's ids are sparse) and whose ``postprocess``
         turns the model's outputs into boxes in pixels.
     """
-    if isinstance(checkpoint, Mapping):
-        ckpt, where = checkpoint, where if where is not None else "checkpoint"
-    else:
-        ckpt, where = read_checkpoint(checkpoint, task="detect"), checkpoint
+    ckpt, where = checkpoint_and_where(checkpoint, where, "detect")
     config = ckpt.get("model_config")
     if not isinstance(config, dict) or "num_classes" not in config:
         raise UserError(

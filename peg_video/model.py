@@ -24,10 +24,10 @@ from torch import nn
 from peg_core.engine import (
     LoadedModel,
     UserError,
+    checkpoint_and_where,
     json_safe,
     load_model_state,
     peg_kwargs,
-    read_checkpoint,
     read_state_file,
 )
 
@@ -131,11 +131,7 @@ def load_model(
     are loaded strictly; every problem is a one-line :class:`UserError` naming the file.  The model
     is on the CPU in training mode.
     """
-    if isinstance(checkpoint, Mapping):
-        ckpt, where = checkpoint, path
-    else:
-        where = Path(checkpoint)
-        ckpt = read_checkpoint(where, task="video")
+    ckpt, where = checkpoint_and_where(checkpoint, path, "video")
     config, classes, saved = checkpoint_run(ckpt, where)
     config.update(overrides)
     try:

@@ -17,7 +17,13 @@ from typing import Any
 from torch import Tensor
 
 from .. import models
-from ..engine import LoadedModel, UserError, load_model_state, peg_kwargs, read_checkpoint
+from ..engine import (
+    LoadedModel,
+    UserError,
+    checkpoint_and_where,
+    load_model_state,
+    peg_kwargs,
+)
 from ..interop.io import WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 from ..resize import resize_pos_embed
 
@@ -141,10 +147,7 @@ def load_model(
     Raises :class:`UserError` (one line, naming the file) for an unreadable file, a checkpoint of
     another task, one without ``model_config`` / ``meta.classes``, or weights that do not fit.
     """
-    if isinstance(checkpoint, Mapping):
-        ckpt, where = checkpoint, where if where is not None else "checkpoint"
-    else:
-        ckpt, where = read_checkpoint(checkpoint, "classify"), checkpoint
+    ckpt, where = checkpoint_and_where(checkpoint, where, "classify")
     config = ckpt.get("model_config")
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
     classes = meta.get("classes")

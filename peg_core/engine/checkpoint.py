@@ -218,3 +218,16 @@ class LoadedModel:
     meta: dict[str, Any] = field(default_factory=dict)  # the checkpoint's ``meta`` (data sizes, ...)
     args: dict[str, Any] = field(default_factory=dict)  # the training run's arguments (today's names)
     postprocess: nn.Module | None = None  # task-specific output decoding (DETR's boxes); None: logits
+
+
+def checkpoint_and_where(
+    checkpoint: str | os.PathLike | Mapping[str, Any], where: str | os.PathLike | None, task: str
+) -> tuple[Mapping[str, Any], str | os.PathLike]:
+    """A task's checkpoint given as a path (read with :func:`read_checkpoint`) or already read.
+
+    Returns the checkpoint dict and what messages name it by: the path, or ``where`` (default
+    ``"checkpoint"``) for a dict.  The ``load_model`` of every task package starts here.
+    """
+    if isinstance(checkpoint, Mapping):
+        return checkpoint, where if where is not None else "checkpoint"
+    return read_checkpoint(checkpoint, task=task), checkpoint
