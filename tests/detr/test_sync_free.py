@@ -217,7 +217,9 @@ def test_detr_one_graph_for_dynamic_sizes(pos_enc):
     assert counter.frame_count == 1
 
 
-@pytest.mark.parametrize("pos_enc", ["peg3d", "peg3d-factorized", "learned", "none"])
+@pytest.mark.parametrize(
+    "pos_enc", ["peg3d", "peg3d-factorized", "learned", "none", "rope-3d", "peg3d+rope-3d"]
+)
 def test_video_model_compiles_without_graph_breaks(pos_enc):
     from torch._dynamo.testing import CompileCounter
 
