@@ -15,12 +15,14 @@ size and at other sizes without fine-tuning; a learned table is evaluated once p
 and prints the tables.  Tasks and rows:
 
 * ``classify``: CPVT classifier on generated shapes; ``peg``, ``peg-dynamic``, ``sincos``, ``learned``,
-  ``none``, ``learned + multi-scale``, ``learned + progressive``; test sizes 0.75x, 1x, 1.5x, 2x;
+  ``none``, ``learned + multi-scale``, ``learned + progressive``, the rotary ``rope-axial``,
+  ``rope-mixed`` and ``peg+rope-mixed``; test sizes 0.75x, 1x, 1.5x, 2x;
   two protocols (``--protocol``): ``quadrant`` (the label needs absolute position) and ``scale``
   (the label is the shape; test images are the same scenes rendered larger, CPVT's 224 -> 384);
-* ``detect``: tiny DETR on synthetic COCO; ``peg``, ``sine``, ``learned``, ``none``; same scales;
+* ``detect``: tiny DETR on synthetic COCO; ``peg``, ``sine``, ``learned``, ``none`` and the same
+  rotary rows (in the encoder); same scales;
 * ``video``: tiny video ViT on synthetic Kinetics; ``peg3d``, ``peg3d-factorized``, ``learned``,
-  ``none``; half, same and double clip length, and a larger crop.
+  ``none``, ``rope-3d``, ``peg3d+rope-3d``; half, same and double clip length, and a larger crop.
 
     python -m tools.study --task all --seeds 3 --ablate kernel,placement,separable,padding,video \\
         --protocol both --quantize int8 --jobs 2    # the documented run, ~30 min on 2 CPU cores
@@ -50,7 +52,9 @@ from peg_core.engine.cli import positive_int, positive_int_list
 from tools.study_tasks import (
     ABLATIONS,
     PLANS,
+    ROTARY_ROWS,
     TASKS,
+    VIDEO_ROTARY_ROWS,
     CellResult,
     Plan,
     Row,
@@ -263,8 +267,8 @@ def interpret(result: TaskResult) -> list[str]:
     """Sentences that read the task's tables, each built from the numbers it states.
 
     Compares the conditional encoding (``peg`` / ``peg3d``) with a learned table resized
-    bicubically, at the training size and at the largest test size, and reads the padding
-    ablation; says which claim of the CPVT paper the table supports or contradicts, or that it draws
+    bicubically, at the training size and at the largest test size, the best rotary row with the
+    PEG at the largest test size, and reads the padding ablation; says which claim of the CPVT paper the table supports or contradicts, or that it draws
     no conclusion and why (one seed, a difference within the spread, both near chance: :func:`judge`).
     """
     out: list[str] = []
@@ -306,6 +310,11 @@ def interpret(result: TaskResult) -> list[str]:
             f"At the training size {peg.label} reaches {_cell(peg, train)} and `none` {_cell(none, train)}: "
             f"{reading.get(v) or _no_conclusion(why)}."
         )
+    rotary = [
+        r for r in result.rows if r.group == "encoding" and r.encoding in (*ROTARY_ROWS, *VIDEO_ROTARY_ROWS)
+    ]
+    if peg is not None and rotary and big != train:
+        out.append(_rotary_sentence(peg, rotary, big, train, chance))
     pad = {r.label: r for r in result.rows if r.group == "padding"}
     if "zero padding" in pad and "circular padding" in pad:
         z, c = pad["zero padding"], pad["circular padding"]
@@ -327,6 +336,17 @@ def interpret(result: TaskResult) -> list[str]:
             f"Ablation {group}: at the training size {_best(rows, train, chance)}; at {big} {_best(rows, big, chance)}."
         )
     return out
+
+
+def _rotary_sentence(peg: Row, rotary: list[Row], big: str, train: str, chance: float | None) -> str:
+    """The best rotary row against the PEG at ``big``: who is ahead beyond the spread, or no conclusion."""
+    best = max(rotary, key=lambda r: r.scores[big])
+    verdict, why = judge(best, peg, big, chance=chance)
+    reading = {1: f"{best.label} is ahead", -1: f"{peg.label} is ahead", 0: _no_conclusion(why)}[verdict]
+    return (
+        f"Rotary against PEG at {big} (trained at {train}): the best rotary row {best.label} "
+        f"{_holds(best, big, train, chance)} while {peg.label} {_holds(peg, big, train, chance)}: {reading}."
+    )
 
 
 def _size_key(label: str) -> float:
@@ -445,7 +465,12 @@ def _name_list(text: str) -> list[str]:
 
 def _check_rows(names: list[str], parser: argparse.ArgumentParser) -> None:
     """``--rows`` names that no task has: a usage error before any data is written."""
-    known = {s.name for s in classify_specs(48, 6)} | {"sine", "peg3d", "peg3d-factorized"}
+    known = {s.name for s in classify_specs(48, 6)} | {
+        "sine",
+        "peg3d",
+        "peg3d-factorized",
+        *VIDEO_ROTARY_ROWS,
+    }
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"--rows: unknown {', '.join(unknown)}; rows are {', '.join(sorted(known))}")

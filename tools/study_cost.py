@@ -9,9 +9,12 @@ Counting rule (the same for every encoding, so the columns compare):
 * one addition per code element each time codes join the tokens: a PEG's
   residual add (grid tokens only: prefix tokens pass through), a table or a
   fixed code added to all tokens once (zeros at a class token included),
-  DETR's ``q = k = src + pos`` at every encoder layer (``qk_uses``).
+  DETR's ``q = k = src + pos`` at every encoder layer (``qk_uses``);
+* a rotary encoding: 3 operations per rotated query / key element
+  (``x * cos + swap(x) * sin``), i.e. ``6 · B · N · C`` per attention that rotates
+  (``rotated``: the attention modules, read from forward pre-hooks), prefix rows included.
 
-Generating fixed codes (sin/cos) and resizing a learned table are not counted
+Generating fixed codes or rotary tables (sin/cos) and resizing a learned table are not counted
 (they depend on the grid only and can be cached per size).
 
 The share of a whole CPVT (:func:`cpvt_encoding_cost`, ``python -m
@@ -27,6 +30,7 @@ residual) are in neither the encoding's nor the model's figure.
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
@@ -78,8 +82,20 @@ def _conv_hook(counter: list[int]) -> Callable:
     return hook
 
 
+def _rotation_hook(counter: list[int]) -> Callable:
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        if bound.arguments.get("rope") is not None:
+            counter[0] += 6 * args[0].numel()  # q and k, each (B, N, C): one mul, one fused mul-add
+
+    return hook
+
+
 def encoding_cost(
-    modules: Mapping[str, nn.Module | None], run: Callable[[], object], qk_uses: int = 1
+    modules: Mapping[str, nn.Module | None],
+    run: Callable[[], object],
+    qk_uses: int = 1,
+    rotated: Sequence[nn.Module] = (),
 ) -> EncodingCost:
     """Count the encoding's parameters and FLOPs during ``run()`` (one forward of the whole model).
 
@@ -88,12 +104,16 @@ def encoding_cost(
         run: calls the model once (batch 1, training size) under ``torch.no_grad``.
         qk_uses: how many times a ``apply_to="qk"`` encoding's codes are added per forward
             (DETR: once per encoder layer).
+        rotated: modules whose ``forward(x, ..., rope=...)`` rotates q and k of ``x`` ``(B, N, C)``
+            when given a rotary table (:class:`peg_core.models.layers.Attention`, DETR's encoder layers).
     """
     mods = {k: m for k, m in modules.items() if m is not None}
     params = sum(p.numel() for m in mods.values() for p in m.parameters() if p.requires_grad)
     conv = [0]
     adds = [0]
     with ExitStack() as stack:
+        for mod in rotated:
+            stack.callback(mod.register_forward_pre_hook(_rotation_hook(adds), with_kwargs=True).remove)
         for mod in mods.values():
             for sub in mod.modules():
                 if isinstance(sub, nn.Conv1d | nn.Conv2d | nn.Conv3d):

@@ -49,6 +49,8 @@ __all__ = [
     "BUDGETS",
     "MODES",
     "PROTOCOLS",
+    "ROTARY_ROWS",
+    "VIDEO_ROTARY_ROWS",
     "Budget",
     "CellResult",
     "Plan",
@@ -69,6 +71,9 @@ MODES = ("bicubic", "bilinear", "nearest")
 #: ``--ablate`` axes: classification PEG variants, and ``video`` for the 3D PEG
 ABLATIONS = ("kernel", "placement", "separable", "padding", "video")
 PROTOCOLS = ("quadrant", "scale")
+#: rotary rows of the image tasks (classify, detect) and of the video task
+ROTARY_ROWS = ("rope-axial", "rope-mixed", "peg+rope-mixed")
+VIDEO_ROTARY_ROWS = ("rope-3d", "peg3d+rope-3d")
 
 
 @dataclass(frozen=True)
@@ -271,6 +276,7 @@ def classify_specs(train_size: int, epochs: int, ablate: Sequence[str] = ()) -> 
         # A learned table trained at several sizes: the usual fix for its size change.
         RowSpec("learned + multi-scale", "learned", ("--train-sizes", f"{lo},{train_size},{hi}")),
         RowSpec("learned + progressive", "learned", ("--progressive-sizes", ",".join(map(str, stages)))),
+        *(RowSpec(e, e) for e in ROTARY_ROWS),
     ]
     specs += ablation_specs(ablate, depth, base_at)
     return specs
@@ -410,7 +416,8 @@ def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellR
     ckpt = run_dir / "checkpoint.pth"
     model = load_model(ckpt).model
     x = torch.zeros(1, 3, size, size)
-    cost = encoding_cost({"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks}, lambda: model(x))
+    cost = encoding_cost({"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks, "rope": model.rope},
+                         lambda: model(x), rotated=_attentions(model))  # fmt: skip
 
     def at_sizes(mode: str | None) -> dict[str, float]:
         flags = [*common, "--checkpoint", str(ckpt)] + (["--pos-interpolation", mode] if mode else [])
@@ -432,6 +439,13 @@ def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellR
 
 
 INT8_ROWS = ("peg", "peg-dynamic", "learned", "sincos", "none")
+
+
+def _attentions(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The ViT attentions of a CPVT / video model (where a rotary table rotates q and k)."""
+    from peg_core.models.layers import Attention
+
+    return [m for m in model.modules() if isinstance(m, Attention)]
 
 
 def _classify_int8(plan: Plan, ckpt: Path) -> dict[str, float]:
@@ -496,7 +510,7 @@ def plan_detect(
     out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
     train_size: int | None = None, test_sizes: Sequence[int] | None = None, **_: Any,
 ) -> Plan:  # fmt: skip
-    """Tiny DETR (``demo_tiny`` recipe) with peg / sine / learned / none in the encoder."""
+    """Tiny DETR (``demo_tiny`` recipe) with peg / sine / learned / none / the rotary rows in the encoder."""
     from peg_detr.data import SyntheticSpec, make_synthetic_coco
 
     budget = BUDGETS["detect", quick]
@@ -514,11 +528,12 @@ def plan_detect(
         sizes = sorted([*sizes, size])
     notes = [
         "Decoder cross-attention keys use DETR's sine codes for every encoder variant "
-        "(peg_detr's default `decoder_key_pos=sine`), so the rows differ in the encoder only.",
+        "(peg_detr's default `decoder_key_pos=sine`), so the rows differ in the encoder only "
+        "(the rotary rows too: RoPE rotates q and k of the encoder's self-attention).",
         "The learned table of peg_detr is built for an 800x1333 image and resized to each image's "
         "feature grid, so it is interpolated even at the training size.",
     ]
-    specs = [RowSpec(e, e, modes=_modes(e)) for e in ("peg", "sine", "learned", "none")]
+    specs = [RowSpec(e, e, modes=_modes(e)) for e in ("peg", "sine", "learned", "none", *ROTARY_ROWS)]
     return Plan(
         task="detect", key="detect", out=out, specs=specs, seeds=seeds, budget=budget,
         epochs=epochs or budget.epochs, metric="AP50", sizes=sizes, labels=[f"{s} px" for s in sizes],
@@ -551,7 +566,8 @@ def _detect_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellRes
     # encoder.pos; for the count the encoder computes its own (the same adds into q and k).
     if getattr(model.transformer, "_share_sine", False):
         model.transformer._share_sine = False
-    cost = encoding_cost({"pos": enc.pos, "pegs": enc.pegs}, lambda: model(x), qk_uses=len(enc.layers))
+    cost = encoding_cost({"pos": enc.pos, "pegs": enc.pegs, "rope": enc.rope}, lambda: model(x),
+                         qk_uses=len(enc.layers), rotated=list(enc.layers))  # fmt: skip
     scores, extra = {}, {}
     for mode in spec.modes:
         table = _detr_eval(ckpt, data, plan.sizes, mode, plan.budget.batch_size)
@@ -606,7 +622,7 @@ def plan_video(
     out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
     ablate: Sequence[str] = (), **_: Any,
 ) -> Plan:  # fmt: skip
-    """Tiny video ViT (``synthetic_tiny``) with peg3d / peg3d-factorized / learned / none.
+    """Tiny video ViT (``synthetic_tiny``) with peg3d / peg3d-factorized / learned / none / rope-3d / peg3d+rope-3d.
 
     ``data``: a folder with ``train.csv`` + ``val.csv`` (or ``train.txt`` + ``val.txt``) and the videos.
     ``ablate`` with ``"video"`` adds the 3D PEG after the first block only (the recipe: before every block).
@@ -626,7 +642,8 @@ def plan_video(
         data_name = str(data)
     cfg = CONFIGS["synthetic_tiny"]
     views = _video_views(cfg["num_frames"], budget.train_size, cfg["tubelet"][1])
-    specs = [RowSpec(e, e, modes=_modes(e)) for e in ("peg3d", "peg3d-factorized", "learned", "none")]
+    encodings = ("peg3d", "peg3d-factorized", "learned", "none", *VIDEO_ROTARY_ROWS)
+    specs = [RowSpec(e, e, modes=_modes(e)) for e in encodings]
     if "video" in ablate:
         depth = cfg["model_opts"]["depth"]
         # the recipe's peg_at [-1, 0] .. [-1, depth-2]: a PEG3d at the input of every block
@@ -675,7 +692,8 @@ def _video_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResu
     seed_everything(seed)
     model = build_model(dict(ckpt["model_config"])).eval()
     x = torch.zeros(1, 3, frames, crop, crop)
-    cost = encoding_cost({"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks}, lambda: model(x))
+    cost = encoding_cost({"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks, "rope": model.rope},
+                         lambda: model(x), rotated=_attentions(model))  # fmt: skip
     scores, extra = {}, {}
     for mode in spec.modes:
         res = {lab: _video_eval(ckpt_path, t, c, mode, plan.budget.batch_size) for lab, t, c in plan.views}

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from peg_core import build_position_encoding
 from peg_core.peg import resolve_peg_at
+from peg_core.rope import build_rope
 
 from .backbone import build_backbone
 from .criterion import SetCriterion, build_weight_dict
@@ -18,7 +19,18 @@ from .transformer import Transformer
 
 __all__ = ["POS_ENCODINGS", "build_detr"]
 
-POS_ENCODINGS = ("peg", "sine", "learned", "sincos", "none")
+ROTARY = ("rope-axial", "rope-mixed", "rope-dinov3")
+POS_ENCODINGS = ("peg", "sine", "learned", "sincos", "none", *ROTARY, "peg+rope-axial", "peg+rope-mixed")
+
+
+def _split_pos_enc(pos_enc: str) -> tuple[str, str | None]:
+    """``"peg+rope-mixed"`` -> ``("peg", "rope-mixed")``; ``"rope-axial"`` -> ``("none", "rope-axial")``."""
+    if pos_enc not in POS_ENCODINGS:
+        raise ValueError(f"unknown pos_enc {pos_enc!r}; choose from {POS_ENCODINGS}")
+    base, _, rotary = pos_enc.rpartition("+") if "+" in pos_enc else ("", "", pos_enc)
+    if rotary not in ROTARY:
+        return pos_enc, None
+    return base or "none", rotary
 
 
 def _peg_at_value(peg_at: Sequence[int] | int | str) -> list[int] | str:
@@ -73,7 +85,11 @@ def build_detr(
             16 with ``dilation``) or ``tiny`` (stride 16, for demos and tests).
         pos_enc: encoder position encoding: ``peg`` (PEG after the encoder
             layers in ``peg_at``), ``sine`` (DETR), ``learned``, ``sincos``
-            (added to q/k at every encoder layer) or ``none``.
+            (added to q/k at every encoder layer), ``none``, a rotary encoding
+            ``rope-axial`` / ``rope-mixed`` / ``rope-dinov3`` (q/k rotated per head in every
+            encoder self-attention, :func:`peg_core.rope.build_rope`'s defaults; mixed: one
+            set of frequencies per encoder layer and head, key ``transformer.encoder.rope.freqs``)
+            or ``peg+rope-axial`` / ``peg+rope-mixed`` (both).
         num_classes: number of class ids (COCO: 91, the largest id + 1);
             the classifier has one more output for no-object.
         num_queries: object queries.
@@ -93,7 +109,8 @@ def build_detr(
             border (``zeros`` / ``circular`` / ``replicate``) and dynamic kernel bank.
         decoder_key_pos: cross-attention key positions, ``sine`` (default, DETR's
             decoder unchanged), ``none`` or ``peg-output``; see
-            :mod:`peg_detr.models.transformer` for why ``sine`` is the default.
+            :mod:`peg_detr.models.transformer` for why ``sine`` is the default (with a
+            rotary encoder too).
         learned_grid: ``(H0, W0)`` of the learned table; default: the feature grid
             of an 800×1333 image at the backbone's stride.
         pos_interpolation: how the learned table is resized to each image's feature
@@ -102,8 +119,7 @@ def build_detr(
         bbox_loss_coef, giou_loss_coef, eos_coef: loss weights and no-object weight.
     """
     config = {k: v for k, v in locals().items() if k != "backbone_weights"}
-    if pos_enc not in POS_ENCODINGS:
-        raise ValueError(f"unknown pos_enc {pos_enc!r}; choose from {POS_ENCODINGS}")
+    base, rotary = _split_pos_enc(pos_enc)
     if num_classes < 1 or num_queries < 1:
         raise ValueError(f"num_classes={num_classes} and num_queries={num_queries} must be >= 1")
     joiner = build_backbone(backbone, train_backbone, dilation, backbone_weights)
@@ -111,14 +127,14 @@ def build_detr(
     pos = None
     pegs = None
     peg_at = _peg_at_value(peg_at)
-    if pos_enc == "peg":
+    if base == "peg":
         peg_options = dict(kernel_size=peg_kernel_size, separable=peg_separable, padding_mode=peg_padding,
                            dynamic=peg_dynamic, num_kernels=peg_num_kernels)  # fmt: skip
         pegs = {
             i: build_position_encoding("peg", hidden_dim, **peg_options)
             for i in resolve_peg_at(peg_at, enc_layers)
         }
-    elif pos_enc == "learned":
+    elif base == "learned":
         if learned_grid is None:
             learned_grid = (math.ceil(800 / joiner.stride), math.ceil(1333 / joiner.stride))
         pos = build_position_encoding(
@@ -128,8 +144,13 @@ def build_detr(
             apply_to="qk",
             interpolation=pos_interpolation,
         )
-    elif pos_enc in ("sine", "sincos"):
-        pos = build_position_encoding(pos_enc, hidden_dim, apply_to="qk")
+    elif base in ("sine", "sincos"):
+        pos = build_position_encoding(base, hidden_dim, apply_to="qk")
+    rope = None
+    if rotary is not None:
+        if hidden_dim % num_heads:
+            raise ValueError(f"hidden_dim={hidden_dim} must be divisible by num_heads={num_heads}")
+        rope = build_rope(rotary, hidden_dim // num_heads, num_heads=num_heads, depth=enc_layers)
 
     transformer = Transformer(
         d_model=hidden_dim,
@@ -142,6 +163,7 @@ def build_detr(
         pos=pos,
         pegs=pegs,
         decoder_key_pos=decoder_key_pos,
+        rope=rope,
     )
     model = DETR(joiner, transformer, num_classes, num_queries, aux_loss)
     # Every setting but the weights file, json-safe, so a checkpoint can be rebuilt (predict / resume).

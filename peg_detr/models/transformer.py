@@ -14,6 +14,14 @@ Where position information enters:
   each encoder layer listed in ``peg_at`` (CPVT: after layer 0; ``-1``: on the
   encoder input, before layer 0), under ``transformer.encoder.pegs.N.*``
   (``pegs.-1.*`` before layer 0); ``none`` adds nothing.
+* **Encoder, rotary** (``rope-axial`` / ``rope-mixed`` / ``rope-dinov3``, alone or as
+  ``peg+rope-*``): a :class:`peg_core.rope.RotaryEmbedding` under ``transformer.encoder.rope``
+  (``rope.freqs`` for the learned mixed kind, per encoder layer and head; no key for the fixed
+  kinds) rotates each head's queries and keys after the ``self_attn`` input projection, in every
+  encoder self-attention; values are not rotated.  The table is built from the padding mask, so a
+  token's coordinates count from its image's first real row and column (DINOv3: normalised by
+  the real region's extent): a token's rotation does not depend on how much padding the batch
+  added.  The ``self_attn`` weights are used as they are, so the keys stay DETR's.
 * **Decoder cross-attention keys** (``decoder_key_pos``), a separate choice:
   ``sine`` (DETR's sine codes of the padding mask, the default for every
   ``pos_enc``), ``none``, or ``peg-output`` (what the first PEG adds to the
@@ -23,15 +31,22 @@ Where position information enters:
   in its encoder only, and the comparison between encodings is about the
   encoder.  ``peg-output`` is the fully conditional variant (no fixed code
   anywhere); ``none`` leaves the decoder to read position from the memory alone.
+  A rotary encoder keeps ``sine`` keys by default too: the decoder's object queries have no
+  grid position, so cross-attention cannot be rotated, and rotary position lives only in the
+  encoder's attention scores (relative offsets), not in the memory tokens; ``sine`` keys give
+  the queries the absolute geometry DETR's box regression relies on.  ``none`` is the
+  rotary-only variant (no additive code anywhere).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg_core import PEG2d, PositionEncoding, SinePositionEncoding2d
 from peg_core.peg import resolve_peg_at
+from peg_core.rope import RotaryEmbedding, apply_rope
 
 __all__ = [
     "DECODER_KEY_POS",
@@ -40,6 +55,7 @@ __all__ = [
     "TransformerDecoderLayer",
     "TransformerEncoder",
     "TransformerEncoderLayer",
+    "rotary_self_attention",
 ]
 
 DECODER_KEY_POS = ("sine", "none", "peg-output")
@@ -49,15 +65,55 @@ def _with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
     return x if pos is None else x + pos
 
 
+def rotary_self_attention(
+    mha: nn.MultiheadAttention,
+    qk: Tensor,
+    value: Tensor,
+    rope: tuple[Tensor, Tensor],
+    key_padding_mask: Tensor | None = None,
+    *,
+    half: bool = False,
+    training: bool = False,
+) -> Tensor:
+    """``mha``'s attention with its queries and keys rotated per head after the input projection.
+
+    The same weights and the same result as ``mha(qk, qk, value, key_padding_mask=...)`` with the
+    rotation inserted between the projection and the scores (``nn.MultiheadAttention`` has no hook
+    there).  ``qk`` / ``value`` ``(B, N, C)``; ``rope`` an apply-form ``(sin, cos)`` table
+    broadcastable to ``(B, heads, N, C / heads)``; ``key_padding_mask`` ``(B, N)``, True = padding.
+    """
+    b, n, c = qk.shape
+    h = mha.num_heads
+    w, bias = mha.in_proj_weight, mha.in_proj_bias
+    b_qk, b_v = (None, None) if bias is None else (bias[: 2 * c], bias[2 * c :])
+    # (B, N, 2C) -> (2, B, heads, N, C / heads)
+    q, k = F.linear(qk, w[: 2 * c], b_qk).reshape(b, n, 2, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)
+    v = F.linear(value, w[2 * c :], b_v).reshape(b, n, h, c // h).transpose(1, 2)
+    sin, cos = rope
+    q, k = apply_rope(q, sin, cos, half=half), apply_rope(k, sin, cos, half=half)
+    attn_mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+    p = mha.dropout if training else 0.0
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
+    return mha.out_proj(out.transpose(1, 2).reshape(b, n, c))
+
+
 class TransformerEncoderLayer(nn.Module):
     """Self-attention + FFN; ``pos`` is added to queries and keys only (values stay position-free).
 
-    ``forward(src (B, N, C), pos (B|1, N, C) | None, key_padding_mask (B, N) | None) -> (B, N, C)``.
-    Post-norm (DETR) unless ``pre_norm``.
+    ``forward(src (B, N, C), pos (B|1, N, C) | None, key_padding_mask (B, N) | None, rope) -> (B, N, C)``;
+    ``rope``: an apply-form ``(sin, cos)`` table (:func:`rotary_self_attention`; pair layout
+    ``rope_half``) that rotates the projected queries and keys.  Post-norm (DETR) unless ``pre_norm``.
     """
 
     def __init__(
-        self, d_model: int, nhead: int, dim_feedforward: int, dropout: float, pre_norm: bool = False
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int,
+        dropout: float,
+        pre_norm: bool = False,
+        *,
+        rope_half: bool = False,
     ) -> None:
         super().__init__()
         self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
@@ -69,21 +125,35 @@ class TransformerEncoderLayer(nn.Module):
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
         self.pre_norm = pre_norm
+        self.rope_half = rope_half
 
     def _ffn(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(torch.relu(self.linear1(x))))
 
-    def _attn(self, x: Tensor, pos: Tensor | None, key_padding_mask: Tensor | None) -> Tensor:
+    def _attn(
+        self,
+        x: Tensor,
+        pos: Tensor | None,
+        key_padding_mask: Tensor | None,
+        rope: tuple[Tensor, Tensor] | None,
+    ) -> Tensor:
         qk = _with_pos(x, pos)
+        if rope is not None:
+            return rotary_self_attention(self.self_attn, qk, x, rope, key_padding_mask, half=self.rope_half,
+                                         training=self.training)  # fmt: skip
         return self.self_attn(qk, qk, x, key_padding_mask=key_padding_mask, need_weights=False)[0]
 
     def forward(
-        self, src: Tensor, pos: Tensor | None = None, key_padding_mask: Tensor | None = None
+        self,
+        src: Tensor,
+        pos: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         if self.pre_norm:
-            src = src + self.dropout1(self._attn(self.norm1(src), pos, key_padding_mask))
+            src = src + self.dropout1(self._attn(self.norm1(src), pos, key_padding_mask, rope))
             return src + self.dropout2(self._ffn(self.norm2(src)))
-        src = self.norm1(src + self.dropout1(self._attn(src, pos, key_padding_mask)))
+        src = self.norm1(src + self.dropout1(self._attn(src, pos, key_padding_mask, rope)))
         return self.norm2(src + self.dropout2(self._ffn(src)))
 
 
@@ -155,6 +225,8 @@ class TransformerEncoder(nn.Module):
         pegs: ``{layer index: PEG2d}``, each applied to the tokens after that layer
             (index ``-1``: to the encoder input, before layer 0).
         norm: final LayerNorm (pre-norm only; post-norm DETR has none).
+        rope: a 2-D rotary encoding applied to q and k in every layer's self-attention, or None;
+            a learned one (``rope-mixed``) has one set of frequencies per layer.
 
     ``forward(src (B, N, C), size (h, w), mask (B, h, w))`` returns the memory
     ``(B, N, C)`` and the first PEG's output ``(B, N, C)`` (None without PEGs).
@@ -166,11 +238,21 @@ class TransformerEncoder(nn.Module):
         pos: PositionEncoding | None = None,
         pegs: dict[int, PEG2d] | None = None,
         norm: nn.LayerNorm | None = None,
+        rope: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         if pos is not None and pos.apply_to != "qk":
             raise ValueError(f"encoder q/k encoding must have apply_to='qk'; got {pos.apply_to!r}")
+        if rope is not None:
+            if rope.ndim != 2:
+                raise ValueError(f"the encoder's rotary encoding must be 2-D; got ndim={rope.ndim}")
+            depth = getattr(rope, "depth", len(layers))
+            if rope.learned and depth != len(layers):
+                raise ValueError(f"rotary frequencies for {depth} layers; the encoder has {len(layers)}")
+            halves = {layer.rope_half for layer in layers}
+            if halves != {rope.half}:
+                raise ValueError(f"rotary pair layout half={rope.half}; the layers have rope_half={halves}")
         self.pos = pos
         pegs = pegs or {}
         if pegs:  # the suite's one meaning of the indices; ValueError outside -1 .. depth - 1
@@ -178,6 +260,7 @@ class TransformerEncoder(nn.Module):
         # An empty ModuleDict adds no state-dict keys, so sine/none keep DETR's exact keys.
         self.pegs = nn.ModuleDict({str(i): pegs[i] for i in sorted(pegs)})
         self.norm = norm
+        self.rope = rope  # the fixed kinds have no state-dict key (non-persistent frequencies)
 
     def _peg(
         self, i: int, src: Tensor, size: tuple[int, int], mask: Tensor, peg_out: Tensor | None
@@ -196,8 +279,11 @@ class TransformerEncoder(nn.Module):
         if pos is None and self.pos is not None:
             pos = self.pos.position(src, size, mask)
         src, peg_out = self._peg(-1, src, size, mask, None)
+        # (B, 1, N, D), or (layers, B, heads, N, D) for learned frequencies: coordinates from the mask
+        rope = None if self.rope is None else self.rope(size, mask)
         for i, layer in enumerate(self.layers):
-            src, peg_out = self._peg(i, layer(src, pos, kpm), size, mask, peg_out)
+            table = None if rope is None else (rope[0][i], rope[1][i]) if self.rope.learned else rope
+            src, peg_out = self._peg(i, layer(src, pos, kpm, table), size, mask, peg_out)
         if self.norm is not None:
             src = self.norm(src)
         return src, peg_out
@@ -233,6 +319,7 @@ class Transformer(nn.Module):
         pos: encoder q/k encoding (``apply_to == "qk"``) or None.
         pegs: ``{encoder layer index: PEG2d}`` for ``pos_enc="peg"``.
         decoder_key_pos: ``sine`` / ``none`` / ``peg-output`` (module docstring).
+        rope: a 2-D rotary encoding of the encoder's self-attention (``pos_enc="rope-*"``) or None.
     """
 
     def __init__(
@@ -247,6 +334,7 @@ class Transformer(nn.Module):
         pos: PositionEncoding | None = None,
         pegs: dict[int, PEG2d] | None = None,
         decoder_key_pos: str = "sine",
+        rope: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
         if d_model % nhead:
@@ -255,12 +343,16 @@ class Transformer(nn.Module):
             raise ValueError(f"decoder_key_pos must be one of {DECODER_KEY_POS}; got {decoder_key_pos!r}")
         if decoder_key_pos == "peg-output" and not pegs:
             raise ValueError("decoder_key_pos='peg-output' needs pos_enc='peg' (the model has no PEG)")
+        if rope is not None and rope.head_dim != d_model // nhead:
+            raise ValueError(f"rotary head_dim={rope.head_dim}; hidden_dim / num_heads is {d_model // nhead}")
         args = (d_model, nhead, dim_feedforward, dropout, pre_norm)
+        half = rope is not None and rope.half
         self.encoder = TransformerEncoder(
-            [TransformerEncoderLayer(*args) for _ in range(num_encoder_layers)],
+            [TransformerEncoderLayer(*args, rope_half=half) for _ in range(num_encoder_layers)],
             pos,
             pegs,
             nn.LayerNorm(d_model) if pre_norm else None,
+            rope,
         )
         self.decoder = TransformerDecoder(
             [TransformerDecoderLayer(*args) for _ in range(num_decoder_layers)], nn.LayerNorm(d_model)

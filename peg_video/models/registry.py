@@ -43,8 +43,8 @@ def build_video_model(
         name: ``"vit_tiny"`` (192 wide, 3 heads), ``"vit_small"`` (384, 6),
             ``"vit_base"`` (768, 12), all 12 blocks; or an X3D baseline
             ``"x3d_xs"`` / ``"x3d_s"`` / ``"x3d_m"`` (pytorchvideo).
-        pos_enc: ``"peg3d"``, ``"peg3d-factorized"``, ``"learned"``, ``"sincos"``
-            or ``"none"`` (ViTs; an X3D has no position encoding and takes
+        pos_enc: ``"peg3d"``, ``"peg3d-factorized"``, ``"learned"``, ``"sincos"``,
+            ``"none"``, ``"rope-3d"`` or ``"peg3d+rope-3d"`` (ViTs; an X3D has no position encoding and takes
             ``"peg3d"``, the default, or ``"none"``).
         num_classes, num_frames, img_size: classes, training clip length and crop.
         tubelet: ViT tubelet ``(t, p, p)`` (unused by X3D).

@@ -6,11 +6,21 @@ checkpoints map onto it key for key)::
     clip (B, 3, T, H, W) -> patch_embed.proj (Conv3d, tubelet t×p×p, stride = tubelet)
       -> tokens (B, T'*H'*W', C), frame-major [+ cls_token in front for global_pool="token"]
       -> [pos_enc ("learned", "sincos"): added once here]
+      -> [rope ("rope-3d"): one (sin, cos) table per forward, q and k rotated in every attention]
       -> [pos_blocks.-1] -> blocks.0 -> [pos_blocks.0 (PEG3d)] -> blocks.1 -> ... -> blocks.{depth-1}
       -> [pos_blocks.{depth-1}] -> norm -> pool ("avg": mean of the grid tokens; "token": the class token) -> head
 
 Tokens stay ``(B, N, C)`` from end to end; a PEG3d views them as a
 channels-last-3d grid without copying.
+
+``rope-3d`` (V-JEPA 2's 3-D RoPE, :func:`peg_core.rope.build_rope`): the head's rotary pairs
+are split into three sections rotated by the tubelet's integer ``t``, ``h`` and ``w`` indices
+(base 10000; pairs left over are not rotated); the class token is not rotated.  The table is
+built from the input's grid on every forward, so any clip length and crop runs.  In divided
+attention the temporal attention rotates by ``t`` (its table is the grid ``(T, 1, 1)``: the
+``h`` / ``w`` sections are the identity) and the spatial attention by ``(h, w)`` (grid
+``(1, H, W)``), which are exactly the offsets each attention sees.  ``peg3d+rope-3d`` adds the
+PEG3d of ``peg3d`` as well.  No state-dict key is added (the frequencies are not persistent).
 """
 
 from __future__ import annotations
@@ -24,12 +34,13 @@ from peg_core import check_tokens
 from peg_core.encodings import LearnedPositionEncoding3d, SinCosPositionEncoding3d
 from peg_core.models.layers import Attention, Block, init_vit_weights
 from peg_core.peg import resolve_peg_at
+from peg_core.rope import build_rope
 
 from ..peg3d import PEG3d
 
 __all__ = ["ATTENTIONS", "POS_ENCODINGS", "DividedBlock", "TubeletEmbed", "VideoTransformer"]
 
-POS_ENCODINGS = ("peg3d", "peg3d-factorized", "learned", "sincos", "none")
+POS_ENCODINGS = ("peg3d", "peg3d-factorized", "learned", "sincos", "none", "rope-3d", "peg3d+rope-3d")
 ATTENTIONS = ("joint", "divided")
 GLOBAL_POOLS = ("avg", "token")
 
@@ -84,15 +95,26 @@ class DividedBlock(Block):
         nn.init.zeros_(self.attn_t.proj.weight)
         nn.init.zeros_(self.attn_t.proj.bias)
 
-    def forward(self, x: Tensor, size: tuple[int, int, int], num_prefix_tokens: int = 0) -> Tensor:
-        """``x`` ``(B, P + T*H*W, C)`` frame-major, ``size=(T, H, W)`` -> same shape."""
+    def forward(
+        self,
+        x: Tensor,
+        size: tuple[int, int, int],
+        num_prefix_tokens: int = 0,
+        rope: tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+    ) -> Tensor:
+        """``x`` ``(B, P + T*H*W, C)`` frame-major, ``size=(T, H, W)`` -> same shape.
+
+        ``rope``: ``(temporal, spatial)`` apply-form tables, ``(T, D)`` for the temporal attention
+        and ``(P + H*W, D)`` for the spatial one (prefix rows: identity), or None.
+        """
+        rope_t, rope_s = (None, None) if rope is None else rope
         b, _, c = x.shape
         t, hw, p = size[0], size[1] * size[2], num_prefix_tokens
         check_tokens(x, size, p)
 
         # Temporal: each spatial location attends over its T tubelets, (B*HW, T, C).
         xt = x[:, p:].reshape(b, t, hw, c).transpose(1, 2).reshape(b * hw, t, c)
-        xt = self.attn_t(self.norm_t(xt)).reshape(b, hw, t, c).transpose(1, 2).reshape(b, t * hw, c)
+        xt = self.attn_t(self.norm_t(xt), rope_t).reshape(b, hw, t, c).transpose(1, 2).reshape(b, t * hw, c)
         if p:
             xt = torch.cat([xt.new_zeros(b, p, c), xt], dim=1)
         x = x + self.drop_path(xt)
@@ -102,7 +124,7 @@ class DividedBlock(Block):
         xs = tokens.reshape(b * t, hw, c)
         if p:
             xs = torch.cat([prefix.unsqueeze(1).expand(b, t, p, c).reshape(b * t, p, c), xs], dim=1)
-        xs = self.attn(self.norm1(xs))
+        xs = self.attn(self.norm1(xs), rope_s)
         delta = xs[:, p:].reshape(b, t * hw, c)
         if p:
             delta = torch.cat([xs[:, :p].reshape(b, t, p, c).mean(1), delta], dim=1)
@@ -120,7 +142,8 @@ class VideoTransformer(nn.Module):
             learned tables (any multiple of the tubelet runs).
         tubelet: ``(t, p, p)`` of the Conv3d tubelet embedding.
         pos_enc: ``"peg3d"`` (default), ``"peg3d-factorized"``, ``"learned"``
-            (spatial + temporal tables), ``"sincos"`` (fixed) or ``"none"``.
+            (spatial + temporal tables), ``"sincos"`` (fixed), ``"none"``, ``"rope-3d"``
+            (3-D rotary q/k, module docstring) or ``"peg3d+rope-3d"`` (both).
         peg_at: block indices after which a PEG3d runs; ``-1`` means before
             block 0 (:func:`peg_core.peg.resolve_peg_at`, the meaning of every
             model of the suite).  Default ``(0,)`` as CPVT; ``"all"`` is
@@ -199,6 +222,9 @@ class VideoTransformer(nn.Module):
                 "peg_num_kernels sizes the kernel bank of peg_dynamic=True; got peg_dynamic=False"
             )
         self.peg_at = resolve_peg_at(peg_at, depth) if pos_enc.startswith("peg3d") else ()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+        self.rope = build_rope("rope-3d", embed_dim // num_heads) if pos_enc.endswith("rope-3d") else None
 
         self.patch_embed = TubeletEmbed(tub, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if p else None
@@ -247,6 +273,15 @@ class VideoTransformer(nn.Module):
         key = str(index)
         return self.pos_blocks[key](x, size) if key in self.pos_blocks else x
 
+    def _rope_tables(self, size: tuple[int, int, int]):
+        """The rotary tables of a grid: ``(P + N, D)`` (joint), ``((T, D), (P + H*W, D))`` (divided), or None."""
+        if self.rope is None:
+            return None
+        p = self.num_prefix_tokens
+        if self.attention == "divided":
+            return self.rope((size[0], 1, 1)), self.rope((1, size[1], size[2]), num_prefix_tokens=p)
+        return self.rope(size, num_prefix_tokens=p)
+
     def forward_features(self, x: Tensor) -> tuple[Tensor, tuple[int, int, int]]:
         """Clip ``(B, C, T, H, W)`` -> (normed tokens ``(B, P + T'*H'*W', C)``, grid ``(T', H', W')``)."""
         x, size = self.patch_embed(x)
@@ -256,8 +291,9 @@ class VideoTransformer(nn.Module):
             x = self.pos_enc(x, size)
         x = self._peg(x, -1, size)
         p = self.num_prefix_tokens
+        rope = self._rope_tables(size)
         for i, blk in enumerate(self.blocks):
-            x = blk(x, size, p) if isinstance(blk, DividedBlock) else blk(x)
+            x = blk(x, size, p, rope) if isinstance(blk, DividedBlock) else blk(x, rope)
             x = self._peg(x, i, size)
         return self.norm(x), size
 

@@ -45,7 +45,7 @@ def _checkpoint(tmp_path, pos_enc: str):
     return model.eval(), path
 
 
-@pytest.mark.parametrize("pos_enc", ["peg", "sine", "learned", "none"])
+@pytest.mark.parametrize("pos_enc", ["peg", "sine", "learned", "none", "rope-axial", "peg+rope-mixed"])
 def test_export_dynamic_sizes_match_pytorch(tmp_path, capsys, pos_enc):
     import onnx
     import onnxruntime as ort

@@ -96,7 +96,7 @@ def _batch():
     return pad_images(images), targets
 
 
-@pytest.mark.parametrize("pos_enc", ["peg", "sine", "learned"])
+@pytest.mark.parametrize("pos_enc", ["peg", "sine", "learned", "rope-mixed", "rope-dinov3"])
 def test_forward_and_loss_read_nothing_on_the_host(monkeypatch, pos_enc):
     model, criterion, _ = _tiny(pos_enc)
     batch, targets = _batch()
@@ -190,7 +190,9 @@ def _explain(model, *inputs) -> int:
     return torch._dynamo.explain(model)(*inputs).graph_break_count
 
 
-@pytest.mark.parametrize("pos_enc", ["peg", "sine", "learned", "none"])
+@pytest.mark.parametrize(
+    "pos_enc", ["peg", "sine", "learned", "none", "rope-axial", "rope-mixed", "rope-dinov3", "peg+rope-mixed"]
+)
 def test_detr_compiles_without_graph_breaks(pos_enc):
     model, _, _ = _tiny(pos_enc, layers=1)
     model.eval()
@@ -198,7 +200,7 @@ def test_detr_compiles_without_graph_breaks(pos_enc):
     assert _explain(model, batch) == 0  # padded batch with a mask
 
 
-@pytest.mark.parametrize("pos_enc", ["peg", "learned"])
+@pytest.mark.parametrize("pos_enc", ["peg", "learned", "rope-mixed"])
 def test_detr_one_graph_for_dynamic_sizes(pos_enc):
     """Dynamic H, W: one full graph serves two image sizes and equals eager (PEG / learned: size-dependent code)."""
     from torch._dynamo.testing import CompileCounter
@@ -215,7 +217,9 @@ def test_detr_one_graph_for_dynamic_sizes(pos_enc):
     assert counter.frame_count == 1
 
 
-@pytest.mark.parametrize("pos_enc", ["peg3d", "peg3d-factorized", "learned", "none"])
+@pytest.mark.parametrize(
+    "pos_enc", ["peg3d", "peg3d-factorized", "learned", "none", "rope-3d", "peg3d+rope-3d"]
+)
 def test_video_model_compiles_without_graph_breaks(pos_enc):
     from torch._dynamo.testing import CompileCounter
 

@@ -140,8 +140,21 @@ EXPECTED_ROWS = {
         "none",
         "learned + multi-scale",
         "learned + progressive",
+        "rope-axial",
+        "rope-mixed",
+        "peg+rope-mixed",
     ],
-    "detect": ["peg", "sine", "learned (bicubic)", "learned (bilinear)", "learned (nearest)", "none"],
+    "detect": [
+        "peg",
+        "sine",
+        "learned (bicubic)",
+        "learned (bilinear)",
+        "learned (nearest)",
+        "none",
+        "rope-axial",
+        "rope-mixed",
+        "peg+rope-mixed",
+    ],
     "video": [
         "peg3d",
         "peg3d-factorized",
@@ -149,6 +162,8 @@ EXPECTED_ROWS = {
         "learned (bilinear)",
         "learned (nearest)",
         "none",
+        "rope-3d",
+        "peg3d+rope-3d",
     ],
 }
 
@@ -209,11 +224,23 @@ def test_study_quick_all_tasks(tmp_path: Path) -> None:
     assert c["learned (nearest)"]["params"] == (prefix + n) * dim
     for mode in ("bicubic", "bilinear", "nearest"):  # no resize at the training size
         assert c[f"learned ({mode})"]["scores"]["32 px"] == c["learned (bicubic)"]["scores"]["32 px"]
+    # rotary: 3 ops per q / k element (x cos + swap(x) sin) in each of the blocks, prefix rows included;
+    # mixed: learned frequencies (2, depth, heads, head_dim / 2)
+    depth, heads = DEMO_CONFIG["depth"], DEMO_CONFIG["num_heads"]
+    rotation = 6 * (prefix + n) * dim * depth
+    assert c["rope-axial"]["params"] == 0 and c["rope-axial"]["flops"] == rotation
+    assert c["rope-mixed"]["params"] == 2 * depth * heads * (dim // heads // 2)
+    assert c["rope-mixed"]["flops"] == rotation
+    assert c["peg+rope-mixed"]["params"] == c["peg"]["params"] + c["rope-mixed"]["params"]
+    assert c["peg+rope-mixed"]["flops"] == c["peg"]["flops"] + rotation
+    assert "Rotary against PEG at 64 px (trained at 32 px): the best rotary row" in report
 
     # detect (quick): 64 px / stride 16 -> 4x4 grid, dim 64, sine added to q/k in each of 2 encoder layers
     d = {r["label"]: r for r in doc["tasks"]["detect"]["rows"]}
     assert d["sine"]["params"] == 0 and d["sine"]["flops"] == 2 * 16 * 64
     assert d["peg"]["params"] == 64 * 10 and d["peg"]["flops"] == 2 * 16 * 64 * 9 + 16 * 64
+    assert d["rope-axial"]["params"] == 0 and d["rope-axial"]["flops"] == 2 * 6 * 16 * 64
+    assert d["peg+rope-mixed"]["flops"] == d["peg"]["flops"] + d["rope-mixed"]["flops"]
 
     # video (quick): 8 frames / 2 x (32 / 8)^2 = 64 tubelets; learned = 4x4 spatial + 4 temporal codes
     v = {r["label"]: r for r in doc["tasks"]["video"]["rows"]}
@@ -223,6 +250,8 @@ def test_study_quick_all_tasks(tmp_path: Path) -> None:
     assert n_pegs >= 1 and v["peg3d"]["params"] == n_pegs * 28 * dim
     assert v["peg3d"]["flops"] == n_pegs * (2 * 64 * dim * 27 + 64 * dim)
     assert v["peg3d-factorized"]["params"] < v["peg3d"]["params"]
+    assert v["rope-3d"]["params"] == 0 and v["rope-3d"]["flops"] % (6 * 64 * dim) == 0
+    assert v["peg3d+rope-3d"]["flops"] == v["peg3d"]["flops"] + v["rope-3d"]["flops"]
     assert doc["tasks"]["video"]["sizes"] == ["4 fr", "8 fr", "16 fr", "8 fr, 48 px"]
 
 
@@ -365,6 +394,25 @@ def test_sentences_follow_the_numbers() -> None:
         "than a resized learned table (CPVT-Ti 73.4 -> 74.2 against DeiT-Ti 72.2 -> 71.2 at 224 -> 384 px) "
         "(the difference 0.030 is within the spread ±0.100)."
     )
+
+
+def test_rotary_sentence_compares_the_best_rotary_row_with_peg() -> None:
+    peg = _row("peg", (0.9, 0.6), (0.01, 0.02))
+    rows = [peg, _row("rope-axial", (0.9, 0.7), (0.01, 0.02)), _row("rope-mixed", (0.9, 0.85), (0.01, 0.02)),
+            _row("peg+rope-mixed", (0.9, 0.8), (0.01, 0.02))]  # fmt: skip
+    rows[3].encoding = "peg+rope-mixed"
+    text = interpret(_toy(rows, "scale"))
+    assert text[-1] == (
+        "Rotary against PEG at 96 px (trained at 48 px): the best rotary row rope-mixed drops to 0.850 ± 0.020 "
+        "while peg drops to 0.600 ± 0.020: rope-mixed is ahead."
+    )
+    rows[2].scores["96 px"] = 0.62  # now the best rotary row is peg+rope-mixed (0.8), ahead of peg
+    assert interpret(_toy(rows, "scale"))[-1].endswith("peg+rope-mixed is ahead.")
+    close = [peg, _row("rope-axial", (0.9, 0.61), (0.01, 0.02))]
+    assert interpret(_toy(close, "scale"))[-1].endswith(
+        ": no conclusion (the difference 0.010 is within the spread ±0.040)."
+    )
+    assert not any("Rotary" in t for t in interpret(_toy([peg], "scale")))  # no rotary row: no sentence
 
 
 def test_sentences_draw_no_conclusion_without_seeds_spread_or_distance_from_chance() -> None:
