@@ -35,7 +35,8 @@ def param_groups(
 
     Args:
         weight_decay: decay of the decayed parameters.
-        decay_1d: also decay 1-d parameters and ``no_weight_decay()`` names (DETR decays all).
+        decay_1d: also decay 1-d parameters (norms, biases), as DETR does; ``no_weight_decay()``
+            names (learned rotary frequencies) stay undecayed either way.
         lr_by_prefix: ``{"backbone.": 1e-5}``: parameters whose name starts with a prefix get that
             ``lr`` in groups of their own (named by the prefix); the others keep the optimiser's lr.
 
@@ -45,14 +46,14 @@ def param_groups(
         The order is part of the checkpoint format: a resumed optimiser state matches it.
     """
     model = getattr(model, "module", model)
-    exempt = set() if decay_1d else no_weight_decay_names(model)
+    exempt = no_weight_decay_names(model)
     prefixes = dict(lr_by_prefix or {})
     buckets: dict[tuple[str, bool], list[nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         prefix = next((q for q in prefixes if name.startswith(q)), "")
-        decayed = decay_1d or not (p.ndim <= 1 or name in exempt)
+        decayed = name not in exempt and (decay_1d or p.ndim > 1)
         buckets.setdefault((prefix, decayed), []).append(p)
     groups = []
     for prefix in ("", *prefixes):

@@ -110,3 +110,10 @@ class DETR(nn.Module):
                 {"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])
             ]
         return out
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters trained without weight decay: the learned rotary frequencies (``rope-mixed``).
+
+        DETR decays every other parameter, biases and norms included (its recipe).
+        """
+        return {name for name, _ in self.named_parameters() if name.endswith("rope.freqs")}

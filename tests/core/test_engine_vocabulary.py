@@ -92,9 +92,11 @@ def test_param_groups_backbone_lr_and_decay_all():
     groups = param_groups(net, 1e-4, decay_1d=True, lr_by_prefix={"backbone.": 1e-5})
     assert [(g["name"], g.get("lr"), g["weight_decay"]) for g in groups] == [
         ("main", None, 1e-4),
+        ("main_no_decay", None, 0.0),  # no_weight_decay() names stay undecayed even so
         ("backbone", 1e-5, 1e-4),
     ]
-    assert len(groups[1]["params"]) == 2
+    assert groups[1]["params"] == [net.cls_token]
+    assert len(groups[0]["params"]) == 4 and len(groups[2]["params"]) == 2  # biases and norms decayed
 
 
 def test_warmup_cosine_closed_form():

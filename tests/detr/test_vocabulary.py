@@ -182,3 +182,17 @@ def test_init_starts_from_official_weights(data, tmp_path, flag):
     # one step at lr 1e-12: still the starting weights (the tiny backbone's BatchNorm statistics move)
     for k, v in start.named_parameters():
         torch.testing.assert_close(trained["model"][k], v.detach(), atol=1e-8, rtol=0, msg=k)
+
+
+def test_rope_mixed_frequencies_are_not_decayed():
+    """DETR decays every parameter except the learned rotary frequencies; other encodings keep [main, backbone]."""
+    from peg_detr.task import optimizer_groups
+
+    kw = dict(backbone="tiny", num_classes=3, hidden_dim=32, num_heads=2, enc_layers=1, dec_layers=1,
+              dim_feedforward=64, num_queries=5)  # fmt: skip
+    model = build_model({**kw, "pos_enc": "rope-mixed"})[0]
+    groups = optimizer_groups(model, 1e-5, 1e-4)
+    assert [g["name"] for g in groups] == ["main", "main_no_decay", "backbone"]
+    assert groups[1]["params"] == [model.transformer.encoder.rope.freqs] and groups[1]["weight_decay"] == 0.0
+    plain = optimizer_groups(build_model({**kw, "pos_enc": "peg"})[0], 1e-5, 1e-4)
+    assert [g["name"] for g in plain] == ["main", "backbone"]
