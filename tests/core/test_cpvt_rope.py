@@ -99,7 +99,10 @@ def test_export_cpvt_rope_at_a_second_size():
     torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("pos_enc", ["rope-mixed", "peg+rope-axial"])
+@pytest.mark.parametrize(
+    "pos_enc",
+    ["rope-axial", "rope-mixed", "rope-dinov3", "peg+rope-mixed", "learned+rope-mixed", "peg+rope-axial"],
+)
 def test_cli_train_and_eval_at_several_sizes(tmp_path, pos_enc):
     run = tmp_path / "run"
     code = classify_main(

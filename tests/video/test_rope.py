@@ -109,7 +109,8 @@ def test_divided_attention_rotates_time_and_space_separately():
 
 
 @pytest.mark.slow
-def test_train_one_epoch_and_eval_at_12_frames_from_the_cli(tmp_path, capsys):
+@pytest.mark.parametrize("pos_enc", ["rope-3d", "peg3d+rope-3d"])
+def test_train_one_epoch_and_eval_at_12_frames_from_the_cli(tmp_path, capsys, pos_enc):
     from peg_core.engine import read_checkpoint
     from peg_video.__main__ import main
 
@@ -119,8 +120,8 @@ def test_train_one_epoch_and_eval_at_12_frames_from_the_cli(tmp_path, capsys):
     torch.set_num_threads(1)
     try:
         assert main(["train", "--train-ann", str(data / "train.csv"), "--val-ann", str(data / "val.csv"),
-                     "--output-dir", str(out), *TINY, "--pos-enc", "rope-3d", "--epochs", "1"]) == 0  # fmt: skip
-        assert read_checkpoint(out / "checkpoint.pth", "video")["model_config"]["pos_enc"] == "rope-3d"
+                     "--output-dir", str(out), *TINY, "--pos-enc", pos_enc, "--epochs", "1"]) == 0  # fmt: skip
+        assert read_checkpoint(out / "checkpoint.pth", "video")["model_config"]["pos_enc"] == pos_enc
         capsys.readouterr()
         assert main(["eval", "--checkpoint", str(out / "checkpoint.pth"), "--num-frames", "12",
                      "--output-dir", str(tmp_path / "ev"), "--no-progress", "--workers", "0"]) == 0  # fmt: skip
