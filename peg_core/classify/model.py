@@ -209,10 +209,22 @@ def apply_init_state(model: models.CPVT, state: Mapping[str, Any]) -> InitReport
     A learned table of another grid is resized (:func:`peg_core.resize_pos_embed`, the model's
     ``pos_interpolation``); a head of another number of classes is left out (fine-tuning on
     another label set).  Raises ``ValueError`` naming the key and both shapes for any other
-    shape mismatch, and for a non-tensor value under one of the model's keys.
+    shape mismatch, for a non-tensor value under one of the model's keys, and for tensors the
+    model has no key for other than extra heads (they would be dropped silently: another
+    architecture).
     """
     mine = model.state_dict()
     report = InitReport(unexpected=sorted(set(state) - set(mine)))
+    # Weights the model has no place for mean another architecture (layer scale, registers, depth):
+    # dropping them would train a different network without a word.  Extra heads (a distilled
+    # DeiT's head_dist) are left out like a head of another class count.
+    homeless = [k for k in report.unexpected if not k.startswith("head")]
+    if homeless:
+        names = ", ".join(homeless[:3]) + (", ..." if len(homeless) > 3 else "")
+        raise ValueError(
+            f"{len(homeless)} tensors of the file have no place in the model ({names}): "
+            "build the model the weights came from (--arch, --depth, --pos-enc, ...)"
+        )
     take: dict[str, Tensor] = {}
     heads = [k for k in mine if k.startswith("head.") and k in state]
     if any(_shape(state[k]) != _shape(mine[k]) for k in heads if isinstance(state[k], Tensor)):

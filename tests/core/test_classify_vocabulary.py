@@ -135,19 +135,29 @@ def test_init_in_train_prints_the_report_and_starts_from_the_weights(trained, tm
 def test_init_resizes_a_table_of_another_grid_and_counts_missing_and_unexpected(tmp_path):
     torch.manual_seed(0)
     src = _learned(16)  # 2x2 grid + class token: (1, 5, 16)
-    state = {**src.state_dict(), "extra.weight": torch.zeros(2)}
+    state = {**src.state_dict(), "head_dist.weight": torch.zeros(2)}  # a distilled DeiT's second head
     del state["norm.bias"]
     model = _learned(32)  # 4x4 grid: (1, 17, 16)
     report = apply_init_state(model, state)
     table = state["pos_enc.pos_embed"]
     assert report.resized == {"pos_enc.pos_embed": ((1, 5, 16), (1, 17, 16))}
-    assert (report.missing, report.unexpected) == (["norm.bias"], ["extra.weight"])
+    assert (report.missing, report.unexpected) == (["norm.bias"], ["head_dist.weight"])
     expected = resize_pos_embed(table, (4, 4), num_prefix_tokens=1, mode="bicubic")
     torch.testing.assert_close(model.pos_enc.pos_embed.detach(), expected, rtol=0, atol=0)
     assert "resized pos_enc.pos_embed (1, 5, 16) -> (1, 17, 16)" in report.line()
-    assert "1 missing (kept as initialised, e.g. norm.bias), 1 unexpected (ignored, e.g. extra.weight)" in (
-        report.line()
+    assert (
+        "1 missing (kept as initialised, e.g. norm.bias), 1 unexpected (ignored, e.g. head_dist.weight)"
+        in (report.line())
     )
+
+
+def test_init_refuses_weights_the_model_has_no_place_for():
+    """Layer scale of a converted timm ViT (or another depth) in a plain CPVT: refused, not dropped."""
+    state = {**_learned(16).state_dict(), "blocks.0.ls1.gamma": torch.ones(16)}
+    with pytest.raises(
+        ValueError, match=r"1 tensors of the file have no place in the model \(blocks.0.ls1.gamma\)"
+    ):
+        apply_init_state(_learned(16), state)
 
 
 def test_init_leaves_out_a_head_of_another_number_of_classes():
