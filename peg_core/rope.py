@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
@@ -196,7 +197,7 @@ def apply_rope(x: Tensor, sin: Tensor, cos: Tensor, num_prefix_tokens: int = 0, 
     return torch.addcmul(out, swapped.to(out.dtype), sin.to(out.dtype)).to(x.dtype)
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(nn.Module, ABC):
     """Base of the rotary encodings: coordinates x frequencies -> the apply-form ``(sin, cos)`` table.
 
     Subclasses define :meth:`frequencies` ``(k, L, heads, J)`` (``L = heads = 1`` when shared by all
@@ -258,9 +259,9 @@ class RotaryEmbedding(nn.Module):
     def num_pairs(self) -> int:
         return self.head_dim // 2
 
+    @abstractmethod
     def frequencies(self) -> Tensor:
         """``(k, L, heads, J)``: the angle of pair ``j`` is ``sum_a coord_a * F[a, l, h, j]``."""
-        raise NotImplementedError
 
     def _augment(self, coords: Tensor) -> Tensor:
         k, dev, dt = coords.shape[-1], coords.device, coords.dtype
@@ -316,8 +317,9 @@ class RotaryEmbedding(nn.Module):
 class _FixedFrequencies(RotaryEmbedding):
     """Axial sections with fixed frequencies, kept as a non-persistent buffer of at least float32."""
 
+    @abstractmethod
     def _make(self) -> Tensor:
-        raise NotImplementedError
+        """The fixed frequencies of the subclass's formulation."""
 
     def _sections(self, per_pair: Tensor) -> Tensor:
         """``(n,)`` frequencies of one section -> ``(k, 1, 1, J)``, section ``a`` on axis ``a``, rest 0."""

@@ -16,6 +16,7 @@ exception, never silently dropped), batching, results in input order.
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ __all__ = ["ClassPrediction", "FilePredictor", "Prediction"]
 
 
 @dataclass
-class Prediction:
+class Prediction(ABC):
     """The result for one input: ``path`` (``None`` for an in-memory input) and ``skipped`` (why not, or None).
 
     A task's subclass adds its result and :meth:`result_text`.
@@ -41,9 +42,9 @@ class Prediction:
     def name(self) -> str:
         return self.path if self.path is not None else "<input>"
 
+    @abstractmethod
     def result_text(self) -> str:
         """The result in words (one line); the subclass's."""
-        raise NotImplementedError
 
     def line(self) -> str:
         """One console line: ``PATH: <result>`` or ``PATH: skipped (<reason>)``."""
@@ -51,9 +52,9 @@ class Prediction:
             return f"{self.name}: skipped ({self.skipped})"
         return f"{self.name}: {self.result_text()}"
 
+    @abstractmethod
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict of the prediction (``--json``, ``--output``)."""
-        raise NotImplementedError
 
 
 @dataclass
@@ -77,7 +78,7 @@ def _is_single(inputs: Any) -> bool:
     return isinstance(inputs, str | os.PathLike | torch.Tensor) or not isinstance(inputs, Iterable)
 
 
-class FilePredictor:
+class FilePredictor(ABC):
     """Base of the task predictors: ``predictor(inputs) -> list[Prediction]`` in input order.
 
     ``inputs`` is one input or a sequence of them; a ``str`` / ``os.PathLike`` is a file read by
@@ -88,21 +89,21 @@ class FilePredictor:
     batch_size: int = 1
     device: torch.device = torch.device("cpu")
 
+    @abstractmethod
     def read(self, path: str) -> Any:
         """The input in ``path``; :class:`BrokenSample` when it cannot be used."""
-        raise NotImplementedError
 
     def prepare(self, item: Any) -> Any:
         """A read input -> what :meth:`run` batches (default: unchanged)."""
         return item
 
+    @abstractmethod
     def run(self, paths: list[str | None], items: list[Any]) -> list[Prediction]:
         """Predictions for a batch of prepared inputs (``paths[i]`` names ``items[i]``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def skipped(self, path: str, reason: str) -> Prediction:
         """The prediction of a file that could not be read (the subclass's type, without a result)."""
-        raise NotImplementedError
 
     @torch.no_grad()
     def __call__(self, inputs: Any) -> list[Prediction]:
