@@ -4,6 +4,7 @@ Public API::
 
     from peg_core import PEG2d, PEG3d, build_position_encoding, resize_pos_embed
     from peg_core import RoPEAxial, RoPEMixed, RoPEDinoV3, apply_rope, build_rope
+    peg_core.from_timm(timm_model, peg_at=0)   # today's timm ViTs as a CPVT (loads peg_core.interop)
 
 ``import peg_core`` is the position-encoding library alone: the PEGs (static, separable,
 dynamic), the fixed and learned encodings in 1/2/3-D, the rotary encodings (axial, mixed, DINOv3, 3-D;
@@ -82,3 +83,15 @@ __all__ = [
     "sincos_2d",
     "tokens_to_grid",
 ]
+
+#: names served from an opt-in sub-package on first use, so ``import peg_core`` stays torch-only
+_LAZY = {"from_timm": "peg_core.interop.from_timm", "from_timm_file": "peg_core.interop.from_timm"}
+
+
+def __getattr__(name: str) -> object:
+    """``peg_core.from_timm`` / ``from_timm_file``: imported from :mod:`peg_core.interop` when first asked for."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'peg_core' has no attribute {name!r}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from ..engine import (
     device_arg,
     done_line,
     evaluate_checkpoint,
+    explicit_options,
     fit,
     image_side,
     image_side_list,
@@ -90,7 +92,12 @@ def crop_ratio(text: str) -> float:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (CPVT)")
-    add_arch_arg(g, ARCHS, help="demo (small, for the generated shapes) or a CPVT size")
+    add_arch_arg(g, ARCHS, help="demo (small, for the generated shapes), a CPVT size, or cpvt "
+                 "(the plain class: sizes from the flags); with --init FILE naming its model: the file's")  # fmt: skip
+    g.add_argument("--init-timm", metavar="NAME",
+                   help="--init FILE holds the weights of this timm model in timm's layout (e.g. "
+                   "vit_small_patch16_rope_mixed_224, vit_small_patch16_dinov3): converted with "
+                   "peg_core.from_timm, its architecture kept (needs timm)")  # fmt: skip
     add_pos_args(g, POS_ENCODINGS)  # --pos-enc, the PEG group (peg: CPVT), --pos-interpolation
     add_alias(g, "--mode", dest="pos_interpolation", choices=RESIZE_MODES)
     g.add_argument("--global-pool", choices=GLOBAL_POOLS, help="token (class token) or avg (default: arch's)")
@@ -119,10 +126,13 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 INIT_HELP = """\
 --init PATH: starting weights, a checkpoint.pth of 'peg_core train', a bare state dict (.pth, read
 with weights_only=True) or a .safetensors file whose keys are the CPVT's (a timm/DeiT checkpoint
-converted by 'python -m peg_core to-cpvt' qualifies).  Keys the file lacks keep their fresh
-initialisation, keys the model lacks are ignored (a load report says how many), a learned table of
-another grid is resized, a head of another number of classes is left out; any other shape mismatch
-is an error naming the key.
+converted by 'python -m peg_core to-cpvt' qualifies), or with --init-timm NAME the weights of a
+timm ViT (rope, DINOv3, DeiT) in timm's layout.  A file that names its model (a checkpoint's
+model_config, a timm model) gives the architecture; model flags on the command line replace its
+entries (--pos-enc peg+rope-mixed adds a PEG, which starts at zero).  Keys the file lacks keep
+their fresh initialisation, a learned table of another grid is resized, a head of another number
+of classes is left out; tensors the model has no place for and any other shape mismatch are an
+error naming the key.
 """
 
 
@@ -212,8 +222,17 @@ def make_data(argv: Sequence[str] | None = None) -> int:
 
 
 def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """``train``'s arguments: ``--config NAME`` supplies the recipe's values, explicit flags override them."""
-    return parse_with_config(build_train_parser(), argv, CONFIGS)
+    """``train``'s arguments: ``--config NAME`` supplies the recipe's values, explicit flags override them.
+
+    ``cli_flags`` lists the destinations the command line itself set: a ``--init`` file that names
+    its model keeps its architecture except for those (:func:`~.model.init_model_config`).
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_with_config(build_train_parser(), argv, CONFIGS)
+    args.cli_flags = sorted(explicit_options(build_train_parser, argv))
+    if args.init_timm is not None and args.init is None:
+        build_train_parser().error("--init-timm needs --init FILE (the timm weights)")
+    return args
 
 
 def train(argv: Sequence[str] | None = None) -> dict[str, Any]:

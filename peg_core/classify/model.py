@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from .. import models
@@ -24,6 +25,7 @@ from ..engine import (
     load_model_state,
     peg_kwargs,
 )
+from ..interop.from_timm import from_timm_file
 from ..interop.io import WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 from ..resize import resize_pos_embed
 
@@ -32,19 +34,22 @@ __all__ = [
     "DEMO_CONFIG",
     "OLD_ARG_NAMES",
     "SCALES",
+    "InitFile",
     "InitReport",
     "apply_init_state",
     "build_checked",
     "build_model",
+    "init_model_config",
     "load_init_weights",
     "load_model",
     "model_config_from_args",
+    "read_init",
     "read_weights",
     "scaled_sizes",
     "stored_args",
 ]
 
-ARCHS = ("demo", "cpvt_tiny", "cpvt_small", "cpvt_base")
+ARCHS = ("demo", "cpvt_tiny", "cpvt_small", "cpvt_base", "cpvt")
 #: small CPVT for the generated set (patch 8 on 48 px images: a 6x6 grid).  The class-token head
 #: learns the shape-and-quadrant classes in a few epochs; average pooling stalls at the shape-only
 #: plateau (top-1 ~1/4) for many more.  A PEG after every block (CPVT's "0-5" variant, here 0-3).
@@ -76,15 +81,19 @@ TABLE_KEY = "pos_enc.pos_embed"
 
 
 def build_model(config: Mapping[str, Any]) -> models.CPVT:
-    """A CPVT from ``{"arch": "demo" | "cpvt_tiny" | "cpvt_small" | "cpvt_base", **CPVT keywords}``.
+    """A CPVT from ``{"arch": "demo" | "cpvt_tiny" | "cpvt_small" | "cpvt_base" | "cpvt", **CPVT keywords}``.
 
     ``arch="demo"`` starts from :data:`DEMO_CONFIG`; the keywords override the arch's defaults.
+    ``arch="cpvt"`` is the :class:`~peg_core.models.CPVT` class itself with exactly the keywords (the
+    config :func:`peg_core.from_timm` records for a converted timm ViT).
     Raises ``ValueError`` / ``TypeError`` for a config that builds no CPVT.
     """
     cfg = dict(config)
     arch = cfg.pop("arch", "demo")
     if arch == "demo":
         return models.CPVT(**{**DEMO_CONFIG, **cfg})
+    if arch == "cpvt":
+        return models.CPVT(**cfg)
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}; got {arch!r}")
     return getattr(models, arch)(**cfg)
@@ -175,6 +184,7 @@ class InitReport:
     unexpected: list[str] = field(default_factory=list)  # the file's keys the model lacks: ignored
     resized: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     head_left_out: bool = False  # the file's head has another number of classes
+    zeroed: list[str] = field(default_factory=list)  # PEG weights the file lacks, set to zero
 
     def line(self) -> str:
         """One line for the log, e.g. ``loaded 52 tensors, 0 missing, 0 unexpected``."""
@@ -184,6 +194,8 @@ class InitReport:
         text += f" (ignored, e.g. {self.unexpected[0]})" if self.unexpected else ""
         for key, (old, new) in self.resized.items():
             text += f"; resized {key} {old} -> {new}"
+        if self.zeroed:
+            text += f"; {len(self.zeroed)} PEG tensors the file lacks start at zero"
         return text + ("; head left out (other number of classes)" if self.head_left_out else "")
 
 
@@ -203,7 +215,7 @@ def _fit_table(model: models.CPVT, table: Tensor, mine: Tensor) -> Tensor:
         raise ValueError(f"{TABLE_KEY} {_shape(table)} cannot be resized to {_shape(mine)} ({e})") from None
 
 
-def apply_init_state(model: models.CPVT, state: Mapping[str, Any]) -> InitReport:
+def apply_init_state(model: models.CPVT, state: Mapping[str, Any], zero_new_pegs: bool = False) -> InitReport:
     """Copy the tensors of ``state`` whose keys the model has into ``model`` (not strict).
 
     A learned table of another grid is resized (:func:`peg_core.resize_pos_embed`, the model's
@@ -211,7 +223,8 @@ def apply_init_state(model: models.CPVT, state: Mapping[str, Any]) -> InitReport
     another label set).  Raises ``ValueError`` naming the key and both shapes for any other
     shape mismatch, for a non-tensor value under one of the model's keys, and for tensors the
     model has no key for other than extra heads (they would be dropped silently: another
-    architecture).
+    architecture).  ``zero_new_pegs``: PEG weights (``pos_blocks.*``) the file lacks are set to
+    zero instead of kept as initialised (listed in ``report.zeroed``).
     """
     mine = model.state_dict()
     report = InitReport(unexpected=sorted(set(state) - set(mine)))
@@ -231,6 +244,9 @@ def apply_init_state(model: models.CPVT, state: Mapping[str, Any]) -> InitReport
         report.head_left_out = True
     for key, ref in mine.items():
         value = state.get(key)
+        if value is None and zero_new_pegs and key.startswith("pos_blocks."):
+            value = torch.zeros_like(ref)  # an added PEG is the identity until it trains
+            report.zeroed.append(key)
         if value is None or (report.head_left_out and key in heads):
             report.missing.append(key)
             continue
@@ -247,27 +263,82 @@ def apply_init_state(model: models.CPVT, state: Mapping[str, Any]) -> InitReport
     return report
 
 
-def read_weights(path: str | os.PathLike) -> dict[str, Any]:
-    """The state dict in a classify checkpoint, a bare ``.pth`` state dict or a ``.safetensors`` file.
+@dataclass
+class InitFile:
+    """What ``train --init`` starts from: the weights and, when the file says, the model they belong to."""
 
-    Torch files are read with ``weights_only=True``; wrappers (``model``, ``state_dict``, ...)
-    and a DDP ``module.`` prefix are looked through.  One-line :class:`UserError` naming ``path``.
+    state: dict[str, Any]
+    config: dict[str, Any] | None = None  # the file's model_config (a train checkpoint, a from-timm file)
+    source: str = ""  # "timm <name>" for weights converted on reading
+
+
+def read_init(path: str | os.PathLike, timm_model: str | None = None) -> InitFile:
+    """The starting weights in ``path``; one-line :class:`UserError` naming ``path``.
+
+    ``path`` is a classify checkpoint, a bare ``.pth`` state dict or a ``.safetensors`` file with
+    the CPVT's keys (torch files read with ``weights_only=True``; wrappers (``model``,
+    ``state_dict``, ...) and a DDP ``module.`` prefix looked through).  With ``timm_model`` it holds
+    the weights of that timm architecture in timm's layout, converted by
+    :func:`peg_core.interop.from_timm_file`; the converted model's config comes with them.
     """
     try:
+        if timm_model is not None:
+            model = from_timm_file(timm_model, path)
+            return InitFile(dict(model.state_dict()), dict(model.build_config), f"timm {timm_model}")
         obj = read_state_file(path, what="--init weights")
         if isinstance(obj, Mapping) and obj.get("task", "classify") != "classify":
             raise UserError(f"--init needs classifier weights; this is a {obj['task']!r} checkpoint", path)
-        return strip_prefixes(unwrap_state_dict(obj, where=path))
+        config = obj.get("model_config") if isinstance(obj, Mapping) else None
+        state = strip_prefixes(unwrap_state_dict(obj, where=path))
+        return InitFile(state, dict(config) if isinstance(config, Mapping) and config else None)
     except WeightsError as e:
         raise UserError(e.what, e.where) from None
-    except ImportError as e:  # safetensors not installed: the message names the package
+    except TypeError as e:  # a timm layout from_timm does not convert: the message names the part
+        raise UserError(f"--init-timm {timm_model}: {e}", path) from None
+    except ImportError as e:  # safetensors / timm not installed: the message names the package
         raise UserError(str(e)) from None
 
 
-def load_init_weights(model: models.CPVT, path: str | os.PathLike) -> InitReport:
-    """``train --init PATH``: :func:`read_weights` then :func:`apply_init_state`; one-line errors."""
-    state = read_weights(path)
+def read_weights(path: str | os.PathLike) -> dict[str, Any]:
+    """The state dict of :func:`read_init` (a classify checkpoint, a ``.pth`` state dict, ``.safetensors``)."""
+    return read_init(path).state
+
+
+def init_model_config(
+    flags: Mapping[str, Any], file_config: Mapping[str, Any], explicit: Collection[str]
+) -> dict[str, Any]:
+    """The model of a ``train --init`` run whose file names its own architecture.
+
+    The file's ``model_config`` (a converted timm ViT: layer scale, registers, qkv bias, rotary
+    temperature ... that no flag spells) is the base; a model flag given on the command line
+    (``explicit``: argparse dests, e.g. ``pos_enc`` for ``--pos-enc peg+rope-mixed``) replaces its
+    entry; the class count is the data's and ``img_size`` the run's (a learned table is resized).
+    ``--arch`` on the command line means "build this arch": ``flags`` is returned unchanged.
+    """
+    if "arch" in explicit:
+        return dict(flags)
+    config = dict(file_config)
+    for key, value in flags.items():
+        if key in explicit:
+            config[key] = value
+    config["num_classes"] = flags["num_classes"]
+    config["img_size"] = flags["img_size"]
+    if not config.get("peg_at") and "peg_at" not in explicit:
+        config.pop("peg_at", None)  # a PEG asked for by --pos-enc alone goes where CPVT puts it (block 0)
+    return config
+
+
+def load_init_weights(
+    model: models.CPVT, path: str | os.PathLike, init: InitFile | None = None
+) -> InitReport:
+    """``train --init PATH``: :func:`read_init` (unless ``init`` is given) then :func:`apply_init_state`.
+
+    When the file named the model (``init.config``), PEGs it has no weights for start at zero, so
+    the run starts from the file's network exactly (as :func:`peg_core.from_timm` adds them).
+    One-line :class:`UserError` naming ``path``.
+    """
+    init = read_init(path) if init is None else init
     try:
-        return apply_init_state(model, state)
+        return apply_init_state(model, init.state, zero_new_pegs=init.config is not None)
     except ValueError as e:
         raise UserError(f"--init does not fit the model ({e})", path) from None

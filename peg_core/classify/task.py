@@ -27,10 +27,13 @@ from .data import NORMALIZE, FolderImages, ShapeImages, folder_transform, open_i
 from .metrics import accuracy
 from .model import (
     OLD_ARG_NAMES,
+    InitFile,
     build_checked,
+    init_model_config,
     load_init_weights,
     load_model,
     model_config_from_args,
+    read_init,
     scaled_sizes,
     stored_args,
 )
@@ -140,6 +143,26 @@ def _train_data(args: argparse.Namespace) -> tuple[Dataset, Dataset, list[str], 
     )
 
 
+def _model_config(
+    args: argparse.Namespace, num_classes: int, ckpt: dict[str, Any] | None
+) -> tuple[dict[str, Any], InitFile | None]:
+    """The run's ``model_config`` and its ``--init`` file (read once; ``None`` when resuming or not given).
+
+    A resumed run rebuilds the model it saved; an ``--init`` file that names its model gives the
+    architecture, the command line's model flags replacing its entries.
+    """
+    config = model_config_from_args(args, num_classes)
+    if ckpt is not None:  # resuming: the saved run's model, whatever the flags say
+        saved = ckpt.get("model_config")
+        return (dict(saved) if isinstance(saved, dict) and saved else config), None
+    if args.init is None:
+        return config, None
+    init = read_init(args.init, getattr(args, "init_timm", None))
+    if init.config is not None:
+        config = init_model_config(config, init.config, getattr(args, "cli_flags", ()))
+    return config, init
+
+
 class ClassifyTask:
     """Image classification with a CPVT on generated shapes or an ImageFolder tree."""
 
@@ -154,10 +177,11 @@ class ClassifyTask:
         # generated shapes are in memory: nothing for DataLoader workers to do
         workers = args.workers if args.data_root is not None else 0
         # The data set-up draws nothing from the global RNG: the initialisation depends on --seed alone.
-        config = model_config_from_args(args, len(classes))
-        model = build_checked(config, f"--arch {args.arch}").to(ctx.device)
-        if args.init is not None and ckpt is None:  # a resumed run continues from its own weights
-            ctx.print(f"--init {args.init}: {load_init_weights(model, args.init).line()}")
+        config, init = _model_config(args, len(classes), ckpt)
+        model = build_checked(config, f"--arch {args.arch}" if init is None else args.init).to(ctx.device)
+        if init is not None:
+            source = f" ({init.source})" if init.source else ""
+            ctx.print(f"--init {args.init}{source}: {load_init_weights(model, args.init, init).line()}")
         # AdamW over [decayed, not decayed (norms, biases, cls token, learned table)]
         optimizer = torch.optim.AdamW(
             param_groups(model, args.weight_decay), lr=args.lr, weight_decay=args.weight_decay

@@ -33,6 +33,7 @@ __all__ = [
     "add_train_args",
     "device_arg",
     "dispatch",
+    "explicit_options",
     "grid_arg",
     "image_side",
     "image_side_list",
@@ -409,6 +410,22 @@ def parse_with_config(
             raise KeyError(f"recipe {name!r} sets unknown options {unknown}")
         parser.set_defaults(**configs[name])
     return parser.parse_args(argv)
+
+
+def explicit_options(
+    build_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[str]
+) -> dict[str, Any]:
+    """The options ``argv`` itself names, without parser, ``set_defaults`` or recipe defaults.
+
+    A fresh parser from ``build_parser`` with every default suppressed: argparse then sets only
+    what the command line gives.  Call it after the real parse, so ``argv`` is known to be valid.
+    (``train --init`` uses it: a file's architecture is kept except where a flag says otherwise.)
+    """
+    parser = build_parser()
+    parser._defaults.clear()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return vars(parser.parse_known_args(list(argv))[0])
 
 
 def json_safe(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ Errors: library functions here raise :class:`WeightsError` (a ``ValueError``) or
 """
 
 from .convert import convert_to_cpvt
-from .from_timm import from_timm
+from .from_timm import from_timm, from_timm_file
 from .io import (
     LoadReport,
     WeightsError,
@@ -48,6 +48,7 @@ __all__ = [
     "convert_to_cpvt",
     "find_pos_embed_key",
     "from_timm",
+    "from_timm_file",
     "is_torchvision_vit",
     "learned_to_cpvt",
     "load_state_strict",

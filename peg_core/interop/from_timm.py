@@ -20,20 +20,34 @@ A learned table is resized as timm resizes it (``resample_abs_pos_embed``: bicub
 ``peg_at`` adds PEGs after those blocks with zero weights, so the converted model computes
 the same as timm's until the PEGs train.  Unsupported layouts (SwiGLU / GLU MLPs, qk-norm,
 attention pooling, post-norm blocks, distillation tokens, patch dropout, EVA's ``ref_feat_shape``
-rescale) raise ``TypeError`` naming the part; timm is never imported here.
+rescale) raise ``TypeError`` naming the part.  timm is imported only by :func:`from_timm_file`,
+which builds the timm model a local weights file belongs to (``train --init FILE --init-timm NAME``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
+from ..errors import require
 from ..models.cpvt import CPVT
 from .convert import _loaded_class
+from .io import WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 
-__all__ = ["from_timm"]
+__all__ = ["from_timm", "from_timm_file"]
+
+
+def _json_safe(value: Any) -> Any:
+    """Tuples as lists, recursively: a ``model_config`` survives json and ``weights_only`` loading."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _unsupported(model: nn.Module, what: str) -> TypeError:
@@ -160,7 +174,8 @@ def from_timm(model: nn.Module, peg_at: Sequence[int] | int | None = None, peg_k
         peg_kernel_size: their depthwise kernel size.
 
     Returns:
-        a new CPVT on the device and in the dtype of ``model``, in ``model``'s train / eval mode.
+        a new CPVT on the device and in the dtype of ``model``, in ``model``'s train / eval mode;
+        its ``build_config`` holds the keywords that rebuild it (``{"arch": "cpvt", ...}``).
 
     Raises:
         TypeError: not a supported timm class or layout (the message names the part).
@@ -204,15 +219,19 @@ def from_timm(model: nn.Module, peg_at: Sequence[int] | int | None = None, peg_k
     if peg_at is not None:
         parts.insert(0, "peg")
     ref = model.patch_embed.proj.weight
-    out = CPVT(
+    kwargs = {
         **cfg,
         **extra,
-        pos_enc="+".join(parts) or "none",
-        peg_at=() if peg_at is None else peg_at,
-        peg_kernel_size=peg_kernel_size,
-        init_values=1.0 if layer_scale else None,
-        qkv_bias=_qkv_bias(blk),
-    )
+        "pos_enc": "+".join(parts) or "none",
+        "peg_at": () if peg_at is None else peg_at,
+        "peg_kernel_size": peg_kernel_size,
+        "init_values": 1.0 if layer_scale else None,
+        "qkv_bias": _qkv_bias(blk),
+    }
+    out = CPVT(**kwargs)
+    # The keywords that rebuild this network (a checkpoint's ``model_config``; ``arch="cpvt"`` is the
+    # plain class): ``train --init`` of a converted file builds exactly this model from them.
+    out.build_config = {"arch": "cpvt", **_json_safe(kwargs)}
     if out.pos_enc is not None:
         out.pos_enc.antialias = True  # timm's resample_abs_pos_embed default
     state = {("pos_enc.pos_embed" if k == "pos_embed" else k): v for k, v in state.items()}
@@ -228,3 +247,53 @@ def from_timm(model: nn.Module, peg_at: Sequence[int] | int | None = None, peg_k
         )
     out.load_state_dict(state, strict=True)
     return out.to(device=ref.device, dtype=ref.dtype).train(model.training)
+
+
+def _head_classes(state: dict[str, torch.Tensor]) -> int:
+    """Rows of the file's classifier (``head.weight``); 0 for a headless backbone (DINOv3 releases)."""
+    head = state.get("head.weight")
+    return int(head.shape[0]) if isinstance(head, torch.Tensor) and head.dim() == 2 else 0
+
+
+def from_timm_file(
+    name: str,
+    path: str | os.PathLike,
+    peg_at: Sequence[int] | int | None = None,
+    peg_kernel_size: int = 3,
+) -> CPVT:
+    """:func:`from_timm` of the timm model ``name`` holding the weights of a local file.
+
+    Args:
+        name: the timm architecture the file belongs to, e.g. ``"vit_small_patch16_rope_mixed_224"``
+            (built with ``pretrained=False``: nothing is downloaded).
+        path: its weights in timm's own layout (``.safetensors`` or a torch file, read with
+            ``weights_only=True``; wrappers such as ``state_dict`` and a ``module.`` prefix are looked
+            through), e.g. ``model.safetensors`` of a hub snapshot.
+        peg_at, peg_kernel_size: as :func:`from_timm`.
+
+    Raises:
+        MissingDependency: timm is not installed.
+        WeightsError: unreadable file, unknown timm name, or weights that do not fit ``name`` (the
+            message names the file and the first keys).
+        TypeError: a timm layout :func:`from_timm` does not convert.
+    """
+    timm = require("timm", "timm", what="--init-timm")
+    state = strip_prefixes(unwrap_state_dict(read_state_file(path, what="timm weights"), where=path))
+    try:
+        model = timm.create_model(
+            name, pretrained=False, num_classes=_head_classes(state), dynamic_img_size=True
+        )
+    except RuntimeError as e:  # timm: "Unknown model (...)"
+        raise WeightsError(f"timm has no model {name!r} ({e})", path) from None
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a tensor of another shape: the first line names the key and shapes
+        lines = [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
+        raise WeightsError(f"weights do not fit timm {name} ({(lines or [str(e)])[0]})", path) from None
+    if result.missing_keys or result.unexpected_keys:
+        raise WeightsError(
+            f"weights do not fit timm {name}: missing {result.missing_keys[:3]}, "
+            f"unexpected {result.unexpected_keys[:3]}",
+            path,
+        )
+    return from_timm(model.eval(), peg_at=peg_at, peg_kernel_size=peg_kernel_size)
