@@ -223,17 +223,16 @@ def from_timm(model: nn.Module, peg_at: Sequence[int] | int | None = None, peg_k
         **cfg,
         **extra,
         "pos_enc": "+".join(parts) or "none",
-        "peg_at": () if peg_at is None else peg_at,
+        "peg_at": () if peg_at is None else ([peg_at] if isinstance(peg_at, int) else list(peg_at)),
         "peg_kernel_size": peg_kernel_size,
         "init_values": 1.0 if layer_scale else None,
         "qkv_bias": _qkv_bias(blk),
+        "pos_antialias": "learned" in parts,  # timm's resample_abs_pos_embed default
     }
     out = CPVT(**kwargs)
     # The keywords that rebuild this network (a checkpoint's ``model_config``; ``arch="cpvt"`` is the
     # plain class): ``train --init`` of a converted file builds exactly this model from them.
     out.build_config = {"arch": "cpvt", **_json_safe(kwargs)}
-    if out.pos_enc is not None:
-        out.pos_enc.antialias = True  # timm's resample_abs_pos_embed default
     state = {("pos_enc.pos_embed" if k == "pos_embed" else k): v for k, v in state.items()}
     own = out.state_dict()
     for k, v in own.items():

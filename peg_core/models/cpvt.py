@@ -99,6 +99,7 @@ class CPVT(nn.Module):
             ``global_pool='token'``" (CPVT-GAP has none).
         drop_path_rate: stochastic depth, linearly increasing over the blocks.
         pos_interpolation: mode used to resize a learned table for another grid.
+        pos_antialias: anti-aliased down-sizing of that table (timm's ``resample_abs_pos_embed``).
         rope_temperature: rotary base (``None``: 100 axial, 10 mixed, 100 DINOv3, as naver / DINOv3).
         rope_indexing: rotary coordinate order, ``"xy"`` (naver / timm rope ViTs) or ``"ij"``
             (``None``: ``"xy"`` for axial / mixed, ``"ij"`` for DINOv3).
@@ -136,6 +137,7 @@ class CPVT(nn.Module):
         class_token: bool | None = None,
         drop_path_rate: float = 0.0,
         pos_interpolation: str = "bicubic",
+        pos_antialias: bool = False,
         rope_temperature: float | None = None,
         rope_indexing: str | None = None,
         rope_options: dict | None = None,
@@ -185,7 +187,7 @@ class CPVT(nn.Module):
         if table == "learned":
             self.pos_enc = build_position_encoding(
                 "learned", embed_dim, grid_size=self.grid_size, num_prefix_tokens=table_prefix,
-                interpolation=pos_interpolation,
+                interpolation=pos_interpolation, antialias=pos_antialias,
             )  # fmt: skip
         elif table in ("sincos", "sine"):
             self.pos_enc = build_position_encoding(
