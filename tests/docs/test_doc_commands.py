@@ -139,7 +139,14 @@ def _gpu_check(argv: list[str]) -> None:
         gpu_check.main(argv)
 
 
+def _video_export_hf(argv: list[str]) -> None:
+    from peg_video.cli import build_export_hf_parser
+
+    build_export_hf_parser().parse_args(argv)
+
+
 PARSERS: dict[tuple[str, str | None], Callable[[list[str]], None]] = {
+    ("peg_video", "export-hf"): _video_export_hf,
     ("peg_detr", "train"): _detr_train,
     ("peg_detr", "eval"): _detr_eval,
     ("peg_video", "train"): _video_train,
@@ -301,6 +308,17 @@ def _video_run(path: Path) -> None:
     )
 
 
+def _videomae_folder(path: Path) -> None:
+    """A tiny random VideoMAE classifier (``save_pretrained``): the docs' downloaded VideoMAE folder."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.VideoMAEConfig(image_size=32, patch_size=8, num_frames=4, tubelet_size=2, hidden_size=32,
+                                      num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)  # fmt: skip
+    transformers.VideoMAEForVideoClassification(cfg).save_pretrained(path)
+
+
 #: files the docs' commands and python blocks read, created in the working directory before they run
 FIXTURES: dict[str, Callable[[Path], None]] = {
     "deit_tiny_patch16_224.pth": _deit_checkpoint,
@@ -308,6 +326,7 @@ FIXTURES: dict[str, Callable[[Path], None]] = {
     "runs/py_classify/checkpoint.pth": _classify_run,
     "data/py_coco": _detect_images,
     "runs/py_video/checkpoint.pth": _video_run,
+    "videomae-small-k400": _videomae_folder,
 }
 
 
