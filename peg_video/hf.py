@@ -49,12 +49,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from peg_core.interop.io import LoadReport, WeightsError
+import torch
+from torch import Tensor
 
+from peg_core.interop.io import LoadReport, WeightsError, read_state_file
+
+from .models.registry import build_video_model
 from .models.vit import VideoTransformer
 
 __all__ = ["HF_MODEL_TYPES", "export_hf", "from_hf", "hf_model_config", "read_hf_video_config"]
@@ -133,7 +138,33 @@ def read_hf_video_config(folder: PathLike) -> dict[str, Any]:
     Raises :class:`WeightsError` for a missing folder or ``config.json``, JSON that does not
     parse, or a ``model_type`` outside :data:`HF_MODEL_TYPES`.
     """
-    raise NotImplementedError
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise WeightsError("no such Hugging Face model folder", folder)
+    if not (folder / "config.json").is_file():
+        raise WeightsError("the folder has no config.json (not a save_pretrained folder)", folder)
+    cfg = _read_json(folder / "config.json", "config.json")
+    model_type = cfg.get("model_type")
+    if model_type not in HF_MODEL_TYPES:
+        raise WeightsError(
+            f"model_type {model_type!r} is not a video encoder peg_video reads ({', '.join(HF_MODEL_TYPES)})",
+            folder / "config.json",
+        )
+    arch = (cfg.get("architectures") or [None])[0]
+    classifier = isinstance(arch, str) and arch.endswith("ForVideoClassification")
+    id2label = {int(k): str(v) for k, v in (cfg.get("id2label") or {}).items()} if classifier else {}
+    mean, std = _mean_std(folder)
+    return {
+        "model_type": model_type,
+        "architecture": arch,
+        "classifier": classifier,
+        **_sizes(cfg, model_type),
+        "num_classes": len(id2label),
+        "id2label": id2label,
+        "mean": mean,
+        "std": std,
+        "config": cfg,
+    }
 
 
 def hf_model_config(
@@ -145,7 +176,7 @@ def hf_model_config(
     ``options`` are further :class:`VideoTransformer` keywords (``drop_path_rate``, ``peg_at``,
     ``peg_kernel_size``, ...); ones that would change the mapped architecture are a ``ValueError``.
     """
-    raise NotImplementedError
+    return _model_config(read_hf_video_config(folder), pos_enc, num_classes, options)
 
 
 def from_hf(
@@ -173,7 +204,16 @@ def from_hf(
         WeightsError: missing folder / config / weights file, unsupported model type, or weights
             whose keys or shapes do not match the config (the first offending key named).
     """
-    raise NotImplementedError
+    info = read_hf_video_config(folder)
+    config = _model_config(info, pos_enc, num_classes, options)
+    model = build_video_model(**config)
+    state, where = _read_weights(Path(folder))
+    report = LoadReport(source=str(where), args=info["config"])
+    kind = info["model_type"]
+    keep_table = any(k.startswith("pos_enc.") for k in model.state_dict())
+    _load(model, _MAPPERS[kind](state, report, keep_table), report, where)
+    _note_dropped_encoding(report, kind, config["pos_enc"])
+    return model.eval(), report
 
 
 def export_hf(model_or_checkpoint: VideoTransformer | PathLike, out_dir: PathLike) -> Path:
@@ -190,3 +230,302 @@ def export_hf(model_or_checkpoint: VideoTransformer | PathLike, out_dir: PathLik
     Raises ``ValueError`` naming the option VideoMAE cannot express.
     """
     raise NotImplementedError
+
+
+# ------------------------------------------------------------------------------- the model config
+
+#: keywords the mapping sets itself; an ``options`` entry for one would change the architecture
+_MAPPED_KEYWORDS = ("name", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "norm_eps", "pos_enc",
+                    "rope_layout", "attention", "temporal_fc", "global_pool", "fc_norm_eps", "num_frames",
+                    "img_size", "tubelet", "num_classes", "peg_zero_init")  # fmt: skip
+#: ``pos_enc`` values :func:`from_hf` takes besides ``None``
+PEG_CHOICES = ("peg3d", "peg3d-factorized", "peg3d+rope-3d", "none")
+#: transformers' LayerNorm default: VideoMAE's ``fc_norm`` does not take the config's eps
+_TORCH_LAYERNORM_EPS = 1e-5
+
+
+def _native(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`VideoTransformer` keywords that reproduce the folder's own model."""
+    cfg, kind = info["config"], info["model_type"]
+    where = "config.json"
+    if info["hidden_act"] != "gelu":
+        raise WeightsError(
+            f"hidden_act {info['hidden_act']!r} is not supported (peg_video's MLP is gelu)", where
+        )
+    if kind == "videomae":
+        pooled = bool(cfg.get("use_mean_pooling", True))
+        head = (
+            {"global_pool": "avg", "fc_norm_eps": _TORCH_LAYERNORM_EPS}
+            if pooled
+            else {"global_pool": "first"}
+        )
+        return {"pos_enc": "sinusoid-1d", "qkv_bias": "qv" if cfg.get("qv_bias", True) else False, **head}
+    if kind == "timesformer":
+        attention = cfg.get("attention_type", "divided_space_time")
+        if attention not in ("divided_space_time", "joint_space_time"):
+            raise WeightsError(f"TimeSformer attention_type {attention!r} is not supported "
+                               "(divided_space_time, joint_space_time)", where)  # fmt: skip
+        divided = attention == "divided_space_time"
+        return {"pos_enc": "learned", "qkv_bias": bool(cfg.get("qkv_bias", True)), "global_pool": "token",
+                "attention": "divided" if divided else "joint", "temporal_fc": divided}  # fmt: skip
+    return {"pos_enc": "rope-3d", "rope_layout": "vjepa2", "qkv_bias": bool(cfg.get("qkv_bias", True)),
+            "global_pool": "avg"}  # fmt: skip
+
+
+def _with_pos_enc(native: dict[str, Any], pos_enc: str | None) -> dict[str, Any]:
+    """``native`` with its encoding replaced as ``pos_enc`` asks (module docstring)."""
+    if pos_enc is None:
+        return native
+    if pos_enc not in PEG_CHOICES:
+        raise ValueError(f"pos_enc must be None or one of {PEG_CHOICES}; got {pos_enc!r}")
+    rotary = native["pos_enc"] == "rope-3d"
+    if pos_enc == "peg3d+rope-3d" and not rotary:
+        raise ValueError(
+            f"pos_enc='peg3d+rope-3d' keeps a rotary encoding; this model's is {native['pos_enc']!r}"
+        )
+    out = {**native, "pos_enc": pos_enc}
+    if not pos_enc.endswith("rope-3d"):
+        out.pop("rope_layout", None)
+    if pos_enc.startswith("peg3d"):
+        out["peg_zero_init"] = True
+    return out
+
+
+def _model_config(
+    info: Mapping[str, Any], pos_enc: str | None, num_classes: int | None, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    clash = sorted(set(options) & set(_MAPPED_KEYWORDS))
+    if clash:
+        raise ValueError(f"{', '.join(clash)} are set by the Hugging Face config; they cannot be overridden")
+    dim, ratio = info["embed_dim"], info["mlp_ratio"]
+    if int(dim * ratio) != round(dim * ratio):
+        raise WeightsError(
+            f"intermediate size {dim * ratio:g} is not a whole number of channels", "config.json"
+        )
+    return {
+        "name": "vit_small",  # the registry's ViT; every size below overrides it
+        "embed_dim": dim,
+        "depth": info["depth"],
+        "num_heads": info["num_heads"],
+        "mlp_ratio": ratio,
+        "norm_eps": info["norm_eps"],
+        "num_classes": info["num_classes"] if num_classes is None else int(num_classes),
+        "num_frames": info["num_frames"],
+        "img_size": list(info["image_size"]),
+        "tubelet": list(info["tubelet"]),
+        **_with_pos_enc(_native(info), pos_enc),
+        **options,
+    }
+
+
+# --------------------------------------------------------------------------------------- weights
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _read_weights(folder: Path) -> tuple[dict[str, Tensor], Path]:
+    """The folder's tensors (one file, or the shards of a ``*.index.json``) and the file to name."""
+    for name in _WEIGHT_FILES:
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            shards = sorted(set(_read_json(index, index.name).get("weight_map", {}).values()))
+            state: dict[str, Tensor] = {}
+            for shard in shards:
+                state.update(read_state_file(folder / shard, what="Hugging Face weights"))
+            return state, index
+        if (folder / name).is_file():
+            obj = read_state_file(folder / name, what="Hugging Face weights")
+            if not isinstance(obj, Mapping):
+                raise WeightsError("Hugging Face weights are not a state dict", folder / name)
+            return dict(obj), folder / name
+    raise WeightsError(f"the folder has no weights ({' or '.join(_WEIGHT_FILES)})", folder)
+
+
+#: a model key's source: (source key, tensor, how it was converted or None when copied as is)
+Source = tuple[str, Tensor, str | None]
+
+
+def _fuse_qkv(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """``<x>.query/key/value.<weight|bias>`` -> ``<x>.qkv.<weight|bias>`` where all three exist.
+
+    Returns the new state and, for each fused key, how it was made.
+    """
+    out, notes = dict(state), {}
+    for key in list(state):
+        m = re.fullmatch(r"(.*)\.query\.(weight|bias)", key)
+        parts = [f"{m[1]}.{n}.{m[2]}" for n in ("query", "key", "value")] if m else []
+        if m and all(p in state for p in parts):
+            fused = f"{m[1]}.qkv.{m[2]}"
+            out[fused] = torch.cat([state[p] for p in parts])
+            for p in parts:
+                del out[p]
+            notes[fused] = f"{m[1]}.{{query,key,value}}.{m[2]} concatenated"
+    return out, notes
+
+
+#: per model type: (prefix stripped, [(source regex, model key)], [(source regex, why left out)])
+_LAYER = r"encoder\.layer\.(\d+)\."
+_RULES: dict[str, tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = {
+    "videomae": ("videomae.", [
+        (r"embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
+        (_LAYER + r"attention\.attention\.qkv\.", r"blocks.\1.attn.qkv."),
+        (_LAYER + r"attention\.attention\.(?:query\.bias|q_bias)", r"blocks.\1.attn.qkv.q_bias"),
+        (_LAYER + r"attention\.attention\.(?:value\.bias|v_bias)", r"blocks.\1.attn.qkv.v_bias"),
+        (_LAYER + r"attention\.output\.dense\.", r"blocks.\1.attn.proj."),
+        (_LAYER + r"intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
+        (_LAYER + r"output\.dense\.", r"blocks.\1.mlp.fc2."),
+        (_LAYER + r"layernorm_before\.", r"blocks.\1.norm1."),
+        (_LAYER + r"layernorm_after\.", r"blocks.\1.norm2."),
+        (r"layernorm\.", "norm."), (r"fc_norm\.", "fc_norm."), (r"classifier\.", "head."),
+    ], [(r"(encoder_to_decoder|decoder|mask_token)\b", "VideoMAE pre-training decoder (not an encoder part)")]),
+    "timesformer": ("timesformer.", [
+        (r"embeddings\.patch_embeddings\.projection\.bias", "patch_embed.proj.bias"),
+        (_LAYER + r"attention\.attention\.qkv\.", r"blocks.\1.attn.qkv."),
+        (_LAYER + r"attention\.output\.dense\.", r"blocks.\1.attn.proj."),
+        (_LAYER + r"temporal_attention\.attention\.qkv\.", r"blocks.\1.attn_t.qkv."),
+        (_LAYER + r"temporal_attention\.output\.dense\.", r"blocks.\1.attn_t.proj."),
+        (_LAYER + r"temporal_dense\.", r"blocks.\1.temporal_fc."),
+        (_LAYER + r"temporal_layernorm\.", r"blocks.\1.norm_t."),
+        (_LAYER + r"intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
+        (_LAYER + r"output\.dense\.", r"blocks.\1.mlp.fc2."),
+        (_LAYER + r"layernorm_before\.", r"blocks.\1.norm1."),
+        (_LAYER + r"layernorm_after\.", r"blocks.\1.norm2."),
+        (r"layernorm\.", "norm."), (r"classifier\.", "head."),
+    ], []),
+    "vjepa2": ("vjepa2.", [
+        (r"encoder\.embeddings\.patch_embeddings\.proj\.", "patch_embed.proj."),
+        (_LAYER + r"attention\.qkv\.", r"blocks.\1.attn.qkv."),
+        (_LAYER + r"attention\.proj\.", r"blocks.\1.attn.proj."),
+        (_LAYER + r"(norm1|norm2|mlp\.fc1|mlp\.fc2)\.", r"blocks.\1.\2."),
+        (r"encoder\.layernorm\.", "norm."),
+    ], [
+        (r"predictor\.", "V-JEPA 2 predictor (pre-training only)"),
+        (r"(pooler|classifier)\.", "V-JEPA 2 attentive-pooler head (peg_video pools by the mean; a new head is trained)"),
+    ]),
+}  # fmt: skip
+
+
+def _rename(state: Mapping[str, Tensor], kind: str, report: LoadReport, notes: Mapping[str, str] = {}
+            ) -> dict[str, Source]:  # fmt: skip
+    """Model key -> source by the rules of ``kind``; left-out keys go to ``report.skipped``."""
+    prefix, rules, left_out = _RULES[kind]
+    out: dict[str, Source] = {}
+    for key, value in state.items():
+        short = key.removeprefix(prefix)
+        why = next((w for pat, w in left_out if re.match(pat, short)), None)
+        if why is not None:
+            report.skipped[key] = why
+            continue
+        for pat, repl in rules:
+            m = re.match(pat, short)
+            if m:
+                out[m.expand(repl) + short[m.end() :]] = (key, value, notes.get(key))
+                break
+        else:
+            out[short] = (key, value, None)  # no rule: kept under its own name, which the load refuses
+    return out
+
+
+def _map_joint(kind: str) -> Callable[[dict[str, Tensor], LoadReport, bool], dict[str, Source]]:
+    """VideoMAE / V-JEPA 2: separate query / key / value projections fused, everything else renamed."""
+
+    def mapper(state: dict[str, Tensor], report: LoadReport, keep_table: bool) -> dict[str, Source]:
+        fused, notes = _fuse_qkv(state)
+        return _rename(fused, kind, report, notes)
+
+    return mapper
+
+
+_EMBEDDINGS = "timesformer.embeddings."
+_TABLES = ("position_embeddings", "time_embeddings")
+
+
+def _map_timesformer(state: dict[str, Tensor], report: LoadReport, keep_table: bool) -> dict[str, Source]:
+    """TimeSformer: the per-frame Conv2d as a ``(1, p, p)`` tubelet; the tables and the class token."""
+    out = _rename({k: v for k, v in state.items() if not k.startswith(_EMBEDDINGS)}, "timesformer", report)
+    emb = {k.removeprefix(_EMBEDDINGS): (k, v) for k, v in state.items() if k.startswith(_EMBEDDINGS)}
+    named = {"patch_embeddings.projection.weight": "patch_embed.proj.weight",
+             "patch_embeddings.projection.bias": "patch_embed.proj.bias", "cls_token": "cls_token"}  # fmt: skip
+    for short, (key, value) in emb.items():
+        if short in _TABLES and not keep_table:
+            report.skipped[key] = "position table dropped (replaced by the pos_enc asked for)"
+        elif short not in named and short not in _TABLES:
+            out[key] = (key, value, None)  # unknown: refused by the load
+        elif short in named:
+            out[named[short]] = (key, value, None)
+    key, w, _ = out.get("patch_embed.proj.weight", ("", None, None))
+    if w is not None:
+        out["patch_embed.proj.weight"] = (
+            key,
+            w.unsqueeze(2),
+            f"{key} (per-frame Conv2d) as a 1-frame tubelet",
+        )
+    if keep_table and "position_embeddings" in emb:
+        key, pos = emb["position_embeddings"]
+        out["pos_enc.spatial"] = (key, pos[:, 1:], f"{key} without its class-token row")
+        if "cls_token" in emb:  # the class token's code is a constant added to a constant: fold it in
+            ckey, cls = emb["cls_token"]
+            out["cls_token"] = (ckey, cls + pos[:, :1], f"{ckey} + the class-token row of {key}")
+    if keep_table and "time_embeddings" in emb:
+        out["pos_enc.temporal"] = (*emb["time_embeddings"], None)
+    return out
+
+
+_MAPPERS = {
+    "videomae": _map_joint("videomae"),
+    "timesformer": _map_timesformer,
+    "vjepa2": _map_joint("vjepa2"),
+}
+
+#: model keys a folder need not have: a new PEG3d, a new classifier head, VideoMAE's fc_norm under a new head
+_MAY_BE_ADDED = ("pos_blocks.", "head.", "fc_norm.")
+
+
+def _place(mkey: str, skey: str, value: Tensor, mine: Mapping[str, Tensor], report: LoadReport,
+           where: Path) -> bool:  # fmt: skip
+    """Whether source ``skey`` fills model key ``mkey``; a head that does not fit is left out, else refused."""
+    if mkey.startswith("head.") and (mkey not in mine or mine[mkey].shape != value.shape):
+        n = mine["head.weight"].shape[0] if "head.weight" in mine else 0
+        report.skipped[skey] = f"the folder's classifier ({value.shape[0]} outputs); the model has {n}"
+        return False
+    if mkey not in mine:
+        raise WeightsError(f"the weights have {skey}, which the model config.json describes has no place for",
+                           where)  # fmt: skip
+    if value.shape != mine[mkey].shape:
+        raise WeightsError(f"{skey} has shape {tuple(value.shape)}; config.json describes "
+                           f"{tuple(mine[mkey].shape)} (model key {mkey})", where)  # fmt: skip
+    return True
+
+
+def _load(model: VideoTransformer, mapped: Mapping[str, Source], report: LoadReport, where: Path) -> None:
+    """Load ``mapped`` into ``model`` strictly; record every key in ``report``."""
+    mine = model.state_dict()
+    state = dict(mine)
+    filled = set()
+    for mkey, (skey, value, how) in mapped.items():
+        if not _place(mkey, skey, value, mine, report, where):
+            continue
+        state[mkey] = value.to(mine[mkey].dtype)
+        filled.add(mkey)
+        if how is None:
+            report.copied.append(mkey)
+        else:
+            report.converted[mkey] = how
+    for key in mine:
+        if key in filled:
+            continue
+        if not key.startswith(_MAY_BE_ADDED):
+            raise WeightsError(f"the weights have no tensor for {key}, which the model config.json describes needs",
+                               where)  # fmt: skip
+        report.missing.append(key)
+    model.load_state_dict(state)
+
+
+def _note_dropped_encoding(report: LoadReport, kind: str, pos_enc: str) -> None:
+    """Record an encoding that is no state-dict key (VideoMAE's fixed table, V-JEPA 2's rotary) as left out."""
+    if kind == "videomae" and pos_enc != "sinusoid-1d":
+        report.skipped["videomae.embeddings.position_embeddings"] = (
+            f"fixed sinusoid table (not in the weights file) dropped for pos_enc={pos_enc!r}"
+        )
+    if kind == "vjepa2" and not pos_enc.endswith("rope-3d"):
+        report.skipped["<3-D rotary encoding>"] = f"dropped for pos_enc={pos_enc!r}"
