@@ -29,6 +29,7 @@ would be too slow to run as written (none of them changes which flags are used).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shlex
@@ -263,7 +264,6 @@ def _detr_checkpoint(path: Path) -> None:
 
 def _quiet(fn: Callable[[list[str]], object], argv: list[str]) -> None:
     """Run a command function in process for a fixture, its console lines swallowed."""
-    import contextlib
     import io
 
     import torch
@@ -393,7 +393,8 @@ def test_shell_commands(path: Path, tmp_path: Path) -> None:
     for line, argv in commands:
         kind, module, args = classify(argv)
         if kind == "parse":
-            check_parse(module, args)
+            with contextlib.chdir(tmp_path):  # a relative --init FOLDER is read while parsing
+                check_parse(module, args)
         elif kind == "run":
             text = shlex.join(args)
             for pattern, repl in SUBSTITUTIONS:
