@@ -272,6 +272,31 @@ def test_export_hf_round_trip(tmp_path):
     assert _close(back(_hf(x)).logits, hf(_hf(x)).logits) <= TOL
 
 
+@torch.no_grad()
+def test_export_hf_full_qkv_bias_and_encoder(tmp_path):
+    from peg_video import VideoTransformer
+
+    torch.manual_seed(0)
+    kw = {
+        "num_frames": 4,
+        "img_size": 32,
+        "tubelet": (2, 8, 8),
+        "pos_enc": "sinusoid-1d",
+        "fc_norm_eps": 1e-5,
+    }
+    model = VideoTransformer(32, 2, 2, num_classes=3, **kw).eval()
+    for p in model.parameters():
+        p.normal_(0, 0.2)  # a key bias that export_hf drops: the softmax removes it
+    back = transformers.VideoMAEForVideoClassification.from_pretrained(
+        export_hf(model, tmp_path / "c")
+    ).eval()
+    x = _clip()
+    assert _close(back(_hf(x)).logits, model(x)) <= TOL
+    encoder = VideoTransformer(32, 2, 2, num_classes=0, **kw).eval()
+    back = transformers.VideoMAEModel.from_pretrained(export_hf(encoder, tmp_path / "e")).eval()
+    assert _close(back(_hf(x)).last_hidden_state, encoder.forward_features(x)[0]) <= TOL
+
+
 def test_export_hf_refuses_what_videomae_cannot_express(tmp_path):
     from peg_video import VideoTransformer
 
