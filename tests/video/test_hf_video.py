@@ -203,6 +203,31 @@ def test_table_model_runs_at_other_clip_shapes(tmp_path):
         assert model(_clip(1, t, size)).shape == (1, 5)
 
 
+@torch.no_grad()
+def test_timesformer_tables_resize_to_other_clip_shapes(tmp_path):
+    _timesformer(tmp_path)
+    model, _ = from_hf(tmp_path)
+    for t, size in ((8, 32), (16, 48)):
+        assert model(_clip(1, t, size)).shape == (1, 5)
+
+
+def test_rope_3d_vjepa2_layout_is_transformers_rotation():
+    from transformers.models.vjepa2.modeling_vjepa2 import rotate_queries_or_keys
+
+    from peg_core.rope import apply_rope, build_rope
+
+    head_dim, size = 40, (3, 4, 5)  # 40 // 3 // 2 = 6 pairs a section, 4 channels left unrotated
+    rope = build_rope("rope-3d", head_dim, layout="vjepa2")
+    x = torch.randn(2, 2, 60, head_dim, generator=torch.Generator().manual_seed(0))
+    t, h, w = torch.meshgrid(*(torch.arange(s) for s in size), indexing="ij")
+    d = 2 * ((head_dim // 3) // 2)
+    ref = torch.cat([rotate_queries_or_keys(x[..., i * d : (i + 1) * d], pos=p.flatten().float())
+                     for i, p in enumerate((t, h, w))] + [x[..., 3 * d :]], dim=-1)  # fmt: skip
+    assert _close(apply_rope(x, *rope(size)), ref) <= 1e-5
+    with pytest.raises(ValueError, match="layout must be one of"):
+        build_rope("rope-3d", head_dim, layout="halves")
+
+
 def test_sinusoid_table_is_videomaes():
     from transformers.models.videomae.modeling_videomae import get_sinusoid_encoding_table
 
