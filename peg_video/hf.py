@@ -375,34 +375,31 @@ def _fuse_qkv(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, st
     return out, notes
 
 
-#: per model type: (prefix stripped, [(source regex, model key)], [(source regex, why left out)])
 _LAYER = r"encoder\.layer\.(\d+)\."
+#: the transformers ViT layer names VideoMAE and TimeSformer share
+_VIT_LAYER = [
+    (_LAYER + r"attention\.attention\.qkv\.", r"blocks.\1.attn.qkv."),
+    (_LAYER + r"attention\.output\.dense\.", r"blocks.\1.attn.proj."),
+    (_LAYER + r"intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
+    (_LAYER + r"output\.dense\.", r"blocks.\1.mlp.fc2."),
+    (_LAYER + r"layernorm_before\.", r"blocks.\1.norm1."),
+    (_LAYER + r"layernorm_after\.", r"blocks.\1.norm2."),
+    (r"layernorm\.", "norm."),
+    (r"classifier\.", "head."),
+]
+#: per model type: (prefix stripped, [(source regex, model key)], [(source regex, why left out)])
 _RULES: dict[str, tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = {
     "videomae": ("videomae.", [
         (r"embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
-        (_LAYER + r"attention\.attention\.qkv\.", r"blocks.\1.attn.qkv."),
         (_LAYER + r"attention\.attention\.(?:query\.bias|q_bias)", r"blocks.\1.attn.qkv.q_bias"),
         (_LAYER + r"attention\.attention\.(?:value\.bias|v_bias)", r"blocks.\1.attn.qkv.v_bias"),
-        (_LAYER + r"attention\.output\.dense\.", r"blocks.\1.attn.proj."),
-        (_LAYER + r"intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
-        (_LAYER + r"output\.dense\.", r"blocks.\1.mlp.fc2."),
-        (_LAYER + r"layernorm_before\.", r"blocks.\1.norm1."),
-        (_LAYER + r"layernorm_after\.", r"blocks.\1.norm2."),
-        (r"layernorm\.", "norm."), (r"fc_norm\.", "fc_norm."), (r"classifier\.", "head."),
+        (r"fc_norm\.", "fc_norm."), *_VIT_LAYER,
     ], [(r"(encoder_to_decoder|decoder|mask_token)\b", "VideoMAE pre-training decoder (not an encoder part)")]),
     "timesformer": ("timesformer.", [
-        (r"embeddings\.patch_embeddings\.projection\.bias", "patch_embed.proj.bias"),
-        (_LAYER + r"attention\.attention\.qkv\.", r"blocks.\1.attn.qkv."),
-        (_LAYER + r"attention\.output\.dense\.", r"blocks.\1.attn.proj."),
         (_LAYER + r"temporal_attention\.attention\.qkv\.", r"blocks.\1.attn_t.qkv."),
         (_LAYER + r"temporal_attention\.output\.dense\.", r"blocks.\1.attn_t.proj."),
         (_LAYER + r"temporal_dense\.", r"blocks.\1.temporal_fc."),
-        (_LAYER + r"temporal_layernorm\.", r"blocks.\1.norm_t."),
-        (_LAYER + r"intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
-        (_LAYER + r"output\.dense\.", r"blocks.\1.mlp.fc2."),
-        (_LAYER + r"layernorm_before\.", r"blocks.\1.norm1."),
-        (_LAYER + r"layernorm_after\.", r"blocks.\1.norm2."),
-        (r"layernorm\.", "norm."), (r"classifier\.", "head."),
+        (_LAYER + r"temporal_layernorm\.", r"blocks.\1.norm_t."), *_VIT_LAYER,
     ], []),
     "vjepa2": ("vjepa2.", [
         (r"encoder\.embeddings\.patch_embeddings\.proj\.", "patch_embed.proj."),
