@@ -57,7 +57,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg_core.interop.io import LoadReport, WeightsError, read_state_file
+from peg_core.interop.io import LoadReport, WeightsError, read_state_file, write_state_file
 
 from .models.registry import build_video_model
 from .models.vit import VideoTransformer
@@ -229,7 +229,19 @@ def export_hf(model_or_checkpoint: VideoTransformer | PathLike, out_dir: PathLik
 
     Raises ``ValueError`` naming the option VideoMAE cannot express.
     """
-    raise NotImplementedError
+    classes: list[str] | None = None
+    if not isinstance(model_or_checkpoint, VideoTransformer):
+        from .model import load_model  # the checkpoint reader needs the engine: only here
+
+        loaded = load_model(model_or_checkpoint)
+        model_or_checkpoint, classes = loaded.model, loaded.classes
+    model = model_or_checkpoint
+    _check_exportable(model)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(_videomae_config(model, classes), indent=2) + "\n")
+    write_state_file(_videomae_state(model), out / "model.safetensors", metadata={"format": "pt"})
+    return out
 
 
 # ------------------------------------------------------------------------------- the model config
@@ -363,34 +375,31 @@ def _fuse_qkv(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, st
     return out, notes
 
 
-#: per model type: (prefix stripped, [(source regex, model key)], [(source regex, why left out)])
 _LAYER = r"encoder\.layer\.(\d+)\."
+#: the transformers ViT layer names VideoMAE and TimeSformer share
+_VIT_LAYER = [
+    (_LAYER + r"attention\.attention\.qkv\.", r"blocks.\1.attn.qkv."),
+    (_LAYER + r"attention\.output\.dense\.", r"blocks.\1.attn.proj."),
+    (_LAYER + r"intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
+    (_LAYER + r"output\.dense\.", r"blocks.\1.mlp.fc2."),
+    (_LAYER + r"layernorm_before\.", r"blocks.\1.norm1."),
+    (_LAYER + r"layernorm_after\.", r"blocks.\1.norm2."),
+    (r"layernorm\.", "norm."),
+    (r"classifier\.", "head."),
+]
+#: per model type: (prefix stripped, [(source regex, model key)], [(source regex, why left out)])
 _RULES: dict[str, tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = {
     "videomae": ("videomae.", [
         (r"embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
-        (_LAYER + r"attention\.attention\.qkv\.", r"blocks.\1.attn.qkv."),
         (_LAYER + r"attention\.attention\.(?:query\.bias|q_bias)", r"blocks.\1.attn.qkv.q_bias"),
         (_LAYER + r"attention\.attention\.(?:value\.bias|v_bias)", r"blocks.\1.attn.qkv.v_bias"),
-        (_LAYER + r"attention\.output\.dense\.", r"blocks.\1.attn.proj."),
-        (_LAYER + r"intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
-        (_LAYER + r"output\.dense\.", r"blocks.\1.mlp.fc2."),
-        (_LAYER + r"layernorm_before\.", r"blocks.\1.norm1."),
-        (_LAYER + r"layernorm_after\.", r"blocks.\1.norm2."),
-        (r"layernorm\.", "norm."), (r"fc_norm\.", "fc_norm."), (r"classifier\.", "head."),
+        (r"fc_norm\.", "fc_norm."), *_VIT_LAYER,
     ], [(r"(encoder_to_decoder|decoder|mask_token)\b", "VideoMAE pre-training decoder (not an encoder part)")]),
     "timesformer": ("timesformer.", [
-        (r"embeddings\.patch_embeddings\.projection\.bias", "patch_embed.proj.bias"),
-        (_LAYER + r"attention\.attention\.qkv\.", r"blocks.\1.attn.qkv."),
-        (_LAYER + r"attention\.output\.dense\.", r"blocks.\1.attn.proj."),
         (_LAYER + r"temporal_attention\.attention\.qkv\.", r"blocks.\1.attn_t.qkv."),
         (_LAYER + r"temporal_attention\.output\.dense\.", r"blocks.\1.attn_t.proj."),
         (_LAYER + r"temporal_dense\.", r"blocks.\1.temporal_fc."),
-        (_LAYER + r"temporal_layernorm\.", r"blocks.\1.norm_t."),
-        (_LAYER + r"intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
-        (_LAYER + r"output\.dense\.", r"blocks.\1.mlp.fc2."),
-        (_LAYER + r"layernorm_before\.", r"blocks.\1.norm1."),
-        (_LAYER + r"layernorm_after\.", r"blocks.\1.norm2."),
-        (r"layernorm\.", "norm."), (r"classifier\.", "head."),
+        (_LAYER + r"temporal_layernorm\.", r"blocks.\1.norm_t."), *_VIT_LAYER,
     ], []),
     "vjepa2": ("vjepa2.", [
         (r"encoder\.embeddings\.patch_embeddings\.proj\.", "patch_embed.proj."),
@@ -529,3 +538,92 @@ def _note_dropped_encoding(report: LoadReport, kind: str, pos_enc: str) -> None:
         )
     if kind == "vjepa2" and not pos_enc.endswith("rope-3d"):
         report.skipped["<3-D rotary encoding>"] = f"dropped for pos_enc={pos_enc!r}"
+
+
+# ---------------------------------------------------------------------------------------- export
+
+
+def _check_exportable(model: VideoTransformer) -> None:
+    """``ValueError`` naming the first thing of ``model`` that VideoMAE's layout cannot hold."""
+    fc_eps = None if model.fc_norm is None else model.fc_norm.eps
+    problems = [
+        (model.pos_enc_kind != "sinusoid-1d", f"pos_enc={model.pos_enc_kind!r} (VideoMAE has its fixed "
+                                              "sinusoid table only, pos_enc='sinusoid-1d')"),
+        (model.attention != "joint", f"attention={model.attention!r} (VideoMAE attends jointly)"),
+        (model.tubelet[1] != model.tubelet[2], f"tubelet {model.tubelet} (VideoMAE's patches are square)"),
+        (model.global_pool == "avg" and fc_eps != _TORCH_LAYERNORM_EPS,
+         f"mean pooling without fc_norm_eps={_TORCH_LAYERNORM_EPS:g} (VideoMAE's fc_norm)"),
+        (model.global_pool == "token", "global_pool='token' (VideoMAE has no class token)"),
+        (model.global_pool == "first" and model.fc_norm is not None, "fc_norm with global_pool='first'"),
+    ]  # fmt: skip
+    blocks = list(model.blocks)
+    if any(not isinstance(b.ls1, torch.nn.Identity) for b in blocks):
+        problems.append((True, "layer scale (VideoMAE has none)"))
+    if len({b.norm1.eps for b in blocks} | {b.norm2.eps for b in blocks}) > 1:
+        problems.append((True, "LayerNorms with different eps (VideoMAE has one layer_norm_eps)"))
+    for bad, what in problems:
+        if bad:
+            raise ValueError(f"export_hf writes VideoMAE's layout, which cannot hold {what}")
+
+
+def _videomae_config(model: VideoTransformer, classes: list[str] | None) -> dict[str, Any]:
+    """``config.json`` of the exported folder (transformers fills the other fields with its defaults)."""
+    blk = model.blocks[0]
+    n = model.num_classes
+    labels = classes if classes and len(classes) == n else [f"LABEL_{i}" for i in range(n)]
+    h, w = model.img_size
+    return {
+        "architectures": ["VideoMAEForVideoClassification" if n else "VideoMAEModel"],
+        "model_type": "videomae",
+        "hidden_size": model.embed_dim,
+        "num_hidden_layers": len(model.blocks),
+        "num_attention_heads": blk.attn.num_heads,
+        "intermediate_size": blk.mlp.fc1.out_features,
+        "hidden_act": "gelu",
+        "image_size": h if h == w else [h, w],
+        "patch_size": model.tubelet[1],
+        "num_channels": model.patch_embed.in_chans,
+        "num_frames": model.num_frames,
+        "tubelet_size": model.tubelet[0],
+        "layer_norm_eps": blk.norm1.eps,
+        "qv_bias": blk.attn.qkv.bias is not None or hasattr(blk.attn.qkv, "q_bias"),
+        "use_mean_pooling": model.global_pool == "avg",
+        "id2label": {str(i): name for i, name in enumerate(labels)},
+        "label2id": {name: i for i, name in enumerate(labels)},
+    }
+
+
+def _videomae_qkv(qkv: torch.nn.Linear, layer: str) -> dict[str, Tensor]:
+    """A fused projection as VideoMAE's query / key / value (the key bias, if any, is dropped: see export_hf)."""
+    q, k, v = qkv.weight.detach().chunk(3)
+    out = {f"{layer}.query.weight": q, f"{layer}.key.weight": k, f"{layer}.value.weight": v}
+    if hasattr(qkv, "q_bias"):
+        out[f"{layer}.query.bias"], out[f"{layer}.value.bias"] = qkv.q_bias.detach(), qkv.v_bias.detach()
+    elif qkv.bias is not None:
+        qb, _, vb = qkv.bias.detach().chunk(3)
+        out[f"{layer}.query.bias"], out[f"{layer}.value.bias"] = qb, vb
+    return out
+
+
+def _videomae_state(model: VideoTransformer) -> dict[str, Tensor]:
+    """The model's weights under VideoMAE's keys (``videomae.`` prefix for a classifier)."""
+    pre = "videomae." if model.num_classes else ""
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    out = {
+        f"{pre}embeddings.patch_embeddings.projection.{p}": sd[f"patch_embed.proj.{p}"]
+        for p in ("weight", "bias")
+    }
+    names = {"attn.proj": "attention.output.dense", "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense",
+             "norm1": "layernorm_before", "norm2": "layernorm_after"}  # fmt: skip
+    for i, blk in enumerate(model.blocks):
+        layer = f"{pre}encoder.layer.{i}"
+        out.update(_videomae_qkv(blk.attn.qkv, f"{layer}.attention.attention"))
+        for mine, theirs in names.items():
+            for p in ("weight", "bias"):
+                out[f"{layer}.{theirs}.{p}"] = sd[f"blocks.{i}.{mine}.{p}"]
+    tail = {"norm": f"{pre}layernorm", **({"fc_norm": "fc_norm", "head": "classifier"} if pre else {})}
+    for mine, theirs in tail.items():
+        for p in ("weight", "bias"):
+            if f"{mine}.{p}" in sd:
+                out[f"{theirs}.{p}"] = sd[f"{mine}.{p}"]
+    return {k: v.contiguous() for k, v in out.items()}

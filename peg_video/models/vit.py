@@ -285,7 +285,8 @@ class VideoTransformer(nn.Module):
         drop_path_rate: stochastic depth, increasing linearly over the blocks.
         drop_rate: dropout before the head.
         pos_interpolation: spatial resize mode of the learned table
-            (its temporal table is resized linearly).
+            (its temporal table is resized linearly); the ``sinusoid-1d`` table is resized
+            trilinearly (``"nearest"`` / ``"area"`` as given).
 
     Shapes: ``forward`` takes clips ``(B, C, T, H, W)`` with ``T, H, W``
     multiples of the tubelet and returns logits ``(B, num_classes)``.

@@ -203,6 +203,31 @@ def test_table_model_runs_at_other_clip_shapes(tmp_path):
         assert model(_clip(1, t, size)).shape == (1, 5)
 
 
+@torch.no_grad()
+def test_timesformer_tables_resize_to_other_clip_shapes(tmp_path):
+    _timesformer(tmp_path)
+    model, _ = from_hf(tmp_path)
+    for t, size in ((8, 32), (16, 48)):
+        assert model(_clip(1, t, size)).shape == (1, 5)
+
+
+def test_rope_3d_vjepa2_layout_is_transformers_rotation():
+    from transformers.models.vjepa2.modeling_vjepa2 import rotate_queries_or_keys
+
+    from peg_core.rope import apply_rope, build_rope
+
+    head_dim, size = 40, (3, 4, 5)  # 40 // 3 // 2 = 6 pairs a section, 4 channels left unrotated
+    rope = build_rope("rope-3d", head_dim, layout="vjepa2")
+    x = torch.randn(2, 2, 60, head_dim, generator=torch.Generator().manual_seed(0))
+    t, h, w = torch.meshgrid(*(torch.arange(s) for s in size), indexing="ij")
+    d = 2 * ((head_dim // 3) // 2)
+    ref = torch.cat([rotate_queries_or_keys(x[..., i * d : (i + 1) * d], pos=p.flatten().float())
+                     for i, p in enumerate((t, h, w))] + [x[..., 3 * d :]], dim=-1)  # fmt: skip
+    assert _close(apply_rope(x, *rope(size)), ref) <= 1e-5
+    with pytest.raises(ValueError, match="layout must be one of"):
+        build_rope("rope-3d", head_dim, layout="halves")
+
+
 def test_sinusoid_table_is_videomaes():
     from transformers.models.videomae.modeling_videomae import get_sinusoid_encoding_table
 
@@ -270,6 +295,31 @@ def test_export_hf_round_trip(tmp_path):
     x = _clip()
     assert _close(back(_hf(x)).logits, model(x)) <= TOL
     assert _close(back(_hf(x)).logits, hf(_hf(x)).logits) <= TOL
+
+
+@torch.no_grad()
+def test_export_hf_full_qkv_bias_and_encoder(tmp_path):
+    from peg_video import VideoTransformer
+
+    torch.manual_seed(0)
+    kw = {
+        "num_frames": 4,
+        "img_size": 32,
+        "tubelet": (2, 8, 8),
+        "pos_enc": "sinusoid-1d",
+        "fc_norm_eps": 1e-5,
+    }
+    model = VideoTransformer(32, 2, 2, num_classes=3, **kw).eval()
+    for p in model.parameters():
+        p.normal_(0, 0.2)  # a key bias that export_hf drops: the softmax removes it
+    back = transformers.VideoMAEForVideoClassification.from_pretrained(
+        export_hf(model, tmp_path / "c")
+    ).eval()
+    x = _clip()
+    assert _close(back(_hf(x)).logits, model(x)) <= TOL
+    encoder = VideoTransformer(32, 2, 2, num_classes=0, **kw).eval()
+    back = transformers.VideoMAEModel.from_pretrained(export_hf(encoder, tmp_path / "e")).eval()
+    assert _close(back(_hf(x)).last_hidden_state, encoder.forward_features(x)[0]) <= TOL
 
 
 def test_export_hf_refuses_what_videomae_cannot_express(tmp_path):
