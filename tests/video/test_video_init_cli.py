@@ -4,6 +4,8 @@ The folders are tiny random VideoMAE / TimeSformer classifiers written with ``sa
 (nothing is downloaded); the data is ``make-data``'s moving shapes.
 """
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -60,17 +62,17 @@ def _train(data, out, *extra):
 
 @pytest.fixture(scope="module")
 def peg_run(data, videomae, tmp_path_factory):
-    """One epoch from the VideoMAE folder with a PEG3d instead of its table (lr 1e-6: weights ~ the folder's)."""
+    """One epoch from the VideoMAE folder with a PEG3d instead of its table (lr 1e-6: weights ~ the folder's).
+
+    Returns the run folder and what the command printed.
+    """
     out = tmp_path_factory.mktemp("peg_run")
-    assert (
-        main(
-            _train(
-                data, out, "--init", str(videomae), "--pos-enc", "peg3d", "--lr", "1e-6", "--min-lr", "1e-8"
-            )
-        )
-        == 0
+    argv = _train(
+        data, out, "--init", str(videomae), "--pos-enc", "peg3d", "--lr", "1e-6", "--min-lr", "1e-8"
     )
-    return out
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert main(argv) == 0
+    return out, printed.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +98,7 @@ def _fails(capsys, argv, code=EXIT_ERROR) -> str:
 def test_peg3d_run_starts_from_the_folder_and_records_its_input(peg_run, videomae):
     from peg_video.hf import from_hf
 
+    peg_run = peg_run[0]
     ckpt = read_checkpoint(peg_run / "checkpoint.pth", "video")
     config, args, meta = ckpt["model_config"], ckpt["args"], ckpt["meta"]
     classes = len(meta["classes"])  # the data's classes (4 of 6 drawn), not the folder's 3
@@ -116,6 +119,7 @@ def test_peg3d_run_starts_from_the_folder_and_records_its_input(peg_run, videoma
 
 
 def test_peg3d_run_evaluates_and_predicts_with_the_folders_normalisation(peg_run, data, tmp_path, capsys):
+    peg_run = peg_run[0]
     from peg_video.data.loaders import transform_config
     from peg_video.predict import Predictor
 
@@ -130,11 +134,10 @@ def test_peg3d_run_evaluates_and_predicts_with_the_folders_normalisation(peg_run
     assert (list(cfg.mean), list(cfg.std)) == (FOLDER_MEAN, FOLDER_STD)
 
 
-def test_the_load_report_is_printed(data, videomae, tmp_path, capsys):
-    capsys.readouterr()
-    assert main(_train(data, tmp_path / "o", "--init", str(videomae), "--pos-enc", "peg3d")) == 0
-    out = capsys.readouterr().out
+def test_the_load_report_is_printed(peg_run, videomae):
+    out = peg_run[1]
     assert f"Hugging Face init from {videomae}: " in out and "copied" in out and "left at init" in out
+    assert "training videomae/peg3d on 4 videos" in out
 
 
 def test_input_defaults_flags_and_recipes(videomae, data):
@@ -216,6 +219,7 @@ def test_shape_flags_are_refused_with_a_folder(data, videomae, tmp_path, capsys)
 
 
 def test_export_hf_round_trip(table_run, peg_run, tmp_path, capsys):
+    peg_run = peg_run[0]
     out = tmp_path / "exported"
     assert main(["export-hf", str(table_run / "checkpoint.pth"), str(out)]) == 0
     hf = transformers.VideoMAEForVideoClassification.from_pretrained(out).eval()
