@@ -175,6 +175,12 @@ def test_videomae_recipes_parse(videomae, data):
             ("ssv2", "segment", False) if ssv2 else ("kinetics", "stride", True)
         )
         assert (args.epochs, args.num_clips, args.num_crops) == ((40, 2, 3) if ssv2 else (150, 5, 3))
+        # every other recipe value is the parser's default; the model's come from the folder
+        folder_keys = ("arch", "tubelet", "pos_enc", "mean", "std")
+        assert {k: getattr(args, k) for k in CONFIGS[name] if k not in folder_keys} == {
+            k: v for k, v in CONFIGS[name].items() if k not in folder_keys
+        }
+        assert (args.arch, args.tubelet, args.mean) == ("videomae", [2, 8, 8], FOLDER_MEAN)
 
 
 def test_bad_init_folders_are_one_line_errors(data, videomae, tmp_path, capsys):
