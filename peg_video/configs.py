@@ -112,16 +112,11 @@ _K400_VIT_S: dict[str, Any] = {
     "model_opts": {"drop_path_rate": 0.1},
 }
 
-# SSv2: uniform segments over the whole video, never flipped (left / right are in the labels).
-_SSV2_VIT_S: dict[str, Any] = {
-    **_K400_VIT_S,
-    "dataset": "ssv2",
-    "sampling": "segment",
-    "hflip": False,
-    "num_clips": 2,
-    "num_crops": 3,
-    "epochs": 50,
-}
+# SSv2: uniform segments over the whole video, never flipped (left / right are in the labels),
+# 2 clips x 3 crops at test (VideoMAE's SSv2 views).
+_SSV2_PROTOCOL: dict[str, Any] = {"dataset": "ssv2", "sampling": "segment", "hflip": False, "num_clips": 2,
+                                  "num_crops": 3}  # fmt: skip
+_SSV2_VIT_S: dict[str, Any] = {**_K400_VIT_S, **_SSV2_PROTOCOL, "epochs": 50}
 # VideoMAE fine-tuning (MCG-NJU/VideoMAE run_class_finetuning.py and the ViT-S scripts, see the
 # module docstring): the input a downloaded VideoMAE folder expects, and the schedule.
 #: ImageNet mean / std: what VideoMAE's fine-tuning normalises with (imagenet_default_mean_and_std)
@@ -139,23 +134,16 @@ _VIDEOMAE_S_FT: dict[str, Any] = {
     "epochs": 150,
     "lr": 5e-4 * 384 / 256,  # base lr 5e-4, scaled by total batch / 256 as run_class_finetuning does
     "min_lr": 1e-6,
-    "weight_decay": 0.05,
-    "warmup_epochs": 5,
-    "label_smoothing": 0.1,
     "clip_max_norm": 0.0,  # --clip_grad None
     "num_clips": 5,
     "num_crops": 3,
-    "model_opts": {"drop_path_rate": 0.1},
+    # as _K400_VIT_S: weight decay 0.05, 5 warm-up epochs, label smoothing 0.1, drop path 0.1
 }
 _SSV2_VIDEOMAE_S_FT: dict[str, Any] = {
     **_VIDEOMAE_S_FT,
-    "dataset": "ssv2",
-    "sampling": "segment",
-    "hflip": False,
+    **_SSV2_PROTOCOL,
     "epochs": 40,
     "lr": 1e-3 * 384 / 256,  # base lr 1e-3 (the SSv2 ViT-S script)
-    "num_clips": 2,
-    "num_crops": 3,
 }
 
 # UCF101 / HMDB51: ~10k / ~7k videos per split: a shorter schedule, 5 clips x 3 crops at test.
