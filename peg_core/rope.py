@@ -13,6 +13,9 @@ and the pair is rotated by the angle ``theta_j = sum_a c_a * F[a, j]``.
   coordinates normalised to ``[-1, 1]``;
 * 3-D (``build_rope("rope-3d", ...)``): axial over ``(T, H, W)``, sections of
   ``(head_dim // 3) // 2`` pairs each (V-JEPA 2's ``2 * ((head_dim // 3) // 2)`` channels), base 10000.
+  ``layout="vjepa2"`` is V-JEPA 2's exact channel layout (:class:`RoPEAxial`): within a section of
+  ``2n`` channels, channel ``c`` turns at frequency ``w[c mod n]`` while the rotation still pairs
+  ``(2j, 2j+1)``, so the two members of a pair can turn by different angles.
 
 Shapes (``D`` = head dim, even; ``J = D / 2`` pairs; grid ``size`` with ``N = prod(size)``
 tokens, row-major; ``P`` prefix tokens (class, registers) in front, never rotated)::
@@ -156,6 +159,13 @@ def _apply_form(sin: Tensor, cos: Tensor, half: bool) -> tuple[Tensor, Tensor]:
     return torch.stack([-sin, sin], -1).flatten(-2), torch.stack([cos, cos], -1).flatten(-2)
 
 
+def _channel_form(sin: Tensor, cos: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-channel values ``(..., D)`` -> apply-form tables: ``sin`` negated on the first member of each pair."""
+    sign = torch.ones(sin.shape[-1], dtype=sin.dtype, device=sin.device)
+    sign[0::2] = -1.0
+    return sin * sign, cos
+
+
 def _with_prefix(sin: Tensor, cos: Tensor, p: int) -> tuple[Tensor, Tensor]:
     """Identity rows (``sin = 0``, ``cos = 1``) for ``p`` prefix tokens in front of the grid rows."""
     if not p:
@@ -216,6 +226,8 @@ class RotaryEmbedding(nn.Module, ABC):
     """
 
     learned: bool = False
+    #: :meth:`frequencies` gives one frequency per channel ``(k, L, heads, D)`` instead of per pair
+    per_channel: bool = False
 
     def __init__(
         self,
@@ -301,7 +313,11 @@ class RotaryEmbedding(nn.Module, ABC):
     ) -> tuple[Tensor, Tensor]:
         """The apply-form ``(sin, cos)`` table for grid ``size`` (shapes in the module docstring)."""
         ang = self.angles(size, mask)
-        sin, cos = _with_prefix(*_apply_form(ang.sin(), ang.cos(), self.half), num_prefix_tokens)
+        if self.per_channel:
+            sin, cos = _channel_form(ang.sin(), ang.cos())
+        else:
+            sin, cos = _apply_form(ang.sin(), ang.cos(), self.half)
+        sin, cos = _with_prefix(sin, cos, num_prefix_tokens)
         if not self.learned:
             sin, cos = sin[0], cos[0]  # (Bc, 1, P + N, D)
             if mask is None:
@@ -350,18 +366,39 @@ class RoPEAxial(_FixedFrequencies):
     Pairs ``[a*n, (a+1)*n)`` rotate with axis ``a`` (``n = (head_dim // 2) // ndim``) at frequencies
     ``temperature ** (-i / n)``, ``i < n``; integer patch indices.  2-D naver / timm: ``temperature=100``,
     ``indexing="xy"`` (first section on the column index x).  3-D ``temperature=10000`` is V-JEPA 2's split.
+
+    ``layout``: ``"pairs"`` (default: both members of pair ``i`` of a section turn at ``w_i``) or
+    ``"vjepa2"`` (V-JEPA 2 / transformers' ``VJEPA2RopeAttention``: the section's ``2n`` channels
+    take frequencies ``[w_0 .. w_{n-1}, w_0 .. w_{n-1}]`` channel by channel, paired ``(2j, 2j+1)``
+    for the rotation); not with ``half``.
     """
 
-    def __init__(self, head_dim: int, ndim: int = 2, *, temperature: float = 100.0, **kwargs) -> None:
+    LAYOUTS = ("pairs", "vjepa2")
+
+    def __init__(
+        self, head_dim: int, ndim: int = 2, *, temperature: float = 100.0, layout: str = "pairs", **kwargs
+    ) -> None:
         super().__init__(head_dim, ndim, **kwargs)
         if self.num_pairs // ndim < 1:
             raise ValueError(f"head_dim={head_dim} is too small for {ndim} axes (needs >= {2 * ndim})")
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"layout must be one of {self.LAYOUTS}; got {layout!r}")
+        if layout == "vjepa2" and self.half:
+            raise ValueError("layout='vjepa2' pairs channels (2j, 2j+1); it does not combine with half=True")
         self.temperature = float(temperature)
+        self.layout = layout
+        self.per_channel = layout == "vjepa2"
         self._register()
 
     def _make(self) -> Tensor:
         n = self.num_pairs // self.ndim
-        return self._sections(self.temperature ** (-torch.arange(n, dtype=torch.float64) / n))
+        per_pair = self.temperature ** (-torch.arange(n, dtype=torch.float64) / n)
+        if not self.per_channel:
+            return self._sections(per_pair)
+        freq = torch.zeros(self.ndim, 1, 1, self.head_dim, dtype=per_pair.dtype)
+        for a in range(self.ndim):  # section a: channels [2an, 2(a+1)n), the n frequencies twice
+            freq[a, 0, 0, 2 * a * n : 2 * (a + 1) * n] = per_pair.repeat(2)
+        return freq
 
 
 class RoPEDinoV3(_FixedFrequencies):

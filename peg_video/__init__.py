@@ -2,11 +2,12 @@
 
 Public API::
 
-    from peg_video import PEG3d, inflate_peg2d, build_video_model, load_2d_checkpoint
+    from peg_video import PEG3d, inflate_peg2d, build_video_model, load_2d_checkpoint, from_hf
 
 Depends on peg_core, torch, torchvision; decord and pytorchvideo for data and the X3D baselines.
 """
 
+from .hf import from_hf
 from .models import (
     LearnedPositionEncoding3d,
     LoadReport,
@@ -27,6 +28,7 @@ __all__ = [
     "SinCosPositionEncoding3d",
     "VideoTransformer",
     "build_video_model",
+    "from_hf",
     "inflate_peg2d",
     "list_video_models",
     "load_2d_checkpoint",

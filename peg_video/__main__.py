@@ -1,4 +1,4 @@
-"""``python -m peg_video make-data|train|eval|predict ...``
+"""``python -m peg_video make-data|train|eval|predict|export|export-hf ...``
 
     python -m peg_video make-data data/synthetic_kinetics --num-train 120 --num-val 60
     python -m peg_video train --train-ann data/synthetic_kinetics/train.csv \\
@@ -8,6 +8,8 @@
     python -m peg_video eval --checkpoint runs/video/checkpoint.pth --num-frames 16
     python -m peg_video predict --checkpoint runs/video/checkpoint.pth clip1.mp4 clip2.mp4
     python -m peg_video export runs/video/checkpoint.pth video.onnx --check
+    python -m peg_video train --init videomae-small-folder --pos-enc peg3d --train-ann ... --val-ann ...
+    python -m peg_video export-hf runs/video/checkpoint.pth videomae_folder
     python -m peg_video configs [NAME]
     python -m peg_video prepare k400 k400_320 --short-side 320 --workers 16
 """
@@ -34,6 +36,7 @@ COMMANDS = {
     "configs": cli.configs,
     "prepare": cli.prepare,
     "export": cli.export,
+    "export-hf": cli.export_hf,
 }
 
 

@@ -39,6 +39,7 @@ from peg_core.engine import (
     nonnegative_float,
     nonnegative_int,
     parse_with_config,
+    positive_float,
     positive_int,
     positive_int_list,
     print_closing,
@@ -46,15 +47,27 @@ from peg_core.engine import (
     unit_fraction,
 )
 from peg_core.engine.recipes import add_recipe_args
+from peg_core.errors import InputError
 
-from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, MODEL_KEYS
+from .configs import (
+    CONFIGS,
+    DEFAULTS,
+    DESCRIPTIONS,
+    FINETUNE_CONFIGS,
+    MODEL_KEYS,
+    VIDEOMAE_INPUT,
+    VIDEOMAE_MEAN,
+    VIDEOMAE_STD,
+)
 from .data.datasets import DATASETS, SPLIT_DATASETS
+from .data.transforms import KINETICS_MEAN, KINETICS_STD
 from .evaluation import REDUCTIONS
-from .models import VIT_CONFIGS, X3D_CONFIGS, list_video_models
+from .models import X3D_CONFIGS, list_video_models
 from .models.vit import POS_ENCODINGS
 
 __all__ = [
     "build_eval_parser",
+    "build_export_hf_parser",
     "build_make_data_parser",
     "build_predict_parser",
     "build_prepare_parser",
@@ -62,6 +75,7 @@ __all__ = [
     "configs",
     "evaluate",
     "export",
+    "export_hf",
     "make_data",
     "parse_eval_args",
     "parse_train_args",
@@ -80,9 +94,20 @@ a run stopped.  ``--dataset ssv2|ucf101|hmdb51|folder`` with ``--data-root DIR``
 sets' official files instead of ``--train-ann`` / ``--val-ann`` (see ``docs/data.md``), with their
 protocol defaults (SSv2: segment sampling, no flip).
 
-``--init PATH`` starts a new run from a peg_video checkpoint (its weights; a head of another
-class count is dropped) or from a 2-D image checkpoint (peg_core's CPVT, or a timm DeiT state
-dict with ``--init-source deit``) inflated into the video transformer; the file decides which.
+``--init PATH`` starts a new run from pre-trained weights; the path decides the kind:
+
+* a Hugging Face folder (``config.json`` of VideoMAE, TimeSformer or V-JEPA 2, as ``save_pretrained``
+  writes it): the model is the folder's (``peg_video.from_hf``), so ``--arch``, ``--num-heads``,
+  ``--tubelet`` and shape-changing ``--model-opt`` keys are refused (a recipe's are dropped);
+  ``--pos-enc table`` (the default) keeps its own position encoding, ``--pos-enc peg3d`` replaces
+  it with a zero-initialised PEG3d; the head is replaced for the data's class count.  The input
+  defaults to the VideoMAE recipe's: the folder's clip length and size (else 16 frames, 224 px) at
+  stride 4 (SSv2: segments), test short side = crop, and the folder's normalisation
+  (``preprocessor_config.json``; else ImageNet's); ``--config`` values and flags win, and the
+  run's ``args.json`` / checkpoint record what was used, so ``eval`` / ``predict`` read the same;
+* a peg_video checkpoint: its weights (a head of another class count is dropped);
+* anything else: a 2-D image checkpoint (peg_core's CPVT, or a timm DeiT state dict with
+  ``--init-source deit``) inflated into the video transformer.
 ``--scale-jitter MIN,MAX`` is the random short side of the training clips (augmentation),
 not ``--train-sizes`` (the multi-scale recipe's input sizes).
 """
@@ -122,6 +147,14 @@ def _sized_list(
 
 scale_range = _sized_list(2, "sizes MIN,MAX", image_side_list)
 tubelet_size = _sized_list(3, "sizes T,H,W")
+
+
+def _floats(kind: Callable[[str], float]) -> Callable[[str], list[float]]:
+    return lambda text: [kind(v) for v in text.split(",")]
+
+
+channel_means = _sized_list(3, "numbers R,G,B", _floats(nonnegative_float))
+channel_stds = _sized_list(3, "numbers R,G,B", _floats(positive_float))
 
 
 def split_arg(text: str) -> int | str:
@@ -243,6 +276,12 @@ def _add_train_data_args(p: argparse.ArgumentParser) -> None:
         help="random short side of the training clips before the crop (augmentation; not --train-sizes)",
     )
     add_alias(g, "--train-scale", dest="scale_jitter", type=scale_range, metavar="MIN,MAX")
+    for flag, kind, what in (
+        ("--mean", channel_means, "mean"),
+        ("--std", channel_stds, "standard deviation"),
+    ):
+        g.add_argument(flag, type=kind, metavar="R,G,B", help=f"per-channel {what} of the input normalisation "
+                       "(default: an --init folder's, else the recipe's; Kinetics 0.45 / 0.225)")  # fmt: skip
     g.add_argument(
         "--hflip",
         action=argparse.BooleanOptionalAction,
@@ -258,7 +297,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_num_heads_arg(m)
     add_pos_args(
         m,
-        POS_ENCODINGS,
+        (*POS_ENCODINGS, "table"),
         peg_at_help="blocks followed by a PEG3d, e.g. 0 or -1,0; -1: before block 0; all: after every block",
     )
     m.add_argument("--tubelet", type=tubelet_size, metavar="T,H,W", help="tubelet of the ViT, e.g. 2,16,16")
@@ -461,7 +500,7 @@ def _check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"argument --scale-jitter: {lo},{hi} must be >= --crop {args.crop}")
     if args.test_scale < args.crop:
         p.error(f"argument --test-scale: {args.test_scale} must be >= --crop {args.crop}")
-    if args.arch in VIT_CONFIGS:
+    if args.arch not in X3D_CONFIGS:  # a vit_* or the model of an --init folder
         t, h, w = args.tubelet
         if args.num_frames % t or args.crop % h or args.crop % w:
             p.error(
@@ -472,14 +511,113 @@ def _check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"argument --min-lr: {args.min_lr} must not exceed --lr {args.lr}")
 
 
+# ------------------------------------------------------------------ train --init FOLDER (Hugging Face)
+
+#: ``--model-opt`` keys that leave a pre-trained model's shapes alone (the rest would not load)
+_FINETUNE_OPTS = ("drop_path_rate", "drop_rate")
+
+
+def _hf_folder_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """:func:`peg_video.hf.read_hf_video_config` of ``--init`` when it is a folder, else ``None``.
+
+    A folder without a readable ``config.json`` of a supported model type is the reader's
+    one-line ``WeightsError``, here, before any data is read; a file (or a path that does not
+    exist: "--init checkpoint not found") is read when the model is built.
+    """
+    if args.init is None or not args.init.is_dir():
+        return None
+    from .hf import read_hf_video_config
+
+    return read_hf_video_config(args.init)
+
+
+def _given(args: argparse.Namespace, explicit: dict[str, Any], dest: str) -> bool:
+    """Whether ``dest`` was set by a flag or by the ``--config`` recipe (not a parser default)."""
+    return dest in explicit or (args.config is not None and dest in CONFIGS[args.config])
+
+
+def _check_hf_model(p: argparse.ArgumentParser, args: argparse.Namespace, explicit: dict[str, Any],
+                    hf: dict[str, Any]) -> None:  # fmt: skip
+    """The model options against an ``--init`` folder's model, whose shapes come from the folder."""
+    folder = f"the model comes from the Hugging Face folder --init {args.init}"
+    if "arch" in explicit:
+        p.error(f"argument --arch: {folder}")
+    _drop_or_refuse(p, args, explicit, ("num_heads", "tubelet", "pos_interpolation"), folder)
+    opts = args.model_opts or {}
+    shaped = sorted(set(explicit.get("model_opts") or {}) - set(_FINETUNE_OPTS))
+    if shaped:
+        p.error(f"argument --model-opt: {', '.join(shaped)} would change the shapes; {folder} "
+                f"(only {', '.join(_FINETUNE_OPTS)} apply)")  # fmt: skip
+    args.model_opts = {k: v for k, v in opts.items() if k in _FINETUNE_OPTS}
+    if not _given(args, explicit, "pos_enc"):
+        args.pos_enc = "table"  # the folder's model as it was saved
+    if args.peg_separable and args.pos_enc == "peg3d":
+        args.pos_enc = "peg3d-factorized"
+    if not args.pos_enc.startswith("peg3d"):
+        _drop_or_refuse(p, args, explicit, _PEG_DESTS, f"needs a PEG (--pos-enc peg3d ...), not --pos-enc "
+                        f"{args.pos_enc}")  # fmt: skip
+    args.arch = hf["model_type"]
+    args.tubelet = list(hf["tubelet"])
+
+
+def _apply_hf_input(args: argparse.Namespace, explicit: dict[str, Any], hf: dict[str, Any]) -> None:
+    """The VideoMAE recipe's input for an ``--init`` folder, where neither a flag nor the recipe says.
+
+    Clip length and crop are the folder's native ones (else :data:`VIDEOMAE_INPUT`'s 16 and 224),
+    at stride 4; the scale jitter is VideoMAE's 256..320 for a 224 crop, scaled with the crop,
+    and the test short side is the crop (VideoMAE's ``short_side_size``).
+    """
+    native = {
+        "num_frames": hf.get("num_frames"),
+        "crop": min(hf["image_size"]) if hf.get("image_size") else None,
+    }
+    for dest in ("num_frames", "stride", "crop"):
+        if not _given(args, explicit, dest):
+            setattr(args, dest, native.get(dest) or VIDEOMAE_INPUT[dest])
+    base = VIDEOMAE_INPUT["crop"]
+    if not _given(args, explicit, "scale_jitter"):
+        args.scale_jitter = [round(s * args.crop / base) for s in VIDEOMAE_INPUT["scale_jitter"]]
+    if not _given(args, explicit, "test_scale"):
+        args.test_scale = args.crop
+
+
+def _set_normalisation(args: argparse.Namespace, explicit: dict[str, Any], hf: dict[str, Any] | None) -> None:
+    """``args.mean`` / ``args.std``: the flags, else the folder's, else the recipe's, else the default.
+
+    The default is ImageNet's (VideoMAE's fine-tuning) with an ``--init`` folder and Kinetics'
+    otherwise.  Always set, so ``args.json`` and the checkpoint record the normalisation.
+    """
+    folder = (hf or {}).get("mean"), (hf or {}).get("std")
+    fallback = (VIDEOMAE_MEAN, VIDEOMAE_STD) if hf is not None else (KINETICS_MEAN, KINETICS_STD)
+    for dest, from_folder, default in zip(("mean", "std"), folder, fallback, strict=True):
+        if dest in explicit:
+            continue
+        value = from_folder if from_folder is not None else getattr(args, dest, None)
+        setattr(args, dest, [float(v) for v in (value if value is not None else default)])
+
+
 def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse ``train`` arguments (recipe defaults, then flags) and check the options against each other."""
+    """Parse ``train`` arguments (recipe defaults, then flags) and check the options against each other.
+
+    ``--init FOLDER`` (a Hugging Face folder) is read here, so a wrong folder fails before any data.
+    """
     p = build_train_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_with_config(p, argv, CONFIGS)
     explicit = _explicit_options(argv)
     _check_dataset(p, args, explicit)
-    _check_model(p, args, explicit)
+    hf = _hf_folder_config(args)
+    if hf is None and args.config in FINETUNE_CONFIGS:
+        p.error(f"argument --config: {args.config} fine-tunes pre-trained weights; give --init FOLDER "
+                "(a Hugging Face VideoMAE folder)")  # fmt: skip
+    if hf is None and args.pos_enc == "table":
+        p.error("argument --pos-enc: table keeps the position encoding of an --init Hugging Face folder")
+    if hf is not None:
+        _check_hf_model(p, args, explicit, hf)
+        _apply_hf_input(args, explicit, hf)
+    else:
+        _check_model(p, args, explicit)
+    _set_normalisation(args, explicit, hf)
     _check_sizes(p, args)
     return args
 
@@ -564,3 +702,43 @@ def export(argv: Sequence[str]) -> int:
     from .export import main
 
     return main(list(argv))
+
+
+def build_export_hf_parser() -> argparse.ArgumentParser:
+    """Arguments of ``export-hf``: a checkpoint with VideoMAE's table and the folder to write."""
+    p = new_parser(
+        "python -m peg_video export-hf",
+        "Write a trained model with VideoMAE's table (e.g. fine-tuned from a VideoMAE folder with "
+        "--pos-enc table) as a Hugging Face VideoMAE folder: config.json + model.safetensors, read by "
+        "VideoMAEForVideoClassification.from_pretrained.  A PEG3d model has no table to write.",
+    )
+    p.add_argument("checkpoint", type=Path, help="checkpoint.pth written by train")
+    p.add_argument("out_dir", type=Path, help="the folder to write (created)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    add_json_arg(p)
+    return p
+
+
+def export_hf(argv: Sequence[str] | None = None) -> int:
+    """``export-hf CKPT OUT_DIR``: the checkpoint as a VideoMAE-layout folder (:func:`peg_video.hf.export_hf`)."""
+    from peg_core.engine import UserError, read_checkpoint
+
+    from .hf import export_hf as write
+    from .model import checkpoint_run
+
+    args = build_export_hf_parser().parse_args(argv)
+    config, _, _ = checkpoint_run(read_checkpoint(args.checkpoint, "video"), args.checkpoint)
+    pos_enc = str(config.get("pos_enc"))
+    if pos_enc.startswith("peg3d") or pos_enc == "none":
+        what = "a PEG3d model" if pos_enc.startswith("peg3d") else "a model without position encoding"
+        raise UserError(f"{what} (pos_enc {pos_enc!r}) has no table for the VideoMAE layout (it needs "
+                        "VideoMAE's sinusoid table)", args.checkpoint)  # fmt: skip
+    try:
+        out = write(args.checkpoint, args.out_dir)
+    except InputError:
+        raise
+    except ValueError as e:  # an option VideoMAE cannot express, named by export_hf
+        raise UserError(f"not expressible in the VideoMAE layout ({e})", args.checkpoint) from None
+    line = done_line("export-hf", f"VideoMAE folder ({pos_enc} table)", out)
+    print_closing(line, {"command": "export-hf", "out_dir": str(out), "pos_enc": pos_enc}, args.json)
+    return 0

@@ -5,7 +5,8 @@
 * :func:`model_config_from_args` makes those keywords from parsed ``train`` flags;
 * :func:`checkpoint_run` / :func:`load_model` read a video checkpoint back, older ones included
   (their ``peg_at: "all"`` and their argument names are mapped to today's meaning);
-* :func:`init_weights` is ``train --init PATH``: a video checkpoint, or a 2-D image one to inflate.
+* :func:`init_weights` is ``train --init PATH``: a video checkpoint, or a 2-D image one to inflate;
+  :func:`model_from_hf_folder` is ``train --init FOLDER`` (a Hugging Face folder builds the model).
 
 Checkpoint problems are :class:`~peg_core.engine.UserError` (one line naming the file); a
 config the builder refuses is the builder's ``ValueError`` / ``TypeError``.
@@ -30,6 +31,8 @@ from peg_core.engine import (
     peg_kwargs,
     read_state_file,
 )
+from peg_core.errors import InputError
+from peg_core.interop.io import LoadReport
 
 from .models import VIT_CONFIGS, VideoTransformer, build_video_model, load_2d_checkpoint
 from .models.init_2d import Init2dError
@@ -42,6 +45,7 @@ __all__ = [
     "init_weights",
     "load_model",
     "model_config_from_args",
+    "model_from_hf_folder",
     "upgrade_model_config",
 ]
 
@@ -153,6 +157,9 @@ def init_weights(model: nn.Module, path: str | os.PathLike, source: str | None =
     video transformer (:func:`peg_video.load_2d_checkpoint`).
     """
     path = Path(path)
+    if path.is_dir():
+        raise UserError("a Hugging Face folder builds its own model (model_from_hf_folder), not weights "
+                        "for this one", path)  # fmt: skip
     obj = read_state_file(path, what="--init checkpoint")
     if isinstance(obj, Mapping) and obj.get("task") == "video":
         if source is not None:
@@ -168,6 +175,31 @@ def init_weights(model: nn.Module, path: str | os.PathLike, source: str | None =
     except Init2dError as e:  # it was given the tensors, not the file: name the file
         raise Init2dError(e.what, path) from None
     return f"2D init: {str(report).splitlines()[0]} from {path}"
+
+
+def model_from_hf_folder(
+    folder: str | os.PathLike, pos_enc: str, num_classes: int, options: Mapping[str, Any] | None = None
+) -> tuple[VideoTransformer, dict[str, Any], LoadReport]:
+    """``train --init FOLDER``: the model of a Hugging Face folder with its weights, for ``num_classes``.
+
+    ``pos_enc``: ``"table"`` keeps the folder's own position encoding, any other value is
+    :func:`peg_video.from_hf`'s (``"peg3d"``: the table replaced by a zero-initialised PEG3d).
+    ``options``: further builder keywords (drop path, the PEG group).  Returns ``(model, config,
+    report)``: ``config`` is the :func:`build_model` keywords the run's checkpoint stores, so
+    ``eval`` / ``predict`` / ``export`` rebuild the model without the folder.  A folder or weights
+    that do not fit are one-line errors naming the folder.
+    """
+    from .hf import from_hf, hf_model_config
+
+    folder, own = Path(folder), None if pos_enc == "table" else pos_enc
+    try:
+        config = hf_model_config(folder, own, num_classes=num_classes, **dict(options or {}))
+        model, report = from_hf(folder, own, num_classes=num_classes, **dict(options or {}))
+    except InputError:  # WeightsError: already "what: where"
+        raise
+    except (ValueError, TypeError) as e:
+        raise UserError(f"cannot build the folder's model ({e})", folder) from None
+    return model, json_safe(config), report
 
 
 def _init_from_video(model: nn.Module, ckpt: Mapping[str, Any], path: Path) -> str:

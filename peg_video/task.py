@@ -28,6 +28,7 @@ from peg_core.engine import (
     TrainParts,
     UserError,
     param_groups,
+    peg_kwargs,
     warmup_cosine,
 )
 from peg_core.engine.recipes import apply_position_recipe
@@ -35,6 +36,7 @@ from peg_core.engine.recipes import apply_position_recipe
 from .data import Annotations, is_kinetics_csv, load_annotations, read_class_map, write_class_map
 from .data.datasets import SPLIT_DATASETS, load_dataset
 from .data.loaders import make_loader
+from .data.transforms import KINETICS_MEAN, KINETICS_STD
 from .evaluation import evaluate_views
 from .model import (
     build_model,
@@ -43,9 +45,10 @@ from .model import (
     init_weights,
     load_model,
     model_config_from_args,
+    model_from_hf_folder,
 )
 
-__all__ = ["VideoTask", "load_data", "resize_clips"]
+__all__ = ["VideoTask", "input_record", "load_data", "resize_clips"]
 
 
 def _classes_beside_list(path: Path) -> list[str] | None:
@@ -110,6 +113,64 @@ def load_data(
     return train_ann, val_ann, classes
 
 
+def _is_hf_folder(args: argparse.Namespace) -> bool:
+    return getattr(args, "init", None) is not None and Path(args.init).is_dir()
+
+
+def _build_train_model(
+    args: argparse.Namespace, num_classes: int, ckpt: dict[str, Any] | None
+) -> tuple[nn.Module, dict[str, Any], str | None]:
+    """``(model, model_config, init line)`` of a training run.
+
+    ``--init FOLDER`` builds the folder's model (:func:`peg_video.model.model_from_hf_folder`;
+    a resumed run rebuilds it from its checkpoint's ``model_config``, without the folder); any
+    other run builds from the flags and, when new, loads ``--init PATH`` into it.
+    """
+    if _is_hf_folder(args):
+        if ckpt is not None:
+            config = dict(ckpt["model_config"])
+            return build_model(config), config, None
+        opts = {**args.model_opts, **{k: v for k, v in peg_kwargs(args).items() if k != "peg_separable"}}
+        model, config, report = model_from_hf_folder(args.init, args.pos_enc, num_classes, opts)
+        return model, config, f"Hugging Face init from {args.init}: {report}"
+    config = model_config_from_args(args, num_classes)
+    try:
+        model = build_model(config)
+    except (ValueError, TypeError) as e:  # the constructors' checks of sizes and keywords
+        raise UserError(f"cannot build the model ({e})", f"--arch {args.arch}") from None
+    init = (
+        init_weights(model, args.init, args.init_source) if ckpt is None and args.init is not None else None
+    )
+    return model, config, init
+
+
+def input_record(args: argparse.Namespace) -> dict[str, Any]:
+    """The input pipeline a run trains with (the checkpoint's ``meta["input"]``; ``args`` has it too)."""
+    return {
+        "num_frames": args.num_frames,
+        "sampling": getattr(args, "sampling", "stride"),
+        "stride": args.stride,
+        "crop": args.crop,
+        "test_scale": args.test_scale,
+        "mean": list(getattr(args, "mean", None) or KINETICS_MEAN),
+        "std": list(getattr(args, "std", None) or KINETICS_STD),
+    }
+
+
+def _init_record(args: argparse.Namespace) -> dict[str, Any]:
+    """``meta["init"]``: where a run's starting weights came from (absent without ``--init``)."""
+    if getattr(args, "init", None) is None:
+        return {}
+    kind = "hugging-face folder" if _is_hf_folder(args) else "checkpoint"
+    return {
+        "init": {
+            "path": str(args.init),
+            "kind": kind,
+            "model_type": args.arch if kind != "checkpoint" else None,
+        }
+    }
+
+
 def summary_all_splits(metrics: dict[str, Any]) -> str:
     """Console lines of ``eval --split all``: each split's top-1 / top-5 and their mean."""
     lines = [f"{name} top1 {metrics[name]['top1']:.4f} top5 {metrics[name]['top5']:.4f} "
@@ -144,13 +205,9 @@ class VideoTask:
         train_ann, val_ann, classes = load_data(args, resumed_classes)
         if ctx.is_main:
             write_class_map(classes, ctx.out_dir / "classes.json")
-        config = model_config_from_args(args, len(classes))
-        try:
-            model = build_model(config)
-        except (ValueError, TypeError) as e:  # the constructors' checks of sizes and keywords
-            raise UserError(f"cannot build the model ({e})", f"--arch {args.arch}") from None
-        if ckpt is None and args.init is not None:
-            ctx.print(init_weights(model, args.init, args.init_source))
+        model, config, init = _build_train_model(args, len(classes), ckpt)
+        if init is not None:
+            ctx.print(init)
         model.to(ctx.device)
         optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr)
         apply_position_recipe(  # before the scheduler, which records each group's lr
@@ -195,7 +252,7 @@ class VideoTask:
             scheduler=scheduler,
             scheduler_interval="step",
             model_config=config,
-            meta={"classes": classes},
+            meta={"classes": classes, "input": input_record(args), **_init_record(args)},
             on_epoch_start=on_epoch_start,
             summary=summary,
             resize_batch=partial(resize_clips, device=ctx.device),

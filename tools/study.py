@@ -52,6 +52,7 @@ from peg_core.engine.cli import positive_int, positive_int_list
 from tools.study_tasks import (
     ABLATIONS,
     PLANS,
+    PRETRAINED_GROUP,
     ROTARY_ROWS,
     TASKS,
     VIDEO_ROTARY_ROWS,
@@ -332,8 +333,9 @@ def interpret(result: TaskResult) -> list[str]:
         )
     for group in dict.fromkeys(r.group for r in result.rows if r.group not in ("encoding", "padding")):
         rows = [r for r in result.rows if r.group == group]
+        what = f"Rows {group}" if group == PRETRAINED_GROUP else f"Ablation {group}"
         out.append(
-            f"Ablation {group}: at the training size {_best(rows, train, chance)}; at {big} {_best(rows, big, chance)}."
+            f"{what}: at the training size {_best(rows, train, chance)}; at {big} {_best(rows, big, chance)}."
         )
     return out
 
@@ -384,6 +386,10 @@ def task_section(result: TaskResult) -> str:
         *[f"* {s}" for s in interpret(result)],
     ]
     for group, table in ablation_tables(result):
+        if group == PRETRAINED_GROUP:  # not an ablation: a table row and a PEG row from the same weights
+            lines += ["", f"**{group}** (a Hugging Face folder through `train --init`; same data, budget and "
+                      "seeds):", "", table]  # fmt: skip
+            continue
         lines += ["", f"Ablation **{group}** (PEG rows, same data, budget and seeds; a row marked "
                   "(= X) shows the models of row X, trained once):", "", table]  # fmt: skip
     q = int8_table(result)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import re
 import shutil
@@ -48,6 +49,7 @@ __all__ = [
     "ABLATIONS",
     "BUDGETS",
     "MODES",
+    "PRETRAINED_GROUP",
     "PROTOCOLS",
     "ROTARY_ROWS",
     "VIDEO_ROTARY_ROWS",
@@ -63,7 +65,9 @@ __all__ = [
     "plan_classify",
     "plan_detect",
     "plan_video",
+    "pretrained_specs",
     "run_cell",
+    "write_videomae_stand_in",
 ]
 
 #: resize modes a learned table is evaluated with at other sizes (the first is each model's default)
@@ -208,6 +212,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     views: list[tuple[str, int, int]] = field(default_factory=list)  # video: (label, frames, crop)
     chance: float | None = None  # the metric at chance (see TaskResult.chance)
+    init: str | None = None  # video: the Hugging Face folder of the "from pre-trained weights" rows
 
 
 @dataclass
@@ -653,18 +658,62 @@ def plan_video(
             RowSpec(f"full, before blocks {_peg_blocks(depth)}", "peg3d", group="video", same_as="peg3d"),
             RowSpec("full, after block 0", "peg3d", ("--peg-at", "0"), group="video"),
         ]
+    specs += pretrained_specs()
+    init = write_videomae_stand_in(out / "videomae_init", cfg, budget.train_size, seeds[0])
     notes = [
         "Clip length changes the number of frames at the training stride (2); "
         f"the larger crop shows {views[-1][2]} px instead of {budget.train_size} px. "
-        "A learned table's temporal part is resized linearly, its spatial part with the mode shown."
+        "A learned table's temporal part is resized linearly, its spatial part with the mode shown.",
+        f"Rows *{PRETRAINED_GROUP}*: `train --init FOLDER` from a VideoMAE folder of the recipe's size "
+        "(`save_pretrained` of a randomly initialised `VideoMAEForVideoClassification`, the stand-in for "
+        "downloaded weights: nothing is downloaded, so these rows test the path, not the value of "
+        "pre-training), with its fixed sinusoid table or a zero-initialised PEG3d, same budget and seeds.",
     ]
     return Plan(
         task="video", key="video", out=out, specs=specs, seeds=seeds, budget=budget,
         epochs=epochs or budget.epochs, metric="top-1", sizes=[], labels=[v[0] for v in views],
         train_label=views[1][0], data={"root": str(data)}, data_name=data_name,
         model=_describe(_video_model_keys(cfg), f"video {cfg['arch']}"), notes=notes, views=views,
-        chance=_video_chance(data),
+        chance=_video_chance(data), init=str(init),
     )  # fmt: skip
+
+
+#: the group of the video "from pre-trained weights" row pair
+PRETRAINED_GROUP = "from pre-trained weights"
+
+
+def pretrained_specs() -> list[RowSpec]:
+    """The video rows fine-tuned from a VideoMAE folder: its own table, and a PEG3d in its place."""
+    return [
+        RowSpec("VideoMAE init, its table", "table", group=PRETRAINED_GROUP),
+        RowSpec("VideoMAE init, peg3d", "peg3d", group=PRETRAINED_GROUP),
+    ]
+
+
+def write_videomae_stand_in(folder: Path, cfg: dict[str, Any], crop: int, seed: int) -> Path:
+    """A random VideoMAE classifier of the recipe's size, ``save_pretrained`` into ``folder`` (once).
+
+    Its ``preprocessor_config.json`` asks for the Kinetics normalisation the other rows train
+    with, so the rows differ in their starting weights only.
+    """
+    if (folder / "config.json").is_file():
+        return folder
+    import transformers
+
+    from peg_video.data.transforms import KINETICS_MEAN, KINETICS_STD
+
+    opts, (t, p, _) = cfg["model_opts"], cfg["tubelet"]
+    config = transformers.VideoMAEConfig(
+        image_size=crop, patch_size=p, num_frames=cfg["num_frames"], tubelet_size=t,
+        hidden_size=opts["embed_dim"], num_hidden_layers=opts["depth"], num_attention_heads=cfg["num_heads"],
+        intermediate_size=int(opts["embed_dim"] * opts["mlp_ratio"]), num_labels=2,
+    )  # fmt: skip
+    seed_everything(seed)
+    transformers.VideoMAEForVideoClassification(config).save_pretrained(folder)
+    norm = {"image_processor_type": "VideoMAEImageProcessor", "image_mean": list(KINETICS_MEAN),
+            "image_std": list(KINETICS_STD)}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(norm, indent=1))
+    return folder
 
 
 def _video_model_keys(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -682,7 +731,7 @@ def _video_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResu
     frames, crop = plan.views[1][1], plan.views[1][2]
     argv = [
         "--config", "synthetic_tiny", "--train-ann", str(ann["train"]), "--val-ann", str(ann["val"]),
-        "--pos-enc", spec.encoding, *spec.argv,
+        "--pos-enc", spec.encoding, *spec.argv, *(["--init", plan.init] if spec.group == PRETRAINED_GROUP else []),
         "--output-dir", str(run_dir), "--epochs", str(plan.epochs), "--batch-size", str(plan.budget.batch_size),
         "--crop", str(crop), "--seed", str(seed), "--eval-every", "0", "--device", "cpu", "--no-progress",
     ]  # fmt: skip

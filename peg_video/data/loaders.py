@@ -12,13 +12,14 @@ from peg_core.engine.distributed import DistInfo
 
 from .annotations import Annotations
 from .kinetics import ClipBatches, KineticsVideoDataset
-from .transforms import ClipTransformConfig
+from .transforms import KINETICS_MEAN, KINETICS_STD, ClipTransformConfig
 
 __all__ = ["make_loader", "transform_config"]
 
 
 def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
-    """The spatial recipe of ``args`` (``crop``, ``scale_jitter``, ``test_scale``, ``num_crops``, ``hflip``).
+    """The spatial recipe of ``args`` (``crop``, ``scale_jitter``, ``test_scale``, ``num_crops``, ``hflip``,
+    ``mean`` / ``std``).
 
     A flip is refused for SSv2 here too (not only by the parser), so no other way of building
     the arguments can train it with flipped "left to right" clips.
@@ -33,6 +34,9 @@ def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
         test_scale=args.test_scale,
         num_crops=args.num_crops,
         hflip=bool(args.hflip),
+        # the run's normalisation (an --init folder's); runs from before --mean / --std: Kinetics'
+        mean=tuple(getattr(args, "mean", None) or KINETICS_MEAN),
+        std=tuple(getattr(args, "std", None) or KINETICS_STD),
     )
 
 

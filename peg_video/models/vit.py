@@ -21,32 +21,129 @@ attention the temporal attention rotates by ``t`` (its table is the grid ``(T, 1
 ``h`` / ``w`` sections are the identity) and the spatial attention by ``(h, w)`` (grid
 ``(1, H, W)``), which are exactly the offsets each attention sees.  ``peg3d+rope-3d`` adds the
 PEG3d of ``peg3d`` as well.  No state-dict key is added (the frequencies are not persistent).
+``rope_layout="vjepa2"`` takes V-JEPA 2's channel layout (:func:`peg_core.rope.build_rope`).
+
+Options for pre-trained encoders (:mod:`peg_video.hf`; the defaults keep the keys and outputs of
+every earlier config): ``pos_enc="sinusoid-1d"`` (VideoMAE's fixed table over the flattened
+token index, :class:`SinusoidTable3d`), ``qkv_bias="qv"`` (query and value biases, no key bias:
+``attn.qkv.q_bias`` / ``attn.qkv.v_bias``), ``norm_eps``, ``fc_norm_eps`` (a LayerNorm after the
+pooling instead of one over the tokens), ``global_pool="first"`` (the first grid token, VideoMAE
+without mean pooling), ``temporal_fc`` (TimeSformer's extra projection after the temporal
+attention) and ``peg_zero_init`` (PEG3ds that start as the identity).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg_core import check_tokens
-from peg_core.encodings import LearnedPositionEncoding3d, SinCosPositionEncoding3d
+from peg_core.base import PositionEncoding
+from peg_core.encodings import LearnedPositionEncoding3d, SinCosPositionEncoding3d, sincos_1d
 from peg_core.models.layers import Attention, Block, init_vit_weights
 from peg_core.peg import resolve_peg_at
+from peg_core.resize import is_tracing, resize_pos_embed_3d, resize_pos_embed_traceable
 from peg_core.rope import build_rope
 
 from ..peg3d import PEG3d
 
-__all__ = ["ATTENTIONS", "POS_ENCODINGS", "DividedBlock", "TubeletEmbed", "VideoTransformer"]
+__all__ = [
+    "ATTENTIONS",
+    "POS_ENCODINGS",
+    "DividedBlock",
+    "QVBiasLinear",
+    "SinusoidTable3d",
+    "TubeletEmbed",
+    "VideoTransformer",
+    "sinusoid_table",
+]
 
-POS_ENCODINGS = ("peg3d", "peg3d-factorized", "learned", "sincos", "none", "rope-3d", "peg3d+rope-3d")
+POS_ENCODINGS = ("peg3d", "peg3d-factorized", "learned", "sincos", "none", "rope-3d", "peg3d+rope-3d",
+                 "sinusoid-1d")  # fmt: skip
 ATTENTIONS = ("joint", "divided")
-GLOBAL_POOLS = ("avg", "token")
+GLOBAL_POOLS = ("avg", "token", "first")
 
 
 def _triple(x: int | Sequence[int]) -> tuple[int, int, int]:
     return (int(x),) * 3 if isinstance(x, int) else tuple(int(s) for s in x)
+
+
+def sinusoid_table(length: int, dim: int) -> Tensor:
+    """Transformer sinusoid ``(1, length, dim)``: channel ``2k`` is ``sin(i w_k)``, ``2k+1`` ``cos(i w_k)``.
+
+    ``w_k = 10000 ** (-k / (dim / 2))`` for token index ``i`` (the interleaved layout of
+    VideoMAE's table; :func:`peg_core.encodings.sincos_1d` is the same values as ``[sin | cos]``).
+    """
+    flat = sincos_1d(length, dim)  # (length, dim): [sin | cos], float64 math
+    half = dim // 2
+    return torch.stack([flat[:, :half], flat[:, half:]], dim=-1).reshape(1, length, dim)
+
+
+class SinusoidTable3d(PositionEncoding):
+    """VideoMAE's fixed table: a 1-D sinusoid over the flattened ``T*H*W`` token index, frame-major.
+
+    Built for ``grid_size`` (the training clip's tubelet grid) as a non-persistent buffer (no
+    state-dict key, as in transformers); another grid reads it as a ``(T, H, W)`` grid and resizes
+    it (:func:`peg_core.resize.resize_pos_embed_3d`, ``interpolation``), so any clip runs.
+    Prefix tokens get no code.
+    """
+
+    def __init__(
+        self, dim: int, grid_size: Sequence[int], num_prefix_tokens: int = 0, interpolation: str = "trilinear"
+    ) -> None:
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"the sinusoid table needs an even dim; got {dim}")
+        self.dim = dim
+        self.grid_size = _triple(grid_size)
+        self.num_prefix_tokens = num_prefix_tokens
+        self.interpolation = interpolation
+        self.register_buffer("table", sinusoid_table(math.prod(self.grid_size), dim), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, grid_size={self.grid_size}, num_prefix_tokens={self.num_prefix_tokens}"
+
+    def position(self, x: Tensor, size: Sequence[int], mask: Tensor | None = None) -> Tensor:
+        """Codes ``(1, P + T*H*W, C)`` in ``x``'s dtype."""
+        check_tokens(x, tuple(size), self.num_prefix_tokens)
+        mode = self.interpolation
+        if is_tracing(size):
+            pos = resize_pos_embed_traceable(self.table, tuple(size), self.grid_size, mode=mode)
+        else:
+            pos = resize_pos_embed_3d(self.table, tuple(int(s) for s in size), self.grid_size, mode=mode)
+        pos = pos.to(x.dtype)
+        if self.num_prefix_tokens:
+            pos = torch.cat([pos.new_zeros(1, self.num_prefix_tokens, self.dim), pos], dim=1)
+        return pos
+
+
+class QVBiasLinear(nn.Linear):
+    """The fused ``qkv`` projection with query and value biases and no key bias (BEiT / VideoMAE).
+
+    ``weight`` ``(3C, C)``; ``q_bias`` and ``v_bias`` ``(C,)``; the bias applied is
+    ``cat(q_bias, 0, v_bias)``.  ``(B, N, C) -> (B, N, 3C)``.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim, 3 * dim, bias=False)
+        self.q_bias = nn.Parameter(torch.zeros(dim))
+        self.v_bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
+        return F.linear(x, self.weight, bias)
+
+
+def _use_qv_bias(attn: Attention) -> None:
+    """Swap ``attn.qkv`` (built without a bias) for a :class:`QVBiasLinear` with the same weight."""
+    qkv = QVBiasLinear(attn.qkv.in_features)
+    with torch.no_grad():
+        qkv.weight.copy_(attn.qkv.weight)
+    attn.qkv = qkv
 
 
 class TubeletEmbed(nn.Module):
@@ -82,12 +179,19 @@ class DividedBlock(Block):
 
     The class token takes no part in temporal attention; in spatial attention
     every frame sees its own copy and the copies' outputs are averaged.
+
+    ``temporal_fc=True`` adds TimeSformer's ``temporal_fc`` (``Linear(C, C)``) after the
+    temporal attention's output projection (transformers' ``temporal_dense``), applied after the
+    branch's stochastic depth as TimeSformer does.
     """
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, **kwargs) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, mlp_ratio: float = 4.0, *, temporal_fc: bool = False, **kwargs
+    ) -> None:
         super().__init__(dim, num_heads, mlp_ratio, **kwargs)
         self.norm_t = nn.LayerNorm(dim, eps=self.norm1.eps)
         self.attn_t = Attention(dim, num_heads, qkv_bias=self.attn.qkv.bias is not None)
+        self.temporal_fc = nn.Linear(dim, dim) if temporal_fc else None
 
     @torch.no_grad()
     def reset_temporal(self) -> None:
@@ -117,7 +221,11 @@ class DividedBlock(Block):
         xt = self.attn_t(self.norm_t(xt), rope_t).reshape(b, hw, t, c).transpose(1, 2).reshape(b, t * hw, c)
         if p:
             xt = torch.cat([xt.new_zeros(b, p, c), xt], dim=1)
-        x = x + self.drop_path(xt)
+        if self.temporal_fc is None:
+            x = x + self.drop_path(xt)
+        else:  # the prefix rows must stay untouched, so the projection skips them
+            xt = self.drop_path(xt)
+            x = torch.cat([x[:, :p], x[:, p:] + self.temporal_fc(xt[:, p:])], dim=1)
 
         # Spatial: each frame attends over its HW tubelets plus a copy of the prefix, (B*T, P + HW, C).
         prefix, tokens = x[:, :p], x[:, p:]
@@ -136,14 +244,20 @@ class VideoTransformer(nn.Module):
     """Video ViT with a conditional (PEG3d) or other space-time position encoding.
 
     Args:
-        embed_dim, depth, num_heads, mlp_ratio, qkv_bias: transformer size.
+        embed_dim, depth, num_heads, mlp_ratio: transformer size.
+        qkv_bias: biases of the fused ``qkv`` projection: True, False, or ``"qv"`` (query and
+            value only, :class:`QVBiasLinear`; VideoMAE / BEiT).
+        norm_eps: eps of every LayerNorm of the blocks and of the final norm.
         num_classes: classifier outputs (0: no head, :meth:`forward` returns pooled features).
         num_frames, img_size: training clip length and crop; they only size the
             learned tables (any multiple of the tubelet runs).
         tubelet: ``(t, p, p)`` of the Conv3d tubelet embedding.
         pos_enc: ``"peg3d"`` (default), ``"peg3d-factorized"``, ``"learned"``
             (spatial + temporal tables), ``"sincos"`` (fixed), ``"none"``, ``"rope-3d"``
-            (3-D rotary q/k, module docstring) or ``"peg3d+rope-3d"`` (both).
+            (3-D rotary q/k, module docstring), ``"peg3d+rope-3d"`` (both) or
+            ``"sinusoid-1d"`` (VideoMAE's fixed table, :class:`SinusoidTable3d`).
+        rope_layout: channel layout of ``rope-3d``: ``"pairs"`` (default) or ``"vjepa2"``
+            (V-JEPA 2's, :func:`peg_core.rope.build_rope`).
         peg_at: block indices after which a PEG3d runs; ``-1`` means before
             block 0 (:func:`peg_core.peg.resolve_peg_at`, the meaning of every
             model of the suite).  Default ``(0,)`` as CPVT; ``"all"`` is
@@ -158,12 +272,21 @@ class VideoTransformer(nn.Module):
             ``peg_num_kernels`` (default 4); not with ``"peg3d-factorized"``.
         attention: ``"joint"`` space-time attention over all tokens (default) or
             ``"divided"`` (temporal then spatial attention per block, TimeSformer).
+        peg_zero_init: start every PEG3d's (last) conv at zero, so it is the identity until it
+            trains (a PEG3d added to a pre-trained model).
+        temporal_fc: divided attention only: TimeSformer's extra ``Linear(C, C)`` after the
+            temporal attention (:class:`DividedBlock`).
         global_pool: ``"avg"`` (mean of the grid tokens; default: the CPVT-GAP
-            choice, no class token, works best with PEG) or ``"token"`` (class token).
+            choice, no class token, works best with PEG), ``"token"`` (class token) or
+            ``"first"`` (the first grid token: VideoMAE without mean pooling).
+        fc_norm_eps: ``None`` (default): a LayerNorm ``norm`` over the tokens before pooling; a
+            float: no token norm, and a LayerNorm ``fc_norm`` with this eps on the pooled
+            features (MAE / VideoMAE's mean-pooling head).
         drop_path_rate: stochastic depth, increasing linearly over the blocks.
         drop_rate: dropout before the head.
         pos_interpolation: spatial resize mode of the learned table
-            (its temporal table is resized linearly).
+            (its temporal table is resized linearly); the ``sinusoid-1d`` table is resized
+            trilinearly (``"nearest"`` / ``"area"`` as given).
 
     Shapes: ``forward`` takes clips ``(B, C, T, H, W)`` with ``T, H, W``
     multiples of the tubelet and returns logits ``(B, num_classes)``.
@@ -181,15 +304,20 @@ class VideoTransformer(nn.Module):
         tubelet: int | Sequence[int] = (2, 16, 16),
         in_chans: int = 3,
         mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
+        norm_eps: float = 1e-6,
         pos_enc: str = "peg3d",
+        rope_layout: str = "pairs",
         peg_at: Sequence[int] | str = (0,),
         peg_kernel_size: int | Sequence[int] = 3,
         peg_padding: str = "zeros",
         peg_dynamic: bool = False,
         peg_num_kernels: int | None = None,
+        peg_zero_init: bool = False,
         attention: str = "joint",
+        temporal_fc: bool = False,
         global_pool: str = "avg",
+        fc_norm_eps: float | None = None,
         drop_path_rate: float = 0.0,
         drop_rate: float = 0.0,
         pos_interpolation: str = "bicubic",
@@ -202,6 +330,11 @@ class VideoTransformer(nn.Module):
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
+        if qkv_bias not in (True, False, "qv"):
+            raise ValueError(f"qkv_bias must be True, False or 'qv'; got {qkv_bias!r}")
+        if temporal_fc and attention != "divided":
+            raise ValueError("temporal_fc is a projection of divided attention's temporal branch; "
+                             f"got attention={attention!r}")  # fmt: skip
         tub = _triple(tubelet)
         hw = (img_size, img_size) if isinstance(img_size, int) else tuple(int(s) for s in img_size)
         sizes = (num_frames, *hw)
@@ -224,7 +357,11 @@ class VideoTransformer(nn.Module):
         self.peg_at = resolve_peg_at(peg_at, depth) if pos_enc.startswith("peg3d") else ()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
-        self.rope = build_rope("rope-3d", embed_dim // num_heads) if pos_enc.endswith("rope-3d") else None
+        self.rope = (
+            build_rope("rope-3d", embed_dim // num_heads, layout=rope_layout)
+            if pos_enc.endswith("rope-3d")
+            else None
+        )
 
         self.patch_embed = TubeletEmbed(tub, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if p else None
@@ -235,26 +372,27 @@ class VideoTransformer(nn.Module):
             )
         elif pos_enc == "sincos":
             self.pos_enc = SinCosPositionEncoding3d(embed_dim, num_prefix_tokens=p)
+        elif pos_enc == "sinusoid-1d":
+            mode = "trilinear" if pos_interpolation in ("bicubic", "bilinear") else pos_interpolation
+            self.pos_enc = SinusoidTable3d(embed_dim, self.grid_size, p, interpolation=mode)
         peg_options = {
             "num_prefix_tokens": p,
             "factorized": pos_enc == "peg3d-factorized",
             "padding_mode": peg_padding,
             "dynamic": peg_dynamic,
             "num_kernels": 4 if peg_num_kernels is None else peg_num_kernels,
+            "zero_init": peg_zero_init,
         }
         # Keyed by block index as CPVT's pos_blocks, so "pos_blocks.0" inflates from the 2D "pos_blocks.0".
         self.pos_blocks = nn.ModuleDict(
             {str(i): PEG3d(embed_dim, peg_kernel_size, **peg_options) for i in self.peg_at}
         )
-        block = DividedBlock if attention == "divided" else Block
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
-        self.blocks = nn.ModuleList(
-            [
-                block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, drop_path=dpr[i])
-                for i in range(depth)
-            ]
+        self.blocks = self._make_blocks(
+            embed_dim, depth, num_heads, mlp_ratio, qkv_bias, norm_eps, drop_path_rate, temporal_fc
         )
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        # with fc_norm the final LayerNorm moves behind the pooling; "norm" stays a key-less Identity
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if fc_norm_eps is None else nn.Identity()
+        self.fc_norm = None if fc_norm_eps is None else nn.LayerNorm(embed_dim, eps=fc_norm_eps)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
@@ -264,6 +402,32 @@ class VideoTransformer(nn.Module):
         for blk in self.blocks:
             if isinstance(blk, DividedBlock):
                 blk.reset_temporal()
+
+    def _make_blocks(
+        self,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        mlp_ratio: float,
+        qkv_bias: bool | str,
+        norm_eps: float,
+        drop_path_rate: float,
+        temporal_fc: bool,
+    ) -> nn.ModuleList:
+        """``depth`` joint or divided blocks with stochastic depth rising linearly to ``drop_path_rate``."""
+        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        extra = {"temporal_fc": True} if temporal_fc else {}
+        block = DividedBlock if self.attention == "divided" else Block
+        opts = {"qkv_bias": qkv_bias is True, "norm_eps": norm_eps, **extra}
+        blocks = nn.ModuleList(
+            block(dim, num_heads, mlp_ratio, drop_path=dpr[i], **opts) for i in range(depth)
+        )
+        if qkv_bias == "qv":
+            for blk in blocks:
+                for attn in (blk.attn, getattr(blk, "attn_t", None)):
+                    if attn is not None:
+                        _use_qv_bias(attn)
+        return blocks
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names conventionally trained without weight decay."""
@@ -299,7 +463,12 @@ class VideoTransformer(nn.Module):
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens ``(B, P + N, C)`` -> logits ``(B, num_classes)`` (or pooled features ``(B, C)``)."""
-        x = x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens :].mean(1)
+        if self.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens :].mean(1)
+        else:  # "token": the class token; "first": the first grid token (there is no prefix)
+            x = x[:, 0]
+        if self.fc_norm is not None:
+            x = self.fc_norm(x)
         return x if pre_logits else self.head(self.head_drop(x))
 
     def forward(self, x: Tensor) -> Tensor:

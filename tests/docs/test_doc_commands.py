@@ -29,6 +29,7 @@ would be too slow to run as written (none of them changes which flags are used).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shlex
@@ -139,7 +140,14 @@ def _gpu_check(argv: list[str]) -> None:
         gpu_check.main(argv)
 
 
+def _video_export_hf(argv: list[str]) -> None:
+    from peg_video.cli import build_export_hf_parser
+
+    build_export_hf_parser().parse_args(argv)
+
+
 PARSERS: dict[tuple[str, str | None], Callable[[list[str]], None]] = {
+    ("peg_video", "export-hf"): _video_export_hf,
     ("peg_detr", "train"): _detr_train,
     ("peg_detr", "eval"): _detr_eval,
     ("peg_video", "train"): _video_train,
@@ -256,7 +264,6 @@ def _detr_checkpoint(path: Path) -> None:
 
 def _quiet(fn: Callable[[list[str]], object], argv: list[str]) -> None:
     """Run a command function in process for a fixture, its console lines swallowed."""
-    import contextlib
     import io
 
     import torch
@@ -301,6 +308,17 @@ def _video_run(path: Path) -> None:
     )
 
 
+def _videomae_folder(path: Path) -> None:
+    """A tiny random VideoMAE classifier (``save_pretrained``): the docs' downloaded VideoMAE folder."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.VideoMAEConfig(image_size=32, patch_size=8, num_frames=4, tubelet_size=2, hidden_size=32,
+                                      num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)  # fmt: skip
+    transformers.VideoMAEForVideoClassification(cfg).save_pretrained(path)
+
+
 #: files the docs' commands and python blocks read, created in the working directory before they run
 FIXTURES: dict[str, Callable[[Path], None]] = {
     "deit_tiny_patch16_224.pth": _deit_checkpoint,
@@ -308,6 +326,7 @@ FIXTURES: dict[str, Callable[[Path], None]] = {
     "runs/py_classify/checkpoint.pth": _classify_run,
     "data/py_coco": _detect_images,
     "runs/py_video/checkpoint.pth": _video_run,
+    "videomae-small-k400": _videomae_folder,
 }
 
 
@@ -374,7 +393,8 @@ def test_shell_commands(path: Path, tmp_path: Path) -> None:
     for line, argv in commands:
         kind, module, args = classify(argv)
         if kind == "parse":
-            check_parse(module, args)
+            with contextlib.chdir(tmp_path):  # a relative --init FOLDER is read while parsing
+                check_parse(module, args)
         elif kind == "run":
             text = shlex.join(args)
             for pattern, repl in SUBSTITUTIONS:

@@ -164,6 +164,8 @@ EXPECTED_ROWS = {
         "none",
         "rope-3d",
         "peg3d+rope-3d",
+        "VideoMAE init, its table",
+        "VideoMAE init, peg3d",
     ],
 }
 

@@ -26,7 +26,16 @@ def _args(*flags: str) -> argparse.Namespace:
 
 
 def test_the_verb_table():
-    assert list(COMMANDS) == ["make-data", "train", "eval", "predict", "configs", "prepare", "export"]
+    assert list(COMMANDS) == [
+        "make-data",
+        "train",
+        "eval",
+        "predict",
+        "configs",
+        "prepare",
+        "export",
+        "export-hf",
+    ]
 
 
 def test_configs_verb_lists_every_recipe_with_its_flags(capsys):

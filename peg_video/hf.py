@@ -1,0 +1,629 @@
+"""Hugging Face video encoders (VideoMAE, TimeSformer, V-JEPA 2) as peg_video's :class:`VideoTransformer`.
+
+A local folder written by ``save_pretrained`` (``config.json`` + ``model.safetensors`` or a
+``pytorch_model.bin``, read with ``weights_only=True``) becomes a video transformer with the
+same outputs at the native clip shape::
+
+    model, report = peg_video.from_hf("videomae-small-finetuned-kinetics")  # its own table
+    model, report = peg_video.from_hf(folder, "peg3d", num_classes=10)     # table -> zero PEG3d
+
+Public API:
+
+* :func:`from_hf` ``(folder, pos_enc=None, *, num_classes=None, **options) -> (model, LoadReport)``;
+* :func:`hf_model_config` ``(folder, pos_enc=None, *, num_classes=None, **options) -> dict``: the
+  JSON-safe :func:`peg_video.build_video_model` keywords of that model (what a checkpoint stores);
+* :func:`read_hf_video_config` ``(folder) -> dict``: the folder's sizes, clip shape, normalisation
+  and labels in peg_video's terms;
+* :func:`export_hf` ``(model_or_checkpoint, out_dir) -> Path``: a VideoMAE-layout folder
+  (``config.json`` + ``model.safetensors``) for a model with VideoMAE's table;
+* :data:`HF_MODEL_TYPES`: the ``config.json`` ``model_type`` values it reads.
+
+How each model maps (transformers 5.x key layouts; peg_video takes clips ``(B, 3, T, H, W)``,
+transformers ``(B, T, 3, H, W)``):
+
+* VideoMAE: tubelet Conv3d; the fixed 1-D sinusoid over the flattened ``T'*H'*W'`` token index
+  (not in the state dict) is ``pos_enc="sinusoid-1d"``, rebuilt by the model and resized with
+  :func:`peg_core.resize.resize_pos_embed_3d` at another clip shape; ``q_bias`` / ``v_bias``
+  with no key bias is ``qkv_bias="qv"``; ``use_mean_pooling`` is mean pooling + ``fc_norm``
+  (otherwise the final norm and the first token, as transformers does).  The pre-training
+  decoder (``encoder_to_decoder``, ``decoder.*``, ``mask_token``) is left out and reported.
+* TimeSformer: the per-frame Conv2d is a ``(1, p, p)`` tubelet; the class token, the spatial
+  table ``(1, 1 + N, D)`` and the time table ``(1, T, D)`` are ``pos_enc="learned"`` (the class
+  token's code is folded into the class token); divided attention with the extra
+  ``temporal_dense`` projection (``temporal_fc=True``); class-token head.
+* V-JEPA 2: tubelet Conv3d, 3-D rotary attention (``pos_enc="rope-3d"``,
+  ``rope_layout="vjepa2"``) with positions from the input's grid; the predictor (and a
+  classifier's attentive pooler, which peg_video does not model) are left out and reported.
+
+``pos_enc``: ``None`` keeps the model's own encoding; ``"peg3d"`` / ``"peg3d-factorized"`` drop
+the table (or the rotary encoding) and add a zero-initialised PEG3d, so before fine-tuning the
+model equals the original with its table zeroed; ``"peg3d+rope-3d"`` (V-JEPA 2) keeps the rotary
+encoding and adds the zero PEG3d; ``"none"`` drops the encoding.
+
+Errors: a missing folder or ``config.json``, an unsupported ``model_type`` / option, or weights
+that do not match the config are :class:`peg_core.interop.io.WeightsError` (``what`` + ``where``,
+one line on the command line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from peg_core.interop.io import LoadReport, WeightsError, read_state_file, write_state_file
+
+from .models.registry import build_video_model
+from .models.vit import VideoTransformer
+
+__all__ = ["HF_MODEL_TYPES", "export_hf", "from_hf", "hf_model_config", "read_hf_video_config"]
+
+#: ``config.json`` model types :func:`from_hf` reads
+HF_MODEL_TYPES = ("videomae", "timesformer", "vjepa2")
+
+PathLike = str | os.PathLike
+
+#: preprocessor files that may hold the normalisation a checkpoint expects, tried in order
+PREPROCESSOR_FILES = ("video_preprocessor_config.json", "preprocessor_config.json")
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WeightsError(f"{what} is not readable JSON ({type(e).__name__}: {e})", path) from None
+    if not isinstance(obj, dict):
+        raise WeightsError(f"{what} is not a JSON object", path)
+    return obj
+
+
+def _pair(x: Any) -> tuple[int, int]:
+    return (int(x), int(x)) if isinstance(x, int | float) else (int(x[0]), int(x[1]))
+
+
+def _mean_std(folder: Path) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    """``image_mean`` / ``image_std`` of the folder's (video) preprocessor config, or ``(None, None)``."""
+    for name in PREPROCESSOR_FILES:
+        if (folder / name).is_file():
+            pre = _read_json(folder / name, name)
+            mean, std = pre.get("image_mean"), pre.get("image_std")
+            if mean is not None and std is not None:
+                return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    return None, None
+
+
+def _sizes(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """The transformer's sizes and clip shape from a ``config.json`` of ``model_type``."""
+    dim, heads = int(cfg.get("hidden_size", 768)), int(cfg.get("num_attention_heads", 12))
+    patch = _pair(cfg.get("patch_size", 16))
+    if model_type == "vjepa2":
+        image = _pair(cfg.get("crop_size", 256))
+        frames, tub = int(cfg.get("frames_per_clip", 64)), int(cfg.get("tubelet_size", 2))
+        mlp_ratio = float(cfg.get("mlp_ratio", 4.0))
+    else:
+        image = _pair(cfg.get("image_size", 224))
+        frames = int(cfg.get("num_frames", 16 if model_type == "videomae" else 8))
+        tub = int(cfg.get("tubelet_size", 2)) if model_type == "videomae" else 1
+        mlp_ratio = int(cfg.get("intermediate_size", 4 * dim)) / dim
+    eps_default = 1e-12 if model_type == "videomae" else 1e-6
+    return {
+        "embed_dim": dim,
+        "depth": int(cfg.get("num_hidden_layers", 12)),
+        "num_heads": heads,
+        "mlp_ratio": mlp_ratio,
+        "norm_eps": float(cfg.get("layer_norm_eps", eps_default)),
+        "num_frames": frames,
+        "image_size": image,
+        "tubelet": (tub, *patch),
+        "hidden_act": cfg.get("hidden_act", "gelu"),
+    }
+
+
+def read_hf_video_config(folder: PathLike) -> dict[str, Any]:
+    """The folder's model in peg_video's terms (``config.json``, plus the preprocessor config if any).
+
+    Returns a dict with ``model_type``, ``architecture`` (the ``architectures[0]`` class name or
+    ``None``), ``classifier`` (bool), ``embed_dim``, ``depth``, ``num_heads``, ``mlp_ratio``,
+    ``norm_eps``, ``num_frames``, ``image_size`` ``(H, W)``, ``tubelet`` ``(t, p, p)``,
+    ``num_classes`` (0 for an encoder), ``id2label`` (``{int: str}``), ``mean`` / ``std``
+    (3-tuples from ``preprocessor_config.json`` / ``video_preprocessor_config.json``, else
+    ``None``) and ``config`` (the raw ``config.json``).
+
+    Raises :class:`WeightsError` for a missing folder or ``config.json``, JSON that does not
+    parse, or a ``model_type`` outside :data:`HF_MODEL_TYPES`.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise WeightsError("no such Hugging Face model folder", folder)
+    if not (folder / "config.json").is_file():
+        raise WeightsError("the folder has no config.json (not a save_pretrained folder)", folder)
+    cfg = _read_json(folder / "config.json", "config.json")
+    model_type = cfg.get("model_type")
+    if model_type not in HF_MODEL_TYPES:
+        raise WeightsError(
+            f"model_type {model_type!r} is not a video encoder peg_video reads ({', '.join(HF_MODEL_TYPES)})",
+            folder / "config.json",
+        )
+    arch = (cfg.get("architectures") or [None])[0]
+    classifier = isinstance(arch, str) and arch.endswith("ForVideoClassification")
+    id2label = {int(k): str(v) for k, v in (cfg.get("id2label") or {}).items()} if classifier else {}
+    mean, std = _mean_std(folder)
+    return {
+        "model_type": model_type,
+        "architecture": arch,
+        "classifier": classifier,
+        **_sizes(cfg, model_type),
+        "num_classes": len(id2label),
+        "id2label": id2label,
+        "mean": mean,
+        "std": std,
+        "config": cfg,
+    }
+
+
+def hf_model_config(
+    folder: PathLike, pos_enc: str | None = None, *, num_classes: int | None = None, **options: Any
+) -> dict[str, Any]:
+    """JSON-safe :func:`peg_video.build_video_model` keywords of the model :func:`from_hf` builds.
+
+    ``num_classes=None`` keeps the folder's classifier size (0, pooled features, for an encoder);
+    ``options`` are further :class:`VideoTransformer` keywords (``drop_path_rate``, ``peg_at``,
+    ``peg_kernel_size``, ...); ones that would change the mapped architecture are a ``ValueError``.
+    """
+    return _model_config(read_hf_video_config(folder), pos_enc, num_classes, options)
+
+
+def from_hf(
+    folder: PathLike, pos_enc: str | None = None, *, num_classes: int | None = None, **options: Any
+) -> tuple[VideoTransformer, LoadReport]:
+    """Build the video transformer a Hugging Face folder describes and load its weights.
+
+    Args:
+        folder: a ``save_pretrained`` folder of VideoMAE (classifier, ``VideoMAEModel`` or
+            ``VideoMAEForPreTraining``), TimeSformer or V-JEPA 2 (``VJEPA2Model``, or the
+            encoder of ``VJEPA2ForVideoClassification``).
+        pos_enc: ``None`` (the model's own encoding), ``"peg3d"``, ``"peg3d-factorized"``,
+            ``"peg3d+rope-3d"`` (rotary models) or ``"none"`` (module docstring).
+        num_classes: classifier outputs; ``None`` keeps the folder's (0 for an encoder: the
+            model returns pooled features).  Another size gets a freshly initialised head.
+        options: more :class:`VideoTransformer` keywords (:func:`hf_model_config`).
+
+    Returns:
+        ``(model, report)``: the model in eval mode on the CPU, and a
+        :class:`~peg_core.interop.io.LoadReport` whose ``copied`` / ``converted`` are the keys
+        used, ``skipped`` the source keys left out (decoder, predictor, dropped tables, another
+        head) and ``missing`` the model keys added (zero PEG3d, new head); ``args`` is the config.
+
+    Raises:
+        WeightsError: missing folder / config / weights file, unsupported model type, or weights
+            whose keys or shapes do not match the config (the first offending key named).
+    """
+    info = read_hf_video_config(folder)
+    config = _model_config(info, pos_enc, num_classes, options)
+    model = build_video_model(**config)
+    state, where = _read_weights(Path(folder))
+    report = LoadReport(source=str(where), args=info["config"])
+    kind = info["model_type"]
+    keep_table = any(k.startswith("pos_enc.") for k in model.state_dict())
+    _load(model, _MAPPERS[kind](state, report, keep_table), report, where)
+    _note_dropped_encoding(report, kind, config["pos_enc"])
+    return model.eval(), report
+
+
+def export_hf(model_or_checkpoint: VideoTransformer | PathLike, out_dir: PathLike) -> Path:
+    """Write a VideoMAE-layout folder (``config.json`` + ``model.safetensors``); returns ``out_dir``.
+
+    ``model_or_checkpoint`` is a :class:`VideoTransformer` or a peg_video training checkpoint
+    (its class names become ``id2label``).  The model must be what VideoMAE can express: joint
+    attention, tubelet Conv3d, ``pos_enc="sinusoid-1d"``, gelu MLP, and mean pooling with
+    ``fc_norm`` (eps 1e-5) or the final norm with ``global_pool="first"``.  A full ``qkv`` bias
+    is written as ``q_bias`` / ``v_bias``: the key bias adds the same score to every key of a
+    query, which the softmax removes, so the outputs do not change.
+    ``VideoMAEForVideoClassification.from_pretrained(out_dir)`` then gives the same logits.
+
+    Raises ``ValueError`` naming the option VideoMAE cannot express.
+    """
+    classes: list[str] | None = None
+    if not isinstance(model_or_checkpoint, VideoTransformer):
+        from .model import load_model  # the checkpoint reader needs the engine: only here
+
+        loaded = load_model(model_or_checkpoint)
+        model_or_checkpoint, classes = loaded.model, loaded.classes
+    model = model_or_checkpoint
+    _check_exportable(model)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(_videomae_config(model, classes), indent=2) + "\n")
+    write_state_file(_videomae_state(model), out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+# ------------------------------------------------------------------------------- the model config
+
+#: keywords the mapping sets itself; an ``options`` entry for one would change the architecture
+_MAPPED_KEYWORDS = ("name", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "norm_eps", "pos_enc",
+                    "rope_layout", "attention", "temporal_fc", "global_pool", "fc_norm_eps", "num_frames",
+                    "img_size", "tubelet", "num_classes", "peg_zero_init")  # fmt: skip
+#: ``pos_enc`` values :func:`from_hf` takes besides ``None``
+PEG_CHOICES = ("peg3d", "peg3d-factorized", "peg3d+rope-3d", "none")
+#: transformers' LayerNorm default: VideoMAE's ``fc_norm`` does not take the config's eps
+_TORCH_LAYERNORM_EPS = 1e-5
+
+
+def _native(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`VideoTransformer` keywords that reproduce the folder's own model."""
+    cfg, kind = info["config"], info["model_type"]
+    where = "config.json"
+    if info["hidden_act"] != "gelu":
+        raise WeightsError(
+            f"hidden_act {info['hidden_act']!r} is not supported (peg_video's MLP is gelu)", where
+        )
+    if kind == "videomae":
+        pooled = bool(cfg.get("use_mean_pooling", True))
+        head = (
+            {"global_pool": "avg", "fc_norm_eps": _TORCH_LAYERNORM_EPS}
+            if pooled
+            else {"global_pool": "first"}
+        )
+        return {"pos_enc": "sinusoid-1d", "qkv_bias": "qv" if cfg.get("qv_bias", True) else False, **head}
+    if kind == "timesformer":
+        attention = cfg.get("attention_type", "divided_space_time")
+        if attention not in ("divided_space_time", "joint_space_time"):
+            raise WeightsError(f"TimeSformer attention_type {attention!r} is not supported "
+                               "(divided_space_time, joint_space_time)", where)  # fmt: skip
+        divided = attention == "divided_space_time"
+        return {"pos_enc": "learned", "qkv_bias": bool(cfg.get("qkv_bias", True)), "global_pool": "token",
+                "attention": "divided" if divided else "joint", "temporal_fc": divided}  # fmt: skip
+    return {"pos_enc": "rope-3d", "rope_layout": "vjepa2", "qkv_bias": bool(cfg.get("qkv_bias", True)),
+            "global_pool": "avg"}  # fmt: skip
+
+
+def _with_pos_enc(native: dict[str, Any], pos_enc: str | None) -> dict[str, Any]:
+    """``native`` with its encoding replaced as ``pos_enc`` asks (module docstring)."""
+    if pos_enc is None:
+        return native
+    if pos_enc not in PEG_CHOICES:
+        raise ValueError(f"pos_enc must be None or one of {PEG_CHOICES}; got {pos_enc!r}")
+    rotary = native["pos_enc"] == "rope-3d"
+    if pos_enc == "peg3d+rope-3d" and not rotary:
+        raise ValueError(
+            f"pos_enc='peg3d+rope-3d' keeps a rotary encoding; this model's is {native['pos_enc']!r}"
+        )
+    out = {**native, "pos_enc": pos_enc}
+    if not pos_enc.endswith("rope-3d"):
+        out.pop("rope_layout", None)
+    if pos_enc.startswith("peg3d"):
+        out["peg_zero_init"] = True
+    return out
+
+
+def _model_config(
+    info: Mapping[str, Any], pos_enc: str | None, num_classes: int | None, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    clash = sorted(set(options) & set(_MAPPED_KEYWORDS))
+    if clash:
+        raise ValueError(f"{', '.join(clash)} are set by the Hugging Face config; they cannot be overridden")
+    dim, ratio = info["embed_dim"], info["mlp_ratio"]
+    if int(dim * ratio) != round(dim * ratio):
+        raise WeightsError(
+            f"intermediate size {dim * ratio:g} is not a whole number of channels", "config.json"
+        )
+    return {
+        "name": "vit_small",  # the registry's ViT; every size below overrides it
+        "embed_dim": dim,
+        "depth": info["depth"],
+        "num_heads": info["num_heads"],
+        "mlp_ratio": ratio,
+        "norm_eps": info["norm_eps"],
+        "num_classes": info["num_classes"] if num_classes is None else int(num_classes),
+        "num_frames": info["num_frames"],
+        "img_size": list(info["image_size"]),
+        "tubelet": list(info["tubelet"]),
+        **_with_pos_enc(_native(info), pos_enc),
+        **options,
+    }
+
+
+# --------------------------------------------------------------------------------------- weights
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _read_weights(folder: Path) -> tuple[dict[str, Tensor], Path]:
+    """The folder's tensors (one file, or the shards of a ``*.index.json``) and the file to name."""
+    for name in _WEIGHT_FILES:
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            shards = sorted(set(_read_json(index, index.name).get("weight_map", {}).values()))
+            state: dict[str, Tensor] = {}
+            for shard in shards:
+                state.update(read_state_file(folder / shard, what="Hugging Face weights"))
+            return state, index
+        if (folder / name).is_file():
+            obj = read_state_file(folder / name, what="Hugging Face weights")
+            if not isinstance(obj, Mapping):
+                raise WeightsError("Hugging Face weights are not a state dict", folder / name)
+            return dict(obj), folder / name
+    raise WeightsError(f"the folder has no weights ({' or '.join(_WEIGHT_FILES)})", folder)
+
+
+#: a model key's source: (source key, tensor, how it was converted or None when copied as is)
+Source = tuple[str, Tensor, str | None]
+
+
+def _fuse_qkv(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """``<x>.query/key/value.<weight|bias>`` -> ``<x>.qkv.<weight|bias>`` where all three exist.
+
+    Returns the new state and, for each fused key, how it was made.
+    """
+    out, notes = dict(state), {}
+    for key in list(state):
+        m = re.fullmatch(r"(.*)\.query\.(weight|bias)", key)
+        parts = [f"{m[1]}.{n}.{m[2]}" for n in ("query", "key", "value")] if m else []
+        if m and all(p in state for p in parts):
+            fused = f"{m[1]}.qkv.{m[2]}"
+            out[fused] = torch.cat([state[p] for p in parts])
+            for p in parts:
+                del out[p]
+            notes[fused] = f"{m[1]}.{{query,key,value}}.{m[2]} concatenated"
+    return out, notes
+
+
+_LAYER = r"encoder\.layer\.(\d+)\."
+#: the transformers ViT layer names VideoMAE and TimeSformer share
+_VIT_LAYER = [
+    (_LAYER + r"attention\.attention\.qkv\.", r"blocks.\1.attn.qkv."),
+    (_LAYER + r"attention\.output\.dense\.", r"blocks.\1.attn.proj."),
+    (_LAYER + r"intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
+    (_LAYER + r"output\.dense\.", r"blocks.\1.mlp.fc2."),
+    (_LAYER + r"layernorm_before\.", r"blocks.\1.norm1."),
+    (_LAYER + r"layernorm_after\.", r"blocks.\1.norm2."),
+    (r"layernorm\.", "norm."),
+    (r"classifier\.", "head."),
+]
+#: per model type: (prefix stripped, [(source regex, model key)], [(source regex, why left out)])
+_RULES: dict[str, tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = {
+    "videomae": ("videomae.", [
+        (r"embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
+        (_LAYER + r"attention\.attention\.(?:query\.bias|q_bias)", r"blocks.\1.attn.qkv.q_bias"),
+        (_LAYER + r"attention\.attention\.(?:value\.bias|v_bias)", r"blocks.\1.attn.qkv.v_bias"),
+        (r"fc_norm\.", "fc_norm."), *_VIT_LAYER,
+    ], [(r"(encoder_to_decoder|decoder|mask_token)\b", "VideoMAE pre-training decoder (not an encoder part)")]),
+    "timesformer": ("timesformer.", [
+        (_LAYER + r"temporal_attention\.attention\.qkv\.", r"blocks.\1.attn_t.qkv."),
+        (_LAYER + r"temporal_attention\.output\.dense\.", r"blocks.\1.attn_t.proj."),
+        (_LAYER + r"temporal_dense\.", r"blocks.\1.temporal_fc."),
+        (_LAYER + r"temporal_layernorm\.", r"blocks.\1.norm_t."), *_VIT_LAYER,
+    ], []),
+    "vjepa2": ("vjepa2.", [
+        (r"encoder\.embeddings\.patch_embeddings\.proj\.", "patch_embed.proj."),
+        (_LAYER + r"attention\.qkv\.", r"blocks.\1.attn.qkv."),
+        (_LAYER + r"attention\.proj\.", r"blocks.\1.attn.proj."),
+        (_LAYER + r"(norm1|norm2|mlp\.fc1|mlp\.fc2)\.", r"blocks.\1.\2."),
+        (r"encoder\.layernorm\.", "norm."),
+    ], [
+        (r"predictor\.", "V-JEPA 2 predictor (pre-training only)"),
+        (r"(pooler|classifier)\.", "V-JEPA 2 attentive-pooler head (peg_video pools by the mean; a new head is trained)"),
+    ]),
+}  # fmt: skip
+
+
+def _rename(state: Mapping[str, Tensor], kind: str, report: LoadReport, notes: Mapping[str, str] = {}
+            ) -> dict[str, Source]:  # fmt: skip
+    """Model key -> source by the rules of ``kind``; left-out keys go to ``report.skipped``."""
+    prefix, rules, left_out = _RULES[kind]
+    out: dict[str, Source] = {}
+    for key, value in state.items():
+        short = key.removeprefix(prefix)
+        why = next((w for pat, w in left_out if re.match(pat, short)), None)
+        if why is not None:
+            report.skipped[key] = why
+            continue
+        for pat, repl in rules:
+            m = re.match(pat, short)
+            if m:
+                out[m.expand(repl) + short[m.end() :]] = (key, value, notes.get(key))
+                break
+        else:
+            out[short] = (key, value, None)  # no rule: kept under its own name, which the load refuses
+    return out
+
+
+def _map_joint(kind: str) -> Callable[[dict[str, Tensor], LoadReport, bool], dict[str, Source]]:
+    """VideoMAE / V-JEPA 2: separate query / key / value projections fused, everything else renamed."""
+
+    def mapper(state: dict[str, Tensor], report: LoadReport, keep_table: bool) -> dict[str, Source]:
+        fused, notes = _fuse_qkv(state)
+        return _rename(fused, kind, report, notes)
+
+    return mapper
+
+
+_EMBEDDINGS = "timesformer.embeddings."
+_TABLES = ("position_embeddings", "time_embeddings")
+
+
+def _map_timesformer(state: dict[str, Tensor], report: LoadReport, keep_table: bool) -> dict[str, Source]:
+    """TimeSformer: the per-frame Conv2d as a ``(1, p, p)`` tubelet; the tables and the class token."""
+    out = _rename({k: v for k, v in state.items() if not k.startswith(_EMBEDDINGS)}, "timesformer", report)
+    emb = {k.removeprefix(_EMBEDDINGS): (k, v) for k, v in state.items() if k.startswith(_EMBEDDINGS)}
+    named = {"patch_embeddings.projection.weight": "patch_embed.proj.weight",
+             "patch_embeddings.projection.bias": "patch_embed.proj.bias", "cls_token": "cls_token"}  # fmt: skip
+    for short, (key, value) in emb.items():
+        if short in _TABLES and not keep_table:
+            report.skipped[key] = "position table dropped (replaced by the pos_enc asked for)"
+        elif short not in named and short not in _TABLES:
+            out[key] = (key, value, None)  # unknown: refused by the load
+        elif short in named:
+            out[named[short]] = (key, value, None)
+    key, w, _ = out.get("patch_embed.proj.weight", ("", None, None))
+    if w is not None:
+        out["patch_embed.proj.weight"] = (
+            key,
+            w.unsqueeze(2),
+            f"{key} (per-frame Conv2d) as a 1-frame tubelet",
+        )
+    if keep_table and "position_embeddings" in emb:
+        key, pos = emb["position_embeddings"]
+        out["pos_enc.spatial"] = (key, pos[:, 1:], f"{key} without its class-token row")
+        if "cls_token" in emb:  # the class token's code is a constant added to a constant: fold it in
+            ckey, cls = emb["cls_token"]
+            out["cls_token"] = (ckey, cls + pos[:, :1], f"{ckey} + the class-token row of {key}")
+    if keep_table and "time_embeddings" in emb:
+        out["pos_enc.temporal"] = (*emb["time_embeddings"], None)
+    return out
+
+
+_MAPPERS = {
+    "videomae": _map_joint("videomae"),
+    "timesformer": _map_timesformer,
+    "vjepa2": _map_joint("vjepa2"),
+}
+
+#: model keys a folder need not have: a new PEG3d, a new classifier head, VideoMAE's fc_norm under a new head
+_MAY_BE_ADDED = ("pos_blocks.", "head.", "fc_norm.")
+
+
+def _place(mkey: str, skey: str, value: Tensor, mine: Mapping[str, Tensor], report: LoadReport,
+           where: Path) -> bool:  # fmt: skip
+    """Whether source ``skey`` fills model key ``mkey``; a head that does not fit is left out, else refused."""
+    if mkey.startswith("head.") and (mkey not in mine or mine[mkey].shape != value.shape):
+        n = mine["head.weight"].shape[0] if "head.weight" in mine else 0
+        report.skipped[skey] = f"the folder's classifier ({value.shape[0]} outputs); the model has {n}"
+        return False
+    if mkey not in mine:
+        raise WeightsError(f"the weights have {skey}, which the model config.json describes has no place for",
+                           where)  # fmt: skip
+    if value.shape != mine[mkey].shape:
+        raise WeightsError(f"{skey} has shape {tuple(value.shape)}; config.json describes "
+                           f"{tuple(mine[mkey].shape)} (model key {mkey})", where)  # fmt: skip
+    return True
+
+
+def _load(model: VideoTransformer, mapped: Mapping[str, Source], report: LoadReport, where: Path) -> None:
+    """Load ``mapped`` into ``model`` strictly; record every key in ``report``."""
+    mine = model.state_dict()
+    state = dict(mine)
+    filled = set()
+    for mkey, (skey, value, how) in mapped.items():
+        if not _place(mkey, skey, value, mine, report, where):
+            continue
+        state[mkey] = value.to(mine[mkey].dtype)
+        filled.add(mkey)
+        if how is None:
+            report.copied.append(mkey)
+        else:
+            report.converted[mkey] = how
+    for key in mine:
+        if key in filled:
+            continue
+        if not key.startswith(_MAY_BE_ADDED):
+            raise WeightsError(f"the weights have no tensor for {key}, which the model config.json describes needs",
+                               where)  # fmt: skip
+        report.missing.append(key)
+    model.load_state_dict(state)
+
+
+def _note_dropped_encoding(report: LoadReport, kind: str, pos_enc: str) -> None:
+    """Record an encoding that is no state-dict key (VideoMAE's fixed table, V-JEPA 2's rotary) as left out."""
+    if kind == "videomae" and pos_enc != "sinusoid-1d":
+        report.skipped["videomae.embeddings.position_embeddings"] = (
+            f"fixed sinusoid table (not in the weights file) dropped for pos_enc={pos_enc!r}"
+        )
+    if kind == "vjepa2" and not pos_enc.endswith("rope-3d"):
+        report.skipped["<3-D rotary encoding>"] = f"dropped for pos_enc={pos_enc!r}"
+
+
+# ---------------------------------------------------------------------------------------- export
+
+
+def _check_exportable(model: VideoTransformer) -> None:
+    """``ValueError`` naming the first thing of ``model`` that VideoMAE's layout cannot hold."""
+    fc_eps = None if model.fc_norm is None else model.fc_norm.eps
+    problems = [
+        (model.pos_enc_kind != "sinusoid-1d", f"pos_enc={model.pos_enc_kind!r} (VideoMAE has its fixed "
+                                              "sinusoid table only, pos_enc='sinusoid-1d')"),
+        (model.attention != "joint", f"attention={model.attention!r} (VideoMAE attends jointly)"),
+        (model.tubelet[1] != model.tubelet[2], f"tubelet {model.tubelet} (VideoMAE's patches are square)"),
+        (model.global_pool == "avg" and fc_eps != _TORCH_LAYERNORM_EPS,
+         f"mean pooling without fc_norm_eps={_TORCH_LAYERNORM_EPS:g} (VideoMAE's fc_norm)"),
+        (model.global_pool == "token", "global_pool='token' (VideoMAE has no class token)"),
+        (model.global_pool == "first" and model.fc_norm is not None, "fc_norm with global_pool='first'"),
+    ]  # fmt: skip
+    blocks = list(model.blocks)
+    if any(not isinstance(b.ls1, torch.nn.Identity) for b in blocks):
+        problems.append((True, "layer scale (VideoMAE has none)"))
+    if len({b.norm1.eps for b in blocks} | {b.norm2.eps for b in blocks}) > 1:
+        problems.append((True, "LayerNorms with different eps (VideoMAE has one layer_norm_eps)"))
+    for bad, what in problems:
+        if bad:
+            raise ValueError(f"export_hf writes VideoMAE's layout, which cannot hold {what}")
+
+
+def _videomae_config(model: VideoTransformer, classes: list[str] | None) -> dict[str, Any]:
+    """``config.json`` of the exported folder (transformers fills the other fields with its defaults)."""
+    blk = model.blocks[0]
+    n = model.num_classes
+    labels = classes if classes and len(classes) == n else [f"LABEL_{i}" for i in range(n)]
+    h, w = model.img_size
+    return {
+        "architectures": ["VideoMAEForVideoClassification" if n else "VideoMAEModel"],
+        "model_type": "videomae",
+        "hidden_size": model.embed_dim,
+        "num_hidden_layers": len(model.blocks),
+        "num_attention_heads": blk.attn.num_heads,
+        "intermediate_size": blk.mlp.fc1.out_features,
+        "hidden_act": "gelu",
+        "image_size": h if h == w else [h, w],
+        "patch_size": model.tubelet[1],
+        "num_channels": model.patch_embed.in_chans,
+        "num_frames": model.num_frames,
+        "tubelet_size": model.tubelet[0],
+        "layer_norm_eps": blk.norm1.eps,
+        "qv_bias": blk.attn.qkv.bias is not None or hasattr(blk.attn.qkv, "q_bias"),
+        "use_mean_pooling": model.global_pool == "avg",
+        "id2label": {str(i): name for i, name in enumerate(labels)},
+        "label2id": {name: i for i, name in enumerate(labels)},
+    }
+
+
+def _videomae_qkv(qkv: torch.nn.Linear, layer: str) -> dict[str, Tensor]:
+    """A fused projection as VideoMAE's query / key / value (the key bias, if any, is dropped: see export_hf)."""
+    q, k, v = qkv.weight.detach().chunk(3)
+    out = {f"{layer}.query.weight": q, f"{layer}.key.weight": k, f"{layer}.value.weight": v}
+    if hasattr(qkv, "q_bias"):
+        out[f"{layer}.query.bias"], out[f"{layer}.value.bias"] = qkv.q_bias.detach(), qkv.v_bias.detach()
+    elif qkv.bias is not None:
+        qb, _, vb = qkv.bias.detach().chunk(3)
+        out[f"{layer}.query.bias"], out[f"{layer}.value.bias"] = qb, vb
+    return out
+
+
+def _videomae_state(model: VideoTransformer) -> dict[str, Tensor]:
+    """The model's weights under VideoMAE's keys (``videomae.`` prefix for a classifier)."""
+    pre = "videomae." if model.num_classes else ""
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    out = {
+        f"{pre}embeddings.patch_embeddings.projection.{p}": sd[f"patch_embed.proj.{p}"]
+        for p in ("weight", "bias")
+    }
+    names = {"attn.proj": "attention.output.dense", "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense",
+             "norm1": "layernorm_before", "norm2": "layernorm_after"}  # fmt: skip
+    for i, blk in enumerate(model.blocks):
+        layer = f"{pre}encoder.layer.{i}"
+        out.update(_videomae_qkv(blk.attn.qkv, f"{layer}.attention.attention"))
+        for mine, theirs in names.items():
+            for p in ("weight", "bias"):
+                out[f"{layer}.{theirs}.{p}"] = sd[f"blocks.{i}.{mine}.{p}"]
+    tail = {"norm": f"{pre}layernorm", **({"fc_norm": "fc_norm", "head": "classifier"} if pre else {})}
+    for mine, theirs in tail.items():
+        for p in ("weight", "bias"):
+            if f"{mine}.{p}" in sd:
+                out[f"{theirs}.{p}"] = sd[f"{mine}.{p}"]
+    return {k: v.contiguous() for k, v in out.items()}

@@ -1,0 +1,330 @@
+"""peg_video.from_hf / export_hf against transformers' VideoMAE, TimeSformer and V-JEPA 2 (tiny random models).
+
+Every folder is written by ``save_pretrained`` into ``tmp_path``; nothing is downloaded.  peg_video
+takes clips ``(B, 3, T, H, W)``, transformers ``(B, T, 3, H, W)``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from peg_core.interop.io import WeightsError  # noqa: E402
+from peg_video import from_hf  # noqa: E402
+from peg_video.hf import export_hf, hf_model_config, read_hf_video_config  # noqa: E402
+
+TOL = 1e-4
+SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+def _clip(b: int = 2, t: int = 4, size: int = 32, seed: int = 0) -> torch.Tensor:
+    return torch.randn(b, 3, t, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def _hf(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2)  # (B, 3, T, H, W) -> (B, T, 3, H, W)
+
+
+def _save(model, path):
+    torch.manual_seed(0)
+    for p in model.parameters():  # HF's init leaves biases and norms at 0 / 1: randomise everything
+        p.data.normal_(0, 0.2)
+    model.eval().save_pretrained(path)
+    return model
+
+
+def _videomae(path, cls=None, **kw):
+    cls = cls or transformers.VideoMAEForVideoClassification
+    cfg = transformers.VideoMAEConfig(
+        **SIZES, image_size=32, patch_size=8, num_frames=4, tubelet_size=2, num_labels=5, **kw
+    )
+    return _save(cls(cfg), path)
+
+
+def _timesformer(path, **kw):
+    cfg = transformers.TimesformerConfig(
+        **SIZES, image_size=32, patch_size=8, num_frames=4, num_labels=5, **kw
+    )
+    return _save(transformers.TimesformerForVideoClassification(cfg), path)
+
+
+def _vjepa2(path, cls=None, **kw):
+    cls = cls or transformers.VJEPA2Model
+    cfg = transformers.VJEPA2Config(
+        hidden_size=48, num_hidden_layers=2, num_attention_heads=2, crop_size=32, patch_size=8,
+        frames_per_clip=4, tubelet_size=2, pred_hidden_size=32, pred_num_hidden_layers=1,
+        pred_num_attention_heads=2, num_pooler_layers=1, **kw,
+    )  # fmt: skip
+    return _save(cls(cfg), path)
+
+
+@torch.no_grad()
+def _close(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a - b).abs().max().item()
+
+
+# ------------------------------------------------------------------------------ same outputs
+
+
+@torch.no_grad()
+def test_videomae_classifier_same_logits(tmp_path):
+    hf = _videomae(tmp_path)
+    model, report = from_hf(tmp_path)
+    x = _clip()
+    assert _close(model(x), hf(_hf(x)).logits) <= TOL
+    assert not report.missing and not report.skipped
+    assert "blocks.0.attn.qkv.weight" in report.converted and "blocks.0.attn.qkv.q_bias" in report.copied
+
+
+@torch.no_grad()
+def test_videomae_without_mean_pooling_and_qv_bias(tmp_path):
+    hf = _videomae(tmp_path, use_mean_pooling=False, qv_bias=False)
+    model, _ = from_hf(tmp_path)
+    x = _clip()
+    assert model.global_pool == "first" and model.blocks[0].attn.qkv.bias is None
+    assert _close(model(x), hf(_hf(x)).logits) <= TOL
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("attention_type", ["divided_space_time", "joint_space_time"])
+def test_timesformer_same_logits(tmp_path, attention_type):
+    hf = _timesformer(tmp_path, attention_type=attention_type)
+    model, report = from_hf(tmp_path)
+    x = _clip()
+    assert _close(model(x), hf(_hf(x)).logits) <= TOL
+    assert "cls_token" in report.converted and "patch_embed.proj.weight" in report.converted
+
+
+@torch.no_grad()
+def test_vjepa2_encoder_same_features(tmp_path):
+    hf = _vjepa2(tmp_path)
+    model, report = from_hf(tmp_path)
+    assert model.num_classes == 0
+    x = _clip()
+    tokens, size = model.forward_features(x)
+    ref = hf(_hf(x), skip_predictor=True).last_hidden_state
+    assert size == (2, 4, 4) and _close(tokens, ref) <= TOL
+    assert any(k.startswith("predictor.") for k in report.skipped)
+    assert all(k.startswith("blocks.") or k.startswith(("patch_embed", "norm")) for k in report.copied)
+
+
+@torch.no_grad()
+def test_vjepa2_classifier_keeps_the_encoder_and_reports_the_pooler(tmp_path):
+    hf = _vjepa2(tmp_path, cls=transformers.VJEPA2ForVideoClassification, num_labels=3)
+    model, report = from_hf(tmp_path)
+    x = _clip()
+    ref = hf.vjepa2(_hf(x), skip_predictor=True).last_hidden_state
+    assert _close(model.forward_features(x)[0], ref) <= TOL
+    assert model(x).shape == (2, 3) and "head.weight" in report.missing
+    assert any(k.startswith("pooler.") for k in report.skipped)
+
+
+# ------------------------------------------------------------------------------------ encoders
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("cls", ["VideoMAEModel", "VideoMAEForPreTraining"])
+def test_videomae_encoder_folders(tmp_path, cls):
+    hf = _videomae(tmp_path, cls=getattr(transformers, cls))
+    model, report = from_hf(tmp_path)
+    x = _clip()
+    encoder = hf.videomae if cls == "VideoMAEForPreTraining" else hf
+    assert model.num_classes == 0
+    assert _close(model.forward_features(x)[0], encoder(_hf(x)).last_hidden_state) <= TOL
+    if cls == "VideoMAEForPreTraining":
+        assert "encoder_to_decoder.weight" in report.skipped and "mask_token" in report.skipped
+        assert any(k.startswith("decoder.") for k in report.skipped)
+    assert "fc_norm.weight" in report.missing  # the mean-pooling head's norm is new
+    model10, report10 = from_hf(tmp_path, num_classes=10)
+    assert model10(x).shape == (2, 10) and "head.weight" in report10.missing
+
+
+# ---------------------------------------------------------------------------- peg3d variants
+
+
+def _zero_table(hf, kind: str) -> None:
+    if kind == "videomae":
+        emb = hf.videomae.embeddings
+        emb.position_embeddings = torch.zeros_like(emb.position_embeddings)
+    else:
+        emb = hf.timesformer.embeddings
+        emb.position_embeddings.data.zero_()
+        emb.time_embeddings.data.zero_()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("kind", ["videomae", "timesformer"])
+@pytest.mark.parametrize("pos_enc", ["peg3d", "peg3d-factorized"])
+def test_peg3d_equals_the_model_with_its_table_zeroed(tmp_path, kind, pos_enc):
+    hf = _videomae(tmp_path) if kind == "videomae" else _timesformer(tmp_path)
+    model, report = from_hf(tmp_path, pos_enc)
+    x = _clip()
+    with_table = hf(_hf(x)).logits
+    _zero_table(hf, kind)
+    out = model(x)
+    assert _close(out, hf(_hf(x)).logits) <= TOL
+    assert _close(out, with_table) > 10 * TOL  # the table did matter: the test can fail
+    assert any(k.startswith("pos_blocks.0.") for k in report.missing)
+    table = "videomae.embeddings.position_embeddings" if kind == "videomae" else (
+        "timesformer.embeddings.position_embeddings")  # fmt: skip
+    assert table in report.skipped
+    for t, size in ((8, 32), (16, 32), (6, 48), (4, 24)):  # other clip lengths and crops run
+        assert model(_clip(1, t, size)).shape == (1, 5)
+
+
+@torch.no_grad()
+def test_vjepa2_peg3d_plus_rope(tmp_path):
+    hf = _vjepa2(tmp_path)
+    model, report = from_hf(tmp_path, "peg3d+rope-3d")
+    x = _clip()
+    ref = hf(_hf(x), skip_predictor=True).last_hidden_state
+    assert _close(model.forward_features(x)[0], ref) <= TOL
+    assert "pos_blocks.0.proj.weight" in report.missing
+    for t, size in ((8, 32), (16, 32), (6, 48)):
+        tokens, grid = model.forward_features(_clip(1, t, size))
+        assert grid == (t // 2, size // 8, size // 8) and tokens.shape[1] == grid[0] * grid[1] * grid[2]
+    plain, report = from_hf(tmp_path, "peg3d")
+    assert plain.rope is None and "<3-D rotary encoding>" in report.skipped
+
+
+@torch.no_grad()
+def test_table_model_runs_at_other_clip_shapes(tmp_path):
+    _videomae(tmp_path)
+    model, _ = from_hf(tmp_path)
+    native = model.pos_enc.table
+    resized = model.pos_enc.position(torch.zeros(1, 4 * 4 * 4, 32), (4, 4, 4))
+    assert resized.shape == (1, 64, 32) and native.shape == (1, 32, 32)
+    for t, size in ((8, 32), (16, 48)):
+        assert model(_clip(1, t, size)).shape == (1, 5)
+
+
+@torch.no_grad()
+def test_timesformer_tables_resize_to_other_clip_shapes(tmp_path):
+    _timesformer(tmp_path)
+    model, _ = from_hf(tmp_path)
+    for t, size in ((8, 32), (16, 48)):
+        assert model(_clip(1, t, size)).shape == (1, 5)
+
+
+def test_rope_3d_vjepa2_layout_is_transformers_rotation():
+    from transformers.models.vjepa2.modeling_vjepa2 import rotate_queries_or_keys
+
+    from peg_core.rope import apply_rope, build_rope
+
+    head_dim, size = 40, (3, 4, 5)  # 40 // 3 // 2 = 6 pairs a section, 4 channels left unrotated
+    rope = build_rope("rope-3d", head_dim, layout="vjepa2")
+    x = torch.randn(2, 2, 60, head_dim, generator=torch.Generator().manual_seed(0))
+    t, h, w = torch.meshgrid(*(torch.arange(s) for s in size), indexing="ij")
+    d = 2 * ((head_dim // 3) // 2)
+    ref = torch.cat([rotate_queries_or_keys(x[..., i * d : (i + 1) * d], pos=p.flatten().float())
+                     for i, p in enumerate((t, h, w))] + [x[..., 3 * d :]], dim=-1)  # fmt: skip
+    assert _close(apply_rope(x, *rope(size)), ref) <= 1e-5
+    with pytest.raises(ValueError, match="layout must be one of"):
+        build_rope("rope-3d", head_dim, layout="halves")
+
+
+def test_sinusoid_table_is_videomaes():
+    from transformers.models.videomae.modeling_videomae import get_sinusoid_encoding_table
+
+    from peg_video.models.vit import sinusoid_table
+
+    assert torch.equal(sinusoid_table(40, 32), get_sinusoid_encoding_table(40, 32))
+
+
+# --------------------------------------------------------------------------------- config, errors
+
+
+def test_read_config_and_model_config(tmp_path):
+    _videomae(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(
+        json.dumps({"image_mean": [0.5, 0.5, 0.5], "image_std": [0.25, 0.25, 0.25]})
+    )
+    info = read_hf_video_config(tmp_path)
+    assert info["model_type"] == "videomae" and info["tubelet"] == (2, 8, 8) and info["num_frames"] == 4
+    assert info["image_size"] == (32, 32) and info["num_classes"] == 5 and info["id2label"][0] == "LABEL_0"
+    assert info["mean"] == (0.5, 0.5, 0.5) and info["std"] == (0.25, 0.25, 0.25)
+    config = hf_model_config(tmp_path, "peg3d", num_classes=3, drop_path_rate=0.1)
+    assert config["pos_enc"] == "peg3d" and config["num_classes"] == 3 and config["peg_zero_init"] is True
+    json.dumps(config)  # storable in a checkpoint
+    with pytest.raises(ValueError, match="embed_dim"):
+        hf_model_config(tmp_path, embed_dim=64)
+    with pytest.raises(ValueError, match="peg3d\\+rope-3d"):
+        from_hf(tmp_path, "peg3d+rope-3d")
+
+
+def test_errors(tmp_path):
+    with pytest.raises(WeightsError, match="no such Hugging Face model folder"):
+        from_hf(tmp_path / "nope")
+    with pytest.raises(WeightsError, match=r"no config\.json"):
+        from_hf(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(WeightsError, match="model_type 'bert' is not a video encoder"):
+        from_hf(tmp_path)
+
+
+def test_mismatched_weights_one_message(tmp_path):
+    _videomae(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["intermediate_size"] = 96  # the weights have 64
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError) as e:
+        from_hf(tmp_path)
+    assert e.value.what == ("videomae.encoder.layer.0.intermediate.dense.bias has shape (64,); "
+                            "config.json describes (96,) (model key blocks.0.mlp.fc1.bias)")  # fmt: skip
+    assert e.value.where.endswith("model.safetensors")
+    cfg["intermediate_size"], cfg["num_hidden_layers"] = 64, 3  # a layer the weights do not have
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match=r"no tensor for blocks\.2\."):
+        from_hf(tmp_path)
+
+
+# ------------------------------------------------------------------------------------- export
+
+
+@torch.no_grad()
+def test_export_hf_round_trip(tmp_path):
+    hf = _videomae(tmp_path / "src")
+    model, _ = from_hf(tmp_path / "src")
+    out = export_hf(model, tmp_path / "out")
+    back = transformers.VideoMAEForVideoClassification.from_pretrained(out).eval()
+    x = _clip()
+    assert _close(back(_hf(x)).logits, model(x)) <= TOL
+    assert _close(back(_hf(x)).logits, hf(_hf(x)).logits) <= TOL
+
+
+@torch.no_grad()
+def test_export_hf_full_qkv_bias_and_encoder(tmp_path):
+    from peg_video import VideoTransformer
+
+    torch.manual_seed(0)
+    kw = {
+        "num_frames": 4,
+        "img_size": 32,
+        "tubelet": (2, 8, 8),
+        "pos_enc": "sinusoid-1d",
+        "fc_norm_eps": 1e-5,
+    }
+    model = VideoTransformer(32, 2, 2, num_classes=3, **kw).eval()
+    for p in model.parameters():
+        p.normal_(0, 0.2)  # a key bias that export_hf drops: the softmax removes it
+    back = transformers.VideoMAEForVideoClassification.from_pretrained(
+        export_hf(model, tmp_path / "c")
+    ).eval()
+    x = _clip()
+    assert _close(back(_hf(x)).logits, model(x)) <= TOL
+    encoder = VideoTransformer(32, 2, 2, num_classes=0, **kw).eval()
+    back = transformers.VideoMAEModel.from_pretrained(export_hf(encoder, tmp_path / "e")).eval()
+    assert _close(back(_hf(x)).last_hidden_state, encoder.forward_features(x)[0]) <= TOL
+
+
+def test_export_hf_refuses_what_videomae_cannot_express(tmp_path):
+    from peg_video import VideoTransformer
+
+    model = VideoTransformer(32, 1, 2, num_classes=3, num_frames=4, img_size=32, tubelet=(2, 8, 8))
+    with pytest.raises(ValueError, match="pos_enc='peg3d'"):
+        export_hf(model, tmp_path / "out")
