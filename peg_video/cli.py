@@ -32,6 +32,7 @@ from peg_core.engine import (
     device_arg,
     done_line,
     evaluate_checkpoint,
+    explicit_options,
     fit,
     image_side,
     image_side_list,
@@ -402,19 +403,6 @@ def build_prepare_parser() -> argparse.ArgumentParser:
 # -------------------------------------------------------------------------------- train's checks
 
 
-def _explicit_options(argv: Sequence[str]) -> dict[str, Any]:
-    """The ``train`` options given on the command line itself, without parser or recipe defaults.
-
-    The same parser with every default suppressed: argparse then sets only what ``argv`` names.
-    (Checked after the real parse, so ``argv`` is known to be valid.)
-    """
-    p = build_train_parser()
-    p._defaults.clear()  # set_defaults' values: the synthetic recipe's
-    for action in p._actions:
-        action.default = argparse.SUPPRESS
-    return vars(p.parse_known_args(list(argv))[0])
-
-
 def _check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace, explicit: dict[str, Any]) -> None:
     """``--dataset`` against the data flags; fills the data set's protocol defaults (sampling, flip, split)."""
     if args.dataset == "kinetics":
@@ -604,7 +592,7 @@ def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = build_train_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_with_config(p, argv, CONFIGS)
-    explicit = _explicit_options(argv)
+    explicit = explicit_options(build_train_parser, argv)
     _check_dataset(p, args, explicit)
     hf = _hf_folder_config(args)
     if hf is None and args.config in FINETUNE_CONFIGS:
