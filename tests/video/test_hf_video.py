@@ -57,7 +57,7 @@ def _vjepa2(path, cls=None, **kw):
     cfg = transformers.VJEPA2Config(
         hidden_size=48, num_hidden_layers=2, num_attention_heads=2, crop_size=32, patch_size=8,
         frames_per_clip=4, tubelet_size=2, pred_hidden_size=32, pred_num_hidden_layers=1,
-        pred_num_attention_heads=2, num_pooler_layers=1, **kw,
+        pred_num_attention_heads=2, **{"num_pooler_layers": 1, **kw},
     )  # fmt: skip
     return _save(cls(cfg), path)
 
@@ -114,14 +114,37 @@ def test_vjepa2_encoder_same_features(tmp_path):
 
 
 @torch.no_grad()
-def test_vjepa2_classifier_keeps_the_encoder_and_reports_the_pooler(tmp_path):
-    hf = _vjepa2(tmp_path, cls=transformers.VJEPA2ForVideoClassification, num_labels=3)
+@pytest.mark.parametrize("pooler_layers", [0, 2])
+def test_vjepa2_classifier_same_logits_attentive_pooler(tmp_path, pooler_layers):
+    hf = _vjepa2(tmp_path, cls=transformers.VJEPA2ForVideoClassification, num_labels=3,
+                 num_pooler_layers=pooler_layers, mlp_ratio=2.0)  # fmt: skip
     model, report = from_hf(tmp_path)
+    assert model.global_pool == "attentive" and len(model.pool.blocks) == pooler_layers
+    assert model.pool.cross.mlp.fc1.out_features == 4 * 48  # the pooler's MLP stays 4x wide
     x = _clip()
-    ref = hf.vjepa2(_hf(x), skip_predictor=True).last_hidden_state
-    assert _close(model.forward_features(x)[0], ref) <= TOL
-    assert model(x).shape == (2, 3) and "head.weight" in report.missing
-    assert any(k.startswith("pooler.") for k in report.skipped)
+    assert _close(model(x), hf(_hf(x)).logits) <= TOL
+    assert not report.missing and all(k.startswith("vjepa2.predictor.") for k in report.skipped)
+    assert "pool.cross.kv.weight" in report.converted and "pool.query" in report.copied
+    if pooler_layers:
+        assert "pool.blocks.1.attn.qkv.bias" in report.converted
+    for t, size in ((8, 32), (4, 48)):  # rotary ids from the input; the pool is not sized by the clip
+        out = model(_clip(1, t, size))
+        assert out.shape == (1, 3) and torch.isfinite(out).all()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("pos_enc", ["peg3d", "peg3d+rope-3d"])
+def test_vjepa2_classifier_peg3d_keeps_the_pooler(tmp_path, pos_enc):
+    hf = _vjepa2(tmp_path, cls=transformers.VJEPA2ForVideoClassification, num_labels=3)
+    model, report = from_hf(tmp_path, pos_enc)
+    assert "pool.cross.q.weight" in report.copied and "head.weight" in report.copied
+    x = _clip()
+    if pos_enc == "peg3d+rope-3d":  # the zero PEG3d is the identity: transformers' logits
+        assert _close(model(x), hf(_hf(x)).logits) <= TOL
+    assert model(_clip(1, 8, 48)).shape == (1, 3)
+    model5, report5 = from_hf(tmp_path, pos_enc, num_classes=5)  # new head, same pooler
+    assert model5(x).shape == (2, 5) and "head.weight" in report5.missing
+    assert torch.equal(model5.pool.query, model.pool.query)
 
 
 # ------------------------------------------------------------------------------------ encoders
