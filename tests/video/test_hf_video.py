@@ -351,3 +351,26 @@ def test_export_hf_refuses_what_videomae_cannot_express(tmp_path):
     model = VideoTransformer(32, 1, 2, num_classes=3, num_frames=4, img_size=32, tubelet=(2, 8, 8))
     with pytest.raises(ValueError, match="pos_enc='peg3d'"):
         export_hf(model, tmp_path / "out")
+
+
+def test_export_hf_from_a_trained_checkpoint(tmp_path):
+    """One tiny ``python -m peg_video train`` epoch of a VideoMAE-layout model, exported from its checkpoint."""
+    from peg_video.__main__ import main
+    from peg_video.model import load_model
+    from tests.video.runs import TINY, synthetic_set
+
+    data = synthetic_set(tmp_path / "syn", num_train=4, num_val=2, frames=8, seed=2)
+    run = tmp_path / "run"
+    assert main([
+        "train", "--train-ann", str(data / "train.csv"), "--val-ann", str(data / "val.csv"),
+        "--output-dir", str(run), *TINY, "--epochs", "1", "--pos-enc", "sinusoid-1d",
+        "--model-opt", "qkv_bias=qv", "--model-opt", "fc_norm_eps=1e-5",
+    ]) == 0  # fmt: skip
+    out = export_hf(run / "checkpoint.pth", tmp_path / "hf")
+    loaded = load_model(run / "checkpoint.pth")
+    back = transformers.VideoMAEForVideoClassification.from_pretrained(out).eval()
+    assert back.config.id2label == dict(enumerate(loaded.classes)) and len(loaded.classes) == 4
+    assert back.config.label2id["move_up"] == loaded.classes.index("move_up")
+    x = _clip()
+    with torch.no_grad():
+        assert _close(back(_hf(x)).logits, loaded.model.eval()(x)) <= TOL
