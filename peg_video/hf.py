@@ -40,6 +40,28 @@ transformers ``(B, T, 3, H, W)``):
   ``kv``; ``pool_depth`` = ``num_pooler_layers``) and its ``classifier`` is ``head``; the
   pooler has no position-sized part, so it is kept by every ``pos_enc``.
 
+Off the native clip shape (another clip length or crop; ``pos_enc=None``):
+
+* VideoMAE: transformers raises (its patch embedding checks the crop, and its fixed table only
+  adds to the native token count).  peg_video reads the table as its ``(T', H', W')`` grid and
+  resizes it with :func:`peg_core.resize.resize_pos_embed_3d`, mode ``"trilinear"``
+  (``align_corners=False``, float32; ``pos_interpolation="nearest"`` / ``"area"`` choose another
+  mode): the output is transformers' model run with that resized table in place of its own.
+* TimeSformer: transformers 5.x resizes both tables by nearest neighbour (the spatial one as a
+  square grid, the time one along ``T``); :func:`from_hf` sets ``pos_interpolation="nearest"``
+  and ``pos_temporal_interpolation="nearest"`` to do the same (``pos_interpolation="bicubic"`` /
+  ``pos_temporal_interpolation="linear"`` in ``options`` resize smoothly instead).  With joint
+  attention the outputs are then transformers' at every shape.  transformers' divided
+  attention splits the tokens into frames by the config's ``num_frames`` / ``image_size``, so
+  off that shape it groups the wrong tokens (more frames) or raises (another crop); peg_video
+  splits by the input's grid, and equals transformers configured for that clip shape with the
+  nearest-resized tables.
+* V-JEPA 2: peg_video takes the rotary ids from the input's grid.  transformers numbers the
+  tokens with the config's ``crop_size // patch_size`` grid, so another clip length is right
+  but another crop silently gets wrong height / width ids; peg_video's output at a crop equals
+  transformers' model configured with that ``crop_size`` (same weights).  The attentive pooler
+  is not sized by the clip.
+
 ``pos_enc``: ``None`` keeps the model's own encoding; ``"peg3d"`` / ``"peg3d-factorized"`` drop
 the table (or the rotary encoding) and add a zero-initialised PEG3d, so before fine-tuning the
 model equals the original with its table zeroed; ``"peg3d+rope-3d"`` (V-JEPA 2) keeps the rotary
@@ -257,6 +279,8 @@ _MAPPED_KEYWORDS = ("name", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv
                     "img_size", "tubelet", "num_classes", "peg_zero_init", "pool_depth", "pool_mlp_ratio")  # fmt: skip
 #: ``pos_enc`` values :func:`from_hf` takes besides ``None``
 PEG_CHOICES = ("peg3d", "peg3d-factorized", "peg3d+rope-3d", "none")
+#: how transformers' TimeSformer resizes its tables at another clip shape (nearest, both tables)
+_TIMESFORMER_RESIZE = {"pos_interpolation": "nearest", "pos_temporal_interpolation": "nearest"}
 #: transformers' LayerNorm default: VideoMAE's ``fc_norm`` does not take the config's eps
 _TORCH_LAYERNORM_EPS = 1e-5
 
@@ -284,7 +308,8 @@ def _native(info: Mapping[str, Any]) -> dict[str, Any]:
                                "(divided_space_time, joint_space_time)", where)  # fmt: skip
         divided = attention == "divided_space_time"
         return {"pos_enc": "learned", "qkv_bias": bool(cfg.get("qkv_bias", True)), "global_pool": "token",
-                "attention": "divided" if divided else "joint", "temporal_fc": divided}  # fmt: skip
+                "attention": "divided" if divided else "joint", "temporal_fc": divided,
+                **_TIMESFORMER_RESIZE}  # fmt: skip
     # a classifier's attentive pooler: its MLPs are 4x wide whatever the encoder's mlp_ratio
     head = {
         "global_pool": "attentive",
@@ -307,6 +332,8 @@ def _with_pos_enc(native: dict[str, Any], pos_enc: str | None) -> dict[str, Any]
             f"pos_enc='peg3d+rope-3d' keeps a rotary encoding; this model's is {native['pos_enc']!r}"
         )
     out = {**native, "pos_enc": pos_enc}
+    for key in _TIMESFORMER_RESIZE:  # a dropped table has nothing to resize
+        out.pop(key, None)
     if not pos_enc.endswith("rope-3d"):
         out.pop("rope_layout", None)
     if pos_enc.startswith("peg3d"):

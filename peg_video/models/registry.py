@@ -13,7 +13,7 @@ __all__ = ["VIT_CONFIGS", "VIT_ONLY_OPTIONS", "build_video_model", "list_video_m
 
 #: VideoTransformer keywords an X3D (a CNN: no attention, no PEG) cannot honour
 VIT_ONLY_OPTIONS = ("num_heads", "peg_at", "peg_kernel_size", "peg_padding", "peg_dynamic", "peg_num_kernels",
-                    "pos_interpolation")  # fmt: skip
+                    "pos_interpolation", "pos_temporal_interpolation", "pool_depth", "pool_mlp_ratio")  # fmt: skip
 
 #: name -> (embed_dim, depth, num_heads), the DeiT shapes
 VIT_CONFIGS: dict[str, tuple[int, int, int]] = {

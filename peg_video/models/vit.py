@@ -69,6 +69,7 @@ POS_ENCODINGS = ("peg3d", "peg3d-factorized", "learned", "sincos", "none", "rope
                  "sinusoid-1d")  # fmt: skip
 ATTENTIONS = ("joint", "divided")
 GLOBAL_POOLS = ("avg", "token", "first", "attentive")
+TEMPORAL_INTERPOLATIONS = ("linear", "nearest", "area")
 
 
 def _triple(x: int | Sequence[int]) -> tuple[int, int, int]:
@@ -293,9 +294,11 @@ class VideoTransformer(nn.Module):
             features (MAE / VideoMAE's mean-pooling head).
         drop_path_rate: stochastic depth, increasing linearly over the blocks.
         drop_rate: dropout before the head.
-        pos_interpolation: spatial resize mode of the learned table
-            (its temporal table is resized linearly); the ``sinusoid-1d`` table is resized
-            trilinearly (``"nearest"`` / ``"area"`` as given).
+        pos_interpolation: spatial resize mode of the learned table; the ``sinusoid-1d`` table
+            is resized trilinearly (``align_corners=False``; ``"nearest"`` / ``"area"`` as given).
+        pos_temporal_interpolation: resize mode of the learned temporal table: ``"linear"``
+            (default), ``"nearest"`` (TimeSformer's, with ``pos_interpolation="nearest"``) or
+            ``"area"``.
 
     Shapes: ``forward`` takes clips ``(B, C, T, H, W)`` with ``T, H, W``
     multiples of the tubelet and returns logits ``(B, num_classes)``.
@@ -332,6 +335,7 @@ class VideoTransformer(nn.Module):
         drop_path_rate: float = 0.0,
         drop_rate: float = 0.0,
         pos_interpolation: str = "bicubic",
+        pos_temporal_interpolation: str = "linear",
     ) -> None:
         super().__init__()
         for name, value, allowed in (
@@ -341,6 +345,9 @@ class VideoTransformer(nn.Module):
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
+        if pos_temporal_interpolation not in TEMPORAL_INTERPOLATIONS:
+            raise ValueError(f"pos_temporal_interpolation must be one of {TEMPORAL_INTERPOLATIONS}; "
+                             f"got {pos_temporal_interpolation!r}")  # fmt: skip
         if qkv_bias not in (True, False, "qv"):
             raise ValueError(f"qkv_bias must be True, False or 'qv'; got {qkv_bias!r}")
         if temporal_fc and attention != "divided":
@@ -382,7 +389,11 @@ class VideoTransformer(nn.Module):
         self.pos_enc: nn.Module | None = None
         if pos_enc == "learned":
             self.pos_enc = LearnedPositionEncoding3d(
-                embed_dim, self.grid_size, num_prefix_tokens=p, interpolation=pos_interpolation
+                embed_dim,
+                self.grid_size,
+                num_prefix_tokens=p,
+                interpolation=pos_interpolation,
+                temporal_interpolation=pos_temporal_interpolation,
             )
         elif pos_enc == "sincos":
             self.pos_enc = SinCosPositionEncoding3d(embed_dim, num_prefix_tokens=p)

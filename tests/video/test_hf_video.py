@@ -215,23 +215,94 @@ def test_vjepa2_peg3d_plus_rope(tmp_path):
     assert plain.rope is None and "<3-D rotary encoding>" in report.skipped
 
 
-@torch.no_grad()
-def test_table_model_runs_at_other_clip_shapes(tmp_path):
-    _videomae(tmp_path)
-    model, _ = from_hf(tmp_path)
-    native = model.pos_enc.table
-    resized = model.pos_enc.position(torch.zeros(1, 4 * 4 * 4, 32), (4, 4, 4))
-    assert resized.shape == (1, 64, 32) and native.shape == (1, 32, 32)
-    for t, size in ((8, 32), (16, 48)):
-        assert model(_clip(1, t, size)).shape == (1, 5)
+# ------------------------------------------------------------------------ off the native shape
+
+
+def _videomae_at(hf, t: int, size: int, table: torch.Tensor):
+    """transformers' VideoMAE for ``t`` frames of ``size`` px with ``hf``'s weights and ``table`` as its table."""
+    cfg = transformers.VideoMAEConfig(**{**hf.config.to_dict(), "num_frames": t, "image_size": size})
+    other = transformers.VideoMAEForVideoClassification(cfg).eval()
+    other.load_state_dict(hf.state_dict())  # the table is no state-dict key: nothing is sized by the clip
+    other.videomae.embeddings.position_embeddings = table
+    return other
 
 
 @torch.no_grad()
-def test_timesformer_tables_resize_to_other_clip_shapes(tmp_path):
-    _timesformer(tmp_path)
+@pytest.mark.parametrize(("t", "size"), [(8, 32), (6, 40)])
+def test_videomae_table_resized_trilinearly_at_other_clip_shapes(tmp_path, t, size):
+    from transformers.models.videomae.modeling_videomae import get_sinusoid_encoding_table
+
+    hf = _videomae(tmp_path)
     model, _ = from_hf(tmp_path)
-    for t, size in ((8, 32), (16, 48)):
-        assert model(_clip(1, t, size)).shape == (1, 5)
+    x = _clip(1, t, size)
+    with pytest.raises((ValueError, RuntimeError)):  # transformers: native clip shape only
+        hf(_hf(x))
+    # the hand reference: the (2, 4, 4) table as a grid, trilinear in float64, in transformers' model
+    grid = get_sinusoid_encoding_table(2 * 4 * 4, 32).double().reshape(1, 2, 4, 4, 32).permute(0, 4, 1, 2, 3)
+    new = (t // 2, size // 8, size // 8)
+    table = torch.nn.functional.interpolate(grid, size=new, mode="trilinear", align_corners=False)
+    table = table.flatten(2).transpose(1, 2).float()
+    out = model(x)
+    assert _close(out, _videomae_at(hf, t, size, table)(_hf(x)).logits) <= TOL
+    assert _close(out, _videomae_at(hf, t, size, torch.zeros_like(table))(_hf(x)).logits) > 10 * TOL
+
+
+def _timesformer_at(hf, t: int, size: int):
+    """transformers' TimeSformer configured for ``t`` frames of ``size`` px, its tables resized by hand (nearest)."""
+    cfg = transformers.TimesformerConfig(**{**hf.config.to_dict(), "num_frames": t, "image_size": size})
+    other = transformers.TimesformerForVideoClassification(cfg).eval()
+    state = hf.state_dict()
+    emb = "timesformer.embeddings."
+    pos, time = state[emb + "position_embeddings"], state[emb + "time_embeddings"]
+    grid = pos[:, 1:].transpose(1, 2).reshape(1, -1, 4, 4)  # the native 4x4 grid, channels first
+    grid = torch.nn.functional.interpolate(grid, size=(size // 8, size // 8), mode="nearest")
+    state[emb + "position_embeddings"] = torch.cat([pos[:, :1], grid.flatten(2).transpose(1, 2)], dim=1)
+    time = torch.nn.functional.interpolate(time.transpose(1, 2), size=t, mode="nearest")
+    state[emb + "time_embeddings"] = time.transpose(1, 2)
+    other.load_state_dict(state)
+    return other
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("attention_type", ["divided_space_time", "joint_space_time"])
+def test_timesformer_resizes_its_tables_by_nearest_neighbour(tmp_path, attention_type):
+    hf = _timesformer(tmp_path, attention_type=attention_type)
+    model, _ = from_hf(tmp_path)
+    assert model.pos_enc.interpolation == model.pos_enc.temporal_interpolation == "nearest"
+    for t, size in ((8, 32), (6, 40)):
+        x = _clip(1, t, size)
+        out = model(x)
+        assert _close(out, _timesformer_at(hf, t, size)(_hf(x)).logits) <= TOL
+        # transformers resizes the tables the same way; its divided attention, though, splits the
+        # tokens into frames with the config's num_frames / image_size: off that shape it is wrong
+        # (8 frames: the tokens of two frames are grouped as one) or does not run (another crop)
+        if attention_type == "joint_space_time":
+            assert _close(out, hf(_hf(x)).logits) <= TOL
+        elif size == 32:
+            assert _close(out, hf(_hf(x)).logits) > 10 * TOL
+        else:
+            with pytest.raises(RuntimeError):
+                hf(_hf(x))
+    smooth, _ = from_hf(tmp_path, pos_interpolation="bicubic", pos_temporal_interpolation="linear")
+    x = _clip()
+    assert _close(smooth(x), hf(_hf(x)).logits) <= TOL  # the native shape is not resized
+    x = _clip(1, 6, 40)
+    assert _close(smooth(x), model(x)) > 10 * TOL
+
+
+@torch.no_grad()
+def test_vjepa2_rotary_ids_from_the_input_grid(tmp_path):
+    hf = _vjepa2(tmp_path)
+    model, _ = from_hf(tmp_path)
+    x = _clip(1, 8, 32)  # another length at the native crop: transformers' ids are right too
+    assert _close(model.forward_features(x)[0], hf(_hf(x), skip_predictor=True).last_hidden_state) <= TOL
+    x = _clip(1, 4, 48)  # another crop: transformers numbers the tokens on the config's 4x4 grid
+    ours = model.forward_features(x)[0]
+    cfg = transformers.VJEPA2Config(**{**hf.config.to_dict(), "crop_size": 48})
+    at_48 = transformers.VJEPA2Model(cfg).eval()
+    at_48.load_state_dict(hf.state_dict())
+    assert _close(ours, at_48(_hf(x), skip_predictor=True).last_hidden_state) <= TOL
+    assert _close(ours, hf(_hf(x), skip_predictor=True).last_hidden_state) > 10 * TOL
 
 
 def test_rope_3d_vjepa2_layout_is_transformers_rotation():
