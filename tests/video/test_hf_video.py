@@ -445,3 +445,16 @@ def test_export_hf_from_a_trained_checkpoint(tmp_path):
     x = _clip()
     with torch.no_grad():
         assert _close(back(_hf(x)).logits, loaded.model.eval()(x)) <= TOL
+
+
+def test_build_video_model_documents_every_option():
+    import inspect
+
+    from peg_video import VideoTransformer, build_video_model
+    from peg_video.models.vit import GLOBAL_POOLS, POS_ENCODINGS
+
+    doc = build_video_model.__doc__
+    own = set(inspect.signature(build_video_model).parameters)  # its own arguments, documented as such
+    keywords = set(inspect.signature(VideoTransformer).parameters) - own
+    assert not [k for k in keywords if f"``{k}``" not in doc]
+    assert not [v for v in (*POS_ENCODINGS, *GLOBAL_POOLS) if f'``"{v}"``' not in doc]
