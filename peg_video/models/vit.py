@@ -464,7 +464,8 @@ class VideoTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names conventionally trained without weight decay."""
-        return {"cls_token", "pos_enc.spatial", "pos_enc.temporal", "pool.query"}
+        names = {"cls_token", "pos_enc.spatial", "pos_enc.temporal"}
+        return names | {"pool.query"} if self.pool is not None else names
 
     def _peg(self, x: Tensor, index: int, size: tuple[int, int, int]) -> Tensor:
         key = str(index)

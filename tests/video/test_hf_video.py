@@ -121,6 +121,7 @@ def test_vjepa2_classifier_same_logits_attentive_pooler(tmp_path, pooler_layers)
     model, report = from_hf(tmp_path)
     assert model.global_pool == "attentive" and len(model.pool.blocks) == pooler_layers
     assert model.pool.cross.mlp.fc1.out_features == 4 * 48  # the pooler's MLP stays 4x wide
+    assert "pool.query" in model.no_weight_decay() and "pool.query" in dict(model.named_parameters())
     x = _clip()
     assert _close(model(x), hf(_hf(x)).logits) <= TOL
     assert not report.missing and all(k.startswith("vjepa2.predictor.") for k in report.skipped)
