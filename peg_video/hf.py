@@ -612,6 +612,7 @@ def _check_exportable(model: VideoTransformer) -> None:
         (model.global_pool == "avg" and fc_eps != _TORCH_LAYERNORM_EPS,
          f"mean pooling without fc_norm_eps={_TORCH_LAYERNORM_EPS:g} (VideoMAE's fc_norm)"),
         (model.global_pool == "token", "global_pool='token' (VideoMAE has no class token)"),
+        (model.global_pool == "attentive", "global_pool='attentive' (VideoMAE pools by the mean or the first token)"),
         (model.global_pool == "first" and model.fc_norm is not None, "fc_norm with global_pool='first'"),
     ]  # fmt: skip
     blocks = list(model.blocks)

@@ -423,6 +423,10 @@ def test_export_hf_refuses_what_videomae_cannot_express(tmp_path):
     model = VideoTransformer(32, 1, 2, num_classes=3, num_frames=4, img_size=32, tubelet=(2, 8, 8))
     with pytest.raises(ValueError, match="pos_enc='peg3d'"):
         export_hf(model, tmp_path / "out")
+    pooled = VideoTransformer(32, 1, 2, num_classes=3, num_frames=4, img_size=32, tubelet=(2, 8, 8),
+                              pos_enc="sinusoid-1d", global_pool="attentive")  # fmt: skip
+    with pytest.raises(ValueError, match="global_pool='attentive'"):
+        export_hf(pooled, tmp_path / "out")
 
 
 def test_export_hf_from_a_trained_checkpoint(tmp_path):
