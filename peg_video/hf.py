@@ -32,8 +32,35 @@ transformers ``(B, T, 3, H, W)``):
   token's code is folded into the class token); divided attention with the extra
   ``temporal_dense`` projection (``temporal_fc=True``); class-token head.
 * V-JEPA 2: tubelet Conv3d, 3-D rotary attention (``pos_enc="rope-3d"``,
-  ``rope_layout="vjepa2"``) with positions from the input's grid; the predictor (and a
-  classifier's attentive pooler, which peg_video does not model) are left out and reported.
+  ``rope_layout="vjepa2"``) with positions from the input's grid; the predictor is left out and
+  reported.  ``VJEPA2ForVideoClassification``'s attentive pooler is ``global_pool="attentive"``
+  (:class:`peg_video.models.pool.AttentivePool`: ``pooler.query_tokens`` -> ``pool.query``,
+  ``pooler.self_attention_layers.i`` -> ``pool.blocks.i`` with ``q/k/v_proj`` fused into
+  ``attn.qkv``, ``pooler.cross_attention_layer`` -> ``pool.cross`` with ``k/v_proj`` fused into
+  ``kv``; ``pool_depth`` = ``num_pooler_layers``) and its ``classifier`` is ``head``; the
+  pooler has no position-sized part, so it is kept by every ``pos_enc``.
+
+Off the native clip shape (another clip length or crop; ``pos_enc=None``):
+
+* VideoMAE: transformers raises (its patch embedding checks the crop, and its fixed table only
+  adds to the native token count).  peg_video reads the table as its ``(T', H', W')`` grid and
+  resizes it with :func:`peg_core.resize.resize_pos_embed_3d`, mode ``"trilinear"``
+  (``align_corners=False``, float32; ``pos_interpolation="nearest"`` / ``"area"`` choose another
+  mode): the output is transformers' model run with that resized table in place of its own.
+* TimeSformer: transformers 5.x resizes both tables by nearest neighbour (the spatial one as a
+  square grid, the time one along ``T``); :func:`from_hf` sets ``pos_interpolation="nearest"``
+  and ``pos_temporal_interpolation="nearest"`` to do the same (``pos_interpolation="bicubic"`` /
+  ``pos_temporal_interpolation="linear"`` in ``options`` resize smoothly instead).  With joint
+  attention the outputs are then transformers' at every shape.  transformers' divided
+  attention splits the tokens into frames by the config's ``num_frames`` / ``image_size``, so
+  off that shape it groups the wrong tokens (more frames) or raises (another crop); peg_video
+  splits by the input's grid, and equals transformers configured for that clip shape with the
+  nearest-resized tables.
+* V-JEPA 2: peg_video takes the rotary ids from the input's grid.  transformers numbers the
+  tokens with the config's ``crop_size // patch_size`` grid, so another clip length is right
+  but another crop silently gets wrong height / width ids; peg_video's output at a crop equals
+  transformers' model configured with that ``crop_size`` (same weights).  The attentive pooler
+  is not sized by the clip.
 
 ``pos_enc``: ``None`` keeps the model's own encoding; ``"peg3d"`` / ``"peg3d-factorized"`` drop
 the table (or the rotary encoding) and add a zero-initialised PEG3d, so before fine-tuning the
@@ -187,7 +214,7 @@ def from_hf(
     Args:
         folder: a ``save_pretrained`` folder of VideoMAE (classifier, ``VideoMAEModel`` or
             ``VideoMAEForPreTraining``), TimeSformer or V-JEPA 2 (``VJEPA2Model``, or the
-            encoder of ``VJEPA2ForVideoClassification``).
+            classifier ``VJEPA2ForVideoClassification``, attentive pooler included).
         pos_enc: ``None`` (the model's own encoding), ``"peg3d"``, ``"peg3d-factorized"``,
             ``"peg3d+rope-3d"`` (rotary models) or ``"none"`` (module docstring).
         num_classes: classifier outputs; ``None`` keeps the folder's (0 for an encoder: the
@@ -249,9 +276,11 @@ def export_hf(model_or_checkpoint: VideoTransformer | PathLike, out_dir: PathLik
 #: keywords the mapping sets itself; an ``options`` entry for one would change the architecture
 _MAPPED_KEYWORDS = ("name", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "norm_eps", "pos_enc",
                     "rope_layout", "attention", "temporal_fc", "global_pool", "fc_norm_eps", "num_frames",
-                    "img_size", "tubelet", "num_classes", "peg_zero_init")  # fmt: skip
+                    "img_size", "tubelet", "num_classes", "peg_zero_init", "pool_depth", "pool_mlp_ratio")  # fmt: skip
 #: ``pos_enc`` values :func:`from_hf` takes besides ``None``
 PEG_CHOICES = ("peg3d", "peg3d-factorized", "peg3d+rope-3d", "none")
+#: how transformers' TimeSformer resizes its tables at another clip shape (nearest, both tables)
+_TIMESFORMER_RESIZE = {"pos_interpolation": "nearest", "pos_temporal_interpolation": "nearest"}
 #: transformers' LayerNorm default: VideoMAE's ``fc_norm`` does not take the config's eps
 _TORCH_LAYERNORM_EPS = 1e-5
 
@@ -279,9 +308,16 @@ def _native(info: Mapping[str, Any]) -> dict[str, Any]:
                                "(divided_space_time, joint_space_time)", where)  # fmt: skip
         divided = attention == "divided_space_time"
         return {"pos_enc": "learned", "qkv_bias": bool(cfg.get("qkv_bias", True)), "global_pool": "token",
-                "attention": "divided" if divided else "joint", "temporal_fc": divided}  # fmt: skip
+                "attention": "divided" if divided else "joint", "temporal_fc": divided,
+                **_TIMESFORMER_RESIZE}  # fmt: skip
+    # a classifier's attentive pooler: its MLPs are 4x wide whatever the encoder's mlp_ratio
+    head = {
+        "global_pool": "attentive",
+        "pool_depth": int(cfg.get("num_pooler_layers", 3)),
+        "pool_mlp_ratio": 4.0,
+    }
     return {"pos_enc": "rope-3d", "rope_layout": "vjepa2", "qkv_bias": bool(cfg.get("qkv_bias", True)),
-            "global_pool": "avg"}  # fmt: skip
+            **(head if info["classifier"] else {"global_pool": "avg"})}  # fmt: skip
 
 
 def _with_pos_enc(native: dict[str, Any], pos_enc: str | None) -> dict[str, Any]:
@@ -296,6 +332,8 @@ def _with_pos_enc(native: dict[str, Any], pos_enc: str | None) -> dict[str, Any]
             f"pos_enc='peg3d+rope-3d' keeps a rotary encoding; this model's is {native['pos_enc']!r}"
         )
     out = {**native, "pos_enc": pos_enc}
+    for key in _TIMESFORMER_RESIZE:  # a dropped table has nothing to resize
+        out.pop(key, None)
     if not pos_enc.endswith("rope-3d"):
         out.pop("rope_layout", None)
     if pos_enc.startswith("peg3d"):
@@ -357,22 +395,25 @@ def _read_weights(folder: Path) -> tuple[dict[str, Tensor], Path]:
 Source = tuple[str, Tensor, str | None]
 
 
-def _fuse_qkv(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """``<x>.query/key/value.<weight|bias>`` -> ``<x>.qkv.<weight|bias>`` where all three exist.
+def _fuse(
+    state: dict[str, Tensor], names: tuple[str, ...], fused_name: str, notes: dict[str, str], under: str = ""
+) -> dict[str, Tensor]:
+    """``<x>.<names[i]>.<weight|bias>`` -> ``<x>.<fused_name>.<weight|bias>`` (rows concatenated in order).
 
-    Returns the new state and, for each fused key, how it was made.
+    Only where every one of ``names`` exists and ``<x>`` starts with ``under``; ``notes`` gets,
+    for each fused key, how it was made.
     """
-    out, notes = dict(state), {}
+    out = dict(state)
     for key in list(state):
-        m = re.fullmatch(r"(.*)\.query\.(weight|bias)", key)
-        parts = [f"{m[1]}.{n}.{m[2]}" for n in ("query", "key", "value")] if m else []
-        if m and all(p in state for p in parts):
-            fused = f"{m[1]}.qkv.{m[2]}"
+        m = re.fullmatch(rf"(.*)\.{names[0]}\.(weight|bias)", key)
+        parts = [f"{m[1]}.{n}.{m[2]}" for n in names] if m and m[1].startswith(under) else []
+        if parts and all(p in state for p in parts):
+            fused = f"{m[1]}.{fused_name}.{m[2]}"
             out[fused] = torch.cat([state[p] for p in parts])
             for p in parts:
                 del out[p]
-            notes[fused] = f"{m[1]}.{{query,key,value}}.{m[2]} concatenated"
-    return out, notes
+            notes[fused] = f"{m[1]}.{{{','.join(names)}}}.{m[2]} concatenated"
+    return out
 
 
 _LAYER = r"encoder\.layer\.(\d+)\."
@@ -387,6 +428,9 @@ _VIT_LAYER = [
     (r"layernorm\.", "norm."),
     (r"classifier\.", "head."),
 ]
+#: V-JEPA 2's attentive pooler: its self-attention layers and its cross-attention layer
+_POOL = r"pooler\.self_attention_layers\.(\d+)\."
+_CROSS = r"pooler\.cross_attention_layer\."
 #: per model type: (prefix stripped, [(source regex, model key)], [(source regex, why left out)])
 _RULES: dict[str, tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = {
     "videomae": ("videomae.", [
@@ -407,9 +451,18 @@ _RULES: dict[str, tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = {
         (_LAYER + r"attention\.proj\.", r"blocks.\1.attn.proj."),
         (_LAYER + r"(norm1|norm2|mlp\.fc1|mlp\.fc2)\.", r"blocks.\1.\2."),
         (r"encoder\.layernorm\.", "norm."),
+        (r"pooler\.query_tokens$", "pool.query"),
+        (_POOL + r"layer_norm(\d)\.", r"pool.blocks.\1.norm\2."),
+        (_POOL + r"self_attn\.qkv\.", r"pool.blocks.\1.attn.qkv."),
+        (_POOL + r"self_attn\.out_proj\.", r"pool.blocks.\1.attn.proj."),
+        (_POOL + r"mlp\.", r"pool.blocks.\1.mlp."),
+        (_CROSS + r"layer_norm(\d)\.", r"pool.cross.norm\1."),
+        (_CROSS + r"cross_attn\.q_proj\.", "pool.cross.q."),
+        (_CROSS + r"cross_attn\.kv\.", "pool.cross.kv."),
+        (_CROSS + r"mlp\.", "pool.cross.mlp."),
+        (r"classifier\.", "head."),
     ], [
         (r"predictor\.", "V-JEPA 2 predictor (pre-training only)"),
-        (r"(pooler|classifier)\.", "V-JEPA 2 attentive-pooler head (peg_video pools by the mean; a new head is trained)"),
     ]),
 }  # fmt: skip
 
@@ -439,7 +492,12 @@ def _map_joint(kind: str) -> Callable[[dict[str, Tensor], LoadReport, bool], dic
     """VideoMAE / V-JEPA 2: separate query / key / value projections fused, everything else renamed."""
 
     def mapper(state: dict[str, Tensor], report: LoadReport, keep_table: bool) -> dict[str, Source]:
-        fused, notes = _fuse_qkv(state)
+        notes: dict[str, str] = {}
+        fused = _fuse(state, ("query", "key", "value"), "qkv", notes)
+        # V-JEPA 2's pooler: the cross-attention's key / value first (its query stays alone), then
+        # the self-attention layers' query / key / value
+        fused = _fuse(fused, ("k_proj", "v_proj"), "kv", notes, under="pooler.cross_attention_layer.")
+        fused = _fuse(fused, ("q_proj", "k_proj", "v_proj"), "qkv", notes)
         return _rename(fused, kind, report, notes)
 
     return mapper
@@ -554,6 +612,7 @@ def _check_exportable(model: VideoTransformer) -> None:
         (model.global_pool == "avg" and fc_eps != _TORCH_LAYERNORM_EPS,
          f"mean pooling without fc_norm_eps={_TORCH_LAYERNORM_EPS:g} (VideoMAE's fc_norm)"),
         (model.global_pool == "token", "global_pool='token' (VideoMAE has no class token)"),
+        (model.global_pool == "attentive", "global_pool='attentive' (VideoMAE pools by the mean or the first token)"),
         (model.global_pool == "first" and model.fc_norm is not None, "fc_norm with global_pool='first'"),
     ]  # fmt: skip
     blocks = list(model.blocks)

@@ -3,6 +3,7 @@
 from peg_core.encodings import LearnedPositionEncoding3d, SinCosPositionEncoding3d, sincos_1d
 
 from .init_2d import LoadReport, inflate_patch_embed, load_2d_checkpoint
+from .pool import AttentivePool
 from .registry import VIT_CONFIGS, build_video_model, list_video_models
 from .vit import DividedBlock, TubeletEmbed, VideoTransformer
 from .x3d import X3D_CONFIGS, build_x3d
@@ -10,6 +11,7 @@ from .x3d import X3D_CONFIGS, build_x3d
 __all__ = [
     "VIT_CONFIGS",
     "X3D_CONFIGS",
+    "AttentivePool",
     "DividedBlock",
     "LearnedPositionEncoding3d",
     "LoadReport",

@@ -13,7 +13,7 @@ __all__ = ["VIT_CONFIGS", "VIT_ONLY_OPTIONS", "build_video_model", "list_video_m
 
 #: VideoTransformer keywords an X3D (a CNN: no attention, no PEG) cannot honour
 VIT_ONLY_OPTIONS = ("num_heads", "peg_at", "peg_kernel_size", "peg_padding", "peg_dynamic", "peg_num_kernels",
-                    "pos_interpolation")  # fmt: skip
+                    "pos_interpolation", "pos_temporal_interpolation", "pool_depth", "pool_mlp_ratio")  # fmt: skip
 
 #: name -> (embed_dim, depth, num_heads), the DeiT shapes
 VIT_CONFIGS: dict[str, tuple[int, int, int]] = {
@@ -43,18 +43,43 @@ def build_video_model(
         name: ``"vit_tiny"`` (192 wide, 3 heads), ``"vit_small"`` (384, 6),
             ``"vit_base"`` (768, 12), all 12 blocks; or an X3D baseline
             ``"x3d_xs"`` / ``"x3d_s"`` / ``"x3d_m"`` (pytorchvideo).
-        pos_enc: ``"peg3d"``, ``"peg3d-factorized"``, ``"learned"``, ``"sincos"``,
-            ``"none"``, ``"rope-3d"`` or ``"peg3d+rope-3d"`` (ViTs; an X3D has no position encoding and takes
-            ``"peg3d"``, the default, or ``"none"``).
+        pos_enc: for a ViT (:data:`~peg_video.models.vit.POS_ENCODINGS`):
+
+            * ``"peg3d"``: a space-time PEG (depthwise Conv3d) after the blocks of ``peg_at``;
+            * ``"peg3d-factorized"``: the PEG3d as a spatial then a temporal depthwise conv;
+            * ``"learned"``: spatial + temporal tables, resized at another clip shape
+              (``pos_interpolation``, ``pos_temporal_interpolation``);
+            * ``"sincos"``: fixed 3-D sin-cos codes computed for the input's grid;
+            * ``"sinusoid-1d"``: VideoMAE's fixed 1-D sinusoid over the flattened token index,
+              resized trilinearly at another clip shape;
+            * ``"rope-3d"``: 3-D rotary queries / keys from the input's grid (``rope_layout``);
+            * ``"peg3d+rope-3d"``: both;
+            * ``"none"``: no position information.
+
+            An X3D has no position encoding and takes ``"peg3d"`` (the default) or ``"none"``.
         num_classes, num_frames, img_size: classes, training clip length and crop.
         tubelet: ViT tubelet ``(t, p, p)`` (unused by X3D).
-        **options: for a ViT, any :class:`~peg_video.models.vit.VideoTransformer`
-            keyword, including ``embed_dim``, ``depth``, ``num_heads``,
-            ``mlp_ratio`` to override the named size (tiny test/demo models),
-            ``attention``, ``global_pool``, the PEG3d's ``peg_at``,
-            ``peg_kernel_size``, ``peg_padding``, ``peg_dynamic``,
-            ``peg_num_kernels``, ``drop_path_rate``; for X3D, keywords of
-            ``create_x3d`` (the ViT's head and PEG keywords are a ``ValueError``).
+        **options: for a ViT, any :class:`~peg_video.models.vit.VideoTransformer` keyword:
+
+            * size: ``embed_dim``, ``depth``, ``num_heads``, ``mlp_ratio`` (override the named
+              size: tiny test/demo models), ``qkv_bias`` (True, False or ``"qv"``: query and
+              value biases only, VideoMAE), ``norm_eps``, ``in_chans``;
+            * attention: ``attention`` (``"joint"`` or ``"divided"``, TimeSformer),
+              ``temporal_fc`` (divided: TimeSformer's projection after the temporal attention);
+            * PEG3d: ``peg_at``, ``peg_kernel_size``, ``peg_padding``, ``peg_dynamic``,
+              ``peg_num_kernels``, ``peg_zero_init`` (start as the identity, for a PEG3d added
+              to a pre-trained model);
+            * tables: ``pos_interpolation`` (spatial resize mode of ``"learned"``, and the mode
+              of ``"sinusoid-1d"``), ``pos_temporal_interpolation`` (``"linear"``,
+              ``"nearest"``, ``"area"``), ``rope_layout`` (``"pairs"`` or ``"vjepa2"``);
+            * head: ``global_pool`` (``"avg"``, ``"token"``, ``"first"`` or ``"attentive"``:
+              V-JEPA 2's attentive pooler), ``pool_depth`` / ``pool_mlp_ratio`` (the attentive
+              pooler's self-attention blocks and their MLP width), ``fc_norm_eps`` (a LayerNorm
+              after the pooling instead of one over the tokens), ``drop_rate``,
+              ``drop_path_rate``.
+
+            For X3D, keywords of ``create_x3d`` (the ViT's head and PEG keywords are a
+            ``ValueError``).
     """
     if name in X3D_CONFIGS:
         if pos_enc not in ("peg3d", "none"):

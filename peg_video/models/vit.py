@@ -8,7 +8,8 @@ checkpoints map onto it key for key)::
       -> [pos_enc ("learned", "sincos"): added once here]
       -> [rope ("rope-3d"): one (sin, cos) table per forward, q and k rotated in every attention]
       -> [pos_blocks.-1] -> blocks.0 -> [pos_blocks.0 (PEG3d)] -> blocks.1 -> ... -> blocks.{depth-1}
-      -> [pos_blocks.{depth-1}] -> norm -> pool ("avg": mean of the grid tokens; "token": the class token) -> head
+      -> [pos_blocks.{depth-1}] -> norm -> pool ("avg": mean of the grid tokens; "token": the class token;
+         "first": the first grid token; "attentive": pool.*, a learned query's cross-attention) -> head
 
 Tokens stay ``(B, N, C)`` from end to end; a PEG3d views them as a
 channels-last-3d grid without copying.
@@ -29,7 +30,8 @@ token index, :class:`SinusoidTable3d`), ``qkv_bias="qv"`` (query and value biase
 ``attn.qkv.q_bias`` / ``attn.qkv.v_bias``), ``norm_eps``, ``fc_norm_eps`` (a LayerNorm after the
 pooling instead of one over the tokens), ``global_pool="first"`` (the first grid token, VideoMAE
 without mean pooling), ``temporal_fc`` (TimeSformer's extra projection after the temporal
-attention) and ``peg_zero_init`` (PEG3ds that start as the identity).
+attention), ``peg_zero_init`` (PEG3ds that start as the identity) and ``global_pool="attentive"``
+(V-JEPA 2's attentive-pooler head, ``pool_depth`` / ``pool_mlp_ratio``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from peg_core.resize import is_tracing, resize_pos_embed_3d, resize_pos_embed_tr
 from peg_core.rope import build_rope
 
 from ..peg3d import PEG3d
+from .pool import AttentivePool
 
 __all__ = [
     "ATTENTIONS",
@@ -65,7 +68,8 @@ __all__ = [
 POS_ENCODINGS = ("peg3d", "peg3d-factorized", "learned", "sincos", "none", "rope-3d", "peg3d+rope-3d",
                  "sinusoid-1d")  # fmt: skip
 ATTENTIONS = ("joint", "divided")
-GLOBAL_POOLS = ("avg", "token", "first")
+GLOBAL_POOLS = ("avg", "token", "first", "attentive")
+TEMPORAL_INTERPOLATIONS = ("linear", "nearest", "area")
 
 
 def _triple(x: int | Sequence[int]) -> tuple[int, int, int]:
@@ -277,16 +281,24 @@ class VideoTransformer(nn.Module):
         temporal_fc: divided attention only: TimeSformer's extra ``Linear(C, C)`` after the
             temporal attention (:class:`DividedBlock`).
         global_pool: ``"avg"`` (mean of the grid tokens; default: the CPVT-GAP
-            choice, no class token, works best with PEG), ``"token"`` (class token) or
-            ``"first"`` (the first grid token: VideoMAE without mean pooling).
+            choice, no class token, works best with PEG), ``"token"`` (class token),
+            ``"first"`` (the first grid token: VideoMAE without mean pooling) or
+            ``"attentive"`` (a learned query reads the normed tokens by cross-attention,
+            V-JEPA 2's classifier head: :class:`~peg_video.models.pool.AttentivePool`, keys
+            ``pool.*``).
+        pool_depth: ``global_pool="attentive"`` only: self-attention blocks the pool runs over
+            the tokens before its cross-attention (V-JEPA 2's ``num_pooler_layers``).
+        pool_mlp_ratio: ``global_pool="attentive"`` only: the MLP width of the pool's blocks.
         fc_norm_eps: ``None`` (default): a LayerNorm ``norm`` over the tokens before pooling; a
             float: no token norm, and a LayerNorm ``fc_norm`` with this eps on the pooled
             features (MAE / VideoMAE's mean-pooling head).
         drop_path_rate: stochastic depth, increasing linearly over the blocks.
         drop_rate: dropout before the head.
-        pos_interpolation: spatial resize mode of the learned table
-            (its temporal table is resized linearly); the ``sinusoid-1d`` table is resized
-            trilinearly (``"nearest"`` / ``"area"`` as given).
+        pos_interpolation: spatial resize mode of the learned table; the ``sinusoid-1d`` table
+            is resized trilinearly (``align_corners=False``; ``"nearest"`` / ``"area"`` as given).
+        pos_temporal_interpolation: resize mode of the learned temporal table: ``"linear"``
+            (default), ``"nearest"`` (TimeSformer's, with ``pos_interpolation="nearest"``) or
+            ``"area"``.
 
     Shapes: ``forward`` takes clips ``(B, C, T, H, W)`` with ``T, H, W``
     multiples of the tubelet and returns logits ``(B, num_classes)``.
@@ -317,10 +329,13 @@ class VideoTransformer(nn.Module):
         attention: str = "joint",
         temporal_fc: bool = False,
         global_pool: str = "avg",
+        pool_depth: int = 1,
+        pool_mlp_ratio: float = 4.0,
         fc_norm_eps: float | None = None,
         drop_path_rate: float = 0.0,
         drop_rate: float = 0.0,
         pos_interpolation: str = "bicubic",
+        pos_temporal_interpolation: str = "linear",
     ) -> None:
         super().__init__()
         for name, value, allowed in (
@@ -330,11 +345,17 @@ class VideoTransformer(nn.Module):
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
+        if pos_temporal_interpolation not in TEMPORAL_INTERPOLATIONS:
+            raise ValueError(f"pos_temporal_interpolation must be one of {TEMPORAL_INTERPOLATIONS}; "
+                             f"got {pos_temporal_interpolation!r}")  # fmt: skip
         if qkv_bias not in (True, False, "qv"):
             raise ValueError(f"qkv_bias must be True, False or 'qv'; got {qkv_bias!r}")
         if temporal_fc and attention != "divided":
             raise ValueError("temporal_fc is a projection of divided attention's temporal branch; "
                              f"got attention={attention!r}")  # fmt: skip
+        if global_pool != "attentive" and (pool_depth, pool_mlp_ratio) != (1, 4.0):
+            raise ValueError("pool_depth and pool_mlp_ratio size global_pool='attentive'; "
+                             f"got global_pool={global_pool!r}")  # fmt: skip
         tub = _triple(tubelet)
         hw = (img_size, img_size) if isinstance(img_size, int) else tuple(int(s) for s in img_size)
         sizes = (num_frames, *hw)
@@ -368,7 +389,11 @@ class VideoTransformer(nn.Module):
         self.pos_enc: nn.Module | None = None
         if pos_enc == "learned":
             self.pos_enc = LearnedPositionEncoding3d(
-                embed_dim, self.grid_size, num_prefix_tokens=p, interpolation=pos_interpolation
+                embed_dim,
+                self.grid_size,
+                num_prefix_tokens=p,
+                interpolation=pos_interpolation,
+                temporal_interpolation=pos_temporal_interpolation,
             )
         elif pos_enc == "sincos":
             self.pos_enc = SinCosPositionEncoding3d(embed_dim, num_prefix_tokens=p)
@@ -393,12 +418,20 @@ class VideoTransformer(nn.Module):
         # with fc_norm the final LayerNorm moves behind the pooling; "norm" stays a key-less Identity
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if fc_norm_eps is None else nn.Identity()
         self.fc_norm = None if fc_norm_eps is None else nn.LayerNorm(embed_dim, eps=fc_norm_eps)
+        # the attentive pool reads the normed tokens (V-JEPA 2 pools after the encoder's final norm)
+        self.pool = (
+            AttentivePool(embed_dim, num_heads, pool_depth, pool_mlp_ratio, norm_eps)
+            if global_pool == "attentive"
+            else None
+        )
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
         init_vit_weights(self)
         if self.cls_token is not None:
             nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if self.pool is not None:
+            nn.init.trunc_normal_(self.pool.query, std=0.02)
         for blk in self.blocks:
             if isinstance(blk, DividedBlock):
                 blk.reset_temporal()
@@ -431,7 +464,8 @@ class VideoTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names conventionally trained without weight decay."""
-        return {"cls_token", "pos_enc.spatial", "pos_enc.temporal"}
+        names = {"cls_token", "pos_enc.spatial", "pos_enc.temporal"}
+        return names | {"pool.query"} if self.pool is not None else names
 
     def _peg(self, x: Tensor, index: int, size: tuple[int, int, int]) -> Tensor:
         key = str(index)
@@ -465,6 +499,8 @@ class VideoTransformer(nn.Module):
         """Tokens ``(B, P + N, C)`` -> logits ``(B, num_classes)`` (or pooled features ``(B, C)``)."""
         if self.global_pool == "avg":
             x = x[:, self.num_prefix_tokens :].mean(1)
+        elif self.pool is not None:  # "attentive" (there is no prefix)
+            x = self.pool(x)
         else:  # "token": the class token; "first": the first grid token (there is no prefix)
             x = x[:, 0]
         if self.fc_norm is not None:

@@ -57,7 +57,7 @@ def _vjepa2(path, cls=None, **kw):
     cfg = transformers.VJEPA2Config(
         hidden_size=48, num_hidden_layers=2, num_attention_heads=2, crop_size=32, patch_size=8,
         frames_per_clip=4, tubelet_size=2, pred_hidden_size=32, pred_num_hidden_layers=1,
-        pred_num_attention_heads=2, num_pooler_layers=1, **kw,
+        pred_num_attention_heads=2, **{"num_pooler_layers": 1, **kw},
     )  # fmt: skip
     return _save(cls(cfg), path)
 
@@ -114,14 +114,38 @@ def test_vjepa2_encoder_same_features(tmp_path):
 
 
 @torch.no_grad()
-def test_vjepa2_classifier_keeps_the_encoder_and_reports_the_pooler(tmp_path):
-    hf = _vjepa2(tmp_path, cls=transformers.VJEPA2ForVideoClassification, num_labels=3)
+@pytest.mark.parametrize("pooler_layers", [0, 2])
+def test_vjepa2_classifier_same_logits_attentive_pooler(tmp_path, pooler_layers):
+    hf = _vjepa2(tmp_path, cls=transformers.VJEPA2ForVideoClassification, num_labels=3,
+                 num_pooler_layers=pooler_layers, mlp_ratio=2.0)  # fmt: skip
     model, report = from_hf(tmp_path)
+    assert model.global_pool == "attentive" and len(model.pool.blocks) == pooler_layers
+    assert model.pool.cross.mlp.fc1.out_features == 4 * 48  # the pooler's MLP stays 4x wide
+    assert "pool.query" in model.no_weight_decay() and "pool.query" in dict(model.named_parameters())
     x = _clip()
-    ref = hf.vjepa2(_hf(x), skip_predictor=True).last_hidden_state
-    assert _close(model.forward_features(x)[0], ref) <= TOL
-    assert model(x).shape == (2, 3) and "head.weight" in report.missing
-    assert any(k.startswith("pooler.") for k in report.skipped)
+    assert _close(model(x), hf(_hf(x)).logits) <= TOL
+    assert not report.missing and all(k.startswith("vjepa2.predictor.") for k in report.skipped)
+    assert "pool.cross.kv.weight" in report.converted and "pool.query" in report.copied
+    if pooler_layers:
+        assert "pool.blocks.1.attn.qkv.bias" in report.converted
+    for t, size in ((8, 32), (4, 48)):  # rotary ids from the input; the pool is not sized by the clip
+        out = model(_clip(1, t, size))
+        assert out.shape == (1, 3) and torch.isfinite(out).all()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("pos_enc", ["peg3d", "peg3d+rope-3d"])
+def test_vjepa2_classifier_peg3d_keeps_the_pooler(tmp_path, pos_enc):
+    hf = _vjepa2(tmp_path, cls=transformers.VJEPA2ForVideoClassification, num_labels=3)
+    model, report = from_hf(tmp_path, pos_enc)
+    assert "pool.cross.q.weight" in report.copied and "head.weight" in report.copied
+    x = _clip()
+    if pos_enc == "peg3d+rope-3d":  # the zero PEG3d is the identity: transformers' logits
+        assert _close(model(x), hf(_hf(x)).logits) <= TOL
+    assert model(_clip(1, 8, 48)).shape == (1, 3)
+    model5, report5 = from_hf(tmp_path, pos_enc, num_classes=5)  # new head, same pooler
+    assert model5(x).shape == (2, 5) and "head.weight" in report5.missing
+    assert torch.equal(model5.pool.query, model.pool.query)
 
 
 # ------------------------------------------------------------------------------------ encoders
@@ -192,23 +216,94 @@ def test_vjepa2_peg3d_plus_rope(tmp_path):
     assert plain.rope is None and "<3-D rotary encoding>" in report.skipped
 
 
-@torch.no_grad()
-def test_table_model_runs_at_other_clip_shapes(tmp_path):
-    _videomae(tmp_path)
-    model, _ = from_hf(tmp_path)
-    native = model.pos_enc.table
-    resized = model.pos_enc.position(torch.zeros(1, 4 * 4 * 4, 32), (4, 4, 4))
-    assert resized.shape == (1, 64, 32) and native.shape == (1, 32, 32)
-    for t, size in ((8, 32), (16, 48)):
-        assert model(_clip(1, t, size)).shape == (1, 5)
+# ------------------------------------------------------------------------ off the native shape
+
+
+def _videomae_at(hf, t: int, size: int, table: torch.Tensor):
+    """transformers' VideoMAE for ``t`` frames of ``size`` px with ``hf``'s weights and ``table`` as its table."""
+    cfg = transformers.VideoMAEConfig(**{**hf.config.to_dict(), "num_frames": t, "image_size": size})
+    other = transformers.VideoMAEForVideoClassification(cfg).eval()
+    other.load_state_dict(hf.state_dict())  # the table is no state-dict key: nothing is sized by the clip
+    other.videomae.embeddings.position_embeddings = table
+    return other
 
 
 @torch.no_grad()
-def test_timesformer_tables_resize_to_other_clip_shapes(tmp_path):
-    _timesformer(tmp_path)
+@pytest.mark.parametrize(("t", "size"), [(8, 32), (6, 40)])
+def test_videomae_table_resized_trilinearly_at_other_clip_shapes(tmp_path, t, size):
+    from transformers.models.videomae.modeling_videomae import get_sinusoid_encoding_table
+
+    hf = _videomae(tmp_path)
     model, _ = from_hf(tmp_path)
-    for t, size in ((8, 32), (16, 48)):
-        assert model(_clip(1, t, size)).shape == (1, 5)
+    x = _clip(1, t, size)
+    with pytest.raises((ValueError, RuntimeError)):  # transformers: native clip shape only
+        hf(_hf(x))
+    # the hand reference: the (2, 4, 4) table as a grid, trilinear in float64, in transformers' model
+    grid = get_sinusoid_encoding_table(2 * 4 * 4, 32).double().reshape(1, 2, 4, 4, 32).permute(0, 4, 1, 2, 3)
+    new = (t // 2, size // 8, size // 8)
+    table = torch.nn.functional.interpolate(grid, size=new, mode="trilinear", align_corners=False)
+    table = table.flatten(2).transpose(1, 2).float()
+    out = model(x)
+    assert _close(out, _videomae_at(hf, t, size, table)(_hf(x)).logits) <= TOL
+    assert _close(out, _videomae_at(hf, t, size, torch.zeros_like(table))(_hf(x)).logits) > 10 * TOL
+
+
+def _timesformer_at(hf, t: int, size: int):
+    """transformers' TimeSformer configured for ``t`` frames of ``size`` px, its tables resized by hand (nearest)."""
+    cfg = transformers.TimesformerConfig(**{**hf.config.to_dict(), "num_frames": t, "image_size": size})
+    other = transformers.TimesformerForVideoClassification(cfg).eval()
+    state = hf.state_dict()
+    emb = "timesformer.embeddings."
+    pos, time = state[emb + "position_embeddings"], state[emb + "time_embeddings"]
+    grid = pos[:, 1:].transpose(1, 2).reshape(1, -1, 4, 4)  # the native 4x4 grid, channels first
+    grid = torch.nn.functional.interpolate(grid, size=(size // 8, size // 8), mode="nearest")
+    state[emb + "position_embeddings"] = torch.cat([pos[:, :1], grid.flatten(2).transpose(1, 2)], dim=1)
+    time = torch.nn.functional.interpolate(time.transpose(1, 2), size=t, mode="nearest")
+    state[emb + "time_embeddings"] = time.transpose(1, 2)
+    other.load_state_dict(state)
+    return other
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("attention_type", ["divided_space_time", "joint_space_time"])
+def test_timesformer_resizes_its_tables_by_nearest_neighbour(tmp_path, attention_type):
+    hf = _timesformer(tmp_path, attention_type=attention_type)
+    model, _ = from_hf(tmp_path)
+    assert model.pos_enc.interpolation == model.pos_enc.temporal_interpolation == "nearest"
+    for t, size in ((8, 32), (6, 40)):
+        x = _clip(1, t, size)
+        out = model(x)
+        assert _close(out, _timesformer_at(hf, t, size)(_hf(x)).logits) <= TOL
+        # transformers resizes the tables the same way; its divided attention, though, splits the
+        # tokens into frames with the config's num_frames / image_size: off that shape it is wrong
+        # (8 frames: the tokens of two frames are grouped as one) or does not run (another crop)
+        if attention_type == "joint_space_time":
+            assert _close(out, hf(_hf(x)).logits) <= TOL
+        elif size == 32:
+            assert _close(out, hf(_hf(x)).logits) > 10 * TOL
+        else:
+            with pytest.raises(RuntimeError):
+                hf(_hf(x))
+    smooth, _ = from_hf(tmp_path, pos_interpolation="bicubic", pos_temporal_interpolation="linear")
+    x = _clip()
+    assert _close(smooth(x), hf(_hf(x)).logits) <= TOL  # the native shape is not resized
+    x = _clip(1, 6, 40)
+    assert _close(smooth(x), model(x)) > 10 * TOL
+
+
+@torch.no_grad()
+def test_vjepa2_rotary_ids_from_the_input_grid(tmp_path):
+    hf = _vjepa2(tmp_path)
+    model, _ = from_hf(tmp_path)
+    x = _clip(1, 8, 32)  # another length at the native crop: transformers' ids are right too
+    assert _close(model.forward_features(x)[0], hf(_hf(x), skip_predictor=True).last_hidden_state) <= TOL
+    x = _clip(1, 4, 48)  # another crop: transformers numbers the tokens on the config's 4x4 grid
+    ours = model.forward_features(x)[0]
+    cfg = transformers.VJEPA2Config(**{**hf.config.to_dict(), "crop_size": 48})
+    at_48 = transformers.VJEPA2Model(cfg).eval()
+    at_48.load_state_dict(hf.state_dict())
+    assert _close(ours, at_48(_hf(x), skip_predictor=True).last_hidden_state) <= TOL
+    assert _close(ours, hf(_hf(x), skip_predictor=True).last_hidden_state) > 10 * TOL
 
 
 def test_rope_3d_vjepa2_layout_is_transformers_rotation():
@@ -328,3 +423,43 @@ def test_export_hf_refuses_what_videomae_cannot_express(tmp_path):
     model = VideoTransformer(32, 1, 2, num_classes=3, num_frames=4, img_size=32, tubelet=(2, 8, 8))
     with pytest.raises(ValueError, match="pos_enc='peg3d'"):
         export_hf(model, tmp_path / "out")
+    pooled = VideoTransformer(32, 1, 2, num_classes=3, num_frames=4, img_size=32, tubelet=(2, 8, 8),
+                              pos_enc="sinusoid-1d", global_pool="attentive")  # fmt: skip
+    with pytest.raises(ValueError, match="global_pool='attentive'"):
+        export_hf(pooled, tmp_path / "out")
+
+
+def test_export_hf_from_a_trained_checkpoint(tmp_path):
+    """One tiny ``python -m peg_video train`` epoch of a VideoMAE-layout model, exported from its checkpoint."""
+    from peg_video.__main__ import main
+    from peg_video.model import load_model
+    from tests.video.runs import TINY, synthetic_set
+
+    data = synthetic_set(tmp_path / "syn", num_train=4, num_val=2, frames=8, seed=2)
+    run = tmp_path / "run"
+    assert main([
+        "train", "--train-ann", str(data / "train.csv"), "--val-ann", str(data / "val.csv"),
+        "--output-dir", str(run), *TINY, "--epochs", "1", "--pos-enc", "sinusoid-1d",
+        "--model-opt", "qkv_bias=qv", "--model-opt", "fc_norm_eps=1e-5",
+    ]) == 0  # fmt: skip
+    out = export_hf(run / "checkpoint.pth", tmp_path / "hf")
+    loaded = load_model(run / "checkpoint.pth")
+    back = transformers.VideoMAEForVideoClassification.from_pretrained(out).eval()
+    assert back.config.id2label == dict(enumerate(loaded.classes)) and len(loaded.classes) == 4
+    assert back.config.label2id["move_up"] == loaded.classes.index("move_up")
+    x = _clip()
+    with torch.no_grad():
+        assert _close(back(_hf(x)).logits, loaded.model.eval()(x)) <= TOL
+
+
+def test_build_video_model_documents_every_option():
+    import inspect
+
+    from peg_video import VideoTransformer, build_video_model
+    from peg_video.models.vit import GLOBAL_POOLS, POS_ENCODINGS
+
+    doc = build_video_model.__doc__
+    own = set(inspect.signature(build_video_model).parameters)  # its own arguments, documented as such
+    keywords = set(inspect.signature(VideoTransformer).parameters) - own
+    assert not [k for k in keywords if f"``{k}``" not in doc]
+    assert not [v for v in (*POS_ENCODINGS, *GLOBAL_POOLS) if f'``"{v}"``' not in doc]
