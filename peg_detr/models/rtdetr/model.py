@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -11,9 +11,7 @@ from torch import Tensor, nn
 from ...structures import ImageBatch
 from ..detr import to_image_batch
 from .decoder import RTDETRDecoder
-
-if TYPE_CHECKING:
-    from .denoising import DenoisingGroup
+from .denoising import DenoisingGroup, contrastive_denoising_group
 
 __all__ = ["RTDETR"]
 
@@ -87,8 +85,6 @@ class RTDETR(nn.Module):
         """The contrastive denoising queries of a training batch, or None (eval, no targets, none wanted)."""
         if not self.training or targets is None or self.denoising_class_embed is None:
             return None
-        from .denoising import contrastive_denoising_group  # the rtdetr-loss branch's module
-
         return contrastive_denoising_group(
             targets,
             self.num_classes,
