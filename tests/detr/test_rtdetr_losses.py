@@ -306,3 +306,13 @@ def test_criterion_rejects_wrong_class_count_and_softmax_matcher():
         RTDETRCriterion(3)(random_outputs(torch.Generator().manual_seed(0), 2, 4, 1), dn_targets())
     with pytest.raises(ValueError, match="focal=True"):
         RTDETRCriterion(3, matcher=HungarianMatcher())
+
+
+def test_criterion_on_images_without_boxes():
+    """No box anywhere: box losses are 0 and the VFL is the background term over all entries (/ 1)."""
+    outputs = random_outputs(torch.Generator().manual_seed(0), 2, 5, 2)
+    losses = RTDETRCriterion(NUM_CLASSES, dec_layers=2)(outputs, [target([], [])] * 2)
+    assert losses["loss_bbox"].item() == 0.0 and losses["loss_giou_enc_0"].item() == 0.0
+    x = outputs["aux_outputs"][0]["pred_logits"].double()
+    want = (0.75 * x.sigmoid() ** 2 * torch.nn.functional.softplus(x)).sum().item()
+    assert losses["loss_vfl_aux_0"].item() == pytest.approx(want, rel=1e-5)

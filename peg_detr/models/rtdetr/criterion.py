@@ -34,22 +34,19 @@ def build_rtdetr_weight_dict(
     aux_loss: bool = True,
     denoising: bool = True,
 ) -> dict[str, float]:
-    """Loss weights (RT-DETR's defaults), repeated for the auxiliary terms when ``aux_loss``.
+    """Loss weights (RT-DETR's defaults) and their copies for the auxiliary outputs.
 
-    Suffixes: ``_aux_i`` for the ``dec_layers - 1`` earlier decoder layers, ``_enc_0`` for the
-    encoder proposals and, with ``denoising``, ``_dn_i`` for the denoising queries of all
-    ``dec_layers`` layers.
+    Suffixes: with ``aux_loss``, ``_aux_i`` for the ``dec_layers - 1`` earlier decoder layers and
+    ``_enc_0`` for the encoder proposals; with ``denoising``, ``_dn_i`` for the denoising queries
+    of all ``dec_layers`` layers (the model returns those whenever it used a denoising group).
     """
     base = {"loss_vfl": vfl, "loss_bbox": bbox, "loss_giou": giou}
-    suffixes: list[str] = []
+    suffixes = [""]
     if aux_loss:
         suffixes += [f"_aux_{i}" for i in range(dec_layers - 1)] + ["_enc_0"]
-        if denoising:
-            suffixes += [f"_dn_{i}" for i in range(dec_layers)]
-    out = dict(base)
-    for s in suffixes:
-        out.update({k + s: v for k, v in base.items()})
-    return out
+    if denoising:
+        suffixes += [f"_dn_{i}" for i in range(dec_layers)]
+    return {k + s: w for s in suffixes for k, w in base.items()}
 
 
 def paired_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
