@@ -52,7 +52,8 @@ _MODEL_OPTIONS = (
 # the same for --arch rtdetr (DETR's decoder-key / learned-grid options do not apply)
 _RTDETR_OPTIONS = (
     "backbone_weights", "hidden_dim", "num_heads", "enc_layers", "dec_layers", "dim_feedforward", "dropout",
-    "encoder_expansion", "num_denoising", "label_noise_ratio", "box_noise_scale",
+    "encoder_expansion", "num_denoising", "label_noise_ratio", "box_noise_scale", "learned_grid",
+    "pos_interpolation",
 )  # fmt: skip
 
 
@@ -114,10 +115,9 @@ def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[s
 
 def _rtdetr_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[str, Any]:
     """``model_config_from_args`` for ``--arch rtdetr``: DETR-only flags are refused, not ignored."""
-    for dest, flag in (("dilation", "--dilation"), ("peg_at", "--peg-at"), ("decoder_key_pos", "--decoder-key-pos"),
-                       ("learned_grid", "--learned-grid")):  # fmt: skip
+    for dest, flag in (("dilation", "--dilation"), ("decoder_key_pos", "--decoder-key-pos")):
         if getattr(args, dest, None):
-            raise UserError("applies to --arch detr only (RT-DETR's PEG sits in its one AIFI layer)", flag)
+            raise UserError("applies to --arch detr only", flag)
     kw: dict[str, Any] = {
         "arch": "rtdetr",
         "backbone": args.backbone,
@@ -125,7 +125,7 @@ def _rtdetr_config_from_args(args: argparse.Namespace, num_classes: int) -> dict
         "num_classes": num_classes,
         "num_queries": args.num_queries,
         "aux_loss": args.aux_loss,
-        **{k: v for k, v in peg_kwargs(args).items() if k != "peg_at"},
+        **peg_kwargs(args),
     }
     for name in _RTDETR_OPTIONS:
         value = getattr(args, name, None)

@@ -70,11 +70,15 @@ def _targets(batch: int, seed: int) -> list[dict[str, torch.Tensor]]:
     for _ in range(batch):
         centres = torch.rand(5, 2, generator=g) * 0.6 + 0.2
         sides = torch.rand(5, 2, generator=g) * 0.3 + 0.05
-        out.append({"labels": torch.randint(0, 80, (5,), generator=g), "boxes": torch.cat([centres, sides], 1)})
+        out.append(
+            {"labels": torch.randint(0, 80, (5,), generator=g), "boxes": torch.cat([centres, sides], 1)}
+        )
     return out
 
 
-def _calls(ours, criterion, theirs, images, targets) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
+def _calls(
+    ours, criterion, theirs, images, targets
+) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     """Per measurement: ``(ours, theirs)`` zero-argument calls."""
     hf_labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
 

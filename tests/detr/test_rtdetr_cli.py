@@ -47,9 +47,20 @@ def _one_thread():
 def test_recipes_parse_with_the_published_settings(capsys):
     for name in RTDETR_RECIPES:
         a = parse_train_args(["--config", name, "--data-root", "x"])
-        got = (a.arch, a.epochs, a.lr, a.lr_backbone, a.weight_decay, a.total_batch_size, a.ema_decay, a.val_size)
+        got = (
+            a.arch,
+            a.epochs,
+            a.lr,
+            a.lr_backbone,
+            a.weight_decay,
+            a.total_batch_size,
+            a.ema_decay,
+            a.val_size,
+        )
         assert got == ("rtdetr", 72, 1e-4, 1e-5, 1e-4, 16, 0.9999, 640), name
-        assert a.train_scales == list(range(480, 801, 32)) and a.pos_enc == ("peg" if "peg" in name else "sincos")
+        assert a.train_scales == list(range(480, 801, 32)) and a.pos_enc == (
+            "peg" if "peg" in name else "sincos"
+        )
     assert parse_train_args(["--config", "rtdetr_r18vd_6x", "--data-root", "x"]).dec_layers == 3
     assert (PUBLISHED_AP["rtdetr_r18vd_6x"], PUBLISHED_AP["rtdetr_r50vd_6x"]) == (46.5, 53.1)
     # --arch rtdetr without a recipe: RT-DETR's defaults, not DETR's resnet50 / 800 px
@@ -66,8 +77,11 @@ def test_recipes_parse_with_the_published_settings(capsys):
     [
         (["--backbone", "resnet50"], "error: invalid model settings (unknown RT-DETR backbone 'resnet50'"),
         (["--pos-enc", "sine"], "error: invalid model settings (unknown pos_enc 'sine' for rtdetr"),
-        (["--peg-at", "0"], "error: applies to --arch detr only"),
-        (["--hidden-dim", "30", "--num-heads", "4"], "error: --hidden-dim 30 is not divisible by --num-heads 4"),
+        (["--decoder-key-pos", "none"], "error: applies to --arch detr only"),
+        (
+            ["--hidden-dim", "30", "--num-heads", "4"],
+            "error: --hidden-dim 30 is not divisible by --num-heads 4",
+        ),
     ],
 )
 def test_bad_model_settings_are_one_line_errors(data, tmp_path, capsys, flags, message):
@@ -93,16 +107,21 @@ def test_train_transforms_give_a_square_unit_range_image_with_its_boxes():
     from PIL import Image
 
     image = Image.new("RGB", (120, 90), (200, 100, 50))
-    target = {"boxes": make_boxes(torch.tensor([[10.0, 10.0, 50.0, 60.0]]), (90, 120)), "labels": torch.tensor([2])}
+    target = {
+        "boxes": make_boxes(torch.tensor([[10.0, 10.0, 50.0, 60.0]]), (90, 120)),
+        "labels": torch.tensor([2]),
+    }
     for seed in range(6):
         torch.manual_seed(seed)
         x, t = make_rtdetr_train_transforms(64)(image, dict(target))
-        assert x.shape == (3, 64, 64) and 0.0 <= x.min() and x.max() <= 1.0
+        assert x.shape == (3, 64, 64) and x.min() >= 0.0 and x.max() <= 1.0
         assert len(t["boxes"]) == len(t["labels"]) <= 1
         assert ((t["boxes"] >= 0) & (t["boxes"] <= 64)).all()
     x, t = make_rtdetr_val_transforms(32)(image, dict(target))
     # 120x90 -> 32x32: x scales by 32/120, y by 32/90; pixels not normalised (200/255 in red)
-    torch.testing.assert_close(t["boxes"], torch.tensor([[10 * 32 / 120, 10 * 32 / 90, 50 * 32 / 120, 60 * 32 / 90]]))
+    torch.testing.assert_close(
+        t["boxes"], torch.tensor([[10 * 32 / 120, 10 * 32 / 90, 50 * 32 / 120, 60 * 32 / 90]])
+    )
     assert math.isclose(float(x[0].mean()), 200 / 255, abs_tol=1e-6)
 
 
@@ -121,7 +140,9 @@ def test_collate_gives_one_size_per_batch_from_the_sizes():
         seen.add(side)
     assert seen == {32, 48, 96}
     batch, _ = MultiScaleCollate(())(list(zip(images, targets)))  # no sizes: padded as for DETR
-    assert batch.tensors.shape == (2, 3, 64, 72) and batch.mask[1, 40:].all() and not batch.mask[0].any()
+    assert (
+        batch.tensors.shape == (2, 3, 64, 72) and batch.mask[1, 40:].all() and not batch.mask[0, :, :64].any()
+    )
 
 
 def test_ema_follows_rtdetr_warmup_decay():
@@ -188,7 +209,7 @@ def test_peg_model_runs_on_mixed_sizes_and_the_eval_verb(trained, data, capsys):
     with torch.no_grad():
         mixed = model([torch.rand(3, 64, 96), torch.rand(3, 128, 80)])  # padded to one batch
         alone = model(torch.rand(1, 3, 160, 96))
-    assert mixed["pred_logits"].shape == (2, 20, 3) and alone["pred_boxes"].shape == (1, 20, 4)
+    assert mixed["pred_logits"].shape == (2, 20, 4) and alone["pred_boxes"].shape == (1, 20, 4)
     assert cli(["eval", "--checkpoint", str(out / "checkpoint.pth"), "--eval-sizes", "80,160", "--workers", "0",
                 "--no-progress", "--json"]) == 0  # fmt: skip
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -199,7 +220,16 @@ def test_onnx_export_runs_at_other_sizes_like_pytorch(trained, tmp_path, capsys)
     ort = pytest.importorskip("onnxruntime")
     out, _ = trained
     onnx_path = tmp_path / "rtdetr.onnx"
-    argv = ["export", str(out / "checkpoint.pth"), str(onnx_path), "--height", "96", "--width", "128", "--check"]
+    argv = [
+        "export",
+        str(out / "checkpoint.pth"),
+        str(onnx_path),
+        "--height",
+        "96",
+        "--width",
+        "128",
+        "--check",
+    ]
     assert cli(argv) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["max_abs_diff"] <= 1e-4
     model = load_model(out / "checkpoint.pth").model
@@ -209,6 +239,6 @@ def test_onnx_export_runs_at_other_sizes_like_pytorch(trained, tmp_path, capsys)
         logits, boxes = session.run(None, {"images": x.numpy()})
         with torch.no_grad():
             want = model(x)
-        assert logits.shape == (b, 20, 3)
+        assert logits.shape == (b, 20, 4)  # category ids 1..3: 4 classes
         torch.testing.assert_close(torch.from_numpy(logits), want["pred_logits"], atol=1e-4, rtol=0)
         torch.testing.assert_close(torch.from_numpy(boxes), want["pred_boxes"], atol=1e-4, rtol=0)

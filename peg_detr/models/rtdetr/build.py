@@ -9,75 +9,39 @@ exactly the trained model (``peg_detr.model.ARCHS["rtdetr"]``).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
-from peg_core.interop.io import WeightsError, read_state_file
+from peg_core.interop.io import load_state_strict, read_state_file
 
-from .backbone import ResNetVd
-from .criterion import RTDETRCriterion
+from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
+from .criterion import RTDETRCriterion, build_rtdetr_weight_dict
 from .decoder import RTDETRDecoder
-from .encoder import HybridEncoder
+from .encoder import ENCODER_POS_ENCODINGS, HybridEncoder
 from .model import RTDETR
 from .postprocess import RTDETRPostProcess
 
-__all__ = ["RTDETR_BACKBONES", "RTDETR_POS_ENCODINGS", "build_rtdetr", "rtdetr_weight_dict"]
+__all__ = ["RTDETR_BACKBONES", "RTDETR_POS_ENCODINGS", "build_rtdetr"]
 
-#: ``backbone`` name -> :class:`ResNetVd` keywords.  ``tiny``: the 18-layer layout at 1/4 width
-#: (16..128 channels), for CPU demos and tests.
-RTDETR_BACKBONES: dict[str, dict[str, Any]] = {
-    "r18vd": {"depth": 18},
-    "r34vd": {"depth": 34},
-    "r50vd": {"depth": 50},
-    "r101vd": {"depth": 101},
-    "tiny": {"depth": 18, "widths": (16, 32, 64, 128), "stem_width": 16},
-}
+#: AIFI's position encodings (:class:`~peg_detr.models.rtdetr.encoder.HybridEncoder`)
+RTDETR_POS_ENCODINGS = ENCODER_POS_ENCODINGS
+
 #: RT-DETR freezes the BatchNorms of its bottleneck backbones only (``freeze_norm`` in its configs)
 _FROZEN_BN_BY_DEFAULT = ("r50vd", "r101vd")
-#: AIFI's position encodings (see :class:`~peg_detr.models.rtdetr.encoder.HybridEncoder`)
-RTDETR_POS_ENCODINGS = ("sincos", "peg", "none", "learned", "rope-axial", "rope-mixed", "peg+rope-mixed")
-# PEG keywords with their defaults: only the ones set to something else are passed to the encoder.
-_PEG_DEFAULTS = {"peg_separable": False, "peg_padding": "zeros", "peg_dynamic": False, "peg_num_kernels": 4}
-
-
-def rtdetr_weight_dict(
-    dec_layers: int,
-    *,
-    vfl: float = 1.0,
-    bbox: float = 5.0,
-    giou: float = 2.0,
-    aux_loss: bool = True,
-    denoising: bool = True,
-) -> dict[str, float]:
-    """RT-DETR's loss weights: ``loss_vfl`` / ``loss_bbox`` / ``loss_giou`` and their suffixed copies.
-
-    ``_aux_i`` for the ``dec_layers - 1`` earlier decoder layers and ``_enc_0`` for the encoder
-    proposals (with ``aux_loss``), ``_dn_i`` for the denoising queries of every decoder layer.
-    """
-    base = {"loss_vfl": vfl, "loss_bbox": bbox, "loss_giou": giou}
-    suffixes = [""]
-    if aux_loss:
-        suffixes += [f"_aux_{i}" for i in range(dec_layers - 1)] + ["_enc_0"]
-    if denoising:
-        suffixes += [f"_dn_{i}" for i in range(dec_layers)]
-    return {k + s: w for s in suffixes for k, w in base.items()}
+#: the backbones ``build_rtdetr`` takes (:data:`~peg_detr.models.rtdetr.backbone.RESNET_VD`)
+RTDETR_BACKBONES = tuple(RESNET_VD)
 
 
 def _backbone(name: str, freeze_bn: bool | None, weights: str | os.PathLike | None) -> ResNetVd:
     """The ResNet-vd of ``name``, with ImageNet weights from a local file when given."""
-    if name not in RTDETR_BACKBONES:
-        raise ValueError(f"unknown RT-DETR backbone {name!r}; choose from {tuple(RTDETR_BACKBONES)}")
+    if name not in RESNET_VD:
+        raise ValueError(f"unknown RT-DETR backbone {name!r}; choose from {RTDETR_BACKBONES}")
     frozen = name in _FROZEN_BN_BY_DEFAULT if freeze_bn is None else freeze_bn
-    net = ResNetVd(**RTDETR_BACKBONES[name], freeze_bn=frozen)
+    net = build_resnet_vd(name, freeze_bn=frozen)
     if weights is not None:
         if name == "tiny":
             raise ValueError("the 'tiny' backbone has no pretrained weights; drop backbone_weights")
-        state = read_state_file(weights, what="backbone weights")
-        try:
-            net.load_state_dict(state)
-        except RuntimeError as e:  # missing / unexpected keys or shapes: name the file
-            raise WeightsError(
-                f"not a {name} ResNet-vd state dict ({str(e).splitlines()[0]})", weights
-            ) from None
+        load_state_strict(net, read_state_file(weights, what="backbone weights"), weights)
     return net
 
 
@@ -102,11 +66,14 @@ def build_rtdetr(
     aux_loss: bool = True,
     backbone_weights: str | os.PathLike | None = None,
     freeze_backbone_bn: bool | None = None,
+    peg_at: Sequence[int] | int | str = (-1,),
     peg_kernel_size: int = 3,
     peg_separable: bool = False,
     peg_padding: str = "zeros",
     peg_dynamic: bool = False,
     peg_num_kernels: int = 4,
+    learned_grid: Sequence[int] = (20, 20),
+    pos_interpolation: str = "bicubic",
     vfl_loss_coef: float = 1.0,
     bbox_loss_coef: float = 5.0,
     giou_loss_coef: float = 2.0,
@@ -128,8 +95,11 @@ def build_rtdetr(
         aux_loss: losses on every decoder layer and on the encoder proposals.
         backbone_weights: a local ImageNet state dict of the ResNet-vd (nothing is downloaded).
         freeze_backbone_bn: FrozenBatchNorm2d in the backbone; ``None``: as RT-DETR (R50vd/R101vd).
+        peg_at: where AIFI's PEGs go (:func:`peg_core.peg.resolve_peg_at`): ``-1`` on the AIFI
+            input (default, so the attention sees positions), ``i`` after AIFI layer ``i``.
         peg_kernel_size, peg_separable, peg_padding, peg_dynamic, peg_num_kernels: the PEG's
             options, the same as in every model of the suite.
+        learned_grid, pos_interpolation: the ``learned`` table's ``(H0, W0)`` and resize mode.
         vfl_loss_coef, bbox_loss_coef, giou_loss_coef: loss weights (RT-DETR: 1, 5, 2).
     """
     config = {k: v for k, v in locals().items() if k != "backbone_weights"}
@@ -142,13 +112,13 @@ def build_rtdetr(
     if hidden_dim % num_heads:
         raise ValueError(f"hidden_dim={hidden_dim} must be divisible by num_heads={num_heads}")
     net = _backbone(backbone, freeze_backbone_bn, backbone_weights)
-    given = {"peg_separable": peg_separable, "peg_padding": peg_padding, "peg_dynamic": peg_dynamic,
-             "peg_num_kernels": peg_num_kernels}  # fmt: skip
-    peg_options = {k: v for k, v in given.items() if v != _PEG_DEFAULTS[k]}
+    peg_at = [int(peg_at)] if isinstance(peg_at, int) else peg_at if isinstance(peg_at, str) else list(peg_at)
     encoder = HybridEncoder(
         net.out_channels, hidden_dim, num_heads=num_heads, dim_feedforward=dim_feedforward,
-        dropout=dropout, expansion=encoder_expansion, depth_mult=depth_mult, pos_enc=pos_enc,
-        num_layers=enc_layers, peg_kernel_size=peg_kernel_size, **peg_options,
+        dropout=dropout, expansion=encoder_expansion, depth_mult=depth_mult, num_layers=enc_layers,
+        pos_enc=pos_enc, peg_at=peg_at, peg_kernel_size=peg_kernel_size, peg_separable=peg_separable,
+        peg_padding=peg_padding, peg_dynamic=peg_dynamic, peg_num_kernels=peg_num_kernels,
+        learned_grid=tuple(learned_grid), pos_interpolation=pos_interpolation,
     )  # fmt: skip
     decoder = RTDETRDecoder(
         [hidden_dim] * 3, hidden_dim, num_classes, num_queries=num_queries, num_layers=dec_layers,
@@ -159,12 +129,12 @@ def build_rtdetr(
         num_denoising=num_denoising, label_noise_ratio=label_noise_ratio,
         box_noise_scale=box_noise_scale, aux_loss=aux_loss,
     )  # fmt: skip
-    model.build_config = _json_safe(config)
-    weights = rtdetr_weight_dict(
-        dec_layers, vfl=vfl_loss_coef, bbox=bbox_loss_coef, giou=giou_loss_coef,
-        aux_loss=aux_loss, denoising=num_denoising > 0,
+    model.build_config = _json_safe({**config, "peg_at": peg_at})
+    weights = build_rtdetr_weight_dict(
+        vfl_loss_coef, bbox_loss_coef, giou_loss_coef, dec_layers=dec_layers, aux_loss=aux_loss,
+        denoising=num_denoising > 0,
     )  # fmt: skip
-    criterion = RTDETRCriterion(num_classes, weight_dict=weights)
+    criterion = RTDETRCriterion(num_classes, weight_dict=weights, dec_layers=dec_layers)
     return model, criterion, RTDETRPostProcess(num_top_queries=num_queries)
 
 
