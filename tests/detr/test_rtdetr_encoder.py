@@ -13,9 +13,12 @@ from peg_detr.models.rtdetr import (
     ENCODER_POS_ENCODINGS,
     HybridEncoder,
     ResNetVd,
+    backbone_kwargs_from_hf,
     build_resnet_vd,
+    encoder_hf_config,
     encoder_hf_keys,
     encoder_hf_to_ours,
+    encoder_kwargs_from_hf,
     encoder_ours_to_hf,
     rtdetr_sincos_2d,
 )
@@ -48,8 +51,12 @@ def _randomise_norms(model: nn.Module, seed: int = 0) -> None:
                 t.copy_(torch.rand(t.shape, generator=g) + 0.5)
 
 
-def _ours_from_hf(hf, backbone: ResNetVd, encoder: HybridEncoder) -> nn.Module:
-    """Backbone + encoder in a module with the detector's attribute names, loaded from ``hf`` (strict)."""
+def _ours_from_hf(hf) -> nn.Module:
+    """Backbone + encoder built from ``hf``'s config.json fields, under the detector's attribute names,
+    loaded from ``hf``'s state dict (strict)."""
+    config = hf.config.to_dict()
+    backbone = ResNetVd(**backbone_kwargs_from_hf(config))
+    encoder = HybridEncoder(**encoder_kwargs_from_hf(config))
     model = nn.ModuleDict({"backbone": backbone, "encoder": encoder})
     state = hf.state_dict()
     mapped = {ours: state[key] for key, ours in encoder_hf_keys(state).items()}
@@ -74,6 +81,21 @@ def _assert_close_levels(ours: list[torch.Tensor], ref: list[torch.Tensor], atol
         torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=lambda m, level=level: f"level {level}: {m}")
 
 
+def _assert_same_architecture(
+    ours: nn.Module, backbone: ResNetVd, encoder: HybridEncoder, config: dict
+) -> None:
+    """``ours`` (built from the HF config) has the presets' shapes, and writes back the HF config's fields."""
+    shapes = {k: v.shape for k, v in ours.state_dict().items()}
+    presets = nn.ModuleDict({"backbone": backbone, "encoder": encoder}).state_dict()
+    assert shapes == {k: v.shape for k, v in presets.items()}
+    written = encoder_hf_config(ours["backbone"], ours["encoder"])
+    for key, value in written.items():
+        if key == "backbone_config":
+            assert value == {k: config[key][k] for k in value}
+        else:
+            assert value == config[key], key
+
+
 def _small_ours(pos_enc: str = "sincos", **enc_options) -> nn.Module:
     backbone = ResNetVd(18, depths=(1, 1, 1, 1), widths=(32, 64, 128, 256), stem_width=32)
     encoder = HybridEncoder([64, 128, 256], 64, pos_enc=pos_enc, **enc_options)
@@ -89,8 +111,21 @@ def small_pair():
     torch.manual_seed(0)
     hf = transformers.RTDetrForObjectDetection(_small_config()).eval()
     _randomise_norms(hf)
-    backbone = ResNetVd(18, depths=(1, 1, 1, 1), widths=(32, 64, 128, 256), stem_width=32)
-    return hf, _ours_from_hf(hf, backbone, HybridEncoder([64, 128, 256], 64))
+    return hf, _ours_from_hf(hf)
+
+
+def test_small_config_is_read_and_written_back(small_pair):
+    hf, ours = small_pair
+    preset = ResNetVd(18, depths=(1, 1, 1, 1), widths=(32, 64, 128, 256), stem_width=32)
+    _assert_same_architecture(ours, preset, HybridEncoder([64, 128, 256], 64), hf.config.to_dict())
+    with pytest.raises(ValueError, match="HF's RT-DETR encoder is sincos"):
+        encoder_hf_config(ours["backbone"], HybridEncoder([64, 128, 256], 64, pos_enc="peg"))
+    with pytest.raises(ValueError, match="only 'rt_detr_resnet'"):
+        backbone_kwargs_from_hf({"backbone_config": {"model_type": "resnet"}})
+    kwargs = encoder_kwargs_from_hf(hf.config.to_dict(), pos_enc="peg")
+    assert (
+        kwargs["pos_enc"] == "peg" and kwargs["in_channels"] == [64, 128, 256] and kwargs["hidden_dim"] == 64
+    )
 
 
 @pytest.mark.parametrize("size", [(320, 320), (256, 384)])
@@ -111,7 +146,8 @@ def test_default_r50vd_config_matches_transformers():
     torch.manual_seed(0)
     hf = transformers.RTDetrForObjectDetection(transformers.RTDetrConfig(anchor_image_size=None)).eval()
     _randomise_norms(hf)
-    ours = _ours_from_hf(hf, ResNetVd(50), HybridEncoder())
+    ours = _ours_from_hf(hf)
+    _assert_same_architecture(ours, ResNetVd(50), HybridEncoder(), hf.config.to_dict())
     x = torch.randn(1, 3, 256, 384, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         out = _run(ours, x)
@@ -123,8 +159,7 @@ def test_r18vd_expansion_half_matches_transformers():
     torch.manual_seed(0)
     hf = transformers.RTDetrForObjectDetection(_small_config(hidden_expansion=0.5)).eval()
     _randomise_norms(hf, seed=3)
-    backbone = ResNetVd(18, depths=(1, 1, 1, 1), widths=(32, 64, 128, 256), stem_width=32)
-    ours = _ours_from_hf(hf, backbone, HybridEncoder([64, 128, 256], 64, expansion=0.5))
+    ours = _ours_from_hf(hf)
     assert "encoder.fpn_blocks.0.conv3.conv.weight" in ours.state_dict()
     x = torch.randn(1, 3, 192, 256, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():

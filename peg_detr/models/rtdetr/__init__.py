@@ -8,7 +8,15 @@ state-dict keys <-> ours).
 
 from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
 from .encoder import AIFI, ENCODER_POS_ENCODINGS, HybridEncoder, RTDetrSinCos2d, rtdetr_sincos_2d
-from .hf_keys import ENCODER_HF_PREFIXES, encoder_hf_keys, encoder_hf_to_ours, encoder_ours_to_hf
+from .hf_keys import (
+    ENCODER_HF_PREFIXES,
+    backbone_kwargs_from_hf,
+    encoder_hf_config,
+    encoder_hf_keys,
+    encoder_hf_to_ours,
+    encoder_kwargs_from_hf,
+    encoder_ours_to_hf,
+)
 
 __all__ = [
     "AIFI",
@@ -18,9 +26,12 @@ __all__ = [
     "HybridEncoder",
     "RTDetrSinCos2d",
     "ResNetVd",
+    "backbone_kwargs_from_hf",
     "build_resnet_vd",
+    "encoder_hf_config",
     "encoder_hf_keys",
     "encoder_hf_to_ours",
+    "encoder_kwargs_from_hf",
     "encoder_ours_to_hf",
     "rtdetr_sincos_2d",
 ]

@@ -200,7 +200,9 @@ class ResNetVd(nn.Module):
             (stage 0 strides 2; bottlenecks stride in the first 1×1 instead of the 3×3).
 
     Shapes: ``(B, 3, H, W) -> [(B, C_i, ceil(H/s_i), ceil(W/s_i))]`` for ``s_i`` in ``out_strides``
-    (exactly ``H/s_i`` when ``s_i`` divides ``H``); :attr:`out_channels` lists ``C_i``.
+    (exactly ``H/s_i`` when ``s_i`` divides ``H``); :attr:`out_channels` lists ``C_i``.  The
+    resolved layout is kept as attributes (``layer_type``, ``depths``, ``widths``, ``stem_width``,
+    ``out_strides``, ``freeze_bn``, ``downsample_in_*``).
     """
 
     def __init__(
@@ -252,7 +254,12 @@ class ResNetVd(nn.Module):
         self._out_idx = tuple(strides.index(s) for s in out_strides)
         self.out_strides = list(out_strides)
         self.out_channels = [widths[i] for i in self._out_idx]
+        # The resolved layout (what an HF config.json records; see hf_keys.encoder_hf_config).
         self.layer_type = layer_type
+        self.depths, self.widths, self.stem_width = list(depths), list(widths), stem_width
+        self.freeze_bn = freeze_bn
+        self.downsample_in_first_stage = downsample_in_first_stage
+        self.downsample_in_bottleneck = downsample_in_bottleneck
         self._init_weights()
         self._freeze(freeze_at)
 

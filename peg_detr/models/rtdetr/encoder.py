@@ -387,6 +387,7 @@ class HybridEncoder(nn.Module):
 
     ``forward(feats: list of (B, in_channels[l], H_l, W_l)) -> list of (B, hidden_dim, H_l, W_l)``,
     finest first (the PAN outputs).  Maps keep the input's memory format where the ops allow.
+    :attr:`hparams` holds every constructor argument (json-safe).
     """
 
     def __init__(
@@ -417,7 +418,9 @@ class HybridEncoder(nn.Module):
         learned_grid: tuple[int, int] = (20, 20),
         pos_interpolation: str = "bicubic",
     ) -> None:
+        hparams = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
+        self.hparams = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in hparams.items()}
         levels = len(in_channels)
         if levels < 2:
             raise ValueError(f"the hybrid encoder fuses >= 2 levels; got in_channels={list(in_channels)}")
