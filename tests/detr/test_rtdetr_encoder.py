@@ -13,6 +13,7 @@ from peg_detr.models.rtdetr import (
     ENCODER_POS_ENCODINGS,
     HybridEncoder,
     ResNetVd,
+    RTDetrSinCos2d,
     backbone_kwargs_from_hf,
     build_resnet_vd,
     encoder_hf_config,
@@ -20,7 +21,6 @@ from peg_detr.models.rtdetr import (
     encoder_hf_to_ours,
     encoder_kwargs_from_hf,
     encoder_ours_to_hf,
-    rtdetr_sincos_2d,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -203,7 +203,8 @@ def test_key_map_round_trips_and_leaves_others_out(small_pair):
 
 def test_sincos_table_is_rtdetr_formula():
     h, w, dim, temp = 3, 5, 16, 10000.0
-    table = rtdetr_sincos_2d((h, w), dim, temp, dtype=torch.float64)
+    table = RTDetrSinCos2d(dim, temp).table((h, w))
+    assert table.dtype == torch.float64
     q = dim // 4
     expect = torch.empty(h * w, dim, dtype=torch.float64)
     for i in range(h):
@@ -215,7 +216,7 @@ def test_sincos_table_is_rtdetr_formula():
                 row[2 * q + k], row[3 * q + k] = math.sin(j * omega), math.cos(j * omega)
     torch.testing.assert_close(table, expect, atol=1e-12, rtol=0)
     hf_table = modeling_rt_detr.build_2d_sinusoidal_position_embedding(9, 13, 64, 10000.0)
-    assert torch.equal(rtdetr_sincos_2d((9, 13), 64), hf_table)
+    assert torch.equal(RTDetrSinCos2d(64).table((9, 13), hf_table), hf_table)
 
 
 def test_sincos_is_computed_for_each_size_without_cache():
@@ -224,7 +225,7 @@ def test_sincos_is_computed_for_each_size_without_cache():
     tokens = torch.zeros(1, 6 * 10, 32)
     pos = enc.aifi[0].pos.position(tokens, (6, 10))
     assert pos.shape == (1, 60, 32)
-    torch.testing.assert_close(pos[0], rtdetr_sincos_2d((6, 10), 32))
+    torch.testing.assert_close(pos[0], RTDetrSinCos2d(32).table((6, 10), tokens))
     assert enc.aifi[0].pos.position(torch.zeros(1, 4 * 7, 32), (4, 7)).shape == (1, 28, 32)
 
 
