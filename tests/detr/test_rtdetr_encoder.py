@@ -21,6 +21,7 @@ from peg_detr.models.rtdetr import (
     encoder_hf_to_ours,
     encoder_kwargs_from_hf,
     encoder_ours_to_hf,
+    rtdetr_sincos_2d,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -201,6 +202,23 @@ def test_key_map_round_trips_and_leaves_others_out(small_pair):
     assert encoder_ours_to_hf("decoder.layers.0.x") is None
 
 
+def test_saved_file_layout_maps_to_the_same_weights(small_pair, tmp_path):
+    """``save_pretrained`` writes AIFI under transformers 4's names; both layouts map to our keys."""
+    from safetensors.torch import load_file
+
+    hf, ours = small_pair
+    hf.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert any(k.startswith("model.encoder.encoder.0.layers.0.fc1.") for k in saved)  # the file layout
+    from_file = encoder_hf_keys(saved)
+    assert sorted(from_file.values()) == sorted(ours.state_dict())
+    mine = ours.state_dict()
+    assert all(torch.equal(saved[h], mine[o]) for h, o in from_file.items())
+    assert encoder_hf_keys(mine, to_hf=True, layout="file") == {o: h for h, o in from_file.items()}
+    with pytest.raises(ValueError, match="layout must be one of"):
+        encoder_ours_to_hf("backbone.x", layout="hub")
+
+
 def test_sincos_table_is_rtdetr_formula():
     h, w, dim, temp = 3, 5, 16, 10000.0
     table = RTDetrSinCos2d(dim, temp).table((h, w))
@@ -216,7 +234,7 @@ def test_sincos_table_is_rtdetr_formula():
                 row[2 * q + k], row[3 * q + k] = math.sin(j * omega), math.cos(j * omega)
     torch.testing.assert_close(table, expect, atol=1e-12, rtol=0)
     hf_table = modeling_rt_detr.build_2d_sinusoidal_position_embedding(9, 13, 64, 10000.0)
-    assert torch.equal(RTDetrSinCos2d(64).table((9, 13), hf_table), hf_table)
+    assert torch.equal(rtdetr_sincos_2d((9, 13), 64, like=hf_table), hf_table)
 
 
 def test_sincos_is_computed_for_each_size_without_cache():

@@ -7,7 +7,7 @@ state-dict keys <-> ours).
 """
 
 from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
-from .encoder import AIFI, ENCODER_POS_ENCODINGS, HybridEncoder, RTDetrSinCos2d
+from .encoder import AIFI, ENCODER_POS_ENCODINGS, HybridEncoder, RTDetrSinCos2d, rtdetr_sincos_2d
 from .hf_keys import (
     ENCODER_HF_PREFIXES,
     backbone_kwargs_from_hf,
@@ -33,4 +33,5 @@ __all__ = [
     "encoder_hf_to_ours",
     "encoder_kwargs_from_hf",
     "encoder_ours_to_hf",
+    "rtdetr_sincos_2d",
 ]

@@ -56,6 +56,7 @@ __all__ = [
     "HybridEncoder",
     "RTDetrSinCos2d",
     "RepVggBlock",
+    "rtdetr_sincos_2d",
     "split_pos_enc",
 ]
 
@@ -117,6 +118,13 @@ class RTDetrSinCos2d(PositionEncoding):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, temperature={self.temperature}"
+
+
+def rtdetr_sincos_2d(
+    size: tuple[int, int], dim: int, temperature: float = 10000.0, like: Tensor | None = None
+) -> Tensor:
+    """RT-DETR's sin-cos table ``(H*W, C)`` for grid ``size`` (:meth:`RTDetrSinCos2d.table`)."""
+    return RTDetrSinCos2d(dim, temperature).table(size, like)
 
 
 class ConvNormLayer(nn.Module):

@@ -17,6 +17,13 @@ HF key prefix                          ours                         what
                                                                     ``downsample_convs``, ``pan_blocks``
 =====================================  ===========================  =====================================
 
+HF has two names for AIFI's weights: the module names above (transformers 5, in memory) and the
+names its files use (transformers 4, which 5's ``save_pretrained`` still writes and
+``from_pretrained`` converts): ``model.encoder.encoder.{i}.layers.{j}.`` instead of
+``model.encoder.aifi.{i}.layers.{j}.``, with ``fc1`` / ``fc2`` / ``self_attn.out_proj`` for
+``mlp.fc1`` / ``mlp.fc2`` / ``self_attn.o_proj``.  HF -> ours accepts both; ours -> HF writes
+``layout="memory"`` (default) or ``layout="file"``.
+
 Keys of ours with no HF counterpart (the map returns None for them): the position modules of
 the non-``sincos`` encoders, ``encoder.aifi.{i}.pegs.*`` (``peg``), ``encoder.aifi.{i}.pos.pos_embed``
 (``learned``), ``encoder.aifi.{i}.rope.freqs`` (``rope-mixed``).  HF's ``sincos`` table is not in
@@ -52,36 +59,60 @@ ENCODER_HF_PREFIXES: tuple[tuple[str, str], ...] = (
 
 # Our keys of position modules that HF does not have (the map leaves them out).
 _OURS_ONLY = (".pegs.", ".pos.", ".rope.")
+# AIFI in HF files vs in memory: the prefix, then the renamed modules inside a layer.
+_AIFI_FILE, _AIFI_MEMORY = "model.encoder.encoder.", "model.encoder.aifi."
+_AIFI_RENAMES = (
+    (".fc1.", ".mlp.fc1."),
+    (".fc2.", ".mlp.fc2."),
+    (".self_attn.out_proj.", ".self_attn.o_proj."),
+)
+LAYOUTS = ("memory", "file")
+
+
+def _aifi_layout(key: str, to_file: bool) -> str:
+    """An HF AIFI key in the file (``to_file``) or the memory layout; other keys unchanged."""
+    src, dst = (_AIFI_MEMORY, _AIFI_FILE) if to_file else (_AIFI_FILE, _AIFI_MEMORY)
+    if not key.startswith(src):
+        return key
+    key = dst + key[len(src) :]
+    for file, memory in _AIFI_RENAMES:
+        key = key.replace(memory, file) if to_file else key.replace(file, memory)
+    return key
 
 
 def encoder_hf_to_ours(key: str) -> str | None:
-    """Our key for an HF backbone / input-projection / encoder key; None for any other HF key."""
+    """Our key for an HF backbone / input-projection / encoder key (either layout); None for other keys."""
+    key = _aifi_layout(key, to_file=False)
     for hf, ours in ENCODER_HF_PREFIXES:
         if key.startswith(hf):
             return ours + key[len(hf) :]
     return None
 
 
-def encoder_ours_to_hf(key: str) -> str | None:
-    """The HF key for one of our backbone / encoder keys; None for other keys and our position modules."""
+def encoder_ours_to_hf(key: str, *, layout: str = "memory") -> str | None:
+    """The HF key (``layout`` ``memory`` / ``file``) for one of our backbone / encoder keys.
+
+    None for other keys and for our position modules.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
     if key.startswith("encoder.aifi.") and any(part in key for part in _OURS_ONLY):
         return None
     # The longer of our prefixes first: "encoder.input_proj." also starts with "encoder.".
     for hf, ours in sorted(ENCODER_HF_PREFIXES, key=lambda p: -len(p[1])):
         if key.startswith(ours):
-            return hf + key[len(ours) :]
+            return _aifi_layout(hf + key[len(ours) :], to_file=layout == "file")
     return None
 
 
-def encoder_hf_keys(keys: Iterable[str], *, to_hf: bool = False) -> dict[str, str]:
+def encoder_hf_keys(keys: Iterable[str], *, to_hf: bool = False, layout: str = "memory") -> dict[str, str]:
     """``{source key: target key}`` for the backbone + encoder keys among ``keys`` (others left out).
 
-    ``to_hf=False`` maps HF keys to ours, ``to_hf=True`` ours to HF.
+    ``to_hf=False`` maps HF keys (either layout) to ours, ``to_hf=True`` ours to HF ``layout``.
     """
-    rename = encoder_ours_to_hf if to_hf else encoder_hf_to_ours
     out = {}
     for key in keys:
-        target = rename(key)
+        target = encoder_ours_to_hf(key, layout=layout) if to_hf else encoder_hf_to_ours(key)
         if target is not None:
             out[key] = target
     return out
