@@ -100,40 +100,45 @@ def _shortcut(cin: int, cout: int, stride: int, project: bool, frozen: bool) -> 
     return Projection(cin, cout, frozen=frozen) if project else nn.Identity()
 
 
-class BasicBlockVd(nn.Module):
-    """Two 3×3 convolutions (R18/R34): ``relu(layer(x) + shortcut(x))``, ``(B, cin, H, W) -> (B, cout, H/s, W/s)``."""
+class _Residual(nn.Module):
+    """``relu(layer(x) + shortcut(x))``; subclasses build ``layer`` (keys ``layer.{i}.*``) and ``shortcut``."""
 
-    def __init__(self, cin: int, cout: int, stride: int = 1, *, project: bool, frozen: bool = True) -> None:
+    layer: nn.Sequential
+    shortcut: nn.Module
+
+    def __init__(self, cin: int, cout: int, stride: int, project: bool, frozen: bool) -> None:
         super().__init__()
         self.shortcut = _shortcut(cin, cout, stride, project, frozen)
-        self.layer = nn.Sequential(
-            ConvNormAct(cin, cout, 3, stride, frozen=frozen),
-            ConvNormAct(cout, cout, 3, act=False, frozen=frozen),
-        )
         self.activation = nn.ReLU(inplace=True)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.activation(self.layer(x) + self.shortcut(x))
 
 
-class BottleneckVd(nn.Module):
+class BasicBlockVd(_Residual):
+    """Two 3×3 convolutions (R18/R34), ``(B, cin, H, W) -> (B, cout, H/s, W/s)``."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1, *, project: bool, frozen: bool = True) -> None:
+        super().__init__(cin, cout, stride, project, frozen)
+        self.layer = nn.Sequential(
+            ConvNormAct(cin, cout, 3, stride, frozen=frozen),
+            ConvNormAct(cout, cout, 3, act=False, frozen=frozen),
+        )
+
+
+class BottleneckVd(_Residual):
     """1×1 reduce (to ``cout / 4``), 3×3, 1×1 expand (R50/R101); strides in the 3×3 unless ``downsample_in_bottleneck``."""
 
     def __init__(self, cin: int, cout: int, stride: int = 1, *, project: bool, frozen: bool = True,
                  downsample_in_bottleneck: bool = False) -> None:  # fmt: skip
-        super().__init__()
+        super().__init__(cin, cout, stride, project, frozen)
         mid = cout // 4
         s1, s2 = (stride, 1) if downsample_in_bottleneck else (1, stride)
-        self.shortcut = _shortcut(cin, cout, stride, project, frozen)
         self.layer = nn.Sequential(
             ConvNormAct(cin, mid, 1, s1, frozen=frozen),
             ConvNormAct(mid, mid, 3, s2, frozen=frozen),
             ConvNormAct(mid, cout, 1, act=False, frozen=frozen),
         )
-        self.activation = nn.ReLU(inplace=True)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.activation(self.layer(x) + self.shortcut(x))
 
 
 class Stem(nn.Module):
@@ -200,7 +205,9 @@ class ResNetVd(nn.Module):
             (stage 0 strides 2; bottlenecks stride in the first 1×1 instead of the 3×3).
 
     Shapes: ``(B, 3, H, W) -> [(B, C_i, ceil(H/s_i), ceil(W/s_i))]`` for ``s_i`` in ``out_strides``
-    (exactly ``H/s_i`` when ``s_i`` divides ``H``); :attr:`out_channels` lists ``C_i``.
+    (exactly ``H/s_i`` when ``s_i`` divides ``H``); :attr:`out_channels` lists ``C_i``.  The
+    resolved layout is kept as attributes (``layer_type``, ``depths``, ``widths``, ``stem_width``,
+    ``out_strides``, ``freeze_bn``, ``downsample_in_*``).
     """
 
     def __init__(
@@ -252,7 +259,12 @@ class ResNetVd(nn.Module):
         self._out_idx = tuple(strides.index(s) for s in out_strides)
         self.out_strides = list(out_strides)
         self.out_channels = [widths[i] for i in self._out_idx]
+        # The resolved layout (what an HF config.json records; see hf_keys.encoder_hf_config).
         self.layer_type = layer_type
+        self.depths, self.widths, self.stem_width = list(depths), list(widths), stem_width
+        self.freeze_bn = freeze_bn
+        self.downsample_in_first_stage = downsample_in_first_stage
+        self.downsample_in_bottleneck = downsample_in_bottleneck
         self._init_weights()
         self._freeze(freeze_at)
 

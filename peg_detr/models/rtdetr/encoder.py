@@ -14,7 +14,7 @@ Module names follow transformers' ``RTDetrHybridEncoder``, so this module's stat
 
 Where position information enters (``pos_enc``), all inside AIFI, on the stride-32 tokens:
 
-* ``sincos``: RT-DETR's fixed 2-D table (:func:`rtdetr_sincos_2d`), added to the queries and keys
+* ``sincos``: RT-DETR's fixed 2-D table (:class:`RTDetrSinCos2d`), added to the queries and keys
   of every AIFI layer.  It is computed for the actual feature size on every call, in the graph,
   never cached: no ``eval_spatial_size`` exists, so any input size (and a dynamic-shape export)
   works with the same formula.
@@ -85,31 +85,16 @@ def split_pos_enc(pos_enc: str) -> tuple[str, str | None]:
     return pos_enc, None
 
 
-def rtdetr_sincos_2d(
-    size: tuple[int, int],
-    dim: int,
-    temperature: float = 10000.0,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> Tensor:
-    """RT-DETR's 2-D sin-cos table ``(H*W, C)`` for grid ``size = (H, W)``, tokens row-major.
-
-    Token ``i*W + j`` (row ``i``, column ``j``) gets ``[sin(i·ω) | cos(i·ω) | sin(j·ω) | cos(j·ω)]``
-    with ``ω_k = T^(-k/(C/4))``, ``k < C/4``: HF's ``build_2d_sinusoidal_position_embedding``
-    (row half first; on square grids also lyuwenyu's ``build_2d_sincos_position_embedding``,
-    whose ``meshgrid(w, h)`` order only differs on non-square grids).  That is
-    :func:`peg_core.sincos_2d` (MAE, column half first) with its two halves swapped; computed
-    in float64, returned in ``dtype``.
-    """
-    table = sincos_2d(size, dim, temperature, device=device, dtype=torch.float64)
-    return table.roll(dim // 2, dims=1).to(dtype)
-
-
 class RTDetrSinCos2d(PositionEncoding):
-    """:func:`rtdetr_sincos_2d` as a query/key encoding, computed for the actual grid on every call.
+    """RT-DETR's fixed 2-D sin-cos encoding of the queries and keys, computed for the actual grid on every call.
 
-    ``position(x (B, H*W, C), (H, W)) -> (1, H*W, C)`` in ``x``'s dtype; the mask is ignored
-    (RT-DETR has none).  No state, no cache.
+    :meth:`table` for grid ``(H, W)``: token ``i*W + j`` (row ``i``, column ``j``) gets
+    ``[sin(i·ω) | cos(i·ω) | sin(j·ω) | cos(j·ω)]`` with ``ω_k = T^(-k/(C/4))``, ``k < C/4``: HF's
+    ``build_2d_sinusoidal_position_embedding`` (row half first; on square grids also lyuwenyu's
+    ``build_2d_sincos_position_embedding``, whose ``meshgrid(w, h)`` order only differs on
+    non-square grids).  That is :func:`peg_core.sincos_2d` (MAE, column half first) with its two
+    halves swapped, computed in float64.  ``position(x (B, H*W, C), (H, W)) -> (1, H*W, C)`` in
+    ``x``'s dtype; the mask is ignored (RT-DETR has none).  No state, no cache.
     """
 
     def __init__(self, dim: int, temperature: float = 10000.0) -> None:
@@ -120,12 +105,26 @@ class RTDetrSinCos2d(PositionEncoding):
         self.temperature = temperature
         self._set_apply_to("qk")
 
+    def table(self, size: tuple[int, int], like: Tensor | None = None) -> Tensor:
+        """``(H*W, C)`` on ``like``'s device and in its dtype (float64 without ``like``)."""
+        device = None if like is None else like.device
+        table = sincos_2d(tuple(size), self.dim, self.temperature, device=device, dtype=torch.float64)
+        table = table.roll(self.dim // 2, dims=1)
+        return table if like is None else table.to(like.dtype)
+
     def position(self, x: Tensor, size: tuple[int, int], mask: Tensor | None = None) -> Tensor:
         check_tokens(x, tuple(size), 0)
-        return rtdetr_sincos_2d(tuple(size), self.dim, self.temperature, x.device, x.dtype).unsqueeze(0)
+        return self.table(size, x).unsqueeze(0)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, temperature={self.temperature}"
+
+
+def rtdetr_sincos_2d(
+    size: tuple[int, int], dim: int, temperature: float = 10000.0, like: Tensor | None = None
+) -> Tensor:
+    """RT-DETR's sin-cos table ``(H*W, C)`` for grid ``size`` (:meth:`RTDetrSinCos2d.table`)."""
+    return RTDetrSinCos2d(dim, temperature).table(size, like)
 
 
 class ConvNormLayer(nn.Module):
@@ -290,22 +289,20 @@ class AIFI(nn.Module):
     ``forward(x (B, C, H, W)) -> (B, C, H, W)`` in ``x``'s memory format.  Position modules (keys):
     ``pos`` (``learned``: ``pos.pos_embed``; ``sincos``: none), ``pegs.{i}`` (``peg``:
     ``pegs.-1.proj.*`` before layer 0, ``pegs.i.*`` after layer ``i``), ``rope`` (``rope-mixed``:
-    ``rope.freqs``, one set per layer and head).  Options: see :class:`HybridEncoder`.
+    ``rope.freqs``, one set per layer and head).  ``layer_options``: :class:`AIFILayer`'s
+    keywords (``dim_feedforward``, ``dropout``, ``act``, ``normalize_before``, ``eps``); the other
+    options: see :class:`HybridEncoder`.
     """
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
-        dim_feedforward: int = 1024,
-        dropout: float = 0.0,
-        act: str = "gelu",
         *,
         num_layers: int = 1,
+        layer_options: dict | None = None,
         pos_enc: str = "sincos",
         temperature: float = 10000.0,
-        normalize_before: bool = False,
-        eps: float = 1e-5,
         peg_at: Sequence[int] | str = (-1,),
         peg_options: dict | None = None,
         learned_grid: tuple[int, int] = (20, 20),
@@ -317,11 +314,8 @@ class AIFI(nn.Module):
         if rotary is not None:
             self.rope = build_rope(rotary, dim // num_heads, num_heads=num_heads, depth=num_layers)
         half = self.rope is not None and self.rope.half
-        self.layers = nn.ModuleList(
-            AIFILayer(dim, num_heads, dim_feedforward, dropout, act, normalize_before=normalize_before,
-                      eps=eps, rope_half=half)
-            for _ in range(num_layers)
-        )  # fmt: skip
+        options = {**(layer_options or {}), "rope_half": half}
+        self.layers = nn.ModuleList(AIFILayer(dim, num_heads, **options) for _ in range(num_layers))
         self.pos: PositionEncoding | None = None
         if base == "sincos":
             self.pos = RTDetrSinCos2d(dim, temperature)
@@ -387,6 +381,7 @@ class HybridEncoder(nn.Module):
 
     ``forward(feats: list of (B, in_channels[l], H_l, W_l)) -> list of (B, hidden_dim, H_l, W_l)``,
     finest first (the PAN outputs).  Maps keep the input's memory format where the ops allow.
+    :attr:`hparams` holds every constructor argument (json-safe).
     """
 
     def __init__(
@@ -417,7 +412,9 @@ class HybridEncoder(nn.Module):
         learned_grid: tuple[int, int] = (20, 20),
         pos_interpolation: str = "bicubic",
     ) -> None:
+        hparams = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
+        self.hparams = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in hparams.items()}
         levels = len(in_channels)
         if levels < 2:
             raise ValueError(f"the hybrid encoder fuses >= 2 levels; got in_channels={list(in_channels)}")
@@ -435,12 +432,12 @@ class HybridEncoder(nn.Module):
         )
         peg_options = dict(kernel_size=peg_kernel_size, separable=peg_separable, padding_mode=peg_padding,
                            dynamic=peg_dynamic, num_kernels=peg_num_kernels)  # fmt: skip
-        aifi = dict(num_layers=num_layers, pos_enc=pos_enc, temperature=temperature, normalize_before=normalize_before,
-                    eps=layer_norm_eps, peg_at=peg_at, peg_options=peg_options, learned_grid=learned_grid,
+        layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, act=act, normalize_before=normalize_before,
+                     eps=layer_norm_eps)  # fmt: skip
+        aifi = dict(num_layers=num_layers, layer_options=layer, pos_enc=pos_enc, temperature=temperature,
+                    peg_at=peg_at, peg_options=peg_options, learned_grid=learned_grid,
                     pos_interpolation=pos_interpolation)  # fmt: skip
-        self.aifi = nn.ModuleList(
-            AIFI(hidden_dim, num_heads, dim_feedforward, dropout, act, **aifi) for _ in self.use_encoder_idx
-        )
+        self.aifi = nn.ModuleList(AIFI(hidden_dim, num_heads, **aifi) for _ in self.use_encoder_idx)
         blocks = round(3 * depth_mult)
         csp = dict(num_blocks=blocks, expansion=expansion, act=conv_act, eps=batch_norm_eps)
         n = levels - 1
