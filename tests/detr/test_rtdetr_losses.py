@@ -316,3 +316,17 @@ def test_criterion_on_images_without_boxes():
     x = outputs["aux_outputs"][0]["pred_logits"].double()
     want = (0.75 * x.sigmoid() ** 2 * torch.nn.functional.softplus(x)).sum().item()
     assert losses["loss_vfl_aux_0"].item() == pytest.approx(want, rel=1e-5)
+
+
+def test_denoising_and_criterion_read_nothing_on_the_host(monkeypatch):
+    """Besides the matcher's one transfer, neither the group nor the losses read a device value."""
+    from tests.detr.test_sync_free import count_syncs
+
+    crit = RTDETRCriterion(NUM_CLASSES, dec_layers=2)
+    outputs = random_outputs(torch.Generator().manual_seed(0), 2, 10, 2, dn_queries=12)
+    with count_syncs(monkeypatch, crit.matcher) as (counter, calls):
+        outputs["dn_meta"] = group().meta
+        total = crit.total(crit(outputs, dn_targets()))
+    assert counter.events == []
+    assert len(calls) == 1  # decoder layers and encoder proposals matched with one transfer
+    assert torch.isfinite(total)
