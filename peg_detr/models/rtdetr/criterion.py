@@ -20,7 +20,7 @@ from peg_core.engine.distributed import get_world_size, reduce_sum
 from ..criterion import check_targets, device_indices
 from ..matcher import HungarianMatcher
 
-__all__ = ["RTDETRCriterion", "build_rtdetr_weight_dict", "paired_iou", "varifocal_loss"]
+__all__ = ["RTDETRCriterion", "build_rtdetr_weight_dict", "denoising_indices", "paired_iou", "varifocal_loss"]
 
 LOSSES = ("vfl", "boxes")
 
