@@ -316,3 +316,35 @@ def test_criterion_on_images_without_boxes():
     x = outputs["aux_outputs"][0]["pred_logits"].double()
     want = (0.75 * x.sigmoid() ** 2 * torch.nn.functional.softplus(x)).sum().item()
     assert losses["loss_vfl_aux_0"].item() == pytest.approx(want, rel=1e-5)
+
+
+def test_denoising_and_criterion_read_nothing_on_the_host(monkeypatch):
+    """Besides the matcher's one transfer, neither the group nor the losses read a device value."""
+    from tests.detr.test_sync_free import count_syncs
+
+    crit = RTDETRCriterion(NUM_CLASSES, dec_layers=2)
+    outputs = random_outputs(torch.Generator().manual_seed(0), 2, 10, 2, dn_queries=12)
+    with count_syncs(monkeypatch, crit.matcher) as (counter, calls):
+        outputs["dn_meta"] = group().meta
+        total = crit.total(crit(outputs, dn_targets()))
+    assert counter.events == []
+    assert len(calls) == 1  # decoder layers and encoder proposals matched with one transfer
+    assert torch.isfinite(total)
+
+
+def test_denoising_layout_equals_transformers():
+    """Noise off (the only RNG-free case): the same queries, boxes, mask and meta as transformers'."""
+    from transformers.models.rt_detr.modeling_rt_detr import get_contrastive_denoising_training_group
+
+    targets, emb = dn_targets(), embedding()
+    hf_targets = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
+    queries, boxes, mask, meta = get_contrastive_denoising_training_group(
+        hf_targets, NUM_CLASSES, 6, emb, num_denoising_queries=7, label_noise_ratio=0.0, box_noise_scale=0.0
+    )
+    g = group(label_noise_ratio=0.0, box_noise_scale=0.0)
+    assert torch.equal(g.queries, queries)
+    # transformers leaves the boxes un-logit-ed when the box noise is off; ours are always logits.
+    assert torch.allclose(g.ref_boxes_unact.sigmoid(), boxes, atol=1e-5)
+    assert torch.equal(g.attn_mask, torch.isinf(mask))
+    assert g.meta["dn_num_group"] == meta["dn_num_group"] and g.meta["dn_num_split"] == meta["dn_num_split"]
+    assert all(torch.equal(a, b) for a, b in zip(g.meta["dn_positive_idx"], meta["dn_positive_idx"]))

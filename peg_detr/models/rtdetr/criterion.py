@@ -17,10 +17,10 @@ from torchvision.ops import box_convert, generalized_box_iou_loss
 
 from peg_core.engine.distributed import get_world_size, reduce_sum
 
-from ..criterion import _device_indices
+from ..criterion import check_targets, device_indices
 from ..matcher import HungarianMatcher
 
-__all__ = ["RTDETRCriterion", "build_rtdetr_weight_dict", "paired_iou", "varifocal_loss"]
+__all__ = ["RTDETRCriterion", "build_rtdetr_weight_dict", "denoising_indices", "paired_iou", "varifocal_loss"]
 
 LOSSES = ("vfl", "boxes")
 
@@ -158,14 +158,7 @@ class RTDETRCriterion(nn.Module):
             raise ValueError(
                 f"pred_logits has {logits.shape[-1]} classes, the criterion expects num_classes = {self.num_classes}"
             )
-        if len(targets) != logits.shape[0]:
-            raise ValueError(f"{len(targets)} targets for a batch of {logits.shape[0]} images")
-        for i, t in enumerate(targets):
-            labels, boxes = t["labels"], t["boxes"]
-            if boxes.dim() != 2 or boxes.shape[-1] != 4 or boxes.shape[0] != labels.shape[0]:
-                raise ValueError(
-                    f"target {i}: boxes {tuple(boxes.shape)} and labels {tuple(labels.shape)} must be (M, 4), (M,)"
-                )
+        check_targets(targets, logits.shape[0])
 
     def _match(
         self, layers: list[dict[str, Tensor]], targets: list[dict[str, Tensor]], device: torch.device
@@ -183,7 +176,7 @@ class RTDETRCriterion(nn.Module):
             matched = self.matcher.match_layers([layers[i] for i in members], targets, self.num_classes)
             for i, m in zip(members, matched):
                 per_layer[i] = m
-        return _device_indices(per_layer, targets, device)
+        return device_indices(per_layer, targets, device)
 
     def _layer_losses(
         self,
