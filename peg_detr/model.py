@@ -25,7 +25,7 @@ from peg_core.engine import LoadedModel, UserError, checkpoint_and_where, load_m
 from peg_core.engine.cli import peg_kwargs
 
 from .models import build_detr
-from .models.rtdetr.build import build_rtdetr
+from .models.rtdetr.build import build_rtdetr, rtdetr_training_parts
 
 __all__ = [
     "ARCHS",
@@ -82,13 +82,26 @@ def build_model(
         read_state_file(weights, what="backbone weights")
     backbone, pos_enc = _ARCH_DEFAULTS[arch]
     try:
-        model, criterion, postprocessor = ARCHS[arch](
-            kw.pop("backbone", backbone), kw.pop("pos_enc", pos_enc), **kw
-        )
+        if arch == "rtdetr" and "hf_config" in kw:  # built by from_hf (--init FOLDER): its config.json
+            model, criterion, postprocessor = _rtdetr_from_hf_config(kw)
+        else:
+            model, criterion, postprocessor = ARCHS[arch](
+                kw.pop("backbone", backbone), kw.pop("pos_enc", pos_enc), **kw
+            )
     except (ValueError, TypeError) as e:  # the builder checks its arguments; TypeError: an unknown key
         raise UserError(f"invalid model settings ({' '.join(str(e).split())})", source) from None
     model.build_config = {"arch": arch, **model.build_config}
     return model, criterion, postprocessor
+
+
+def _rtdetr_from_hf_config(kw: dict[str, Any]) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """An RT-DETR whose ``model_config`` is ``{"hf_config": config.json, "pos_enc", **encoder options}``."""
+    from .hf_rtdetr import rtdetr_from_hf_config
+
+    kw.pop("num_classes", None)  # recorded for eval / predict; the config's id2label sets it
+    model = rtdetr_from_hf_config(kw.pop("hf_config"), kw.pop("pos_enc", "sincos"), **kw)
+    model.build_config = {**model.build_config, "num_classes": model.num_classes}
+    return model, *rtdetr_training_parts(model)
 
 
 def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[str, Any]:

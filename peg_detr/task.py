@@ -55,6 +55,8 @@ from .data import (
 from .evaluation import evaluate_coco
 from .model import build_model, load_model, model_config_from_args
 from .models import load_official_checkpoint
+from .models.rtdetr import RTDETR
+from .models.rtdetr.build import rtdetr_training_parts
 from .structures import targets_to, to_float
 
 __all__ = [
@@ -319,6 +321,8 @@ def _init_model(
     init = args.init if ckpt is None else None
     if _arch(args) == "rtdetr" and init is not None:
         return _rtdetr_from_hf(args, num_classes, ctx)
+    if ckpt is not None and "hf_config" in (ckpt.get("model_config") or {}):  # resuming a --init FOLDER run
+        return build_model(ckpt["model_config"], "the resumed checkpoint")
     model, criterion, postprocessor = build_model(model_config_from_args(args, num_classes))
     if init is not None:
         load_official_checkpoint(model, init, num_classes=num_classes)
@@ -333,22 +337,30 @@ def _rtdetr_from_hf(
     The folder fixes the architecture (backbone, widths, classes); ``--pos-enc`` still applies
     (``peg`` adds a zero-initialised PEG, so training starts from what the folder computes).
     """
-    from .hf import from_hf  # the decoder branch's HF interop (key mapping, config translation)
+    from .hf_rtdetr import from_hf
 
+    if not (Path(args.init) / "config.json").is_file():
+        raise UserError(
+            "--arch rtdetr --init takes a Hugging Face RT-DETR folder (config.json + weights)", args.init
+        )
     try:
         model, report = from_hf(args.init, pos_enc=args.pos_enc)
     except WeightsError as e:
         raise UserError(e.what, e.where) from e
-    config = dict(model.build_config)
-    if int(config["num_classes"]) != num_classes:
+    except ValueError as e:  # another model_type, settings peg_detr lacks
+        raise UserError(f"invalid Hugging Face folder ({e})", args.init) from None
+    if not isinstance(model, RTDETR):
+        raise UserError("the folder holds a DETR, not an RT-DETR; use --arch detr", args.init)
+    if model.num_classes != num_classes:
         raise UserError(
-            f"the folder's model has {config['num_classes']} classes, the data {num_classes}; "
-            f"pass --num-classes {config['num_classes']} (labels are category ids)",
+            f"the folder's model has {model.num_classes} classes, the data {num_classes}; "
+            f"pass --num-classes {model.num_classes} (labels are category ids)",
             args.init,
         )
-    ctx.print(f"--init {args.init}: {report}")
-    _, criterion, postprocessor = build_model(config, args.init)
-    return model, criterion, postprocessor
+    ctx.print(f"--init {args.init}: {str(report).splitlines()[0]}")
+    # num_classes too: eval / predict read it from every detector's model_config
+    model.build_config = {"arch": "rtdetr", **model.build_config, "num_classes": model.num_classes}
+    return model.train(), *rtdetr_training_parts(model)
 
 
 def _rtdetr_optimization(

@@ -21,7 +21,7 @@ from .encoder import ENCODER_POS_ENCODINGS, HybridEncoder
 from .model import RTDETR
 from .postprocess import RTDETRPostProcess
 
-__all__ = ["RTDETR_BACKBONES", "RTDETR_POS_ENCODINGS", "build_rtdetr"]
+__all__ = ["RTDETR_BACKBONES", "RTDETR_POS_ENCODINGS", "build_rtdetr", "rtdetr_training_parts"]
 
 #: AIFI's position encodings (:class:`~peg_detr.models.rtdetr.encoder.HybridEncoder`)
 RTDETR_POS_ENCODINGS = ENCODER_POS_ENCODINGS
@@ -130,12 +130,23 @@ def build_rtdetr(
         box_noise_scale=box_noise_scale, aux_loss=aux_loss,
     )  # fmt: skip
     model.build_config = _json_safe({**config, "peg_at": peg_at})
+    return model, *rtdetr_training_parts(model, vfl_loss_coef, bbox_loss_coef, giou_loss_coef)
+
+
+def rtdetr_training_parts(
+    model: RTDETR, vfl: float = 1.0, bbox: float = 5.0, giou: float = 2.0
+) -> tuple[RTDETRCriterion, RTDETRPostProcess]:
+    """The criterion and post-processor that fit a built :class:`RTDETR` (classes, layers, queries).
+
+    Shared by :func:`build_rtdetr` and models built from a Hugging Face ``config.json``
+    (:func:`peg_detr.hf_rtdetr.rtdetr_from_hf_config`).
+    """
+    dec_layers = len(model.decoder.layers)
     weights = build_rtdetr_weight_dict(
-        vfl_loss_coef, bbox_loss_coef, giou_loss_coef, dec_layers=dec_layers, aux_loss=aux_loss,
-        denoising=num_denoising > 0,
-    )  # fmt: skip
-    criterion = RTDETRCriterion(num_classes, weight_dict=weights, dec_layers=dec_layers)
-    return model, criterion, RTDETRPostProcess(num_top_queries=num_queries)
+        vfl, bbox, giou, dec_layers=dec_layers, aux_loss=model.aux_loss, denoising=model.num_denoising > 0
+    )
+    criterion = RTDETRCriterion(model.num_classes, weight_dict=weights, dec_layers=dec_layers)
+    return criterion, RTDETRPostProcess(num_top_queries=model.num_queries)
 
 
 def _json_safe(config: dict[str, Any]) -> dict[str, Any]:
