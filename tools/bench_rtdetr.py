@@ -35,14 +35,14 @@ def hf_config(small: bool) -> Any:
     from transformers import RTDetrConfig, RTDetrResNetConfig
 
     if not small:
-        return RTDetrConfig(anchor_image_size=None)
+        return RTDetrConfig(anchor_image_size=None, num_labels=80)
     backbone = RTDetrResNetConfig(
         layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[32, 64, 128, 256], embedding_size=32,
         out_features=["stage2", "stage3", "stage4"],
     )  # fmt: skip
     return RTDetrConfig(
         backbone_config=backbone, encoder_hidden_dim=64, d_model=64, encoder_in_channels=[64, 128, 256],
-        decoder_in_channels=[64, 64, 64], anchor_image_size=None, num_queries=100,
+        decoder_in_channels=[64, 64, 64], anchor_image_size=None, num_queries=100, num_labels=80,
     )  # fmt: skip
 
 
@@ -51,7 +51,7 @@ def make_pair(small: bool, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Mod
     from transformers import RTDetrForObjectDetection
 
     from peg_detr import from_hf
-    from peg_detr.model import build_model
+    from peg_detr.models.rtdetr.build import rtdetr_training_parts
 
     torch.manual_seed(seed)
     theirs = RTDetrForObjectDetection(hf_config(small)).eval()
@@ -59,7 +59,7 @@ def make_pair(small: bool, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Mod
         theirs.save_pretrained(folder)
         loaded = from_hf(folder)
     ours = loaded[0] if isinstance(loaded, tuple) else loaded
-    _, criterion, _ = build_model(ours.build_config, "the benchmark's model")
+    criterion, _ = rtdetr_training_parts(ours)
     return ours.eval(), criterion, theirs
 
 
