@@ -107,40 +107,22 @@ def _rtdetr_from_hf_config(kw: dict[str, Any]) -> tuple[nn.Module, nn.Module, nn
 def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[str, Any]:
     """The ``model_config`` of parsed ``train`` flags (unset options: the builder's default)."""
     arch = getattr(args, "arch", None) or "detr"
-    if arch == "rtdetr":
-        return _rtdetr_config_from_args(args, num_classes)
+    if arch == "rtdetr":  # DETR-only flags are refused, not ignored
+        for dest, flag in (("dilation", "--dilation"), ("decoder_key_pos", "--decoder-key-pos")):
+            if getattr(args, dest, None):
+                raise UserError("applies to --arch detr only", flag)
     kw: dict[str, Any] = {
         "arch": arch,
         "backbone": args.backbone,
         "pos_enc": args.pos_enc,
         "num_classes": num_classes,
         "num_queries": args.num_queries,
-        "dilation": args.dilation,
         "aux_loss": args.aux_loss,
         **peg_kwargs(args),
     }
-    for name in _MODEL_OPTIONS:
-        value = getattr(args, name, None)
-        if value is not None:
-            kw[name] = str(value) if isinstance(value, Path) else value
-    return kw
-
-
-def _rtdetr_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[str, Any]:
-    """``model_config_from_args`` for ``--arch rtdetr``: DETR-only flags are refused, not ignored."""
-    for dest, flag in (("dilation", "--dilation"), ("decoder_key_pos", "--decoder-key-pos")):
-        if getattr(args, dest, None):
-            raise UserError("applies to --arch detr only", flag)
-    kw: dict[str, Any] = {
-        "arch": "rtdetr",
-        "backbone": args.backbone,
-        "pos_enc": args.pos_enc,
-        "num_classes": num_classes,
-        "num_queries": args.num_queries,
-        "aux_loss": args.aux_loss,
-        **peg_kwargs(args),
-    }
-    for name in _RTDETR_OPTIONS:
+    if arch == "detr":
+        kw["dilation"] = args.dilation
+    for name in _RTDETR_OPTIONS if arch == "rtdetr" else _MODEL_OPTIONS:
         value = getattr(args, name, None)
         if value is not None:
             kw[name] = str(value) if isinstance(value, Path) else value

@@ -33,14 +33,6 @@ from peg_detr.task import EmaModel, warmup_ema_fn, warmup_step_lr
 RTDETR_RECIPES = ("rtdetr_r18vd_6x", "rtdetr_r50vd_6x", "rtdetr_r18vd_6x_peg", "rtdetr_r50vd_6x_peg")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ------------------------------------------------------------------------------- recipes and flags
 
 

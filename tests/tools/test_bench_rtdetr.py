@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from tools.bench_rtdetr import main  # noqa: E402
+from tools.bench_rtdetr import main
 
 
 def test_small_bench_prints_both_measurements(capsys):
