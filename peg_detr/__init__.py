@@ -9,9 +9,12 @@ Public API for embedding the detector::
     losses = criterion(outputs, targets)         # dict; criterion.weight_dict weights them
     detections = postprocessor(outputs, orig_sizes)
 
+    model, report = from_hf("path/to/hf_folder", pos_enc="peg")  # DETR or RT-DETR config.json
+
 Depends on peg_core, torch, torchvision and scipy.
 """
 
+from .hf_rtdetr import from_hf
 from .models import (
     DETR,
     HungarianMatcher,
@@ -33,6 +36,7 @@ __all__ = [
     "PostProcess",
     "SetCriterion",
     "build_detr",
+    "from_hf",
     "load_official_checkpoint",
     "pad_images",
 ]

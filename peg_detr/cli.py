@@ -47,18 +47,20 @@ from peg_core.engine import (
     nonnegative_float,
     nonnegative_int,
     parse_with_config,
+    positive_float,
     positive_int,
     print_closing,
     run_reported,
     unit_fraction,
 )
 
-from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS
+from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, RTDETR_DEFAULTS
 from .data import SHAPES
 from .evaluation import BACKENDS
 from .make_data import write_shapes_coco
 from .model import ARCHS
 from .models import BACKBONES, DECODER_KEY_POS, POS_ENCODINGS
+from .models.rtdetr.build import RTDETR_BACKBONES
 from .task import DetectTask
 
 __all__ = [
@@ -220,7 +222,11 @@ def _add_train_data_args(p: argparse.ArgumentParser) -> None:
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("model")
     add_arch_arg(m, tuple(ARCHS), help="detector architecture", default="detr")
-    m.add_argument("--backbone", choices=BACKBONES, help="CNN backbone (tiny: for CPU demos and tests)")
+    m.add_argument(
+        "--backbone",
+        choices=list(dict.fromkeys([*BACKBONES, *RTDETR_BACKBONES])),
+        help="CNN backbone: resnet18/50/101 (detr), r18vd/r34vd/r50vd/r101vd (rtdetr), tiny (both; CPU demos)",
+    )
     m.add_argument(
         "--backbone-weights", type=Path, help="local ImageNet weights for the ResNet (nothing is downloaded)"
     )
@@ -246,6 +252,21 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--no-aux-loss", dest="aux_loss", action="store_false")
     # --init (the run group) takes official DETR .pth files and Hugging Face DETR folders / weights files
     add_alias(m, "--pretrained", dest="init", type=Path)
+    _add_rtdetr_args(p)
+
+
+def _add_rtdetr_args(p: argparse.ArgumentParser) -> None:
+    """``--arch rtdetr``'s own options (the widths, queries and PEG flags above are shared)."""
+    r = p.add_argument_group("rtdetr (--arch rtdetr)")
+    r.add_argument("--encoder-expansion", type=positive_float, help="CCFM CSP width multiplier (R18vd 0.5)")
+    r.add_argument("--num-denoising", type=nonnegative_int, help="denoising queries per image (0: off)")
+    r.add_argument("--label-noise-ratio", type=unit_fraction, help="denoising: labels flipped at random")
+    r.add_argument("--box-noise-scale", type=nonnegative_float, help="denoising: box jitter, in box sizes")
+    r.add_argument(
+        "--ema-decay", type=unit_fraction, help="weight EMA decay, evaluated and checkpointed (0: no EMA)"
+    )
+    r.add_argument("--ema-warmups", type=positive_int, help="EMA warm-up: decay * (1 - exp(-updates / N))")
+    r.add_argument("--warmup-steps", type=nonnegative_int, help="linear learning-rate warm-up steps")
 
 
 # ---------------------------------------------------------------------------------------- parsers
@@ -307,6 +328,9 @@ def build_predict_parser() -> argparse.ArgumentParser:
 def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse ``train`` flags; a ``--config`` recipe supplies defaults that explicit flags override."""
     parser = build_train_parser()
+    pre, _ = parser.parse_known_args(argv)
+    if pre.arch == "rtdetr" and not pre.config:  # RT-DETR's defaults (R50vd 6x), not DETR's
+        parser.set_defaults(**RTDETR_DEFAULTS)
     args = parse_with_config(parser, argv, CONFIGS)
     if args.data_root is None:
         parser.error("the following arguments are required: --data-root")

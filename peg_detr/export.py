@@ -13,6 +13,12 @@ computes its codes from the input's grid inside the graph, and a learned table
 is resized to it there.  ``--height/--width`` only set the example input the
 graph is traced with.  The checkpoint's categories are stored in the model's
 metadata (``peg_categories``, JSON).
+
+An RT-DETR checkpoint (``--arch rtdetr``) exports the same way: inputs in ``[0, 1]`` (RT-DETR's
+pipeline does not normalise), ``pred_logits`` ``(B, Q, K)`` sigmoid logits (no no-object class),
+the weight EMA when the run kept one.  Its anchors and, with ``sincos``, its AIFI table are built
+from the input's size inside the graph; with ``peg`` nothing depends on a size at all, so the
+graph runs at any ``H``, ``W`` (at least 64: two stride-32 cells).
 """
 
 from __future__ import annotations
@@ -41,7 +47,10 @@ def side_arg(text: str) -> int:
 
 
 class DetrForExport(nn.Module):
-    """``images (B, 3, H, W) -> (pred_logits (B, Q, K+1), pred_boxes (B, Q, 4))``; no auxiliary outputs."""
+    """``images (B, 3, H, W) -> (pred_logits (B, Q, K+1), pred_boxes (B, Q, 4))``; no auxiliary outputs.
+
+    (RT-DETR: ``pred_logits`` ``(B, Q, K)``, sigmoid classes.)
+    """
 
     def __init__(self, detr: nn.Module) -> None:
         super().__init__()
@@ -69,7 +78,7 @@ def main(argv: list[str]) -> int:
     # Batch 2: a batch of 1 would be traced as a constant (PyTorch specialises sizes 0 and 1).
     example = torch.randn(2, 3, args.height, args.width, generator=torch.Generator().manual_seed(0))
     # At least two feature cells per side: a one-cell side would be traced as a constant.
-    least = 2 * model.backbone.stride
+    least = 2 * getattr(model.backbone, "stride", 32)  # RT-DETR's ResNet-vd: stride 32
     if min(args.height, args.width) < least:
         raise UserError(
             f"the example image must be at least {least} pixels per side (2 × the backbone's stride)",

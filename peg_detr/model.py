@@ -5,6 +5,9 @@ A training checkpoint stores ``model_config`` (``arch`` and every keyword of
 builder) and ``meta`` (``categories``, ``num_classes``, ``val_size``, ...), so
 ``eval`` and ``predict`` rebuild exactly the trained model without the run's flags.
 Configs written before the shared vocabulary (``nheads``) are read with today's names.
+``arch`` picks the builder (:data:`ARCHS`: ``detr``, ``rtdetr``); a checkpoint trained with a weight
+EMA (RT-DETR) holds the live weights under ``model.`` and the average under ``ema.module.``:
+:func:`load_model` loads the average, the weights RT-DETR evaluates and ships.
 """
 
 from __future__ import annotations
@@ -22,17 +25,35 @@ from peg_core.engine import LoadedModel, UserError, checkpoint_and_where, load_m
 from peg_core.engine.cli import peg_kwargs
 
 from .models import build_detr
+from .models.rtdetr.build import build_rtdetr, rtdetr_training_parts
 
-__all__ = ["ARCHS", "build_model", "load_model", "model_config_from_args", "upgrade_config"]
+__all__ = [
+    "ARCHS",
+    "build_model",
+    "eval_state_dict",
+    "load_model",
+    "model_config_from_args",
+    "upgrade_config",
+]
 
-#: ``--arch`` -> the builder of ``(model, criterion, postprocessor)`` (the real-time DETR joins later)
-ARCHS = {"detr": build_detr}
+#: ``--arch`` -> the builder of ``(model, criterion, postprocessor)``
+ARCHS = {"detr": build_detr, "rtdetr": build_rtdetr}
+#: ``--arch`` -> the builder's ``(backbone, pos_enc)`` defaults
+_ARCH_DEFAULTS = {"detr": ("resnet50", "peg"), "rtdetr": ("r50vd", "sincos")}
+#: state-dict prefix of the weight average in a checkpoint trained with an EMA (peg_detr.task.EmaModel)
+EMA_PREFIX = "ema.module."
 #: old model_config keys -> today's builder keywords
 _RENAMED = {"nheads": "num_heads"}
 # argparse dests forwarded to the builder as keywords when set (None: the builder's default)
 _MODEL_OPTIONS = (
     "backbone_weights", "hidden_dim", "num_heads", "enc_layers", "dec_layers", "dim_feedforward", "dropout",
     "decoder_key_pos", "learned_grid", "pos_interpolation",
+)  # fmt: skip
+# the same for --arch rtdetr (DETR's decoder-key / learned-grid options do not apply)
+_RTDETR_OPTIONS = (
+    "backbone_weights", "hidden_dim", "num_heads", "enc_layers", "dec_layers", "dim_feedforward", "dropout",
+    "encoder_expansion", "num_denoising", "label_noise_ratio", "box_noise_scale", "learned_grid",
+    "pos_interpolation",
 )  # fmt: skip
 
 
@@ -59,33 +80,59 @@ def build_model(
     weights = kw.get("backbone_weights")
     if weights is not None:  # missing / empty / not a torch file: one line, before building
         read_state_file(weights, what="backbone weights")
+    backbone, pos_enc = _ARCH_DEFAULTS[arch]
     try:
-        model, criterion, postprocessor = ARCHS[arch](
-            kw.pop("backbone", "resnet50"), kw.pop("pos_enc", "peg"), **kw
-        )
+        if arch == "rtdetr" and "hf_config" in kw:  # built by from_hf (--init FOLDER): its config.json
+            model, criterion, postprocessor = _rtdetr_from_hf_config(kw)
+        else:
+            model, criterion, postprocessor = ARCHS[arch](
+                kw.pop("backbone", backbone), kw.pop("pos_enc", pos_enc), **kw
+            )
     except (ValueError, TypeError) as e:  # the builder checks its arguments; TypeError: an unknown key
         raise UserError(f"invalid model settings ({' '.join(str(e).split())})", source) from None
     model.build_config = {"arch": arch, **model.build_config}
     return model, criterion, postprocessor
 
 
+def _rtdetr_from_hf_config(kw: dict[str, Any]) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """An RT-DETR whose ``model_config`` is ``{"hf_config": config.json, "pos_enc", **encoder options}``."""
+    from .hf_rtdetr import rtdetr_from_hf_config
+
+    kw.pop("num_classes", None)  # recorded for eval / predict; the config's id2label sets it
+    model = rtdetr_from_hf_config(kw.pop("hf_config"), kw.pop("pos_enc", "sincos"), **kw)
+    model.build_config = {**model.build_config, "num_classes": model.num_classes}
+    return model, *rtdetr_training_parts(model)
+
+
 def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[str, Any]:
     """The ``model_config`` of parsed ``train`` flags (unset options: the builder's default)."""
+    arch = getattr(args, "arch", None) or "detr"
+    if arch == "rtdetr":  # DETR-only flags are refused, not ignored
+        for dest, flag in (("dilation", "--dilation"), ("decoder_key_pos", "--decoder-key-pos")):
+            if getattr(args, dest, None):
+                raise UserError("applies to --arch detr only", flag)
     kw: dict[str, Any] = {
-        "arch": getattr(args, "arch", None) or "detr",
+        "arch": arch,
         "backbone": args.backbone,
         "pos_enc": args.pos_enc,
         "num_classes": num_classes,
         "num_queries": args.num_queries,
-        "dilation": args.dilation,
         "aux_loss": args.aux_loss,
         **peg_kwargs(args),
     }
-    for name in _MODEL_OPTIONS:
+    if arch == "detr":
+        kw["dilation"] = args.dilation
+    for name in _RTDETR_OPTIONS if arch == "rtdetr" else _MODEL_OPTIONS:
         value = getattr(args, name, None)
         if value is not None:
             kw[name] = str(value) if isinstance(value, Path) else value
     return kw
+
+
+def eval_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The weights to evaluate of a checkpoint's ``model`` state: the EMA average when it has one."""
+    ema = {k[len(EMA_PREFIX) :]: v for k, v in state.items() if k.startswith(EMA_PREFIX)}
+    return ema or dict(state)
 
 
 def load_model(
@@ -115,7 +162,7 @@ def load_model(
     with warnings.catch_warnings():  # "ResNet starts from random weights": the checkpoint's weights follow
         warnings.simplefilter("ignore", UserWarning)
         model, _, postprocessor = build_model(config, where)
-    load_model_state(model, ckpt["model"], where)
+    load_model_state(model, eval_state_dict(ckpt["model"]), where)
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
     names = {int(c["id"]): str(c["name"]) for c in meta.get("categories", []) if isinstance(c, dict)}
     classes = [names.get(i, "") for i in range(int(config["num_classes"]))]

@@ -6,17 +6,25 @@ learning rate (:func:`optimizer_groups`), DETR's StepLR (stepped per epoch), the
 under autocast, Hungarian matching and losses in float32) and the COCO
 evaluation at every ``--eval-sizes``.  Paths and annotation files are checked
 when the run is set up, before any epoch.
+
+``--arch rtdetr`` changes five things and nothing else of the engine's run: RT-DETR's
+augmentation with one multi-scale side per batch (:class:`~peg_detr.data.MultiScaleCollate`),
+targets passed to the forward (denoising queries), AdamW without decay on norms and biases,
+a per-step linear warm-up, and a weight EMA (:class:`EmaModel`) that is evaluated and
+checkpointed beside the live weights.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from peg_core.engine import (
@@ -29,12 +37,16 @@ from peg_core.engine import (
     param_groups,
     skipping_collate,
 )
+from peg_core.interop.io import WeightsError
 
 from .data import (
     CocoDetr,
+    MultiScaleCollate,
     collate_detr,
     infer_num_classes,
     load_coco_annotations,
+    make_rtdetr_train_transforms,
+    make_rtdetr_val_transforms,
     make_train_transforms,
     make_val_transforms,
     resolve_coco_paths,
@@ -43,9 +55,20 @@ from .data import (
 from .evaluation import evaluate_coco
 from .model import build_model, load_model, model_config_from_args
 from .models import load_official_checkpoint
+from .models.rtdetr import RTDETR
+from .models.rtdetr.build import rtdetr_training_parts
 from .structures import targets_to, to_float
 
-__all__ = ["DetectTask", "ValSets", "optimizer_groups", "run_args", "weighted_loss"]
+__all__ = [
+    "DetectTask",
+    "EmaModel",
+    "ValSets",
+    "optimizer_groups",
+    "run_args",
+    "warmup_ema_fn",
+    "warmup_step_lr",
+    "weighted_loss",
+]
 
 #: argument names of checkpoints written before the shared vocabulary -> today's
 _RENAMED_ARGS = {"coco_path": "data_root", "nheads": "num_heads", "pretrained": "init"}
@@ -66,6 +89,65 @@ def optimizer_groups(model: nn.Module, lr_backbone: float, weight_decay: float) 
     checkpoints written before the shared optimiser hold, so their optimiser states still load.
     """
     return param_groups(model, weight_decay, decay_1d=True, lr_by_prefix={"backbone.": lr_backbone})
+
+
+def rtdetr_optimizer_groups(
+    model: nn.Module, lr_backbone: float, weight_decay: float
+) -> list[dict[str, Any]]:
+    """RT-DETR's AdamW groups: the backbone at ``lr_backbone``; norms and biases not decayed."""
+    return param_groups(model, weight_decay, decay_1d=False, lr_by_prefix={"backbone.": lr_backbone})
+
+
+def warmup_step_lr(warmup_steps: int, drop_every: int) -> Callable[[int], float]:
+    """``LambdaLR`` factor of step ``s``: linear warm-up over ``warmup_steps``, /10 every ``drop_every`` steps."""
+
+    def factor(step: int) -> float:
+        warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+        return warm * 0.1 ** (step // max(drop_every, 1))
+
+    return factor
+
+
+def warmup_ema_fn(decay: float, warmups: int) -> Callable[[list[Tensor], list[Tensor], Tensor], None]:
+    """An ``AveragedModel`` ``multi_avg_fn``: EMA with RT-DETR's warm-up ``decay * (1 - exp(-n / warmups))``.
+
+    ``n`` counts the updates including this one (``num_averaged + 1``), so early averages follow
+    the model closely and the decay reaches ``decay`` after a few ``warmups``.
+    """
+
+    def update(ema_params: list[Tensor], params: list[Tensor], num_averaged: Tensor) -> None:
+        d = decay * (1.0 - math.exp(-(float(num_averaged) + 1.0) / warmups))
+        get_ema_multi_avg_fn(d)(ema_params, params, num_averaged)
+
+    return update
+
+
+class EmaModel(nn.Module):
+    """A model and its weight EMA (``torch.optim.swa_utils.AveragedModel``); ``forward`` is the model's.
+
+    The state dict holds ``model.*`` (trained weights) and ``ema.module.*`` / ``ema.n_averaged``
+    (the average, buffers included), so a checkpoint resumes both and
+    :func:`peg_detr.model.load_model` evaluates the average.  The average's parameters need no
+    gradient, so DDP and the gradient clipping see the model's alone.  Call :meth:`update` after
+    every optimiser step (``DetectTask`` registers it as the optimiser's step post-hook).
+    """
+
+    def __init__(self, model: nn.Module, decay: float, warmups: int) -> None:
+        super().__init__()
+        self.model = model
+        self.ema = AveragedModel(model, multi_avg_fn=warmup_ema_fn(decay, warmups), use_buffers=True)
+        self.ema.requires_grad_(False)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    def update(self) -> None:
+        self.ema.update_parameters(self.model)
+
+    @property
+    def averaged(self) -> nn.Module:
+        """The averaged copy of the model (evaluated instead of the live weights)."""
+        return self.ema.module
 
 
 def run_args(ckpt: dict[str, Any]) -> dict[str, Any]:
@@ -109,6 +191,13 @@ def per_process_batch(args: argparse.Namespace, world_size: int) -> int:
     return total // world_size
 
 
+def _val_transforms(arch: str, size: int) -> Callable:
+    """DETR: short side ``size`` (long side capped at DETR's ratio); RT-DETR: a ``size`` × ``size`` square."""
+    if arch == "rtdetr":
+        return make_rtdetr_val_transforms(size)
+    return make_val_transforms(size, scaled_max_size(size))
+
+
 class ValSets:
     """The validation split at each evaluation size: one checked annotation file, one dataset per size.
 
@@ -122,15 +211,14 @@ class ValSets:
         sizes: list[int],
         val_size: int,
         backend: str = "faster",
+        arch: str = "detr",
     ) -> None:
         self.backend = backend  # COCO evaluation backend (peg_detr.evaluation.BACKENDS)
         img_dir, self.ann_path = _split_paths(data_root, "val", val_json)
         annotations = load_coco_annotations(self.ann_path)
         self.categories = annotations.categories
         self.headline = val_size if val_size in sizes else sizes[0]
-        self.sets = {
-            s: CocoDetr(img_dir, annotations, make_val_transforms(s, scaled_max_size(s))) for s in sizes
-        }
+        self.sets = {s: CocoDetr(img_dir, annotations, _val_transforms(arch, s)) for s in sizes}
 
     def evaluate(
         self, model: nn.Module, postprocessor: nn.Module, ctx: RunContext, batch_size: int, workers: int
@@ -170,28 +258,40 @@ def summary(metrics: dict[str, Any]) -> str:
 class _Step:
     """One training step: forward under autocast, matching and losses in float32."""
 
-    def __init__(self, criterion: nn.Module) -> None:
+    def __init__(self, criterion: nn.Module, with_targets: bool = False) -> None:
         self.criterion = criterion
+        self.with_targets = with_targets  # RT-DETR builds its denoising queries from the targets
 
     def __call__(self, net: nn.Module, data: Any, ctx: RunContext) -> StepOutput:
         samples, targets = data
+        targets = targets_to(targets, ctx.device)
         with ctx.autocast():
-            outputs = net(samples.to(ctx.device))
-        loss_dict = self.criterion(to_float(outputs), targets_to(targets, ctx.device))
+            if self.with_targets:
+                outputs = net(samples.to(ctx.device), targets)
+            else:
+                outputs = net(samples.to(ctx.device))
+        loss_dict = self.criterion(to_float(outputs), targets)
         weights = self.criterion.weight_dict
         logs = {k: v.detach() for k, v in loss_dict.items() if k in weights}
         return StepOutput(weighted_loss(loss_dict, weights), logs)
 
 
+def _arch(args: argparse.Namespace) -> str:
+    return getattr(args, "arch", None) or "detr"
+
+
 def _train_set(args: argparse.Namespace) -> tuple[CocoDetr, Path]:
     """The augmented training split and its (checked) annotation file."""
     img_dir, ann = _split_paths(args.data_root, "train", args.train_json)
-    transforms = make_train_transforms(
-        args.train_scales,
-        args.max_size,
-        crop_resize=args.crop_resize or None,
-        crop_size=tuple(args.crop_size),
-    )
+    if _arch(args) == "rtdetr":  # square at --val-size; the collate draws the batch's side
+        transforms = make_rtdetr_train_transforms(args.val_size)
+    else:
+        transforms = make_train_transforms(
+            args.train_scales,
+            args.max_size,
+            crop_resize=args.crop_resize or None,
+            crop_size=tuple(args.crop_size),
+        )
     return CocoDetr(img_dir, load_coco_annotations(ann), transforms), ann
 
 
@@ -201,8 +301,9 @@ def _train_loader(
     """The loader and its ``on_epoch_start``: order and worker seeds are functions of (seed, epoch)."""
     sampler = DistributedSampler(ds, ctx.dist.world_size, ctx.dist.rank, shuffle=True, seed=args.seed)
     generator = torch.Generator()
+    collate = MultiScaleCollate(args.train_scales or ()) if _arch(args) == "rtdetr" else collate_detr
     loader = DataLoader(
-        SkipBroken(ds), batch, sampler=sampler, collate_fn=skipping_collate(collate_detr),
+        SkipBroken(ds), batch, sampler=sampler, collate_fn=skipping_collate(collate),
         num_workers=args.workers, drop_last=True, generator=generator,
     )  # fmt: skip
 
@@ -211,6 +312,75 @@ def _train_loader(
         generator.manual_seed(args.seed * 1000 + epoch)
 
     return loader, on_epoch_start
+
+
+def _init_model(
+    args: argparse.Namespace, num_classes: int, ckpt: dict[str, Any] | None, ctx: RunContext
+) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """The model from the flags, with ``--init`` weights unless the run resumes (it has its own)."""
+    init = args.init if ckpt is None else None
+    if _arch(args) == "rtdetr" and init is not None:
+        return _rtdetr_from_hf(args, num_classes, ctx)
+    if ckpt is not None and "hf_config" in (ckpt.get("model_config") or {}):  # resuming a --init FOLDER run
+        return build_model(ckpt["model_config"], "the resumed checkpoint")
+    model, criterion, postprocessor = build_model(model_config_from_args(args, num_classes))
+    if init is not None:
+        load_official_checkpoint(model, init, num_classes=num_classes)
+    return model, criterion, postprocessor
+
+
+def _rtdetr_from_hf(
+    args: argparse.Namespace, num_classes: int, ctx: RunContext
+) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """``--arch rtdetr --init FOLDER``: the detector a Hugging Face RT-DETR folder describes, with its weights.
+
+    The folder fixes the architecture (backbone, widths, classes); ``--pos-enc`` still applies
+    (``peg`` adds a zero-initialised PEG, so training starts from what the folder computes).
+    """
+    from .hf_rtdetr import from_hf
+
+    if not (Path(args.init) / "config.json").is_file():
+        raise UserError(
+            "--arch rtdetr --init takes a Hugging Face RT-DETR folder (config.json + weights)", args.init
+        )
+    try:
+        model, report = from_hf(args.init, pos_enc=args.pos_enc)
+    except WeightsError as e:
+        raise UserError(e.what, e.where) from e
+    except ValueError as e:  # another model_type, settings peg_detr lacks
+        raise UserError(f"invalid Hugging Face folder ({e})", args.init) from None
+    if not isinstance(model, RTDETR):
+        raise UserError("the folder holds a DETR, not an RT-DETR; use --arch detr", args.init)
+    if model.num_classes != num_classes:
+        raise UserError(
+            f"the folder's model has {model.num_classes} classes, the data {num_classes}; "
+            f"pass --num-classes {model.num_classes} (labels are category ids)",
+            args.init,
+        )
+    ctx.print(f"--init {args.init}: {str(report).splitlines()[0]}")
+    # num_classes too: eval / predict read it from every detector's model_config
+    model.build_config = {"arch": "rtdetr", **model.build_config, "num_classes": model.num_classes}
+    return model.train(), *rtdetr_training_parts(model)
+
+
+def _rtdetr_optimization(
+    model: nn.Module, args: argparse.Namespace, steps_per_epoch: int
+) -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """RT-DETR's AdamW, warm-up schedule (per step) and weight EMA; returns ``(trained model, opt, sched)``.
+
+    The trained model is an :class:`EmaModel` when ``--ema-decay`` > 0; the optimiser holds the
+    live model's parameters only (same group order with or without the EMA).
+    """
+    groups = rtdetr_optimizer_groups(model, args.lr_backbone, args.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
+    factor = warmup_step_lr(args.warmup_steps or 0, args.lr_drop * steps_per_epoch)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    if not args.ema_decay:
+        return model, optimizer, scheduler
+    trained = EmaModel(model, args.ema_decay, args.ema_warmups or 2000)
+    # after every optimiser step that ran (a GradScaler-skipped step does not move the average)
+    optimizer.register_step_post_hook(lambda *_: trained.update())
+    return trained, optimizer, scheduler
 
 
 class DetectTask:
@@ -236,7 +406,7 @@ class DetectTask:
             )
         val = ValSets(
             args.data_root, args.val_json, args.eval_sizes or [args.val_size], args.val_size,
-            getattr(args, "coco_eval_backend", "faster"),
+            getattr(args, "coco_eval_backend", "faster"), _arch(args),
         )  # fmt: skip
         num_classes = args.num_classes
         if num_classes is None:
@@ -244,23 +414,28 @@ class DetectTask:
             ctx.print(f"--num-classes not given: using {num_classes} (max category id in {ann.name} + 1)")
         _check_categories(val, num_classes)
 
-        model, criterion, postprocessor = build_model(model_config_from_args(args, num_classes))
-        if args.init is not None and ckpt is None:  # a resumed run has its own weights
-            load_official_checkpoint(model, args.init, num_classes=num_classes)
+        model, criterion, postprocessor = _init_model(args, num_classes, ckpt, ctx)
         model.to(ctx.device)
         criterion.to(ctx.device).train()
-        groups = optimizer_groups(model, args.lr_backbone, args.weight_decay)
-        optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
         loader, on_epoch_start = _train_loader(train_ds, batch, args, ctx)
+        rtdetr = _arch(args) == "rtdetr"
+        if rtdetr:
+            trained, optimizer, scheduler = _rtdetr_optimization(model, args, len(loader))
+            evaluated = trained.averaged if isinstance(trained, EmaModel) else trained
+        else:
+            trained, evaluated = model, model
+            groups = optimizer_groups(model, args.lr_backbone, args.weight_decay)
+            optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, args.lr_drop)
         return TrainParts(
-            model=model,
+            model=trained,
             optimizer=optimizer,
             train_loader=loader,
             train_size=len(train_ds),
-            step=_Step(criterion),
-            evaluate=lambda m, c: val.evaluate(m, postprocessor, c, batch, args.workers),
-            scheduler=torch.optim.lr_scheduler.StepLR(optimizer, args.lr_drop),
-            scheduler_interval="epoch",
+            step=_Step(criterion, with_targets=rtdetr),
+            evaluate=lambda m, c: val.evaluate(evaluated, postprocessor, c, batch, args.workers),
+            scheduler=scheduler,
+            scheduler_interval="step" if rtdetr else "epoch",
             model_config=dict(model.build_config),
             meta=dict(
                 categories=train_ds.categories,
@@ -287,7 +462,7 @@ class DetectTask:
         val_size = args.val_size or int(meta.get("val_size") or 800)
         val = ValSets(
             data_root, val_json, args.eval_sizes or [val_size], val_size,
-            getattr(args, "coco_eval_backend", "faster"),
+            getattr(args, "coco_eval_backend", "faster"), loaded.config.get("arch", "detr"),
         )  # fmt: skip
         _check_categories(val, int(ckpt["model_config"]["num_classes"]))
         model.to(ctx.device)

@@ -10,6 +10,9 @@ crop are removed by ``SanitizeBoundingBoxes`` (together with their labels).
 The pipelines return an image tensor normalised with ImageNet mean/std and the
 target with XYXY pixel boxes; :func:`to_detr_target` turns those into DETR's
 normalised cxcywh boxes.
+
+RT-DETR (``--arch rtdetr``) has its own pipelines below (:func:`make_rtdetr_train_transforms`,
+:func:`make_rtdetr_val_transforms`, :class:`MultiScaleCollate`); DETR's are unchanged by them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from torchvision.ops import box_convert
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from ..structures import ImageBatch, pad_images
+
 __all__ = [
     "DETR_CROP_RESIZE",
     "DETR_CROP_SIZE",
@@ -31,8 +36,13 @@ __all__ = [
     "DETR_SCALES",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "RTDETR_SIZE",
+    "RTDETR_TRAIN_SIZES",
+    "MultiScaleCollate",
     "RandomSizeCrop",
     "make_boxes",
+    "make_rtdetr_train_transforms",
+    "make_rtdetr_val_transforms",
     "make_train_transforms",
     "make_val_transforms",
     "scaled_max_size",
@@ -149,3 +159,84 @@ def to_detr_target(target: dict[str, Any], image: Tensor) -> dict[str, Tensor]:
 def make_boxes(xyxy: Tensor, canvas_size: tuple[int, int]) -> tv_tensors.BoundingBoxes:
     """``(n, 4)`` XYXY pixel boxes as a ``BoundingBoxes`` on an image of size ``(h, w)``."""
     return tv_tensors.BoundingBoxes(xyxy.reshape(-1, 4), format="XYXY", canvas_size=canvas_size)
+
+
+# ----------------------------------------------------------------------------------------- RT-DETR
+
+#: RT-DETR's multi-scale training sides (square), drawn once per batch by :class:`MultiScaleCollate`
+RTDETR_TRAIN_SIZES: tuple[int, ...] = tuple(range(480, 801, 32))
+#: RT-DETR's training and evaluation side (its ``eval_spatial_size``)
+RTDETR_SIZE = 640
+
+
+def _to_unit_range() -> list[v2.Transform]:
+    # RT-DETR (and transformers' RTDetrImageProcessor) feeds pixels scaled to [0, 1], not
+    # ImageNet-normalised ones: weights trained there expect exactly that input.
+    return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
+
+
+def make_rtdetr_train_transforms(size: int = RTDETR_SIZE, hflip: float = 0.5) -> v2.Compose:
+    """RT-DETR's training augmentation, ending in a ``size`` × ``size`` image in ``[0, 1]``.
+
+    Photometric distortion (p 0.5), zoom-out onto a black canvas (p 0.5), IoU crop (p 0.8),
+    box sanitising, horizontal flip and a square resize, as in lyuwenyu/RT-DETR's
+    ``rtdetr_r50vd_6x`` recipe.  The per-batch multi-scale resize comes later, in
+    :class:`MultiScaleCollate`, so that every image of a batch has the same size.
+    """
+    return v2.Compose(
+        [
+            v2.RandomPhotometricDistort(p=0.5),
+            v2.RandomZoomOut(fill=0),
+            v2.RandomApply([v2.RandomIoUCrop()], p=0.8),
+            v2.SanitizeBoundingBoxes(min_size=1.0),
+            v2.RandomHorizontalFlip(hflip),
+            v2.Resize((size, size)),
+            v2.ClampBoundingBoxes(),
+            v2.SanitizeBoundingBoxes(min_size=1.0),
+            *_to_unit_range(),
+        ]
+    )
+
+
+def make_rtdetr_val_transforms(size: int | None = RTDETR_SIZE, with_boxes: bool = True) -> v2.Compose:
+    """A square resize to ``size`` × ``size`` (``None``: the image's own size), pixels in ``[0, 1]``."""
+    resize = [] if size is None else [v2.Resize((size, size))]
+    boxes = [v2.ClampBoundingBoxes(), v2.SanitizeBoundingBoxes(min_size=1.0)] if with_boxes else []
+    return v2.Compose([*resize, *boxes, *_to_unit_range()])
+
+
+class MultiScaleCollate:
+    """Stack a batch and resize it to one side drawn per batch from ``sizes`` (RT-DETR's multi-scale).
+
+    Every image of the batch gets the same square size, so the batch needs no padding (the
+    mask is all False); boxes are normalised cxcywh and so do not change.  The side is drawn
+    with torch's generator (a worker's seed, or the global one with ``workers=0``), so a resumed
+    run draws the same sides.  ``sizes=()`` keeps the images as the transforms made them
+    (images of several sizes are then padded, as for DETR).
+
+    ``__call__(batch)`` takes ``[(image (3, H, W), target), ...]`` and returns
+    ``(ImageBatch (B, 3, S, S), targets)`` with each target's ``size`` set to ``(S, S)``.
+    """
+
+    def __init__(self, sizes: Sequence[int] = ()) -> None:
+        if any(int(s) < 1 for s in sizes):
+            raise ValueError(f"multi-scale sizes must be positive, got {list(sizes)}")
+        self.sizes = [int(s) for s in sizes]
+
+    def __call__(self, batch: list[tuple[Tensor, dict[str, Any]]]) -> tuple[Any, list[dict[str, Any]]]:
+        images, targets = (list(x) for x in zip(*batch))
+        if not self.sizes:
+            return pad_images(images), targets
+        side = self.sizes[int(torch.randint(len(self.sizes), ()))]
+        resized = torch.cat([_resize_image(im, side) for im in images])
+        mask = torch.zeros(len(images), side, side, dtype=torch.bool)
+        size = torch.tensor([side, side])
+        return ImageBatch(resized, mask), [{**t, "size": size} for t in targets]
+
+
+def _resize_image(image: Tensor, side: int) -> Tensor:
+    """``(3, H, W)`` -> ``(1, 3, side, side)`` with ``F.interpolate``'s default (nearest), as RT-DETR's
+    batch collate does, so the recipe's inputs are the published ones."""
+    if tuple(image.shape[-2:]) == (side, side):
+        return image[None]
+    return torch.nn.functional.interpolate(image[None], size=(side, side))

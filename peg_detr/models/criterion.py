@@ -15,7 +15,7 @@ from peg_core.engine.distributed import get_world_size, reduce_sum
 
 from .matcher import HungarianMatcher
 
-__all__ = ["SetCriterion", "build_weight_dict"]
+__all__ = ["SetCriterion", "build_weight_dict", "check_targets", "device_indices"]
 
 
 def build_weight_dict(
@@ -74,15 +74,7 @@ class SetCriterion(nn.Module):
                 f"pred_logits has {outputs['pred_logits'].shape[-1]} classes, the criterion expects "
                 f"num_classes + 1 = {self.num_classes + 1}"
             )
-        if len(targets) != b:
-            raise ValueError(f"{len(targets)} targets for a batch of {b} images")
-        for i, t in enumerate(targets):
-            labels, boxes = t["labels"], t["boxes"]
-            if boxes.dim() != 2 or boxes.shape[-1] != 4 or boxes.shape[0] != labels.shape[0]:
-                raise ValueError(
-                    f"target {i}: boxes {tuple(boxes.shape)} and labels {tuple(labels.shape)} must be (M, 4), (M,)"
-                )
-            # The label range is checked on the host by the matcher (its one transfer): no sync here.
+        check_targets(targets, b)
 
     def forward(self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         self._check_targets(outputs, targets)
@@ -94,7 +86,7 @@ class SetCriterion(nn.Module):
         layers = [outputs, *outputs.get("aux_outputs", [])]
         # All layers matched with the step's single device-to-host copy, the indices sent back in one copy.
         per_layer = self.matcher.match_layers(layers, targets, self.num_classes)
-        flat = _device_indices(per_layer, targets, device)
+        flat = device_indices(per_layer, targets, device)
         labels = torch.cat([t["labels"] for t in targets]).to(device)
         boxes = torch.cat([t["boxes"] for t in targets]).to(device)
         losses = self._losses(outputs, labels, boxes, flat[0], num_boxes)
@@ -112,7 +104,7 @@ class SetCriterion(nn.Module):
         index: tuple[Tensor, Tensor, Tensor],
         num_boxes: Tensor,
     ) -> dict[str, Tensor]:
-        """Class, L1 and GIoU losses; ``labels (M,)`` / ``boxes (M, 4)`` all targets, ``index`` from :func:`_device_indices`."""
+        """Class, L1 and GIoU losses; ``labels (M,)`` / ``boxes (M, 4)`` all targets, ``index`` from :func:`device_indices`."""
         logits = outputs["pred_logits"].float()
         batch_idx, query_idx, target_idx = index
         classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
@@ -146,7 +138,22 @@ class SetCriterion(nn.Module):
         return {"class_error": class_error.float(), "cardinality_error": F.l1_loss(n_pred, n_tgt)}
 
 
-def _device_indices(
+def check_targets(targets: list[dict[str, Tensor]], batch_size: int) -> None:
+    """One target per image, each with ``boxes (M, 4)`` and ``labels (M,)``; shapes only.
+
+    The label range is checked on the host by the matcher (its one transfer): no sync here.
+    """
+    if len(targets) != batch_size:
+        raise ValueError(f"{len(targets)} targets for a batch of {batch_size} images")
+    for i, t in enumerate(targets):
+        labels, boxes = t["labels"], t["boxes"]
+        if boxes.dim() != 2 or boxes.shape[-1] != 4 or boxes.shape[0] != labels.shape[0]:
+            raise ValueError(
+                f"target {i}: boxes {tuple(boxes.shape)} and labels {tuple(labels.shape)} must be (M, 4), (M,)"
+            )
+
+
+def device_indices(
     per_layer: list[list[tuple[Tensor, Tensor]]], targets: list[dict[str, Tensor]], device: torch.device
 ) -> list[tuple[Tensor, Tensor, Tensor]]:
     """Host matches -> per layer ``(batch_idx, query_idx, target_idx)`` on ``device``, ``target_idx``

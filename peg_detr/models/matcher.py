@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import box_convert, generalized_box_iou
 
 from peg_core.errors import require
 
-__all__ = ["HungarianMatcher", "match_cost"]
+__all__ = ["HungarianMatcher", "focal_class_cost", "match_cost"]
+
+
+def focal_class_cost(logits: Tensor, tgt_labels: Tensor, alpha: float = 0.25, gamma: float = 2.0) -> Tensor:
+    """Focal-loss class cost ``(N, M)`` of sigmoid logits ``(N, K)`` for target labels ``(M,)``.
+
+    With ``p = sigmoid(logit[label])``: ``alpha (1 - p)^gamma (-log p) - (1 - alpha) p^gamma (-log(1 - p))``,
+    the focal loss of calling the query positive minus that of calling it negative (Deformable
+    DETR / RT-DETR's matching cost).  The logs are taken as softplus of the logit, finite for any logit.
+    """
+    x = logits.float()[:, tgt_labels]
+    prob = x.sigmoid()
+    pos = alpha * (1 - prob).pow(gamma) * F.softplus(-x)
+    neg = (1 - alpha) * prob.pow(gamma) * F.softplus(x)
+    return pos - neg
 
 
 def match_cost(
@@ -19,6 +34,10 @@ def match_cost(
     cost_class: float = 1.0,
     cost_bbox: float = 5.0,
     cost_giou: float = 2.0,
+    *,
+    focal: bool = False,
+    focal_alpha: float = 0.25,
+    focal_gamma: float = 2.0,
 ) -> Tensor:
     """Pairwise matching cost ``(N, M)`` between ``N`` predictions and ``M`` targets.
 
@@ -26,13 +45,18 @@ def match_cost(
     with ``p`` the softmax over the ``num_classes + 1`` logits ``(N, K+1)`` and
     boxes ``(N, 4)`` / ``(M, 4)`` in normalised cxcywh.  The class term uses the
     probability rather than its log, as DETR does, so all terms are bounded.
+    With ``focal=True`` the logits ``(N, K)`` are sigmoid scores (no "no object" class) and
+    the class term is ``cost_class * focal_class_cost(...)`` (RT-DETR's matcher).
     """
-    prob = logits.float().softmax(-1)[:, tgt_labels]
+    if focal:
+        class_term = focal_class_cost(logits, tgt_labels, focal_alpha, focal_gamma)
+    else:
+        class_term = -logits.float().softmax(-1)[:, tgt_labels]
     boxes = boxes.float()
     tgt_boxes = tgt_boxes.float()
     l1 = torch.cdist(boxes, tgt_boxes, p=1)
     giou = generalized_box_iou(box_convert(boxes, "cxcywh", "xyxy"), box_convert(tgt_boxes, "cxcywh", "xyxy"))
-    return cost_bbox * l1 - cost_class * prob - cost_giou * giou
+    return cost_bbox * l1 + cost_class * class_term - cost_giou * giou
 
 
 class HungarianMatcher(nn.Module):
@@ -42,15 +66,29 @@ class HungarianMatcher(nn.Module):
     ``outputs["pred_boxes"]`` ``(B, Q, 4)`` and ``targets[b]["labels"]`` ``(M_b,)``,
     ``targets[b]["boxes"]`` ``(M_b, 4)`` returns, per image, ``(query_idx, target_idx)``
     int64 tensors of length ``min(Q, M_b)`` (query indices ascending).
+    ``focal=True`` uses :func:`focal_class_cost` on sigmoid logits ``(B, Q, K)`` (RT-DETR:
+    ``HungarianMatcher(2.0, 5.0, 2.0, focal=True)``).
     """
 
-    def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0) -> None:
+    def __init__(
+        self,
+        cost_class: float = 1.0,
+        cost_bbox: float = 5.0,
+        cost_giou: float = 2.0,
+        *,
+        focal: bool = False,
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
+    ) -> None:
         super().__init__()
         if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
             raise ValueError("all matching costs are 0: set at least one of cost_class/cost_bbox/cost_giou")
         self.cost_class = cost_class
         self.cost_bbox = cost_bbox
         self.cost_giou = cost_giou
+        self.focal = focal
+        self.focal_alpha = focal_alpha
+        self.focal_gamma = focal_gamma
 
     @torch.no_grad()
     def forward(
@@ -94,6 +132,9 @@ class HungarianMatcher(nn.Module):
             self.cost_class,
             self.cost_bbox,
             self.cost_giou,
+            focal=self.focal,
+            focal_alpha=self.focal_alpha,
+            focal_gamma=self.focal_gamma,
         )
         host = torch.cat([cost.flatten(), labels.to(cost.dtype)]).cpu()
         cost, host_labels = host[: cost.numel()].view(len(layers), b, q, -1), host[cost.numel() :]

@@ -199,6 +199,7 @@ def test_named_configs():
     assert parse_train_args(["--config", "demo_tiny", "--data-root", "x"]).crop_resize == []
     assert PUBLISHED_AP == {
         "detr_r50_500ep": 42.0, "cpvt_sine_50ep": 33.7, "cpvt_none_50ep": 32.8, "cpvt_peg_50ep": 33.9,
+        "rtdetr_r18vd_6x": 46.5, "rtdetr_r50vd_6x": 53.1,
     }  # fmt: skip
     assert set(PUBLISHED_AP) < set(CONFIGS) and "demo_tiny" in CONFIGS
     assert per_process_batch(b, 8) == 8

@@ -87,7 +87,7 @@ def test_arch_recorded_in_model_config():
     model = _model()
     assert model.build_config["arch"] == "detr"
     with pytest.raises(SystemExit):
-        parse_train_args([*TINY_FLAGS, "--arch", "rtdetr"])
+        parse_train_args([*TINY_FLAGS, "--arch", "yolo"])
 
 
 def test_peg_kernel_size_changes_the_conv():

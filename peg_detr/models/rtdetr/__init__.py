@@ -1,0 +1,60 @@
+"""RT-DETR (Zhao et al., "DETRs Beat YOLOs on Real-time Object Detection", 2024) in peg_detr.
+
+Files (one owner each, see the module docstrings): ``backbone`` (ResNet-vd with frozen batch
+norm, strides 8/16/32), ``encoder`` (the hybrid encoder: input projections, AIFI with the
+position encoding chosen by name, CCFM), ``decoder`` (IoU-aware query selection, deformable
+decoder, iterative box refinement), ``denoising`` (contrastive denoising groups), ``criterion``
+(varifocal + L1 + GIoU), ``model`` (the detector), ``postprocess`` (sigmoid top-K), ``hf_keys``
+(transformers' ``RTDetrForObjectDetection`` state-dict keys <-> ours).
+"""
+
+from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
+from .criterion import RTDETRCriterion, build_rtdetr_weight_dict, varifocal_loss
+from .decoder import RTDETRDecoder, generate_anchors, inverse_sigmoid
+from .denoising import DenoisingGroup, contrastive_denoising_group
+from .encoder import AIFI, ENCODER_POS_ENCODINGS, HybridEncoder, RTDetrSinCos2d, rtdetr_sincos_2d
+from .hf_keys import (
+    DECODER_PREFIXES,
+    ENCODER_HF_PREFIXES,
+    backbone_kwargs_from_hf,
+    decoder_key_from_hf,
+    decoder_key_to_hf,
+    encoder_hf_config,
+    encoder_hf_keys,
+    encoder_hf_to_ours,
+    encoder_kwargs_from_hf,
+    encoder_ours_to_hf,
+)
+from .model import RTDETR
+from .postprocess import RTDETRPostProcess
+
+__all__ = [
+    "AIFI",
+    "DECODER_PREFIXES",
+    "ENCODER_HF_PREFIXES",
+    "ENCODER_POS_ENCODINGS",
+    "RESNET_VD",
+    "RTDETR",
+    "DenoisingGroup",
+    "HybridEncoder",
+    "RTDETRCriterion",
+    "RTDETRDecoder",
+    "RTDETRPostProcess",
+    "RTDetrSinCos2d",
+    "ResNetVd",
+    "backbone_kwargs_from_hf",
+    "build_resnet_vd",
+    "build_rtdetr_weight_dict",
+    "contrastive_denoising_group",
+    "decoder_key_from_hf",
+    "decoder_key_to_hf",
+    "encoder_hf_config",
+    "encoder_hf_keys",
+    "encoder_hf_to_ours",
+    "encoder_kwargs_from_hf",
+    "encoder_ours_to_hf",
+    "generate_anchors",
+    "inverse_sigmoid",
+    "rtdetr_sincos_2d",
+    "varifocal_loss",
+]

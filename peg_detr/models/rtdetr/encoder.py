@@ -1,0 +1,479 @@
+"""RT-DETR's hybrid encoder (AIFI + CCFM), with the AIFI position encoding chosen by name.
+
+Data flow for the three backbone maps ``C3, C4, C5`` (strides 8/16/32)::
+
+    input_proj[l]   1×1 conv + BN to ``hidden_dim``            (HF ``model.encoder_input_proj``)
+    aifi            transformer layer(s) on the stride-32 map  (AIFI: intra-scale interaction)
+    CCFM top-down   lateral_convs[i] (1×1) -> nearest 2× up -> cat with the finer map -> fpn_blocks[i]
+    CCFM bottom-up  downsample_convs[i] (3×3, stride 2) -> cat with the coarser FPN map -> pan_blocks[i]
+
+``fpn_blocks`` / ``pan_blocks`` are CSP layers of RepVGG blocks (3×3 + 1×1 branches summed).
+Module names follow transformers' ``RTDetrHybridEncoder``, so this module's state dict is HF's
+``model.encoder.*`` plus ``input_proj.*`` = HF's ``model.encoder_input_proj.*``
+(:mod:`peg_detr.models.rtdetr.hf_keys`).
+
+Where position information enters (``pos_enc``), all inside AIFI, on the stride-32 tokens:
+
+* ``sincos``: RT-DETR's fixed 2-D table (:class:`RTDetrSinCos2d`), added to the queries and keys
+  of every AIFI layer.  It is computed for the actual feature size on every call, in the graph,
+  never cached: no ``eval_spatial_size`` exists, so any input size (and a dynamic-shape export)
+  works with the same formula.
+* ``learned``: a learned ``(H0, W0)`` table (:class:`peg_core.LearnedPositionEncoding2d`,
+  default 20×20 = a 640-px input) resized to the actual size, added to queries and keys.
+* ``peg``: a zero-initialised :class:`peg_core.PEG2d` added to the token stream (default: on
+  the AIFI input, ``peg_at=(-1,)``; ``i`` = after AIFI layer ``i``).  At zero it adds nothing,
+  so a ``peg`` encoder computes exactly what the ``none`` encoder computes until its weights
+  move (loading RT-DETR weights and fine-tuning starts from the ``none`` model).
+* ``rope-axial`` / ``rope-mixed`` / ``rope-dinov3``: :mod:`peg_core.rope` rotates each head's
+  queries and keys after their projections (values unrotated); ``peg+rope-axial`` /
+  ``peg+rope-mixed`` combine both.
+* ``none``: nothing; the CCFM convolutions' zero padding is then the only source of position.
+
+The CCFM upsamples each map to the size of the finer one (``size=``, nearest): for sides that
+are multiples of 32 this is RT-DETR's 2× nearest upsampling exactly, and other input sizes
+(where ``ceil`` halvings make the finer side odd) run too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from peg_core import LearnedPositionEncoding2d, PEG2d, PositionEncoding, check_tokens, sincos_2d
+from peg_core.peg import resolve_peg_at
+from peg_core.rope import RotaryEmbedding, apply_rope, build_rope
+
+__all__ = [
+    "AIFI",
+    "ENCODER_POS_ENCODINGS",
+    "AIFILayer",
+    "CSPRepLayer",
+    "ConvNormLayer",
+    "HybridEncoder",
+    "RTDetrSinCos2d",
+    "RepVggBlock",
+    "rtdetr_sincos_2d",
+    "split_pos_enc",
+]
+
+ROTARY = ("rope-axial", "rope-mixed", "rope-dinov3")
+#: ``pos_enc`` values of :class:`HybridEncoder` (base encoding, rotary, or ``peg+`` a rotary one).
+ENCODER_POS_ENCODINGS = ("sincos", "peg", "none", "learned", *ROTARY, "peg+rope-axial", "peg+rope-mixed")
+
+_ACTS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
+
+
+def _act(name: str | None) -> nn.Module:
+    if name is None:
+        return nn.Identity()
+    if name not in _ACTS:
+        raise ValueError(f"activation must be one of {sorted(_ACTS)} or None; got {name!r}")
+    return _ACTS[name]()
+
+
+def split_pos_enc(pos_enc: str) -> tuple[str, str | None]:
+    """``"peg+rope-mixed"`` -> ``("peg", "rope-mixed")``; ``"rope-axial"`` -> ``("none", "rope-axial")``."""
+    if pos_enc not in ENCODER_POS_ENCODINGS:
+        raise ValueError(f"unknown RT-DETR encoder pos_enc {pos_enc!r}; choose from {ENCODER_POS_ENCODINGS}")
+    base, _, rotary = pos_enc.rpartition("+")
+    if rotary in ROTARY:
+        return base or "none", rotary
+    return pos_enc, None
+
+
+class RTDetrSinCos2d(PositionEncoding):
+    """RT-DETR's fixed 2-D sin-cos encoding of the queries and keys, computed for the actual grid on every call.
+
+    :meth:`table` for grid ``(H, W)``: token ``i*W + j`` (row ``i``, column ``j``) gets
+    ``[sin(i·ω) | cos(i·ω) | sin(j·ω) | cos(j·ω)]`` with ``ω_k = T^(-k/(C/4))``, ``k < C/4``: HF's
+    ``build_2d_sinusoidal_position_embedding`` (row half first; on square grids also lyuwenyu's
+    ``build_2d_sincos_position_embedding``, whose ``meshgrid(w, h)`` order only differs on
+    non-square grids).  That is :func:`peg_core.sincos_2d` (MAE, column half first) with its two
+    halves swapped, computed in float64.  ``position(x (B, H*W, C), (H, W)) -> (1, H*W, C)`` in
+    ``x``'s dtype; the mask is ignored (RT-DETR has none).  No state, no cache.
+    """
+
+    def __init__(self, dim: int, temperature: float = 10000.0) -> None:
+        super().__init__()
+        if dim % 4:
+            raise ValueError(f"the sincos encoding needs hidden_dim divisible by 4; got {dim}")
+        self.dim = dim
+        self.temperature = temperature
+        self._set_apply_to("qk")
+
+    def table(self, size: tuple[int, int], like: Tensor | None = None) -> Tensor:
+        """``(H*W, C)`` on ``like``'s device and in its dtype (float64 without ``like``)."""
+        device = None if like is None else like.device
+        table = sincos_2d(tuple(size), self.dim, self.temperature, device=device, dtype=torch.float64)
+        table = table.roll(self.dim // 2, dims=1)
+        return table if like is None else table.to(like.dtype)
+
+    def position(self, x: Tensor, size: tuple[int, int], mask: Tensor | None = None) -> Tensor:
+        check_tokens(x, tuple(size), 0)
+        return self.table(size, x).unsqueeze(0)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, temperature={self.temperature}"
+
+
+def rtdetr_sincos_2d(
+    size: tuple[int, int], dim: int, temperature: float = 10000.0, like: Tensor | None = None
+) -> Tensor:
+    """RT-DETR's sin-cos table ``(H*W, C)`` for grid ``size`` (:meth:`RTDetrSinCos2d.table`)."""
+    return RTDetrSinCos2d(dim, temperature).table(size, like)
+
+
+class ConvNormLayer(nn.Module):
+    """``Conv2d`` (no bias, padding ``(k - 1) // 2``) -> ``BatchNorm2d`` -> activation; keys ``conv.*``, ``norm.*``."""
+
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        kernel_size: int,
+        stride: int = 1,
+        act: str | None = None,
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, kernel_size, stride, padding=(kernel_size - 1) // 2, bias=False)
+        self.norm = nn.BatchNorm2d(cout, eps)
+        self.activation = _act(act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.activation(self.norm(self.conv(x)))
+
+
+class RepVggBlock(nn.Module):
+    """``act(BN(conv3x3(x)) + BN(conv1x1(x)))`` (RepVGG's training form), channels kept."""
+
+    def __init__(self, channels: int, act: str | None = "silu", eps: float = 1e-5) -> None:
+        super().__init__()
+        self.conv1 = ConvNormLayer(channels, channels, 3, eps=eps)
+        self.conv2 = ConvNormLayer(channels, channels, 1, eps=eps)
+        self.activation = _act(act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.activation(self.conv1(x) + self.conv2(x))
+
+
+class CSPRepLayer(nn.Module):
+    """Cross-stage-partial layer: ``conv3(blocks(conv1(x)) + conv2(x))``, ``(B, cin, H, W) -> (B, cout, H, W)``.
+
+    ``conv1`` / ``conv2`` are 1×1 to ``int(cout * expansion)`` channels; ``conv3`` (1×1 back to
+    ``cout``) exists only when the expansion changes the width (otherwise identity, no keys).
+    """
+
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        num_blocks: int = 3,
+        expansion: float = 1.0,
+        act: str | None = "silu",
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        hidden = int(cout * expansion)
+        self.conv1 = ConvNormLayer(cin, hidden, 1, act=act, eps=eps)
+        self.conv2 = ConvNormLayer(cin, hidden, 1, act=act, eps=eps)
+        self.bottlenecks = nn.Sequential(*[RepVggBlock(hidden, act, eps) for _ in range(num_blocks)])
+        self.conv3 = ConvNormLayer(hidden, cout, 1, act=act, eps=eps) if hidden != cout else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv3(self.bottlenecks(self.conv1(x)) + self.conv2(x))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with separate ``q_proj/k_proj/v_proj/o_proj`` (HF's layout).
+
+    ``forward(x (B, N, C), pos (1|B, N, C) | None, rope (sin, cos) | None) -> (B, N, C)``: ``pos`` is
+    added to the query/key input only; ``rope`` (apply form, broadcastable to ``(B, heads, N, C/heads)``)
+    rotates the projected queries and keys.
+    """
+
+    def __init__(self, dim: int, num_heads: int, dropout: float = 0.0, *, rope_half: bool = False) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"hidden_dim={dim} must be divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.rope_half = rope_half
+        self.k_proj = nn.Linear(dim, dim)
+        self.v_proj = nn.Linear(dim, dim)
+        self.q_proj = nn.Linear(dim, dim)
+        self.o_proj = nn.Linear(dim, dim)
+        # nn.MultiheadAttention's init (RT-DETR's original layer): Xavier over the packed (3C, C)
+        # input projection, zero biases.
+        bound = math.sqrt(6.0 / (4 * dim))
+        for lin in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.uniform_(lin.weight, -bound, bound)
+            nn.init.zeros_(lin.bias)
+        nn.init.zeros_(self.o_proj.bias)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, n, c = x.shape
+        return x.view(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)  # (B, h, N, d)
+
+    def forward(
+        self, x: Tensor, pos: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        qk = x if pos is None else x + pos
+        q, k, v = self._heads(self.q_proj(qk)), self._heads(self.k_proj(qk)), self._heads(self.v_proj(x))
+        if rope is not None:
+            sin, cos = rope
+            q = apply_rope(q, sin, cos, half=self.rope_half)
+            k = apply_rope(k, sin, cos, half=self.rope_half)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        return self.o_proj(out.transpose(1, 2).flatten(2))
+
+
+class MLP(nn.Module):
+    """``fc2(dropout(act(fc1(x))))`` (keys ``fc1``, ``fc2``)."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "gelu", dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.activation = _act(act)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.fc2(self.dropout(self.activation(self.fc1(x)))))
+
+
+class AIFILayer(nn.Module):
+    """One transformer encoder layer (post-norm unless ``normalize_before``): attention, then MLP.
+
+    Keys ``self_attn.{q,k,v,o}_proj``, ``self_attn_layer_norm``, ``mlp.fc1``, ``mlp.fc2``,
+    ``final_layer_norm`` (HF's ``RTDetrEncoderLayer``).  ``forward(x (B, N, C), pos, rope) -> (B, N, C)``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        dim_feedforward: int = 1024,
+        dropout: float = 0.0,
+        act: str = "gelu",
+        *,
+        normalize_before: bool = False,
+        eps: float = 1e-5,
+        rope_half: bool = False,
+    ) -> None:
+        super().__init__()
+        self.normalize_before = normalize_before
+        self.self_attn = SelfAttention(dim, num_heads, dropout, rope_half=rope_half)
+        self.self_attn_layer_norm = nn.LayerNorm(dim, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.mlp = MLP(dim, dim_feedforward, act, dropout)
+        self.final_layer_norm = nn.LayerNorm(dim, eps=eps)
+
+    def forward(
+        self, x: Tensor, pos: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        if self.normalize_before:
+            x = x + self.dropout(self.self_attn(self.self_attn_layer_norm(x), pos, rope))
+            return x + self.mlp(self.final_layer_norm(x))
+        x = self.self_attn_layer_norm(x + self.dropout(self.self_attn(x, pos, rope)))
+        return self.final_layer_norm(x + self.mlp(x))
+
+
+class AIFI(nn.Module):
+    """Attention-based intra-scale feature interaction: encoder layers on one map, with ``pos_enc``.
+
+    ``forward(x (B, C, H, W)) -> (B, C, H, W)`` in ``x``'s memory format.  Position modules (keys):
+    ``pos`` (``learned``: ``pos.pos_embed``; ``sincos``: none), ``pegs.{i}`` (``peg``:
+    ``pegs.-1.proj.*`` before layer 0, ``pegs.i.*`` after layer ``i``), ``rope`` (``rope-mixed``:
+    ``rope.freqs``, one set per layer and head).  ``layer_options``: :class:`AIFILayer`'s
+    keywords (``dim_feedforward``, ``dropout``, ``act``, ``normalize_before``, ``eps``); the other
+    options: see :class:`HybridEncoder`.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        num_layers: int = 1,
+        layer_options: dict | None = None,
+        pos_enc: str = "sincos",
+        temperature: float = 10000.0,
+        peg_at: Sequence[int] | str = (-1,),
+        peg_options: dict | None = None,
+        learned_grid: tuple[int, int] = (20, 20),
+        pos_interpolation: str = "bicubic",
+    ) -> None:
+        super().__init__()
+        base, rotary = split_pos_enc(pos_enc)
+        self.rope: RotaryEmbedding | None = None
+        if rotary is not None:
+            self.rope = build_rope(rotary, dim // num_heads, num_heads=num_heads, depth=num_layers)
+        half = self.rope is not None and self.rope.half
+        options = {**(layer_options or {}), "rope_half": half}
+        self.layers = nn.ModuleList(AIFILayer(dim, num_heads, **options) for _ in range(num_layers))
+        self.pos: PositionEncoding | None = None
+        if base == "sincos":
+            self.pos = RTDetrSinCos2d(dim, temperature)
+        elif base == "learned":
+            self.pos = LearnedPositionEncoding2d(dim, tuple(learned_grid), interpolation=pos_interpolation,
+                                                 apply_to="qk")  # fmt: skip
+        pegs = {}
+        if base == "peg":
+            options = {"kernel_size": 3, **(peg_options or {}), "zero_init": True}
+            pegs = {str(i): PEG2d(dim, **options) for i in resolve_peg_at(peg_at, num_layers)}
+        # An empty ModuleDict has no keys, so the non-PEG encoders keep HF's exact state dict.
+        self.pegs = nn.ModuleDict(pegs)
+
+    def _rope_table(self, size: tuple[int, int]) -> tuple[Tensor, Tensor] | None:
+        return None if self.rope is None else self.rope(size)
+
+    def _peg(self, i: int, tokens: Tensor, size: tuple[int, int]) -> Tensor:
+        if str(i) not in self.pegs:
+            return tokens
+        return self.pegs[str(i)](tokens, size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, c, h, w = x.shape
+        size = (h, w)
+        tokens = x.flatten(2).transpose(1, 2)  # (B, H*W, C); a view for channels-last maps
+        pos = None if self.pos is None else self.pos.position(tokens, size)
+        # Fixed kinds: (N, d); mixed: (layers, heads, N, d), one slice per layer.
+        rope = self._rope_table(size)
+        tokens = self._peg(-1, tokens, size)
+        for i, layer in enumerate(self.layers):
+            table = None if rope is None else (rope[0][i], rope[1][i]) if self.rope.learned else rope
+            tokens = self._peg(i, layer(tokens, pos, table), size)
+        out = tokens.transpose(1, 2).reshape(b, c, h, w)  # channels-last strides
+        if x.is_contiguous(memory_format=torch.channels_last):
+            return out
+        return out.contiguous()
+
+
+class HybridEncoder(nn.Module):
+    """RT-DETR's hybrid encoder: input projections, AIFI on the coarsest map, CCFM fusion.
+
+    Args:
+        in_channels: channels of the backbone maps, finest first (R50vd: ``(512, 1024, 2048)``).
+        hidden_dim: width of every encoder map (HF ``encoder_hidden_dim``).
+        num_heads, dim_feedforward, dropout, act: AIFI's attention heads, MLP width, dropout
+            (attention, residual and MLP) and MLP activation (``gelu``).
+        conv_act: activation of the CCFM convolutions and RepVGG blocks (``silu``).
+        expansion: width factor of the CSP / RepVGG hidden channels (HF ``hidden_expansion``;
+            RT-DETR R18: 0.5).
+        depth_mult: RepVGG blocks per CSP layer ``round(3 * depth_mult)``.
+        num_layers: AIFI layers (HF ``encoder_layers``, 1).
+        use_encoder_idx: which levels get an AIFI (HF ``encode_proj_layers``, ``(2,)``: stride 32).
+        pos_enc: one of :data:`ENCODER_POS_ENCODINGS` (module docstring).
+        temperature: sin-cos temperature (``sincos``).
+        normalize_before: pre-norm AIFI layers (RT-DETR: False).
+        layer_norm_eps, batch_norm_eps: norms' eps (HF ``layer_norm_eps``, ``batch_norm_eps``).
+        peg_at: PEG positions in AIFI (:func:`peg_core.peg.resolve_peg_at`; ``-1`` = on the AIFI
+            input, the default, so the attention sees position).
+        peg_kernel_size, peg_separable, peg_padding, peg_dynamic, peg_num_kernels:
+            :class:`peg_core.PEG2d`'s kernel, 1×k + k×1 factorisation, border mode and dynamic
+            kernel bank; the PEG always starts at zero.
+        learned_grid, pos_interpolation: the learned table's ``(H0, W0)`` and resize mode.
+
+    ``forward(feats: list of (B, in_channels[l], H_l, W_l)) -> list of (B, hidden_dim, H_l, W_l)``,
+    finest first (the PAN outputs).  Maps keep the input's memory format where the ops allow.
+    :attr:`hparams` holds every constructor argument (json-safe).
+    """
+
+    def __init__(
+        self,
+        in_channels: Sequence[int] = (512, 1024, 2048),
+        hidden_dim: int = 256,
+        *,
+        num_heads: int = 8,
+        dim_feedforward: int = 1024,
+        dropout: float = 0.0,
+        act: str = "gelu",
+        conv_act: str | None = "silu",
+        expansion: float = 1.0,
+        depth_mult: float = 1.0,
+        num_layers: int = 1,
+        use_encoder_idx: Sequence[int] = (2,),
+        pos_enc: str = "sincos",
+        temperature: float = 10000.0,
+        normalize_before: bool = False,
+        layer_norm_eps: float = 1e-5,
+        batch_norm_eps: float = 1e-5,
+        peg_at: Sequence[int] | str = (-1,),
+        peg_kernel_size: int = 3,
+        peg_separable: bool = False,
+        peg_padding: str = "zeros",
+        peg_dynamic: bool = False,
+        peg_num_kernels: int = 4,
+        learned_grid: tuple[int, int] = (20, 20),
+        pos_interpolation: str = "bicubic",
+    ) -> None:
+        hparams = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        super().__init__()
+        self.hparams = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in hparams.items()}
+        levels = len(in_channels)
+        if levels < 2:
+            raise ValueError(f"the hybrid encoder fuses >= 2 levels; got in_channels={list(in_channels)}")
+        if any(not -levels <= i < levels for i in use_encoder_idx):
+            raise ValueError(f"use_encoder_idx={list(use_encoder_idx)} out of range for {levels} levels")
+        self.in_channels = list(in_channels)
+        self.hidden_dim = hidden_dim
+        self.use_encoder_idx = [i % levels for i in use_encoder_idx]
+        self.out_channels = [hidden_dim] * levels
+        self.pos_enc = pos_enc
+        # HF keeps these BNs at torch's default eps (its encoder_input_proj ignores batch_norm_eps).
+        self.input_proj = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(c, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim))
+            for c in in_channels
+        )
+        peg_options = dict(kernel_size=peg_kernel_size, separable=peg_separable, padding_mode=peg_padding,
+                           dynamic=peg_dynamic, num_kernels=peg_num_kernels)  # fmt: skip
+        layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, act=act, normalize_before=normalize_before,
+                     eps=layer_norm_eps)  # fmt: skip
+        aifi = dict(num_layers=num_layers, layer_options=layer, pos_enc=pos_enc, temperature=temperature,
+                    peg_at=peg_at, peg_options=peg_options, learned_grid=learned_grid,
+                    pos_interpolation=pos_interpolation)  # fmt: skip
+        self.aifi = nn.ModuleList(AIFI(hidden_dim, num_heads, **aifi) for _ in self.use_encoder_idx)
+        blocks = round(3 * depth_mult)
+        csp = dict(num_blocks=blocks, expansion=expansion, act=conv_act, eps=batch_norm_eps)
+        n = levels - 1
+        self.lateral_convs = nn.ModuleList(
+            ConvNormLayer(hidden_dim, hidden_dim, 1, act=conv_act, eps=batch_norm_eps) for _ in range(n)
+        )
+        self.fpn_blocks = nn.ModuleList(CSPRepLayer(2 * hidden_dim, hidden_dim, **csp) for _ in range(n))
+        self.downsample_convs = nn.ModuleList(
+            ConvNormLayer(hidden_dim, hidden_dim, 3, 2, act=conv_act, eps=batch_norm_eps) for _ in range(n)
+        )
+        self.pan_blocks = nn.ModuleList(CSPRepLayer(2 * hidden_dim, hidden_dim, **csp) for _ in range(n))
+
+    def project(self, feats: Sequence[Tensor]) -> list[Tensor]:
+        """The per-level input projections (HF ``encoder_input_proj``) alone."""
+        if len(feats) != len(self.input_proj):
+            raise ValueError(f"the encoder takes {len(self.input_proj)} maps; got {len(feats)}")
+        return [proj(f) for proj, f in zip(self.input_proj, feats)]
+
+    def fuse(self, maps: list[Tensor]) -> list[Tensor]:
+        """AIFI + CCFM on already projected maps ``(B, hidden_dim, H_l, W_l)`` (HF ``model.encoder``)."""
+        maps = list(maps)
+        for aifi, idx in zip(self.aifi, self.use_encoder_idx):
+            maps[idx] = aifi(maps[idx])
+        # Top-down: inner[0] is the running coarse map; each step adds one finer level.
+        inner = [maps[-1]]
+        for i, (lateral, block) in enumerate(zip(self.lateral_convs, self.fpn_blocks)):
+            finer = maps[-2 - i]
+            top = lateral(inner[0])
+            inner[0] = top
+            up = F.interpolate(top, size=finer.shape[-2:], mode="nearest")
+            inner.insert(0, block(torch.cat([up, finer], dim=1)))
+        # Bottom-up: outs[-1] is the running fine map; each step adds one coarser level.
+        outs = [inner[0]]
+        for i, (down, block) in enumerate(zip(self.downsample_convs, self.pan_blocks)):
+            outs.append(block(torch.cat([down(outs[-1]), inner[i + 1]], dim=1)))
+        return outs
+
+    def forward(self, feats: Sequence[Tensor]) -> list[Tensor]:
+        return self.fuse(self.project(feats))

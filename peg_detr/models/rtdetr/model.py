@@ -1,0 +1,118 @@
+"""The RT-DETR detector: backbone, hybrid encoder, query selection + decoder, denoising training."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ...structures import ImageBatch
+from ..detr import to_image_batch
+from .decoder import RTDETRDecoder
+from .denoising import DenoisingGroup, contrastive_denoising_group
+
+__all__ = ["RTDETR"]
+
+
+def _full_precision(x: Tensor) -> Tensor:
+    """float16/bfloat16 -> float32 (the losses, matcher and post-processor run in float32)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _heads(logits: Tensor, boxes: Tensor) -> list[dict[str, Tensor]]:
+    """``(L, B, N, C)``, ``(L, B, N, 4)`` -> one ``{"pred_logits", "pred_boxes"}`` per layer."""
+    return [{"pred_logits": lg, "pred_boxes": bx} for lg, bx in zip(logits, boxes)]
+
+
+class RTDETR(nn.Module):
+    """RT-DETR (Zhao et al., 2024, "DETRs Beat YOLOs on Real-time Object Detection").
+
+    ``forward(samples, targets=None)`` takes what :class:`peg_detr.models.DETR` takes (a
+    ``(B, 3, H, W)`` tensor, a list of ``(3, H_i, W_i)`` images, an :class:`ImageBatch`; the
+    padding mask is ignored, as RT-DETR does) and returns float32:
+
+    * ``pred_logits`` ``(B, Q, C)`` raw sigmoid logits (no "no object" class) and
+      ``pred_boxes`` ``(B, Q, 4)`` normalised cxcywh, of the decoder's ``eval_idx`` layer in
+      eval and its last layer in training;
+    * in training with ``aux_loss``: ``aux_outputs`` (the earlier layers) and
+      ``enc_aux_outputs`` (one dict: the top-K encoder proposals);
+    * when denoising ran (training, ``targets`` given, ``num_denoising > 0``, some boxes):
+      ``dn_aux_outputs`` (every layer's denoising queries) and ``dn_meta``
+      (:attr:`DenoisingGroup.meta`).
+
+    ``targets``: list of ``{"labels": (N,) int64, "boxes": (N, 4) normalised cxcywh}``.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        encoder: nn.Module,
+        decoder: RTDETRDecoder,
+        *,
+        num_classes: int,
+        num_queries: int = 300,
+        num_denoising: int = 100,
+        label_noise_ratio: float = 0.5,
+        box_noise_scale: float = 1.0,
+        aux_loss: bool = True,
+    ) -> None:
+        super().__init__()
+        if (decoder.num_classes, decoder.num_queries) != (num_classes, num_queries):
+            raise ValueError(
+                f"the decoder has {decoder.num_classes} classes and {decoder.num_queries} queries; "
+                f"the detector was given {num_classes} and {num_queries}"
+            )
+        self.num_classes, self.num_queries = num_classes, num_queries
+        self.num_denoising, self.label_noise_ratio, self.box_noise_scale = (
+            num_denoising,
+            label_noise_ratio,
+            box_noise_scale,
+        )
+        self.aux_loss = aux_loss
+        self.backbone, self.encoder, self.decoder = backbone, encoder, decoder
+        # The last row embeds the padding slots of the denoising groups (HF: padding_idx = num_classes).
+        self.denoising_class_embed = (
+            nn.Embedding(num_classes + 1, decoder.hidden_dim, padding_idx=num_classes)
+            if num_denoising > 0
+            else None
+        )
+        if self.denoising_class_embed is not None:
+            nn.init.xavier_uniform_(self.denoising_class_embed.weight)
+
+    def denoising_group(self, targets: list[dict[str, Any]] | None) -> DenoisingGroup | None:
+        """The contrastive denoising queries of a training batch, or None (eval, no targets, none wanted)."""
+        if not self.training or targets is None or self.denoising_class_embed is None:
+            return None
+        return contrastive_denoising_group(
+            targets,
+            self.num_classes,
+            self.num_queries,
+            self.denoising_class_embed,
+            num_denoising=self.num_denoising,
+            label_noise_ratio=self.label_noise_ratio,
+            box_noise_scale=self.box_noise_scale,
+        )
+
+    def forward(
+        self, samples: ImageBatch | Tensor | Sequence[Tensor], targets: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        images = to_image_batch(samples).tensors
+        feats = self.encoder(self.backbone(images))
+        dn = self.denoising_group(targets)
+        dec = self.decoder(feats, dn)
+        logits, boxes = _full_precision(dec.logits), _full_precision(dec.boxes)
+        out: dict[str, Any] = {}
+        if dn is not None:
+            n_dn = dn.queries.shape[1]
+            out["dn_aux_outputs"] = _heads(logits[:, :, :n_dn], boxes[:, :, :n_dn])
+            out["dn_meta"] = dn.meta
+            logits, boxes = logits[:, :, n_dn:], boxes[:, :, n_dn:]
+        out["pred_logits"], out["pred_boxes"] = logits[-1], boxes[-1]
+        if self.training and self.aux_loss:
+            out["aux_outputs"] = _heads(logits[:-1], boxes[:-1])
+            out["enc_aux_outputs"] = _heads(
+                _full_precision(dec.enc_logits)[None], _full_precision(dec.enc_boxes)[None]
+            )
+        return out
