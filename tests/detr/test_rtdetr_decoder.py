@@ -50,6 +50,10 @@ def _hf_model(**overrides):
                 b.uniform_(0.5, 2.0)
             elif "running_mean" in name:
                 b.normal_(0, 0.2)
+        # transformers' N(0, 0.01) BN weights leave the encoder's maps nearly constant (top-K ties)
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.weight.uniform_(0.5, 1.5)
     return model
 
 

@@ -11,7 +11,6 @@ folder loads with ``from_pretrained``; broken folders give one-line errors.
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 import torch
@@ -27,11 +26,20 @@ SIZES = [(320, 320), (256, 384)]
 
 
 def _randomise(model: torch.nn.Module) -> None:
-    """Non-trivial box heads and BN statistics (their init is zero / identity), so a mix-up shows."""
+    """Non-trivial box heads and BN statistics (their init is zero / identity), so a mix-up shows.
+
+    transformers draws the encoder's BatchNorm weights from N(0, 0.01): every BN then shrinks the
+    signal ~100x and the encoder's maps come out nearly constant over space (spatial std ~2e-4 of
+    |x| ~3e-2), so the features barely depend on the image and the top-K scores tie to 1e-7 or
+    exactly.  BN weights in [0.5, 1.5] keep the maps image-dependent and the top-K well separated.
+    """
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "bbox_embed" in name or "bbox_head" in name:
                 p.normal_(0, 0.1)
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.weight.uniform_(0.5, 1.5)
         for name, b in model.named_buffers():
             if name.endswith("running_var"):
                 b.uniform_(0.5, 2.0)
@@ -146,12 +154,22 @@ def test_export_hf_round_trip(small_folder, tmp_path):
     assert not (tmp_path / "refused").exists()
 
 
-@pytest.mark.xfail(
-    reason="open: onnxruntime differs from PyTorch by ~5e-3 on ~20% of the logits (also at the export size "
-    "and with pos_enc='none'); not yet located (grid_sample / top-K in the exported graph)",
-    strict=False,
-)
+def _topk_margin(model, x: torch.Tensor) -> float:
+    """Smallest gap between consecutive scores of the top ``Q + 1`` cells (the query selection's margin)."""
+    with torch.no_grad():
+        memory, shapes = model.decoder.flatten_features(model.encoder(model.backbone(x)))
+        _, logits, _ = model.decoder.score_cells(memory, shapes)
+    top = logits.max(-1).values.topk(model.num_queries + 1, dim=1).values
+    return float((top[:, :-1] - top[:, 1:]).min())
+
+
 def test_onnx_export_of_peg_model_runs_at_other_sizes(small_folder, tmp_path):
+    """Exported at 2x256x256 (dynamic batch / height / width); onnxruntime equals PyTorch there, at 1x330x250 (sides no multiple of 32) and 3x192x288.
+
+    onnxruntime's cell scores differ from PyTorch's by ~1e-6 (float rounding), so two cells closer
+    than that may swap in the top-K, and the outputs then differ by far more than 1e-4 (as they did
+    with transformers' degenerate BN init).  The margin check says so when that is the cause.
+    """
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     from peg_core.export.onnx import export_onnx
@@ -159,10 +177,10 @@ def test_onnx_export_of_peg_model_runs_at_other_sizes(small_folder, tmp_path):
 
     _, folder = small_folder
     peg, _ = from_hf(folder, pos_enc="peg")
-    with torch.no_grad():  # a trained-looking PEG, and no tied scores (top-K order of ties is arbitrary)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # a trained-looking PEG; its own generator, so the test order does not matter
         for k, v in peg.named_parameters():
-            v.add_(torch.randn_like(v) * (0.1 if ".pegs." in k else 0.05))
-    wrapper = DetrForExport(peg).eval()
+            v.add_(torch.randn(v.shape, generator=gen) * (0.1 if ".pegs." in k else 0.05))
     dim = torch.export.Dim
     dynamic = (
         {
@@ -172,21 +190,16 @@ def test_onnx_export_of_peg_model_runs_at_other_sizes(small_folder, tmp_path):
         },
     )
     out = tmp_path / "rtdetr.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        export_onnx(
-            wrapper,
-            torch.randn(2, 3, 256, 256),
-            out,
-            dynamic,
-            "images",
-            ["pred_logits", "pred_boxes"],
-            20,
-            {},
-        )
+    example = torch.randn(2, 3, 256, 256, generator=torch.Generator().manual_seed(6))
+    export_onnx(
+        DetrForExport(peg).eval(), example, out, dynamic, "images", ["pred_logits", "pred_boxes"], 20, {}
+    )
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    for b, (h, w) in [(1, (320, 224)), (3, (192, 288))]:
-        x = torch.randn(b, 3, h, w, generator=torch.Generator().manual_seed(h))
+    for x in [
+        example,
+        *(torch.randn(b, 3, h, w, generator=gen) for b, h, w in [(1, 330, 250), (3, 192, 288)]),
+    ]:
+        assert _topk_margin(peg, x) > 4e-6, f"near-tied top-K scores at {tuple(x.shape)}: not a valid check"
         logits, boxes = session.run(None, {"images": x.numpy()})
         with torch.no_grad():
             want = peg(x)

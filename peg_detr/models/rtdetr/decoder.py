@@ -359,6 +359,18 @@ class RTDETRDecoder(nn.Module):
         shapes = [(m.shape[-2], m.shape[-1]) for m in maps]
         return torch.cat([m.flatten(2).transpose(1, 2) for m in maps], dim=1), shapes
 
+    def score_cells(
+        self, memory: Tensor, spatial_shapes: Sequence[tuple[int, int]]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The encoder heads on every memory cell: ``(cells (B, S, D), logits (B, S, C), box logits (B, S, 4))``.
+
+        Cells whose anchor is invalid are zeroed before ``enc_output``; box logits are the head's
+        offsets plus the anchors of this call's ``spatial_shapes``.
+        """
+        anchors, valid = generate_anchors(spatial_shapes, device=memory.device, dtype=memory.dtype)
+        cells = self.enc_output(memory * valid.to(memory.dtype))
+        return cells, self.enc_score_head(cells), self.enc_bbox_head(cells) + anchors
+
     def select_queries(
         self, memory: Tensor, spatial_shapes: Sequence[tuple[int, int]]
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -368,10 +380,10 @@ class RTDETRDecoder(nn.Module):
         enc_logits (B, Q, C), enc_boxes (B, Q, 4))``; the last two keep their gradients for the
         encoder-proposal loss.
         """
-        anchors, valid = generate_anchors(spatial_shapes, device=memory.device, dtype=memory.dtype)
-        cells = self.enc_output(memory * valid.to(memory.dtype))
-        logits = self.enc_score_head(cells)
-        box_logits = self.enc_bbox_head(cells) + anchors
+        cells, logits, box_logits = self.score_cells(memory, spatial_shapes)
+        # Near-equal scores make the choice (and order) of cells depend on float rounding: a
+        # backend that rounds differently (onnxruntime) then picks other cells.  Trained models
+        # and real images separate them; invalid-anchor cells tie exactly but are identical.
         index = logits.max(-1).values.topk(self.num_queries, dim=1).indices  # (B, Q)
 
         def take(t: Tensor) -> Tensor:
