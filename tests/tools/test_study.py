@@ -587,6 +587,16 @@ def test_study_rtdetr_rows_and_arch_flag(tmp_path: Path) -> None:
     _keep_rows([plan], ["peg", "rope-axial"])
     assert [s.name for s in plan.specs] == ["peg", "rope-axial"] and plan.key == "detect-rtdetr"
     assert plan.data["train_sides"] == [48, 56, 64, 72, 80]
+    from tools.study import _plans, build_parser
+
+    args = build_parser().parse_args(
+        ["--task", "detect", "--arch", "both", "--quick", "--out", str(tmp_path)]
+    )
+    assert [p.key for p in _plans(args, ["detect"], [0])] == [
+        "detect",
+        "detect-rtdetr",
+    ]  # DETR's first, own folders
+    assert (tmp_path / "detect" / "data").is_dir() and (tmp_path / "detect-rtdetr" / "data").is_dir()
     with pytest.raises(SystemExit):  # --arch is the detect task's
         main(["--task", "classify", "--arch", "rtdetr", "--quick", "--out", str(tmp_path / "x")])
     assert not (tmp_path / "x").exists()
