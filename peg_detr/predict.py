@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from peg_core.engine import BrokenLog, BrokenSample, UserError, done_line, print
 from peg_core.engine.predictor import FilePredictor
 from peg_core.engine.predictor import Prediction as _Base
 
-from .data import make_val_transforms, read_rgb, scaled_max_size
+from .data import RTDETR_SIZE, make_rtdetr_val_transforms, make_val_transforms, read_rgb, scaled_max_size
 from .model import load_model
 
 __all__ = ["MIN_CANVAS", "Detection", "Prediction", "Predictor", "draw_detections", "predict_images"]
@@ -82,9 +83,14 @@ class Prediction(_Base):
 class Predictor(FilePredictor):
     """A model restored from a ``peg_detr`` training checkpoint, ready for inference.
 
+    The input pipeline is the one the checkpoint's evaluation used: for DETR (``arch`` ``detr``) a
+    short-side resize and ImageNet normalisation, for RT-DETR (``arch`` ``rtdetr``) a square resize
+    to ``size`` x ``size`` and pixels in ``[0, 1]``; the post-processor is the checkpoint's own
+    (DETR's softmax, RT-DETR's sigmoid top-K over query x class pairs).
+
     Args:
         checkpoint: ``checkpoint.pth`` written by ``python -m peg_detr train``.
-        size: evaluation short side (default: the training run's ``--val-size``).
+        size: evaluation short side, or RT-DETR's square side (default: the training run's ``--val-size``).
         device: torch device string.
         threshold: detections scoring at most this are left out.
     """
@@ -98,8 +104,8 @@ class Predictor(FilePredictor):
         self.model: nn.Module = model.to(self.device).eval()
         self.names = {int(c["id"]): str(c["name"]) for c in meta.get("categories", [])}
         self.threshold = threshold
-        size = size or int(meta.get("val_size") or 800)
-        self.transform = make_val_transforms(size, scaled_max_size(size), with_boxes=False)
+        self.arch = str(loaded.config.get("arch", "detr"))
+        self.transform = _input_transform(self.arch, size or _run_val_size(meta, loaded.args, self.arch))
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: str = "cpu", **options: Any) -> Predictor:
@@ -135,6 +141,21 @@ class Predictor(FilePredictor):
             for lb, s, b in zip(det["labels"], det["scores"], det["boxes"])
         ]
         return Prediction(path, detections=found)
+
+
+def _run_val_size(meta: dict[str, Any], args: dict[str, Any], arch: str) -> int:
+    """The training run's ``--val-size`` (its ``meta``, else its ``args``), else the architecture's default."""
+    for source in (meta, args):
+        if source.get("val_size"):
+            return int(source["val_size"])
+    return RTDETR_SIZE if arch == "rtdetr" else 800
+
+
+def _input_transform(arch: str, size: int) -> Callable[[Tensor], Tensor]:
+    """A uint8 ``(3, H, W)`` image -> the float model input its architecture evaluates on (no boxes)."""
+    if arch == "rtdetr":
+        return make_rtdetr_val_transforms(size, with_boxes=False)  # (3, size, size) in [0, 1]
+    return make_val_transforms(size, scaled_max_size(size), with_boxes=False)
 
 
 # ------------------------------------------------------------------------------------------ drawing

@@ -1,8 +1,8 @@
 """`make demo`: the main job on the embedded (generated) data, no downloads.
 
-Runs each part in turn: the CPVT classifier (peg_core), DETR-PEG on synthetic
-COCO (peg_detr) and the PEG video transformer on synthetic Kinetics
-(peg_video).  Prints the headline numbers last and writes them to
+Runs each part in turn: the CPVT classifier (peg_core), DETR-PEG and then
+RT-DETR-PEG on synthetic COCO (peg_detr; the latter under ``detect.rtdetr``) and
+the PEG video transformer on synthetic Kinetics (peg_video).  Prints the headline numbers last and writes them to
 ``runs/demo/summary.json`` (one object per part plus total seconds).
 
     python -m tools.demo [--parts classify,detect,video] [--quick] [--out runs/demo]

@@ -9,7 +9,10 @@ are optional).  In one run, in this order:
    autocast, eager and ``torch.compile``: images/s and peak memory;
 3. the PEG video transformer (ViT-S, 16x224x224, batch 8) the same way;
 4. PEG2d and PEG3d alone against a device-to-device copy of the same tensor
-   (the bandwidth floor), as a ratio.
+   (the bandwidth floor), as a ratio;
+5. RT-DETR-R18vd (``peg`` and ``sincos`` in AIFI) training steps at 640x640, batch 4, bf16
+   autocast, with denoising queries and the VFL criterion; then the ``peg`` model evaluated at
+   two sizes (640 and 960): its encoder against a float32 CPU copy, and bf16 eval images/s.
 
 Steps 2 and 3 also count the host-device synchronisations of one training
 step under ``torch.cuda.set_sync_debug_mode("warn")`` ("syncs per step"; the
@@ -149,7 +152,10 @@ def _compare(name, peg, x, size, ref, device) -> dict:
 
 
 # --------------------------------------------------------------------------- 2./3. training steps
-def _train_step_timer(model, make_batch, loss_fn, device, amp_dtype, compile_model, warmup, iters):
+def _train_step_timer(
+    model, make_batch, loss_fn, device, amp_dtype, compile_model, warmup, iters, forward_targets=False
+):
+    """``forward_targets``: the model takes the targets too (RT-DETR builds its denoising queries from them)."""
     model.to(device).train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     fwd = torch.compile(model) if compile_model else model
@@ -157,7 +163,7 @@ def _train_step_timer(model, make_batch, loss_fn, device, amp_dtype, compile_mod
 
     def step():
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            out = fwd(inputs)
+            out = fwd(inputs, targets) if forward_targets else fwd(inputs)
             loss = loss_fn(out, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -194,15 +200,38 @@ def _count_syncs(step: Callable[[], object], device: torch.device) -> int | str:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+def _has_scipy() -> bool:
+    try:
+        import scipy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _detection_batch(batch: int, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, list[dict]]:
+    """``(images (batch, 3, h, w), targets)``: random pixels, two normalised cxcywh boxes per image."""
+    g = torch.Generator().manual_seed(0)
+    imgs = torch.randn(batch, 3, h, w, generator=g).to(device)
+    boxes = torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.6, 0.5, 0.3, 0.2]], device=device)
+    return imgs, [{"labels": torch.tensor([1, 5], device=device), "boxes": boxes} for _ in range(batch)]
+
+
+def _detection_loss(criterion, use_criterion: bool) -> Callable:
+    """The weighted Hungarian loss of ``criterion``, or (no scipy) a plain sum of the outputs."""
+
+    def loss_fn(out, tg):
+        if use_criterion:
+            losses = criterion(out, tg)
+            return sum(losses[k] * criterion.weight_dict[k] for k in criterion.weight_dict if k in losses)
+        return out["pred_logits"].float().sum() * 0 + out["pred_boxes"].float().sum()
+
+    return loss_fn
+
+
 def bench_detr(device, quick, amp_dtype, compile_modes) -> list[dict]:
     from peg_detr import build_detr
 
-    try:
-        import scipy  # noqa: F401
-
-        use_criterion = True
-    except ImportError:
-        use_criterion = False
+    use_criterion = _has_scipy()
     if quick:
         cfg = dict(
             backbone="tiny", hidden_dim=64, enc_layers=2, dec_layers=2, dim_feedforward=128, num_queries=10
@@ -217,29 +246,10 @@ def bench_detr(device, quick, amp_dtype, compile_modes) -> list[dict]:
             model, criterion, _ = build_detr(pos_enc=pos, num_classes=91, **cfg)
             criterion.to(device)
 
-            def make_batch():
-                g = torch.Generator().manual_seed(0)
-                imgs = torch.randn(batch, 3, h, w, generator=g).to(device)
-                tg = [
-                    {
-                        "labels": torch.tensor([1, 5], device=device),
-                        "boxes": torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.6, 0.5, 0.3, 0.2]], device=device),
-                    }
-                    for _ in range(batch)
-                ]
-                return imgs, tg
-
-            def loss_fn(out, tg, criterion=criterion):
-                if use_criterion:
-                    losses = criterion(out, tg)
-                    return sum(
-                        losses[k] * criterion.weight_dict[k] for k in criterion.weight_dict if k in losses
-                    )
-                return out["pred_logits"].float().sum() * 0 + out["pred_boxes"].float().sum()
-
             sec, first, peak, syncs = _train_step_timer(
-                model, make_batch, loss_fn, device, amp_dtype, comp, warmup, iters
-            )
+                model, lambda: _detection_batch(batch, h, w, device), _detection_loss(criterion, use_criterion),
+                device, amp_dtype, comp, warmup, iters,
+            )  # fmt: skip
             rows.append(
                 {
                     "model": f"DETR-{cfg['backbone']} {pos}",
@@ -300,6 +310,90 @@ def bench_video(device, quick, amp_dtype, compile_modes) -> list[dict]:
             }
         )
         del model
+    return rows
+
+
+# --------------------------------------------------------------------------- 5. RT-DETR
+def _rtdetr_config(quick: bool) -> tuple[dict, int, int, tuple[int, int], int, int]:
+    """``(build_rtdetr keywords, batch, train side, eval sides, warmup, iters)``: R18vd, or tiny when quick."""
+    if quick:
+        cfg = dict(backbone="tiny", hidden_dim=32, num_heads=2, dim_feedforward=64, dec_layers=2,
+                   encoder_expansion=0.5, num_queries=20, num_denoising=10)  # fmt: skip
+        return cfg, 2, 64, (64, 96), 1, 2
+    cfg = dict(backbone="r18vd", dec_layers=3, encoder_expansion=0.5)  # rtdetr_r18vd_6x's model
+    return cfg, 4, 640, (640, 960), 3, 10
+
+
+def bench_rtdetr(device, quick, amp_dtype, compile_modes) -> list[dict]:
+    """RT-DETR training steps (peg and sincos in AIFI): images/s, first step, peak memory, syncs."""
+    from peg_detr.models.rtdetr.build import build_rtdetr
+
+    cfg, batch, side, _, warmup, iters = _rtdetr_config(quick)
+    use_criterion = _has_scipy()
+    rows = []
+    for pos in ("peg", "sincos"):
+        for comp in compile_modes:
+            model, criterion, _ = build_rtdetr(pos_enc=pos, num_classes=80, **cfg)
+            sec, first, peak, syncs = _train_step_timer(
+                model, lambda: _detection_batch(batch, side, side, device), _detection_loss(criterion, use_criterion),
+                device, amp_dtype, comp, warmup, iters, forward_targets=True,
+            )  # fmt: skip
+            rows.append({"model": f"RT-DETR-{cfg['backbone']} {pos}", "input": f"{batch}x3x{side}x{side}",
+                         "compile": comp, "img_per_s": batch / sec, "step_ms": sec * 1e3, "first_step_s": first,
+                         "peak_mem_gib": peak, "syncs_per_step": syncs,
+                         "loss": "vfl+l1+giou, denoising" if use_criterion else "sum (no scipy)"})  # fmt: skip
+            del model
+    return rows
+
+
+def eval_rtdetr_sizes(device, quick, amp_dtype) -> list[dict]:
+    """The ``peg`` RT-DETR (PEG weights perturbed from zero) in eval mode at two square sizes.
+
+    ``enc_rel_err``: max abs difference of the hybrid encoder's maps on the device (float32, TF32
+    off) from a float32 CPU copy, over the maps' max abs value (the decoder's top-K query selection
+    makes its outputs a discontinuous function of tiny differences, so the encoder is compared);
+    ``img_per_s``: eval forward under ``amp_dtype`` autocast.
+    """
+    from peg_detr.models.rtdetr.build import build_rtdetr
+
+    cfg, batch, _, sides, warmup, iters = _rtdetr_config(quick)
+    model, _, _ = build_rtdetr(pos_enc="peg", num_classes=80, **cfg)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in (p for n, p in model.named_parameters() if ".pegs." in n):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    model.eval()
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+    rows = []
+    for side in sides:
+        x = torch.rand(batch, 3, side, side, generator=g)
+        with torch.no_grad():
+            model.load_state_dict(reference)
+            want = model.encoder(model.backbone(x.to("cpu")))
+            model.to(device)
+            tf32 = torch.backends.cudnn.allow_tf32
+            torch.backends.cudnn.allow_tf32 = False
+            try:
+                got = model.encoder(model.backbone(x.to(device)))
+            finally:
+                torch.backends.cudnn.allow_tf32 = tf32
+            err = max(
+                (a.cpu() - b).abs().max().item() / max(b.abs().max().item(), 1e-12) for a, b in zip(got, want)
+            )
+
+            xd = x.to(device)
+
+            def forward(xd=xd):
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    return model(xd)
+
+            sec = _time(forward, device, warmup, iters)
+            out = forward()
+        finite = bool(torch.isfinite(out["pred_logits"]).all() and torch.isfinite(out["pred_boxes"]).all())
+        rows.append({"model": f"RT-DETR-{cfg['backbone']} peg (eval)", "input": f"{batch}x3x{side}x{side}",
+                     "enc_rel_err": err, "img_per_s": batch / sec, "eval_ms": sec * 1e3,
+                     "ok": err < 1e-3 and finite})  # fmt: skip
+        model.to("cpu")
     return rows
 
 
@@ -381,14 +475,18 @@ def main(argv: list[str] | None = None) -> dict:
     detr = bench_detr(device, args.quick, amp_dtype, compile_modes)
     video = bench_video(device, args.quick, amp_dtype, compile_modes)
     peg = bench_peg_vs_copy(device, args.quick, bench_dtype)
+    rtdetr = bench_rtdetr(device, args.quick, amp_dtype, compile_modes)
+    rtdetr_eval = eval_rtdetr_sizes(device, args.quick, amp_dtype)
     result = {
         "env": env,
         "correctness": correctness,
         "detr": detr,
         "video": video,
         "peg_vs_copy": peg,
+        "rtdetr": rtdetr,
+        "rtdetr_eval": rtdetr_eval,
         "seconds": round(time.time() - t0, 1),
-        "all_correct": all(r["ok"] for r in correctness),
+        "all_correct": all(r["ok"] for r in correctness + rtdetr_eval),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
@@ -430,6 +528,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print()
     print(_table(peg, ["op", "peg_ms", "copy_ms", "ratio"]))
+    print()
+    train_cols = ["model", "input", "compile", "img_per_s", "step_ms", "first_step_s", "peak_mem_gib"]
+    print(_table(rtdetr, [*train_cols, "syncs_per_step", "loss"]))
+    print()
+    print(_table(rtdetr_eval, ["model", "input", "enc_rel_err", "img_per_s", "eval_ms", "ok"]))
     print(f"\nJSON: {args.json}")
     return result
 

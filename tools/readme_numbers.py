@@ -50,11 +50,24 @@ def render_table(summary: Mapping[str, Any]) -> str:
         f"({_sizes(c['top1_by_size'], size)}), {c['seconds']:.0f} s |",
         f"| detect | DETR-PEG (tiny backbone), synthetic COCO, {det_size} px | AP {_f(d['ap'])}, "
         f"AP50 {_f(d['ap50'])} ({_sizes(d['ap50_by_size'], det_size, ' AP50')}), {d['seconds']:.0f} s |",
+        *_rtdetr_row(d.get("rtdetr")),
         f"| video | PEG3d ViT, synthetic Kinetics, 8 frames | top-1 {_f(v['top1'])}, top-5 {_f(v['top5'])}, "
         f"top-1 at 12 frames {_f(v['top1_long_clip'])} ({v['videos_evaluated']} videos, "
         f"{v['skipped']} skipped), {v['seconds']:.0f} s |",
     ]
     return "\n".join(rows)
+
+
+def _rtdetr_row(r: Mapping[str, Any] | None) -> list[str]:
+    """The ``detect-rtdetr`` row (the RT-DETR-PEG line inside the detect part), none for an older summary."""
+    if r is None:
+        return []
+    size = int(r["size"])  # its --val-size; the other sizes are 0.75x, 1.5x and 2x of it
+    return [
+        f"| detect-rtdetr | RT-DETR-PEG (tiny backbone, PEG in AIFI), same data, trained multi-scale around "
+        f"{size} px | AP {_f(r['ap'])}, AP50 {_f(r['ap50'])} ({_sizes(r['ap50_by_size'], size, ' AP50')}), "
+        f"{r['seconds']:.0f} s |"
+    ]
 
 
 def _block(text: str, where: Path) -> tuple[int, int]:

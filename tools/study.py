@@ -21,6 +21,9 @@ and prints the tables.  Tasks and rows:
   (the label is the shape; test images are the same scenes rendered larger, CPVT's 224 -> 384);
 * ``detect``: tiny DETR on synthetic COCO; ``peg``, ``sine``, ``learned``, ``none`` and the same
   rotary rows (in the encoder); same scales;
+* ``detect --arch rtdetr``: tiny RT-DETR (``rtdetr_demo_tiny``) on synthetic COCO, trained multi-scale as
+  RT-DETR is; ``peg``, ``sincos``, ``none`` in AIFI (``--rows`` adds ``learned`` and the rotary rows);
+  same scales, its own section ``detect-rtdetr`` (``--arch both``: DETR's and RT-DETR's);
 * ``video``: tiny video ViT on synthetic Kinetics; ``peg3d``, ``peg3d-factorized``, ``learned``,
   ``none``, ``rope-3d``, ``peg3d+rope-3d``; half, same and double clip length, and a larger crop.
 
@@ -29,6 +32,7 @@ and prints the tables.  Tasks and rows:
     python -m tools.study --task classify --quick    # seconds (what the tests run)
     python -m tools.study --task classify --data /data/imagenet100 --train-size 160 --test-sizes 128,160,224
     python -m tools.study --task detect --data /data/coco --epochs 50
+    python -m tools.study --task detect --arch rtdetr --seeds 3 --jobs 2    # ~8 min on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from tools.study_tasks import (
     cells_of,
     classify_specs,
     mean_std,
+    plan_detect_rtdetr,
     run_cell,
 )
 
@@ -282,13 +287,7 @@ def interpret(result: TaskResult) -> list[str]:
     none = _find(result, "none")
     chance = result.chance
     if peg is not None and learned is not None and big != train:
-        verdict, why = judge(peg, learned, big, chance=chance)
-        out.append(
-            f"At {big} (trained at {train}) {peg.label} {_holds(peg, big, train, chance)} while "
-            f"{learned.label} {_holds(learned, big, train, chance)}: "
-            + {1: f"{peg.label} is ahead", -1: f"{learned.label} is ahead", 0: _no_conclusion(why)}[verdict]
-            + "."
-        )
+        verdict, why = _size_sentence(out, peg, learned, big, train, chance)
         claim = "a PEG generalises to a larger input without fine-tuning better than a resized learned table"
         if result.protocol == "scale":
             claim += " (CPVT-Ti 73.4 -> 74.2 against DeiT-Ti 72.2 -> 71.2 at 224 -> 384 px)"
@@ -304,6 +303,18 @@ def interpret(result: TaskResult) -> list[str]:
             out.append(
                 f"This table {'supports' if verdict == 1 else 'contradicts'} the claim that {claim}{keeps}."
             )
+    sincos = _find(result, "sincos") if result.task == "detect-rtdetr" else None
+    if peg is not None and sincos is not None and big != train:  # RT-DETR's own encoding is the reference
+        verdict, why = _size_sentence(out, peg, sincos, big, train, chance)
+        claim = (
+            "a PEG in AIFI holds up at a larger input without fine-tuning better than RT-DETR's sin-cos "
+            "codes computed for that input's grid"
+        )
+        out.append(
+            f"This table draws no conclusion on the claim that {claim} ({why})."
+            if verdict == 0
+            else f"This table {'supports' if verdict == 1 else 'contradicts'} the claim that {claim}."
+        )
     if peg is not None and none is not None and result.protocol != "scale":
         v, why = judge(peg, none, train, chance=chance)
         reading = {1: "the task needs position, and the PEG supplies it", -1: "the PEG hurts here"}
@@ -338,6 +349,20 @@ def interpret(result: TaskResult) -> list[str]:
             f"{what}: at the training size {_best(rows, train, chance)}; at {big} {_best(rows, big, chance)}."
         )
     return out
+
+
+def _size_sentence(
+    out: list[str], peg: Row, ref: Row, big: str, train: str, chance: float | None
+) -> tuple[int, str | None]:
+    """Append how ``peg`` and ``ref`` go from ``train`` to ``big`` and who is ahead there; the verdict."""
+    verdict, why = judge(peg, ref, big, chance=chance)
+    out.append(
+        f"At {big} (trained at {train}) {peg.label} {_holds(peg, big, train, chance)} while "
+        f"{ref.label} {_holds(ref, big, train, chance)}: "
+        + {1: f"{peg.label} is ahead", -1: f"{ref.label} is ahead", 0: _no_conclusion(why)}[verdict]
+        + "."
+    )
+    return verdict, why
 
 
 def _rotary_sentence(peg: Row, rotary: list[Row], big: str, train: str, chance: float | None) -> str:
@@ -496,6 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", default="all", choices=[*TASKS, "all"])
+    p.add_argument("--arch", choices=("detr", "rtdetr", "both"), default="detr",
+                   help="detect: the detector (rtdetr: its own section detect-rtdetr; both: the two)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="seconds per task, numbers meaningless (tests)")
     p.add_argument("--out", type=Path, default=Path("runs/study"))
     p.add_argument(
@@ -540,6 +567,12 @@ def _plans(args: argparse.Namespace, tasks: list[str], seeds: list[int]) -> list
                 sub = args.out / ("classify" if protocol == "quadrant" else f"classify-{protocol}")
                 plans.append(PLANS[task](sub, args.quick, seeds, args.data, args.epochs, protocol=protocol,
                                          quantize=args.quantize == "int8", **kw))  # fmt: skip
+        elif task == "detect":
+            if args.arch in ("detr", "both"):
+                plans.append(PLANS[task](args.out / task, args.quick, seeds, args.data, args.epochs, **kw))
+            if args.arch in ("rtdetr", "both"):
+                plans.append(plan_detect_rtdetr(args.out / "detect-rtdetr", args.quick, seeds, args.data,
+                                                args.epochs, rows=args.rows or (), **kw))  # fmt: skip
         else:
             plans.append(PLANS[task](args.out / task, args.quick, seeds, args.data, args.epochs, **kw))
     return plans
@@ -552,7 +585,7 @@ def _run_cells(plans: list[Plan], jobs: int, threads: int, done: Callable[[Plan,
     """
     todo = [(p, s, seed) for p in plans for s in cells_of(p) for seed in p.seeds]
     if jobs > 1:  # the longest cells first, so that the last ones to finish are short
-        longest = {"detect": 0, "video": 1, "classify": 2}
+        longest = {"detect-rtdetr": 0, "detect": 0, "video": 1, "classify": 2}
         todo.sort(key=lambda c: longest[c[0].task])
     results: dict[str, dict] = {p.key: {} for p in plans}
     seconds: dict[str, float] = {p.key: 0.0 for p in plans}
@@ -595,6 +628,8 @@ def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
         parser.error(f"--data {args.data} does not exist ({DATA_HELP[args.task]})")
     if args.task == "video" and (args.train_size or args.test_sizes):
         parser.error("--train-size / --test-sizes are for the image tasks (classify, detect)")
+    if args.arch != "detr" and args.task not in ("detect", "all"):
+        parser.error("--arch is for the detect task (--task detect or all)")
     threads = args.threads or 1
     torch.set_num_threads(threads)
     tasks = list(TASKS) if args.task == "all" else [args.task]

@@ -52,6 +52,8 @@ __all__ = [
     "PRETRAINED_GROUP",
     "PROTOCOLS",
     "ROTARY_ROWS",
+    "RTDETR_EXTRA_ROWS",
+    "RTDETR_ROWS",
     "VIDEO_ROTARY_ROWS",
     "Budget",
     "CellResult",
@@ -64,6 +66,7 @@ __all__ = [
     "mean_std",
     "plan_classify",
     "plan_detect",
+    "plan_detect_rtdetr",
     "plan_video",
     "pretrained_specs",
     "run_cell",
@@ -99,10 +102,18 @@ BUDGETS: dict[tuple[str, bool], Budget] = {
     ("classify", True): Budget(epochs=1, n_train=48, n_val=24, train_size=32, batch_size=16),
     ("detect", False): Budget(epochs=6, n_train=1024, n_val=100, train_size=80, batch_size=4),
     ("detect", True): Budget(epochs=1, n_train=8, n_val=4, train_size=64, batch_size=4),
+    # RT-DETR (rtdetr_demo_tiny): 3 rows x 3 seeds in ~8 min with --jobs 2 on 2 CPU cores
+    ("detect-rtdetr", False): Budget(epochs=4, n_train=512, n_val=100, train_size=96, batch_size=4),
+    ("detect-rtdetr", True): Budget(epochs=1, n_train=8, n_val=4, train_size=64, batch_size=4),
     ("video", False): Budget(epochs=24, n_train=240, n_val=60, train_size=32, batch_size=8),
     ("video", True): Budget(epochs=1, n_train=12, n_val=6, train_size=32, batch_size=4),
 }
 IMAGE_SCALES = (0.75, 1.0, 1.5, 2.0)
+#: RT-DETR's multi-scale training sides as fractions of its size (480..800 around 640: 0.75x..1.25x)
+RTDETR_TRAIN_SCALES = (0.75, 0.875, 1.0, 1.125, 1.25)
+#: the RT-DETR rows of ``--task detect --arch rtdetr``; the others of :data:`RTDETR_EXTRA_ROWS` on ``--rows``
+RTDETR_ROWS = ("peg", "sincos", "none")
+RTDETR_EXTRA_ROWS = ("learned", *ROTARY_ROWS)
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -511,26 +522,34 @@ def _detr_eval(
     return cli.evaluate(argv)["eval"]["sizes"]
 
 
+def _detect_data(out: Path, data: Path | None, budget: Budget, size: int, seed: int) -> tuple[Path, str]:
+    """``(COCO root, description)``: ``data``, or synthetic shapes written once under ``out/data``."""
+    from peg_detr.data import SyntheticSpec, make_synthetic_coco
+
+    if data is not None:
+        return data, str(data)
+    data = out / "data"
+    if not (data / "annotations").is_dir():
+        spec = SyntheticSpec(size=size, num_classes=3, min_objects=1, max_objects=3)
+        make_synthetic_coco(data, budget.n_train, budget.n_val, seed=seed, spec=spec)
+    return data, f"synthetic COCO shapes ({budget.n_train} train / {budget.n_val} val, {size} px)"
+
+
+def _detect_sizes(size: int, test_sizes: Sequence[int] | None) -> list[int]:
+    """Test sides: ``test_sizes`` or :data:`IMAGE_SCALES` of ``size``, the training size always among them."""
+    sizes = list(test_sizes) if test_sizes else [round(size * s) for s in IMAGE_SCALES]
+    return sizes if size in sizes else sorted([*sizes, size])
+
+
 def plan_detect(
     out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
     train_size: int | None = None, test_sizes: Sequence[int] | None = None, **_: Any,
 ) -> Plan:  # fmt: skip
     """Tiny DETR (``demo_tiny`` recipe) with peg / sine / learned / none / the rotary rows in the encoder."""
-    from peg_detr.data import SyntheticSpec, make_synthetic_coco
-
     budget = BUDGETS["detect", quick]
     size = train_size or budget.train_size
-    if data is None:
-        data = out / "data"
-        if not (data / "annotations").is_dir():
-            spec = SyntheticSpec(size=size, num_classes=3, min_objects=1, max_objects=3)
-            make_synthetic_coco(data, budget.n_train, budget.n_val, seed=seeds[0], spec=spec)
-        data_name = f"synthetic COCO shapes ({budget.n_train} train / {budget.n_val} val, {size} px)"
-    else:
-        data_name = str(data)
-    sizes = list(test_sizes) if test_sizes else [round(size * s) for s in IMAGE_SCALES]
-    if size not in sizes:
-        sizes = sorted([*sizes, size])
+    data, data_name = _detect_data(out, data, budget, size, seeds[0])
+    sizes = _detect_sizes(size, test_sizes)
     notes = [
         "Decoder cross-attention keys use DETR's sine codes for every encoder variant "
         "(peg_detr's default `decoder_key_pos=sine`), so the rows differ in the encoder only "
@@ -573,13 +592,75 @@ def _detect_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellRes
         model.transformer._share_sine = False
     cost = encoding_cost({"pos": enc.pos, "pegs": enc.pegs, "rope": enc.rope}, lambda: model(x),
                          qk_uses=len(enc.layers), rotated=list(enc.layers))  # fmt: skip
+    return CellResult(*_detect_scores(plan, spec, ckpt, data), cost.params, cost.flops)
+
+
+def _detect_scores(plan: Plan, spec: RowSpec, ckpt: Path, data: Path) -> tuple[dict, dict]:
+    """``(scores, extra)`` of :class:`CellResult`: AP50 and AP at every test size, per resize mode."""
     scores, extra = {}, {}
     for mode in spec.modes:
         table = _detr_eval(ckpt, data, plan.sizes, mode, plan.budget.batch_size)
         pairs = list(zip(plan.labels, plan.sizes, strict=True))
         scores[str(mode)] = {lab: table[str(s)]["ap50"] for lab, s in pairs}
         extra[str(mode)] = {"AP": {lab: table[str(s)]["ap"] for lab, s in pairs}}
-    return CellResult(scores, extra, cost.params, cost.flops)
+    return scores, extra
+
+
+def plan_detect_rtdetr(
+    out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
+    train_size: int | None = None, test_sizes: Sequence[int] | None = None, rows: Sequence[str] = (), **_: Any,
+) -> Plan:  # fmt: skip
+    """Tiny RT-DETR (``rtdetr_demo_tiny``) with peg / sincos / none in AIFI, trained multi-scale.
+
+    ``rows``: :data:`RTDETR_EXTRA_ROWS` named there (``learned``, the rotary rows) are added.
+    Square sides: trained at :data:`RTDETR_TRAIN_SCALES` of ``train_size`` (one side per batch),
+    evaluated at ``test_sizes`` (default :data:`IMAGE_SCALES` of it).
+    """
+    budget = BUDGETS["detect-rtdetr", quick]
+    size = train_size or budget.train_size
+    data, data_name = _detect_data(out, data, budget, size, seeds[0])
+    sizes = _detect_sizes(size, test_sizes)
+    train_sides = sorted({round(size * f) for f in RTDETR_TRAIN_SCALES})
+    names = [*RTDETR_ROWS, *(e for e in RTDETR_EXTRA_ROWS if e in rows)]
+    notes = [
+        f"Trained as RT-DETR is trained: one square side per batch from {', '.join(map(str, train_sides))} px "
+        f"(RT-DETR: 480..800 around 640), RT-DETR's augmentation, EMA weights evaluated; the test sizes "
+        f"{', '.join(f'{s} px' for s in sizes if s > max(train_sides))} are larger than any training side.",
+        "`sincos` is RT-DETR's formula computed for each input's grid (not a table cached for one size); "
+        "the rows differ in AIFI's position encoding only (the decoder's anchors follow the feature maps "
+        "in every row).",
+    ]
+    return Plan(
+        task="detect-rtdetr", key="detect-rtdetr", out=out, specs=[RowSpec(e, e, modes=_modes(e)) for e in names],
+        seeds=seeds, budget=budget, epochs=epochs or budget.epochs, metric="AP50", sizes=sizes,
+        labels=[f"{s} px" for s in sizes], train_label=f"{size} px",
+        data={"root": str(data), "train_sides": train_sides}, data_name=data_name,
+        model="RT-DETR rtdetr_demo_tiny (tiny backbone, dim 32, 1 AIFI layer, 2 decoder layers, 20 queries)",
+        notes=notes, chance=0.0,
+    )  # fmt: skip
+
+
+def _rtdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
+    from peg_detr.cli import train
+    from peg_detr.model import load_model as load_detector
+
+    size, data = int(plan.train_label.split()[0]), Path(plan.data["root"])
+    argv = [
+        "--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(run_dir),
+        "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(plan.epochs),
+        "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
+        "--train-sizes", ",".join(map(str, plan.data["train_sides"])), "--val-size", str(size),
+        "--eval-sizes", str(size), "--eval-every", "0", "--workers", "0", "--no-progress", "--device", "cpu",
+    ]  # fmt: skip
+    train(argv)
+    ckpt = run_dir / "checkpoint.pth"
+    model = load_detector(ckpt).model.eval()
+    aifis = list(model.encoder.aifi)
+    modules = {f"{k}{i}": getattr(a, k) for i, a in enumerate(aifis) for k in ("pos", "pegs", "rope")}
+    x = torch.zeros(1, 3, size, size)
+    cost = encoding_cost(modules, lambda: model(x), qk_uses=len(aifis[0].layers),
+                         rotated=[layer.self_attn for a in aifis for layer in a.layers])  # fmt: skip
+    return CellResult(*_detect_scores(plan, spec, ckpt, data), cost.params, cost.flops)
 
 
 # ---------------------------------------------------------------------------------------------- video
@@ -760,7 +841,12 @@ def _annotation(root: Path, split: str) -> Path:
 
 # ---------------------------------------------------------------------------------------------- cells
 
-_CELLS = {"classify": _classify_cell, "detect": _detect_cell, "video": _video_cell}
+_CELLS = {
+    "classify": _classify_cell,
+    "detect": _detect_cell,
+    "detect-rtdetr": _rtdetr_cell,
+    "video": _video_cell,
+}
 
 
 def run_cell(plan: Plan, spec: RowSpec, seed: int, threads: int = 1) -> CellResult:

@@ -121,3 +121,36 @@ def test_predict_threshold_and_errors(checkpoint, tmp_path):
     torch.save({"weights": torch.zeros(1)}, bad)
     with pytest.raises(UserError, match="not a peg training checkpoint"):
         Predictor.from_checkpoint(bad)
+
+
+def test_predict_on_an_rtdetr_checkpoint_uses_its_square_unit_range_input(checkpoint, tmp_path):
+    """RT-DETR: a square resize to the run's --val-size, pixels in [0, 1], sigmoid top-K boxes."""
+    import torchvision.transforms.v2.functional as TF
+
+    from peg_detr.model import load_model
+
+    data, _ = checkpoint
+    train_main(
+        ["--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(tmp_path / "rt"),
+         "--epochs", "1", "--train-sizes", "64", "--val-size", "64", "--workers", "0", "--no-progress"]
+    )  # fmt: skip
+    ckpt = tmp_path / "rt" / "checkpoint.pth"
+    gen = torch.Generator().manual_seed(0)
+    image = torch.randint(0, 256, (3, 48, 80), dtype=torch.uint8, generator=gen)  # not square
+    got = Predictor.from_checkpoint(ckpt, threshold=0.0).detect(image)
+
+    loaded = load_model(ckpt)
+    x = TF.resize(image, [64, 64]).float() / 255  # what evaluation fed: 64 x 64, no normalisation
+    with torch.no_grad():
+        (want,) = loaded.postprocess(loaded.model(x[None]), torch.tensor([[48, 80]]))
+    order = want["scores"].argsort(descending=True)
+    # the top-K (K = 20 queries of rtdetr_demo_tiny) of the 20 x 4 (query, class id) pairs, every one > 0
+    assert len(got["scores"]) == 20 and loaded.config["arch"] == "rtdetr"
+    torch.testing.assert_close(got["scores"], want["scores"][order])
+    torch.testing.assert_close(got["labels"], want["labels"][order])
+    torch.testing.assert_close(got["boxes"], want["boxes"][order])
+    # DETR's pipeline (short side 64, ImageNet-normalised: a 64 x 107 input) gives other scores
+    detr_x = TF.normalize(TF.resize(image, 64).float() / 255, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    with torch.no_grad():
+        (other,) = loaded.postprocess(loaded.model(detr_x[None]), torch.tensor([[48, 80]]))
+    assert not torch.allclose(other["scores"].sort().values, want["scores"].sort().values)

@@ -32,6 +32,13 @@ def test_demo_quick_writes_summary(tmp_path: Path) -> None:
     # top-5 can never be below top-1; AP50 never below AP.
     assert summary["video"]["top5"] >= summary["video"]["top1"]
     assert summary["detect"]["ap50"] >= summary["detect"]["ap"]
+    # The detect part's RT-DETR-PEG line: evaluated at 0.75x, 1x, 1.5x and 2x of its 48 px training size.
+    rtdetr = summary["detect"]["rtdetr"]
+    assert 0.0 <= rtdetr["ap"] <= rtdetr["ap50"] <= 1.0 and rtdetr["size"] == 48
+    assert (
+        list(rtdetr["ap50_by_size"]) == ["36", "48", "72", "96"]
+        and rtdetr["ap50"] == rtdetr["ap50_by_size"]["48"]
+    )
     # The classifier is evaluated at 0.75x..2x its training size with the same weights.
     assert len(summary["classify"]["top1_by_size"]) == 4
 

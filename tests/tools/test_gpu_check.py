@@ -26,7 +26,8 @@ def test_gpu_check_cpu_quick(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
 
-    assert set(result) >= {"env", "correctness", "detr", "video", "peg_vs_copy", "seconds", "all_correct"}
+    assert set(result) >= {"env", "correctness", "detr", "video", "peg_vs_copy", "rtdetr", "rtdetr_eval",
+                           "seconds", "all_correct"}  # fmt: skip
     assert result["env"]["device"] == "cpu" and result["env"]["quick"] is True
 
     # Correctness: PEG2d (plain, separable, prefix tokens, 1-row grid) and PEG3d (plain, factorized, T=1).
@@ -53,6 +54,17 @@ def test_gpu_check_cpu_quick(tmp_path: Path) -> None:
     for r in result["peg_vs_copy"]:
         assert r["ratio"] > 0
         assert math.isclose(r["ratio"], r["peg_ms"] / r["copy_ms"], rel_tol=1e-6)
+
+    # RT-DETR: training steps with peg and sincos in AIFI (denoising, VFL), the peg model evaluated at
+    # two sizes; on one device its encoder equals the CPU copy exactly.
+    assert [r["model"] for r in result["rtdetr"]] == ["RT-DETR-tiny peg", "RT-DETR-tiny sincos"]
+    for r in result["rtdetr"]:
+        assert r["img_per_s"] > 0 and r["loss"] == "vfl+l1+giou, denoising"
+        assert math.isclose(r["img_per_s"] * r["step_ms"] / 1e3, 2, rel_tol=1e-6)
+    assert [r["input"] for r in result["rtdetr_eval"]] == ["2x3x64x64", "2x3x96x96"]
+    assert all(
+        r["ok"] is True and r["enc_rel_err"] == 0.0 and r["img_per_s"] > 0 for r in result["rtdetr_eval"]
+    )
 
     # The table is printed last.
     assert proc.stdout.rstrip().splitlines()[-1].startswith("JSON:")
@@ -81,5 +93,5 @@ def test_gpu_check_runs_with_torch_and_torchvision_only(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["all_correct"] is True
-    assert {r["loss"] for r in result["detr"]} == {"sum (no scipy)"}
+    assert {r["loss"] for r in result["detr"] + result["rtdetr"]} == {"sum (no scipy)"}
     assert all(r["img_per_s"] > 0 for r in result["detr"]) and result["video"][0]["clips_per_s"] > 0

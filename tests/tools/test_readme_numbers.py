@@ -82,3 +82,26 @@ def test_the_readme_has_the_block_with_every_number():
         README.read_text().index("<!-- demo-table:end -->"),
     )
     assert len(read_numbers(README.read_text()[start:end])) == len(read_numbers(render_table(SUMMARY)))
+
+
+def test_the_rtdetr_line_of_the_detect_part_is_rendered_and_checked():
+    rtdetr = {"ap": 0.21, "ap50": 0.45, "size": 80, "seconds": 22.4,
+              "ap_by_size": {"60": 0.1, "80": 0.21, "120": 0.15, "160": 0.05},
+              "ap50_by_size": {"60": 0.3, "80": 0.45, "120": 0.35, "160": 0.125}}  # fmt: skip
+    summary = json.loads(json.dumps(SUMMARY))
+    summary["detect"]["rtdetr"] = rtdetr
+    table = render_table(summary)
+    row = table.splitlines()[4]
+    assert row.startswith("| detect-rtdetr | RT-DETR-PEG") and row.endswith(", 22 s |")
+    numbers = read_numbers(table)
+    assert numbers[("detect-rtdetr", "AP")] == 0.21 and numbers[("detect-rtdetr", "AP50")] == 0.45
+    assert (
+        numbers[("detect-rtdetr", "160 px AP50")] == 0.125 and ("detect-rtdetr", "80 px AP50") not in numbers
+    )
+    assert numbers[("detect", "AP")] == 0.318  # DETR's own numbers are still the detect row's
+    # a README without the line is stale for a summary with it (the lead regenerates it with --write)
+    assert sorted(check(_readme(), summary)) == [
+        f"the demo gives detect-rtdetr {label} but README does not quote it"
+        for label in ("120 px AP50", "160 px AP50", "60 px AP50", "AP", "AP50")
+    ]
+    assert check(_readme(summary), summary) == [] and render_table(SUMMARY) in _readme()

@@ -548,3 +548,55 @@ def test_a_failed_cell_drops_its_row_with_a_note() -> None:
     result = assemble(plan, cells)
     assert [r.label for r in result.rows] == ["peg"]
     assert result.notes == ["Row `none` left out: its training failed for seed(s) [1] (see the log)."]
+
+
+# ------------------------------------------------------------------------------- RT-DETR (detect)
+
+
+def test_study_quick_rtdetr_has_its_own_section_and_multi_scale_training(tmp_path: Path) -> None:
+    from peg_core.engine import read_checkpoint
+
+    threads = torch.get_num_threads()
+    try:
+        results = main(["--task", "detect", "--arch", "rtdetr", "--quick", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    assert list(results) == ["detect-rtdetr"]  # DETR's "detect" rows are neither run nor overwritten
+    doc = json.loads((tmp_path / "study.json").read_text())["tasks"]["detect-rtdetr"]
+    assert [r["label"] for r in doc["rows"]] == ["peg", "sincos", "none"]
+    assert doc["sizes"] == ["48 px", "64 px", "96 px", "128 px"] and doc["train_size"] == "64 px"
+    report = (tmp_path / "report.md").read_text()
+    assert "## detect-rtdetr: AP50 by test size" in report and (tmp_path / "detect-rtdetr.png").is_file()
+    assert "no conclusion (one seed" in report and "sin-cos codes computed for that input's grid" in report
+    # rtdetr_demo_tiny: dim 32, AIFI on the stride-32 map, 2 x 2 tokens at 64 px, one AIFI layer
+    rows = {r["label"]: r for r in doc["rows"]}
+    assert (rows["peg"]["params"], rows["peg"]["flops"]) == (32 * 9 + 32, 2 * 4 * 32 * 9 + 4 * 32)
+    assert (rows["sincos"]["params"], rows["sincos"]["flops"]) == (0, 4 * 32)  # q = k = x + pos, once
+    assert (rows["none"]["params"], rows["none"]["flops"]) == (0, 0)
+    # trained as RT-DETR is: one square side per batch from 0.75x..1.25x of the training size
+    ckpt = read_checkpoint(tmp_path / "detect-rtdetr" / "sincos" / "seed0" / "checkpoint.pth", "detect")
+    assert ckpt["args"]["train_scales"] == [48, 56, 64, 72, 80] and ckpt["args"]["val_size"] == 64
+    assert (ckpt["model_config"]["arch"], ckpt["model_config"]["pos_enc"]) == ("rtdetr", "sincos")
+
+
+def test_study_rtdetr_rows_and_arch_flag(tmp_path: Path) -> None:
+    from tools.study import _keep_rows
+    from tools.study_tasks import plan_detect_rtdetr
+
+    plan = plan_detect_rtdetr(tmp_path, True, [0], rows=["peg", "rope-axial"])
+    _keep_rows([plan], ["peg", "rope-axial"])
+    assert [s.name for s in plan.specs] == ["peg", "rope-axial"] and plan.key == "detect-rtdetr"
+    assert plan.data["train_sides"] == [48, 56, 64, 72, 80]
+    from tools.study import _plans, build_parser
+
+    args = build_parser().parse_args(
+        ["--task", "detect", "--arch", "both", "--quick", "--out", str(tmp_path)]
+    )
+    assert [p.key for p in _plans(args, ["detect"], [0])] == [
+        "detect",
+        "detect-rtdetr",
+    ]  # DETR's first, own folders
+    assert (tmp_path / "detect" / "data").is_dir() and (tmp_path / "detect-rtdetr" / "data").is_dir()
+    with pytest.raises(SystemExit):  # --arch is the detect task's
+        main(["--task", "classify", "--arch", "rtdetr", "--quick", "--out", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()
