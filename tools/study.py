@@ -32,7 +32,7 @@ and prints the tables.  Tasks and rows:
     python -m tools.study --task classify --quick    # seconds (what the tests run)
     python -m tools.study --task classify --data /data/imagenet100 --train-size 160 --test-sizes 128,160,224
     python -m tools.study --task detect --data /data/coco --epochs 50
-    python -m tools.study --task detect --arch rtdetr --seeds 3 --jobs 2    # ~8 min on 2 CPU cores
+    python -m tools.study --task detect --arch rtdetr --seeds 3 --jobs 2    # ~14 min on 2 CPU cores
 """
 
 from __future__ import annotations
