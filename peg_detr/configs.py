@@ -133,7 +133,15 @@ _RTDETR_6X: dict[str, Any] = {
     "ema_warmups": 2000,
 }
 # R18vd: 3 decoder layers and CSP expansion 0.5 (rtdetr_r18vd_6x_coco.yml); R50vd: 6 and 1.0.
-_RTDETR_R18VD = {**_RTDETR_6X, "backbone": "r18vd", "dec_layers": 3, "encoder_expansion": 0.5}
+# Both train the backbone at lr 1e-5: rtdetr_r18vd_6x_coco.yml sets lr 0.00001 on both of its
+# backbone groups (norms and the rest), include/optimizer.yml (R50vd) on ``backbone``.
+_RTDETR_R18VD = {
+    **_RTDETR_6X,
+    "backbone": "r18vd",
+    "dec_layers": 3,
+    "encoder_expansion": 0.5,
+    "lr_backbone": 1e-5,
+}
 _RTDETR_R50VD = {**_RTDETR_6X, "backbone": "r50vd", "dec_layers": 6, "encoder_expansion": 1.0}
 
 CONFIGS.update(

@@ -94,7 +94,18 @@ def optimizer_groups(model: nn.Module, lr_backbone: float, weight_decay: float) 
 def rtdetr_optimizer_groups(
     model: nn.Module, lr_backbone: float, weight_decay: float
 ) -> list[dict[str, Any]]:
-    """RT-DETR's AdamW groups: the backbone at ``lr_backbone``; norms and biases not decayed."""
+    """RT-DETR's AdamW groups: the backbone at ``lr_backbone``; norms and biases not decayed.
+
+    Groups ``[main, main_no_decay, backbone, backbone_no_decay]`` (empty ones dropped).  This is
+    the published RT-DETR recipe, lyuwenyu/RT-DETR ``rtdetr_pytorch/configs/rtdetr/``:
+    ``include/optimizer.yml`` (``rtdetr_r50vd_6x_coco.yml``) puts ``backbone`` at lr 1e-5 and
+    exempts the encoder's and decoder's biases and norm weights (``bias|norm.*weight``) from the
+    1e-4 decay; ``rtdetr_r18vd_6x_coco.yml`` repeats that and, its backbone norms being trainable
+    (``freeze_norm: False``), exempts them too, at the same lr 1e-5.  R50vd's backbone norms are
+    frozen (buffers), so one rule covers both: every 1-d parameter (a norm's weight or bias, any
+    bias) is not decayed; the backbone is at ``lr_backbone`` either way.  (RT-DETRv2's
+    ``rtdetrv2_pytorch`` configs differ: they exempt only norm / bn parameters and decay biases.)
+    """
     return param_groups(model, weight_decay, decay_1d=False, lr_by_prefix={"backbone.": lr_backbone})
 
 
