@@ -17,18 +17,7 @@ from peg_detr.hf_rtdetr import hf_num_labels
 
 transformers = pytest.importorskip("transformers")
 
-
-def _small_config(**overrides):
-    backbone = transformers.RTDetrResNetConfig(
-        layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128], embedding_size=16,
-        out_features=["stage2", "stage3", "stage4"],
-    )  # fmt: skip
-    options = dict(
-        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 64, 128],
-        decoder_in_channels=[32, 32, 32], num_queries=10, decoder_layers=1, encoder_ffn_dim=64,
-        decoder_ffn_dim=64, encoder_attention_heads=2, decoder_attention_heads=2,
-    )  # fmt: skip
-    return transformers.RTDetrConfig(**{**options, **overrides})
+from tests.detr.test_rtdetr_hf import _small_config  # noqa: E402  (after the skip: it needs transformers)
 
 
 def _save(config, folder):
@@ -54,8 +43,8 @@ def test_hf_num_labels_follows_transformers():
 
 @pytest.mark.parametrize("num_labels", [None, 80])
 def test_from_hf_class_count_like_transformers(tmp_path, num_labels):
-    """Default config (neither key in config.json, 2 classes) and ``num_labels=80`` (an 80-entry id2label)."""
-    config = _small_config() if num_labels is None else _small_config(num_labels=num_labels)
+    """Default labels (neither key in config.json, 2 classes) and ``num_labels=80`` (an 80-entry id2label)."""
+    config = _small_config(num_labels=num_labels or 2)  # 2: transformers' default, which it does not write
     hf = _save(config, tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     if num_labels is None:
@@ -68,7 +57,7 @@ def test_from_hf_class_count_like_transformers(tmp_path, num_labels):
     x = torch.randn(1, 3, 128, 160, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         want, got = hf(x), ours(x)
-    assert got["pred_logits"].shape == (1, 10, num_labels or 2)
+    assert got["pred_logits"].shape == (1, 30, num_labels or 2)
     torch.testing.assert_close(got["pred_logits"], want.logits, atol=1e-4, rtol=0)
     torch.testing.assert_close(got["pred_boxes"], want.pred_boxes, atol=1e-4, rtol=0)
 
@@ -82,7 +71,7 @@ def test_from_hf_default_r50vd_config(tmp_path):
 
 
 def test_from_hf_class_count_disagrees_with_weights(tmp_path):
-    _save(_small_config(), tmp_path)  # 2-class heads
+    _save(_small_config(num_labels=2), tmp_path)  # 2-class heads
     config = json.loads((tmp_path / "config.json").read_text())
     for extra, source in (
         ({"num_labels": 80}, "num_labels"),
@@ -92,5 +81,5 @@ def test_from_hf_class_count_disagrees_with_weights(tmp_path):
         with pytest.raises(WeightsError) as err:
             from_hf(tmp_path)
         message = str(err.value)
-        assert "\n" not in message and "model.enc_score_head.weight has shape (2, 32)" in message
+        assert "\n" not in message and "model.enc_score_head.weight has shape (2, 64)" in message
         assert f"config.json's {source} gives {len(extra.get('id2label', [])) or 80} classes" in message
