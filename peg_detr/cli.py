@@ -267,6 +267,11 @@ def _add_rtdetr_args(p: argparse.ArgumentParser) -> None:
     )
     r.add_argument("--ema-warmups", type=positive_int, help="EMA warm-up: decay * (1 - exp(-updates / N))")
     r.add_argument("--warmup-steps", type=nonnegative_int, help="linear learning-rate warm-up steps")
+    r.add_argument(
+        "--no-aug-epochs",
+        type=nonnegative_int,
+        help="last N epochs without photometric / zoom-out / IoU-crop and multi-scale (RT-DETRv2's stop_epoch; 0: off)",
+    )
 
 
 # ---------------------------------------------------------------------------------------- parsers

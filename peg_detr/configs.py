@@ -131,9 +131,20 @@ _RTDETR_6X: dict[str, Any] = {
     "clip_max_norm": 0.1,
     "ema_decay": 0.9999,
     "ema_warmups": 2000,
+    # RT-DETR's 6x recipe augments every epoch (rtdetr_pytorch's Compose has no policy); the
+    # stop_epoch policy, 71 of 72 epochs, came with RT-DETRv2 (--no-aug-epochs 1 gives it).
+    "no_aug_epochs": 0,
 }
 # R18vd: 3 decoder layers and CSP expansion 0.5 (rtdetr_r18vd_6x_coco.yml); R50vd: 6 and 1.0.
-_RTDETR_R18VD = {**_RTDETR_6X, "backbone": "r18vd", "dec_layers": 3, "encoder_expansion": 0.5}
+# Both train the backbone at lr 1e-5: rtdetr_r18vd_6x_coco.yml sets lr 0.00001 on both of its
+# backbone groups (norms and the rest), include/optimizer.yml (R50vd) on ``backbone``.
+_RTDETR_R18VD = {
+    **_RTDETR_6X,
+    "backbone": "r18vd",
+    "dec_layers": 3,
+    "encoder_expansion": 0.5,
+    "lr_backbone": 1e-5,
+}
 _RTDETR_R50VD = {**_RTDETR_6X, "backbone": "r50vd", "dec_layers": 6, "encoder_expansion": 1.0}
 
 CONFIGS.update(

@@ -38,7 +38,14 @@ from .models.rtdetr.hf_keys import (
 )
 from .models.rtdetr.model import RTDETR
 
-__all__ = ["export_hf_rtdetr", "from_hf", "rtdetr_from_hf_config", "rtdetr_hf_to_ours", "rtdetr_ours_to_hf"]
+__all__ = [
+    "export_hf_rtdetr",
+    "from_hf",
+    "hf_num_labels",
+    "rtdetr_from_hf_config",
+    "rtdetr_hf_to_ours",
+    "rtdetr_ours_to_hf",
+]
 
 SUPPORTED_MODEL_TYPES = ("detr", "rt_detr")
 # Stride of each ResNet stage (stage1 .. stage4) without downsample_in_first_stage.
@@ -104,6 +111,43 @@ def _backbone_from_hf(config: dict[str, Any], freeze_bn: bool) -> ResNetVd:
     )
 
 
+def hf_num_labels(config: dict[str, Any]) -> int:
+    """The class count of a config.json as transformers reads it (``PretrainedConfig.num_labels``).
+
+    ``len(id2label)`` when the file has one (it wins over a ``num_labels`` key); otherwise
+    ``num_labels``; otherwise 2, transformers' default, which ``save_pretrained`` does not write:
+    the folder of a default ``RTDetrConfig()`` has neither key and 2-class heads.
+    """
+    id2label = config.get("id2label")
+    if id2label is not None:
+        if not isinstance(id2label, dict) or not id2label:
+            raise ValueError(f"config.json's id2label must be a non-empty object; got {id2label!r}")
+        return len(id2label)
+    num_labels = config.get("num_labels")
+    if num_labels is None:
+        return 2
+    if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
+        raise ValueError(f"config.json's num_labels must be a positive integer; got {num_labels!r}")
+    return num_labels
+
+
+# The encoder proposals' classifier, ``(num_labels, d_model)``; every decoder layer's has the same width.
+_CLASS_KEY = "model.enc_score_head.weight"
+
+
+def _check_num_labels(config: dict[str, Any], state: dict[str, Tensor], path: Path) -> None:
+    """A one-line WeightsError when the config's class count is not the weights' classifier width."""
+    weight = state.get(_CLASS_KEY)
+    num_classes = hf_num_labels(config)
+    if weight is not None and weight.shape[0] != num_classes:
+        source = next((k for k in ("id2label", "num_labels") if config.get(k) is not None), "default")
+        raise WeightsError(
+            f"key {_CLASS_KEY} has shape {tuple(weight.shape)}, config.json's {source} gives {num_classes} "
+            f"classes (expected shape {(num_classes, *weight.shape[1:])})",
+            path,
+        )
+
+
 def _check_rtdetr_config(config: dict[str, Any], backbone_channels: list[int]) -> None:
     """The config.json settings peg_detr's RT-DETR does not have: a ValueError naming the field."""
     levels = list(_field(config, "decoder_in_channels", (256, 256, 256)))
@@ -144,7 +188,7 @@ def rtdetr_from_hf_config(config: dict[str, Any], pos_enc: str = "sincos", **enc
         temperature=config.get("positional_encoding_temperature", 10000),
         normalize_before=config.get("normalize_before", False), **eps, **encoder_options,
     )  # fmt: skip
-    num_classes = len(_field(config, "id2label", {str(i): i for i in range(config.get("num_labels", 80))}))
+    num_classes = hf_num_labels(config)
     num_queries = config.get("num_queries", 300)
     decoder = RTDETRDecoder(
         config.get("decoder_in_channels", (256, 256, 256)), config.get("d_model", 256), num_classes,
@@ -266,6 +310,7 @@ def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.M
         report = load_official_checkpoint(model, path)
         return model.eval(), report
     state, weights = _read_weights(path)
+    _check_num_labels(config, state, weights)
     model = rtdetr_from_hf_config(config, pos_enc or "sincos")
     report = _load_rtdetr(model, state, weights, config)
     return model.eval(), report
@@ -275,7 +320,7 @@ def _detr_from_config(config: dict[str, Any], pos_enc: str) -> nn.Module:
     """:func:`build_detr` with the sizes of a ``DetrConfig`` (timm ResNet backbones)."""
     heads = config.get("encoder_attention_heads", 8)
     model, _, _ = build_detr(
-        config.get("backbone", "resnet50"), pos_enc, num_classes=len(config.get("id2label") or {str(i): i for i in range(91)}),
+        config.get("backbone", "resnet50"), pos_enc, num_classes=hf_num_labels(config),
         num_queries=config.get("num_queries", 100), dilation=bool(config.get("dilation", False)),
         hidden_dim=config.get("d_model", 256), num_heads=heads, enc_layers=config.get("encoder_layers", 6),
         dec_layers=config.get("decoder_layers", 6), dim_feedforward=config.get("encoder_ffn_dim", 2048),

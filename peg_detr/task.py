@@ -42,6 +42,7 @@ from peg_core.interop.io import WeightsError
 from .data import (
     CocoDetr,
     MultiScaleCollate,
+    StopEpochTransforms,
     collate_detr,
     infer_num_classes,
     load_coco_annotations,
@@ -94,7 +95,18 @@ def optimizer_groups(model: nn.Module, lr_backbone: float, weight_decay: float) 
 def rtdetr_optimizer_groups(
     model: nn.Module, lr_backbone: float, weight_decay: float
 ) -> list[dict[str, Any]]:
-    """RT-DETR's AdamW groups: the backbone at ``lr_backbone``; norms and biases not decayed."""
+    """RT-DETR's AdamW groups: the backbone at ``lr_backbone``; norms and biases not decayed.
+
+    Groups ``[main, main_no_decay, backbone, backbone_no_decay]`` (empty ones dropped).  This is
+    the published RT-DETR recipe, lyuwenyu/RT-DETR ``rtdetr_pytorch/configs/rtdetr/``:
+    ``include/optimizer.yml`` (``rtdetr_r50vd_6x_coco.yml``) puts ``backbone`` at lr 1e-5 and
+    exempts the encoder's and decoder's biases and norm weights (``bias|norm.*weight``) from the
+    1e-4 decay; ``rtdetr_r18vd_6x_coco.yml`` repeats that and, its backbone norms being trainable
+    (``freeze_norm: False``), exempts them too, at the same lr 1e-5.  R50vd's backbone norms are
+    frozen (buffers), so one rule covers both: every 1-d parameter (a norm's weight or bias, any
+    bias) is not decayed; the backbone is at ``lr_backbone`` either way.  (RT-DETRv2's
+    ``rtdetrv2_pytorch`` configs differ: they exempt only norm / bn parameters and decay biases.)
+    """
     return param_groups(model, weight_decay, decay_1d=False, lr_by_prefix={"backbone.": lr_backbone})
 
 
@@ -280,11 +292,29 @@ def _arch(args: argparse.Namespace) -> str:
     return getattr(args, "arch", None) or "detr"
 
 
+def rtdetr_stop_epoch(args: argparse.Namespace) -> int | None:
+    """The first epoch without the strong augmentation and multi-scale (``--no-aug-epochs N``), or None.
+
+    ``epochs - N``: RT-DETRv2's ``stop_epoch`` (71 of 72 epochs in its 6x recipes).  A DETR run
+    refuses the flag (its augmentation has no such policy).
+    """
+    n = getattr(args, "no_aug_epochs", None) or 0
+    if not n:
+        return None
+    if _arch(args) != "rtdetr":
+        raise UserError("applies to --arch rtdetr only", f"--no-aug-epochs {n}")
+    return max(args.epochs - n, 0)
+
+
 def _train_set(args: argparse.Namespace) -> tuple[CocoDetr, Path]:
     """The augmented training split and its (checked) annotation file."""
     img_dir, ann = _split_paths(args.data_root, "train", args.train_json)
+    stop = rtdetr_stop_epoch(args)
     if _arch(args) == "rtdetr":  # square at --val-size; the collate draws the batch's side
         transforms = make_rtdetr_train_transforms(args.val_size)
+        if stop is not None:
+            plain = make_rtdetr_train_transforms(args.val_size, strong=False)
+            transforms = StopEpochTransforms(transforms, plain, stop)
     else:
         transforms = make_train_transforms(
             args.train_scales,
@@ -301,7 +331,8 @@ def _train_loader(
     """The loader and its ``on_epoch_start``: order and worker seeds are functions of (seed, epoch)."""
     sampler = DistributedSampler(ds, ctx.dist.world_size, ctx.dist.rank, shuffle=True, seed=args.seed)
     generator = torch.Generator()
-    collate = MultiScaleCollate(args.train_scales or ()) if _arch(args) == "rtdetr" else collate_detr
+    rtdetr = _arch(args) == "rtdetr"
+    collate = MultiScaleCollate(args.train_scales or (), rtdetr_stop_epoch(args)) if rtdetr else collate_detr
     loader = DataLoader(
         SkipBroken(ds), batch, sampler=sampler, collate_fn=skipping_collate(collate),
         num_workers=args.workers, drop_last=True, generator=generator,
@@ -310,6 +341,10 @@ def _train_loader(
     def on_epoch_start(epoch: int) -> None:
         sampler.set_epoch(epoch)
         generator.manual_seed(args.seed * 1000 + epoch)
+        # --no-aug-epochs: before this epoch's iterator (and its workers' copies) is made
+        for policy in (ds.transforms, collate):
+            if isinstance(policy, (StopEpochTransforms, MultiScaleCollate)):
+                policy.set_epoch(epoch)
 
     return loader, on_epoch_start
 

@@ -175,19 +175,23 @@ def _to_unit_range() -> list[v2.Transform]:
     return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
 
 
-def make_rtdetr_train_transforms(size: int = RTDETR_SIZE, hflip: float = 0.5) -> v2.Compose:
+def make_rtdetr_train_transforms(size: int = RTDETR_SIZE, hflip: float = 0.5, *, strong: bool = True) -> v2.Compose:
     """RT-DETR's training augmentation, ending in a ``size`` × ``size`` image in ``[0, 1]``.
 
     Photometric distortion (p 0.5), zoom-out onto a black canvas (p 0.5), IoU crop (p 0.8),
     box sanitising, horizontal flip and a square resize, as in lyuwenyu/RT-DETR's
-    ``rtdetr_r50vd_6x`` recipe.  The per-batch multi-scale resize comes later, in
-    :class:`MultiScaleCollate`, so that every image of a batch has the same size.
+    ``rtdetr_r50vd_6x`` recipe.  ``strong=False`` leaves out the first three (RT-DETRv2's
+    ``stop_epoch`` policy, :class:`StopEpochTransforms`).  The per-batch multi-scale resize comes
+    later, in :class:`MultiScaleCollate`, so that every image of a batch has the same size.
     """
+    strong_ops = [
+        v2.RandomPhotometricDistort(p=0.5),
+        v2.RandomZoomOut(fill=0),
+        v2.RandomApply([v2.RandomIoUCrop()], p=0.8),
+    ]
     return v2.Compose(
         [
-            v2.RandomPhotometricDistort(p=0.5),
-            v2.RandomZoomOut(fill=0),
-            v2.RandomApply([v2.RandomIoUCrop()], p=0.8),
+            *(strong_ops if strong else []),
             v2.SanitizeBoundingBoxes(min_size=1.0),
             v2.RandomHorizontalFlip(hflip),
             v2.Resize((size, size)),
@@ -205,6 +209,29 @@ def make_rtdetr_val_transforms(size: int | None = RTDETR_SIZE, with_boxes: bool 
     return v2.Compose([*resize, *boxes, *_to_unit_range()])
 
 
+class StopEpochTransforms:
+    """RT-DETRv2's ``stop_epoch`` policy: ``strong`` transforms before ``stop_epoch``, ``plain`` from it on.
+
+    lyuwenyu/RT-DETR ``rtdetrv2_pytorch/configs/rtdetrv2/include/dataloader.yml`` stops the
+    photometric distortion, zoom-out and IoU crop (and the multi-scale collate) for the last
+    epoch(s), so the model ends on images like the evaluation's.  Call :meth:`set_epoch` before
+    each epoch's loader iterator is made (workers copy the data set then).  ``__call__(image,
+    target)`` is the current transform's.
+    """
+
+    def __init__(self, strong: Any, plain: Any, stop_epoch: int) -> None:
+        if stop_epoch < 0:
+            raise ValueError(f"stop_epoch must be >= 0, got {stop_epoch}")
+        self.strong, self.plain, self.stop_epoch = strong, plain, stop_epoch
+        self.current = strong
+
+    def set_epoch(self, epoch: int) -> None:
+        self.current = self.strong if epoch < self.stop_epoch else self.plain
+
+    def __call__(self, *inputs: Any) -> Any:
+        return self.current(*inputs)
+
+
 class MultiScaleCollate:
     """Stack a batch and resize it to one side drawn per batch from ``sizes`` (RT-DETR's multi-scale).
 
@@ -212,20 +239,26 @@ class MultiScaleCollate:
     mask is all False); boxes are normalised cxcywh and so do not change.  The side is drawn
     with torch's generator (a worker's seed, or the global one with ``workers=0``), so a resumed
     run draws the same sides.  ``sizes=()`` keeps the images as the transforms made them
-    (images of several sizes are then padded, as for DETR).
+    (images of several sizes are then padded, as for DETR).  With ``stop_epoch``, epochs from
+    ``stop_epoch`` on (:meth:`set_epoch`) keep them too: RT-DETRv2's collate ``stop_epoch``.
 
     ``__call__(batch)`` takes ``[(image (3, H, W), target), ...]`` and returns
     ``(ImageBatch (B, 3, S, S), targets)`` with each target's ``size`` set to ``(S, S)``.
     """
 
-    def __init__(self, sizes: Sequence[int] = ()) -> None:
+    def __init__(self, sizes: Sequence[int] = (), stop_epoch: int | None = None) -> None:
         if any(int(s) < 1 for s in sizes):
             raise ValueError(f"multi-scale sizes must be positive, got {list(sizes)}")
         self.sizes = [int(s) for s in sizes]
+        self.stop_epoch = stop_epoch
+        self.multi_scale = True
+
+    def set_epoch(self, epoch: int) -> None:
+        self.multi_scale = self.stop_epoch is None or epoch < self.stop_epoch
 
     def __call__(self, batch: list[tuple[Tensor, dict[str, Any]]]) -> tuple[Any, list[dict[str, Any]]]:
         images, targets = (list(x) for x in zip(*batch))
-        if not self.sizes:
+        if not self.sizes or not self.multi_scale:
             return pad_images(images), targets
         side = self.sizes[int(torch.randint(len(self.sizes), ()))]
         resized = torch.cat([_resize_image(im, side) for im in images])

@@ -208,7 +208,7 @@ def test_peg_model_runs_on_mixed_sizes_and_the_eval_verb(trained, data, capsys):
     assert set(report["eval"]["sizes"]) == {"80", "160"}
 
 
-@pytest.mark.slow  # ~50 s: the exporter falls back past a symbolic-shape guard of the backbone (see report)
+@pytest.mark.slow  # ~16 s on one CPU: torch.export capture and the ONNX decompositions
 def test_onnx_export_runs_at_other_sizes_like_pytorch(trained, tmp_path, capsys):
     ort = pytest.importorskip("onnxruntime")
     out, _ = trained

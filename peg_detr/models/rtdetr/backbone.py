@@ -27,10 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
 
-__all__ = ["RESNET_VD", "BasicBlockVd", "BottleneckVd", "ResNetVd", "build_resnet_vd"]
+__all__ = ["RESNET_VD", "BasicBlockVd", "BottleneckVd", "CeilAvgPool2x2", "ResNetVd", "build_resnet_vd"]
 
 #: ``name -> ResNetVd keyword arguments``: the four RT-DETR backbones and a tiny CPU one.
 RESNET_VD: dict[str, dict] = {
@@ -87,14 +89,38 @@ class Projection(nn.Module):
         return self.normalization(self.convolution(x))
 
 
+class CeilAvgPool2x2(nn.Module):
+    """``nn.AvgPool2d(2, 2, 0, ceil_mode=True)`` in a form ``torch.export`` keeps dynamic.
+
+    ``(B, C, H, W) -> (B, C, ceil(H/2), ceil(W/2))``; a window that hangs over the bottom / right
+    edge averages only its pixels inside the image (``ceil_mode``'s divisor).  ``ceil_mode``'s
+    output size carries a rule ("the last window must start inside the input") that becomes a
+    symbolic-shape guard the exporter cannot prove for a dynamic height / width, so the export
+    falls back to a much slower path.  Here the input gets one zero row and column
+    (bottom / right) and an ordinary 2×2 pool runs on it: its output side is
+    ``(n - 1) // 2 + 1``, the strided 3×3 convolution's own expression, with no guard.  Dividing by
+    the same pool of a ones map (the fraction of each window inside the image: 1, 1/2 or 1/4)
+    turns the zero-padded means into ``ceil_mode``'s means; every factor is a power of two, so the
+    values are bit-identical to ``nn.AvgPool2d``'s.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        pad = (0, 1, 0, 1)  # left, right, top, bottom
+        mean = F.avg_pool2d(F.pad(x, pad), 2, 2)
+        inside = F.avg_pool2d(F.pad(torch.ones_like(x[:1, :1]), pad), 2, 2)  # (1, 1, H', W')
+        return mean / inside
+
+
 def _shortcut(cin: int, cout: int, stride: int, project: bool, frozen: bool) -> nn.Module:
     """Identity, a 1×1 projection, or (stride 2, the "D" trick) a 2×2 average pool then the projection.
 
-    ``ceil_mode`` keeps odd sides aligned with the strided 3×3 convolution (``ceil(n / 2)``).
+    The pool has ``ceil_mode``'s size (``ceil(n / 2)``, the strided 3×3 convolution's) and values
+    (:class:`CeilAvgPool2x2`).
     """
     if stride == 2:
-        pool = nn.AvgPool2d(2, 2, 0, ceil_mode=True)
-        return nn.Sequential(pool, Projection(cin, cout, frozen=frozen) if project else nn.Identity())
+        return nn.Sequential(
+            CeilAvgPool2x2(), Projection(cin, cout, frozen=frozen) if project else nn.Identity()
+        )
     if stride != 1:
         raise ValueError(f"ResNet-vd blocks stride 1 or 2; got {stride}")
     return Projection(cin, cout, frozen=frozen) if project else nn.Identity()
