@@ -49,6 +49,7 @@ from torch import Tensor
 
 from peg_core.engine import UserError, ensure_writable, new_parser, read_checkpoint
 from peg_core.errors import require
+from peg_core.interop.hf_folder import read_hf_config, read_hf_weights
 from peg_core.interop.io import WeightsError, read_state_file, strip_prefixes, write_state_file
 
 __all__ = [
@@ -61,7 +62,6 @@ __all__ = [
     "read_hf_state",
 ]
 
-HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # Backbone prefixes: what save_pretrained writes (and the hub files hold), and transformers 5's in-memory name.
 _HF_BACKBONE = ("model.backbone.conv_encoder.model.", "model.backbone.model.")
 _OFFICIAL_BACKBONE = "backbone.0.body."
@@ -107,21 +107,13 @@ def read_hf_state(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str,
     p = Path(path)
     config = None
     if p.is_dir():
-        cfg = p / "config.json"
-        if not cfg.is_file():
-            raise WeightsError("not a Hugging Face model folder (no config.json)", p)
-        try:
-            config = json.loads(cfg.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise WeightsError(f"config.json is not valid json ({e})", cfg) from None
-        _check_config(config, cfg)
-        files = [p / f for f in HF_WEIGHT_FILES if (p / f).is_file()]
-        if not files:
-            raise WeightsError(f"Hugging Face folder has neither {' nor '.join(HF_WEIGHT_FILES)}", p)
-        p = files[0]
-    state = read_state_file(p, what="Hugging Face weights")
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise WeightsError("Hugging Face weights file is not a state dict of tensors", p)
+        config = read_hf_config(p)
+        _check_config(config, p / "config.json")
+        state, p = read_hf_weights(p)
+    else:
+        state = read_state_file(p, what="Hugging Face weights")
+        if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+            raise WeightsError("Hugging Face weights file is not a state dict of tensors", p)
     _check_shapes(state, p)
     return state, config
 

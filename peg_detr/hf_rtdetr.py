@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from peg_core.interop.hf_folder import read_hf_config, read_hf_weights
 from peg_core.interop.io import LoadReport, WeightsError, read_state_file, write_state_file
 
-from .hf import HF_WEIGHT_FILES
 from .models import build_detr, load_official_checkpoint
 from .models.rtdetr.backbone import ResNetVd
 from .models.rtdetr.decoder import RTDETRDecoder
@@ -50,33 +50,6 @@ __all__ = [
 SUPPORTED_MODEL_TYPES = ("detr", "rt_detr")
 # Stride of each ResNet stage (stage1 .. stage4) without downsample_in_first_stage.
 _STAGE_STRIDES = (4, 8, 16, 32)
-
-
-def _read_config(folder: Path) -> dict[str, Any]:
-    if not folder.exists():
-        raise WeightsError("Hugging Face folder not found", folder)
-    if not folder.is_dir():
-        raise WeightsError("expected a Hugging Face model folder (config.json + weights), got a file", folder)
-    path = folder / "config.json"
-    if not path.is_file():
-        raise WeightsError("not a Hugging Face model folder (no config.json)", folder)
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WeightsError(f"config.json is not valid json ({e})", path) from None
-    if not isinstance(config, dict):
-        raise WeightsError(f"config.json is not a JSON object (got {type(config).__name__})", path)
-    return config
-
-
-def _read_weights(folder: Path) -> tuple[dict[str, Tensor], Path]:
-    files = [folder / f for f in HF_WEIGHT_FILES if (folder / f).is_file()]
-    if not files:
-        raise WeightsError(f"Hugging Face folder has neither {' nor '.join(HF_WEIGHT_FILES)}", folder)
-    state = read_state_file(files[0], what="Hugging Face weights")
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise WeightsError("Hugging Face weights file is not a state dict of tensors", files[0])
-    return state, files[0]
 
 
 def _field(config: dict[str, Any], key: str, default: Any = None) -> Any:
@@ -299,7 +272,7 @@ def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.M
         ValueError: a ``model_type`` other than ``detr`` / ``rt_detr``, or settings peg_detr lacks.
     """
     path = Path(folder)
-    config = _read_config(path)
+    config = read_hf_config(path)
     kind = config.get("model_type")
     if kind not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
@@ -309,7 +282,7 @@ def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.M
         model = _detr_from_config(config, pos_enc or "sine")
         report = load_official_checkpoint(model, path)
         return model.eval(), report
-    state, weights = _read_weights(path)
+    state, weights = read_hf_weights(path)
     _check_num_labels(config, state, weights)
     model = rtdetr_from_hf_config(config, pos_enc or "sincos")
     report = _load_rtdetr(model, state, weights, config)

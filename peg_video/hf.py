@@ -84,7 +84,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg_core.interop.io import LoadReport, WeightsError, read_state_file, write_state_file
+from peg_core.interop.hf_folder import read_hf_config, read_hf_weights, read_json_object
+from peg_core.interop.io import LoadReport, WeightsError, write_state_file
 
 from .models.registry import build_video_model
 from .models.vit import VideoTransformer
@@ -100,16 +101,6 @@ PathLike = str | os.PathLike
 PREPROCESSOR_FILES = ("video_preprocessor_config.json", "preprocessor_config.json")
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WeightsError(f"{what} is not readable JSON ({type(e).__name__}: {e})", path) from None
-    if not isinstance(obj, dict):
-        raise WeightsError(f"{what} is not a JSON object", path)
-    return obj
-
-
 def _pair(x: Any) -> tuple[int, int]:
     return (int(x), int(x)) if isinstance(x, int | float) else (int(x[0]), int(x[1]))
 
@@ -118,7 +109,7 @@ def _mean_std(folder: Path) -> tuple[tuple[float, ...] | None, tuple[float, ...]
     """``image_mean`` / ``image_std`` of the folder's (video) preprocessor config, or ``(None, None)``."""
     for name in PREPROCESSOR_FILES:
         if (folder / name).is_file():
-            pre = _read_json(folder / name, name)
+            pre = read_json_object(folder / name, name)
             mean, std = pre.get("image_mean"), pre.get("image_std")
             if mean is not None and std is not None:
                 return tuple(float(v) for v in mean), tuple(float(v) for v in std)
@@ -166,11 +157,7 @@ def read_hf_video_config(folder: PathLike) -> dict[str, Any]:
     parse, or a ``model_type`` outside :data:`HF_MODEL_TYPES`.
     """
     folder = Path(folder)
-    if not folder.is_dir():
-        raise WeightsError("no such Hugging Face model folder", folder)
-    if not (folder / "config.json").is_file():
-        raise WeightsError("the folder has no config.json (not a save_pretrained folder)", folder)
-    cfg = _read_json(folder / "config.json", "config.json")
+    cfg = read_hf_config(folder)
     model_type = cfg.get("model_type")
     if model_type not in HF_MODEL_TYPES:
         raise WeightsError(
@@ -234,7 +221,7 @@ def from_hf(
     info = read_hf_video_config(folder)
     config = _model_config(info, pos_enc, num_classes, options)
     model = build_video_model(**config)
-    state, where = _read_weights(Path(folder))
+    state, where = read_hf_weights(folder)
     report = LoadReport(source=str(where), args=info["config"])
     kind = info["model_type"]
     keep_table = any(k.startswith("pos_enc.") for k in model.state_dict())
@@ -369,26 +356,6 @@ def _model_config(
 
 
 # --------------------------------------------------------------------------------------- weights
-
-_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-
-
-def _read_weights(folder: Path) -> tuple[dict[str, Tensor], Path]:
-    """The folder's tensors (one file, or the shards of a ``*.index.json``) and the file to name."""
-    for name in _WEIGHT_FILES:
-        index = folder / f"{name}.index.json"
-        if index.is_file():
-            shards = sorted(set(_read_json(index, index.name).get("weight_map", {}).values()))
-            state: dict[str, Tensor] = {}
-            for shard in shards:
-                state.update(read_state_file(folder / shard, what="Hugging Face weights"))
-            return state, index
-        if (folder / name).is_file():
-            obj = read_state_file(folder / name, what="Hugging Face weights")
-            if not isinstance(obj, Mapping):
-                raise WeightsError("Hugging Face weights are not a state dict", folder / name)
-            return dict(obj), folder / name
-    raise WeightsError(f"the folder has no weights ({' or '.join(_WEIGHT_FILES)})", folder)
 
 
 #: a model key's source: (source key, tensor, how it was converted or None when copied as is)

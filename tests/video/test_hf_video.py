@@ -353,7 +353,7 @@ def test_read_config_and_model_config(tmp_path):
 
 
 def test_errors(tmp_path):
-    with pytest.raises(WeightsError, match="no such Hugging Face model folder"):
+    with pytest.raises(WeightsError, match="Hugging Face folder not found"):
         from_hf(tmp_path / "nope")
     with pytest.raises(WeightsError, match=r"no config\.json"):
         from_hf(tmp_path)
