@@ -117,9 +117,11 @@ def test_decoder_matches_transformers_in_training_with_denoising():
     got = ours([f.detach() for f in ref.encoder_last_hidden_state], Group())
     n = meta["dn_num_split"][0] + NUM_QUERIES
     assert got.logits.shape == (3, 2, n, NUM_CLASSES)
-    torch.testing.assert_close(got.logits, ref.intermediate_logits.transpose(0, 1), atol=1e-5, rtol=0)
+    # every layer, denoising queries included; 1e-4 (the ports' standard): three layers of float32
+    # sums in another order reach ~1.5e-5 on some weight draws
+    torch.testing.assert_close(got.logits, ref.intermediate_logits.transpose(0, 1), atol=1e-4, rtol=0)
     torch.testing.assert_close(
-        got.boxes, ref.intermediate_reference_points.transpose(0, 1), atol=1e-5, rtol=0
+        got.boxes, ref.intermediate_reference_points.transpose(0, 1), atol=1e-4, rtol=0
     )
     # gradients reach the box heads of the previous layer through the output boxes (RT-DETR's refinement)
     got.boxes[1].sum().backward()
