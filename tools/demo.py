@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> dict:
     for name in parts:
         nums = ", ".join(f"{k}={_fmt(summary[name].get(k))}" for k in HEADLINE[name])
         print(f"{name:9s} {nums}  ({summary[name]['seconds']} s)")
+        rtdetr = summary[name].get("rtdetr") if name == "detect" else None
+        if isinstance(rtdetr, dict):  # the RT-DETR-PEG line runs inside the detect part, on its data
+            nums = ", ".join(f"{k}={_fmt(rtdetr.get(k))}" for k in HEADLINE[name])
+            print(f"  rtdetr  {nums}  ({rtdetr['seconds']} s, RT-DETR-PEG)")
     print(f"total     {summary['seconds']} s")
     return summary
 
