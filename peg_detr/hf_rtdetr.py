@@ -182,42 +182,19 @@ def rtdetr_from_hf_config(config: dict[str, Any], pos_enc: str = "sincos", **enc
 
 # AIFI's keys: ``save_pretrained`` writes ``model.encoder.encoder.{i}.layers.{j}.{fc1,fc2,self_attn.out_proj}``,
 # transformers 5 (and hf_keys) name them ``model.encoder.aifi.{i}.layers.{j}.{mlp.fc1,mlp.fc2,self_attn.o_proj}``.
-_AIFI_FILE, _AIFI_MEMORY = "model.encoder.encoder.", "model.encoder.aifi."
-_AIFI_INNER = ((".fc1.", ".mlp.fc1."), (".fc2.", ".mlp.fc2."), (".self_attn.out_proj.", ".self_attn.o_proj."))
-
-
-def _aifi_file_to_memory(key: str) -> str:
-    if not key.startswith(_AIFI_FILE):
-        return key
-    key = _AIFI_MEMORY + key.removeprefix(_AIFI_FILE)
-    for file, memory in _AIFI_INNER:
-        key = key.replace(file, memory)
-    return key
-
-
-def _aifi_memory_to_file(key: str) -> str:
-    if not key.startswith(_AIFI_MEMORY):
-        return key
-    key = _AIFI_FILE + key.removeprefix(_AIFI_MEMORY)
-    for file, memory in _AIFI_INNER:
-        key = key.replace(memory, file)
-    return key
-
-
 def rtdetr_hf_to_ours(key: str) -> str | None:
     """peg_detr's RT-DETR key of a Hugging Face ``RTDetrForObjectDetection`` key (file or in-memory name).
 
     None when the key has no place in ours.
     """
-    return encoder_hf_to_ours(_aifi_file_to_memory(key)) or decoder_key_from_hf(key)
+    return encoder_hf_to_ours(key) or decoder_key_from_hf(key)  # either AIFI layout
 
 
 def rtdetr_ours_to_hf(key: str) -> str | None:
     """The key ``save_pretrained`` writes for one of ours; None for ours only (PEG, learned table, rotary)."""
     if key.startswith("decoder.") or key.startswith("denoising_class_embed."):
         return decoder_key_to_hf(key)
-    hf = encoder_ours_to_hf(key)
-    return None if hf is None else _aifi_memory_to_file(hf)
+    return encoder_ours_to_hf(key, layout="file")
 
 
 def _load_rtdetr(model: RTDETR, state: dict[str, Tensor], path: Path, config: dict[str, Any]) -> LoadReport:
