@@ -292,6 +292,8 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     require("safetensors.torch", "hf", "peg-detr", what="export-hf")  # said first; nothing written
     ckpt = read_checkpoint(checkpoint, "detect")
     cfg = ckpt.get("model_config")
+    if isinstance(cfg, dict) and cfg.get("arch") == "rtdetr":
+        return _export_rtdetr(checkpoint, out_dir)
     if not isinstance(cfg, dict) or "num_classes" not in cfg:
         raise UserError(
             "checkpoint has no detector model_config (not written by `python -m peg_detr train`?)", checkpoint
@@ -316,16 +318,33 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     return out
 
 
+def _export_rtdetr(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """An RT-DETR checkpoint (its EMA weights, as ``eval`` reads them) as an ``RTDetrForObjectDetection`` folder."""
+    from .hf_rtdetr import export_hf_rtdetr  # the RT-DETR side imports this module
+
+    try:
+        return export_hf_rtdetr(checkpoint, out_dir)
+    except ValueError as e:  # another encoding than sincos: refused before anything is written
+        why = " ".join(str(e).split()).removeprefix(f"{checkpoint}: ")
+        raise UserError(f"cannot export to Hugging Face RT-DETR: {why}", checkpoint) from None
+    except OSError as e:
+        raise UserError(f"output folder is not writable ({e.strerror or e})", out_dir) from None
+
+
 def main(argv: list[str] | None = None) -> Path:
     """``python -m peg_detr export-hf CKPT DIR``."""
     p = new_parser(
         "python -m peg_detr export-hf",
-        "write a sine-encoding peg_detr checkpoint as a Hugging Face DETR folder (config.json + model.safetensors)",
+        "write a peg_detr checkpoint as a Hugging Face folder (config.json + model.safetensors): DETR with "
+        "--pos-enc sine, or RT-DETR with --pos-enc sincos",
     )
     p.add_argument(
-        "checkpoint", type=Path, help="training checkpoint of `python -m peg_detr train --pos-enc sine`"
+        "checkpoint",
+        type=Path,
+        help="training checkpoint of `python -m peg_detr train` (DETR: sine; RT-DETR: sincos)",
     )
-    p.add_argument("out", type=Path, help="output folder (loads with DetrForObjectDetection.from_pretrained)")
+    p.add_argument("out", type=Path, help="output folder (loads with DetrForObjectDetection / "
+                   "RTDetrForObjectDetection.from_pretrained)")  # fmt: skip
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     a = p.parse_args(argv)
     out = export_hf(a.checkpoint, a.out)

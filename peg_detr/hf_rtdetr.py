@@ -20,11 +20,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from peg_core.interop.hf_folder import read_hf_config, read_hf_weights
-from peg_core.interop.io import LoadReport, WeightsError, read_state_file, write_state_file
+from peg_core.interop.io import LoadReport, WeightsError, write_state_file
 
 from .models import build_detr, load_official_checkpoint
 from .models.rtdetr.backbone import ResNetVd
@@ -33,6 +32,7 @@ from .models.rtdetr.encoder import HybridEncoder
 from .models.rtdetr.hf_keys import (
     decoder_key_from_hf,
     decoder_key_to_hf,
+    encoder_hf_config,
     encoder_hf_to_ours,
     encoder_ours_to_hf,
 )
@@ -43,6 +43,7 @@ __all__ = [
     "from_hf",
     "hf_num_labels",
     "rtdetr_from_hf_config",
+    "rtdetr_hf_config",
     "rtdetr_hf_to_ours",
     "rtdetr_ours_to_hf",
 ]
@@ -279,24 +280,55 @@ def _detr_from_config(config: dict[str, Any], pos_enc: str) -> nn.Module:
     return model
 
 
+def rtdetr_hf_config(model: RTDETR, id2label: dict[int, str] | None = None) -> dict[str, Any]:
+    """An ``RTDetrConfig`` (as config.json's dict) describing ``model``: the inverse of :func:`rtdetr_from_hf_config`.
+
+    For any RT-DETR with the ``sincos`` encoding, built by ``build_rtdetr`` or from a folder; the
+    backbone and encoder fields come from :func:`~peg_detr.models.rtdetr.hf_keys.encoder_hf_config`,
+    the decoder's from its ``hparams``.  ``id2label``: class names (default ``LABEL_i``).
+    """
+    dec = model.decoder.hparams
+    config = encoder_hf_config(model.backbone, model.encoder)  # ValueError unless sincos
+    config.update(
+        model_type="rt_detr", architectures=["RTDetrForObjectDetection"], anchor_image_size=None,
+        d_model=dec["hidden_dim"], decoder_in_channels=dec["in_channels"], num_feature_levels=len(dec["in_channels"]),
+        decoder_layers=dec["num_layers"], decoder_attention_heads=dec["num_heads"],
+        decoder_ffn_dim=dec["dim_feedforward"], decoder_activation_function=dec["activation"],
+        decoder_n_points=dec["num_points"], eval_idx=dec["eval_idx"], learn_initial_query=dec["learn_initial_query"],
+        num_queries=model.num_queries, num_denoising=model.num_denoising,
+        label_noise_ratio=model.label_noise_ratio, box_noise_scale=model.box_noise_scale,
+        auxiliary_loss=model.aux_loss,
+        id2label={str(i): (id2label or {}).get(i) or f"LABEL_{i}" for i in range(model.num_classes)},
+    )  # fmt: skip
+    if dec["dropout"] != config.get("dropout", 0.0) or dec["layer_norm_eps"] != config["layer_norm_eps"]:
+        raise ValueError(
+            "the encoder and decoder differ in dropout / layer-norm eps; one RTDetrConfig holds one value"
+        )
+    config["label2id"] = {name: int(i) for i, name in config["id2label"].items()}
+    return config
+
+
 def export_hf_rtdetr(model_or_checkpoint: RTDETR | str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Write an RT-DETR with the ``sincos`` encoding as a Hugging Face folder; returns ``out_dir``.
 
-    ``model_or_checkpoint``: a model built by :func:`from_hf` / :func:`rtdetr_from_hf_config`, or a
-    training checkpoint whose ``model_config`` has an ``hf_config``.  Writes ``config.json`` (the
-    model's ``hf_config``) and ``model.safetensors`` in ``save_pretrained``'s key names;
+    ``model_or_checkpoint``: an RT-DETR (from :func:`from_hf`, :func:`rtdetr_from_hf_config` or
+    ``build_rtdetr``), or a ``peg_detr train`` checkpoint of one (its EMA weights when it has them,
+    as ``eval`` reads it).  Writes ``config.json`` (a folder's own ``hf_config``, else
+    :func:`rtdetr_hf_config`) and ``model.safetensors`` in ``save_pretrained``'s key names;
     ``RTDetrForObjectDetection.from_pretrained(out_dir)`` then computes what the model computes.
     Other encodings have no place in transformers' RT-DETR and raise a ValueError before anything
     is written.
     """
-    model, source = _resolve_model(model_or_checkpoint)
-    cfg = getattr(model, "build_config", None)
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("hf_config"), dict):
-        raise ValueError(f"{source}: no hf_config in the model's build_config (not built by from_hf?)")
-    if cfg.get("pos_enc") != "sincos" or model.encoder.pos_enc != "sincos":
+    model, source, id2label = _resolve_model(model_or_checkpoint)
+    cfg = getattr(model, "build_config", None) or {}
+    if model.encoder.pos_enc != "sincos":
         raise ValueError(
-            f"{source}: pos_enc {cfg.get('pos_enc')!r} cannot be exported; transformers' RT-DETR has only 'sincos'"
+            f"{source}: pos_enc {model.encoder.pos_enc!r} cannot be exported; transformers' RT-DETR has only 'sincos'"
         )
+    # a model from a folder goes back with that folder's config; any other is described from its modules
+    hf_config = (
+        cfg["hf_config"] if isinstance(cfg.get("hf_config"), dict) else rtdetr_hf_config(model, id2label)
+    )
     state = {}
     for key, value in model.state_dict().items():
         hf = rtdetr_ours_to_hf(key)
@@ -305,25 +337,22 @@ def export_hf_rtdetr(model_or_checkpoint: RTDETR | str | os.PathLike, out_dir: s
         state[hf] = value.detach().cpu().contiguous()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = {**cfg["hf_config"], "anchor_image_size": None, "architectures": ["RTDetrForObjectDetection"]}
+    config = {**hf_config, "anchor_image_size": None, "architectures": ["RTDetrForObjectDetection"]}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     write_state_file(state, out / "model.safetensors", metadata={"format": "pt"})
     return out
 
 
-def _resolve_model(model_or_checkpoint: RTDETR | str | os.PathLike) -> tuple[RTDETR, str]:
+def _resolve_model(model_or_checkpoint: RTDETR | str | os.PathLike) -> tuple[RTDETR, str, dict[int, str]]:
+    """``(model, its name in messages, class names by id)``; a checkpoint is read as ``eval`` reads it (EMA weights)."""
     if isinstance(model_or_checkpoint, nn.Module):
-        return model_or_checkpoint, "model"
-    path = Path(model_or_checkpoint)
-    ckpt = read_state_file(path, what="checkpoint")
-    cfg = ckpt.get("model_config") if isinstance(ckpt, dict) else None
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("hf_config"), dict):
-        raise WeightsError("checkpoint has no model_config with an hf_config (an RT-DETR from from_hf)", path)
-    options = {k: v for k, v in cfg.items() if k not in ("hf_config", "pos_enc")}
-    model = rtdetr_from_hf_config(cfg["hf_config"], cfg.get("pos_enc", "sincos"), **options)
-    state = ckpt.get("model")
-    if not isinstance(state, dict):
-        raise WeightsError("checkpoint has no 'model' state dict", path)
-    with torch.no_grad():
-        model.load_state_dict(state)
-    return model, str(path)
+        return model_or_checkpoint, "model", {}
+    from .model import load_model  # here: peg_detr.model builds RT-DETRs through this module
+
+    loaded = load_model(model_or_checkpoint)
+    if not isinstance(loaded.model, RTDETR):
+        raise ValueError(
+            f"{model_or_checkpoint}: not an RT-DETR checkpoint (arch {loaded.config.get('arch')!r})"
+        )
+    names = {i: name for i, name in enumerate(loaded.classes) if name}
+    return loaded.model, str(model_or_checkpoint), names

@@ -260,3 +260,31 @@ def test_init_from_a_hugging_face_folder_trains_with_a_peg_and_resumes(data, tmp
     assert cli([*argv[:-5], "--epochs", "2", "--resume", "auto", "--workers", "0", "--no-progress"]) == 0
     assert read_checkpoint(out / "checkpoint.pth", "detect")["epoch"] == 1
     assert load_model(out / "checkpoint.pth").model.num_classes == 4
+
+
+def test_export_hf_of_a_trained_sincos_checkpoint_loads_in_transformers(data, tmp_path, trained, capsys):
+    """A run built by build_rtdetr (no folder behind it) goes back as an RTDetrForObjectDetection folder."""
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "sincos"
+    train_main(
+        ["--config", "rtdetr_demo_tiny", "--pos-enc", "sincos", "--data-root", str(data), "--output-dir", str(out),
+         "--epochs", "1", "--workers", "0", "--device", "cpu", "--no-progress", "--seed", "3"]
+    )  # fmt: skip
+    folder = tmp_path / "hf"
+    assert cli(["export-hf", str(out / "checkpoint.pth"), str(folder)]) == 0
+    hf = transformers.RTDetrForObjectDetection.from_pretrained(folder).eval()
+    ours = load_model(out / "checkpoint.pth").model  # the EMA weights, as eval reads them
+    names = load_model(out / "checkpoint.pth").classes
+    assert hf.config.id2label[1] == (names[1] or "LABEL_1")
+    for size in ((96, 96), (64, 128)):
+        x = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(sum(size)))
+        with torch.no_grad():
+            want, got = hf(pixel_values=x), ours(x)
+        torch.testing.assert_close(got["pred_logits"], want.logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(got["pred_boxes"], want.pred_boxes, atol=1e-4, rtol=0)
+    capsys.readouterr()
+    peg_run, _ = trained  # a PEG has no place in transformers' RT-DETR: one line, nothing written
+    assert cli(["export-hf", str(peg_run / "checkpoint.pth"), str(tmp_path / "refused")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot export to Hugging Face RT-DETR: ") and err.count("\n") == 1, err
+    assert "'peg'" in err and not (tmp_path / "refused").exists()

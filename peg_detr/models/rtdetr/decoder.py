@@ -308,6 +308,13 @@ class RTDETRDecoder(nn.Module):
             raise ValueError(f"eval_idx {eval_idx} is not a layer index of {num_layers} layers")
         d = hidden_dim
         self.hidden_dim, self.num_classes, self.num_queries = d, num_classes, num_queries
+        # the constructor's settings, for writing the model back as an HF config (export-hf)
+        self.hparams = {
+            "in_channels": list(in_channels), "hidden_dim": d, "num_layers": num_layers, "num_heads": num_heads,
+            "dim_feedforward": dim_feedforward, "dropout": dropout, "activation": activation,
+            "num_points": num_points, "eval_idx": eval_idx, "learn_initial_query": learn_initial_query,
+            "layer_norm_eps": layer_norm_eps, "batch_norm_eps": batch_norm_eps,
+        }  # fmt: skip
         self.num_levels = len(in_channels)
         self.eval_idx = eval_idx % num_layers
         self.input_proj = nn.ModuleList(

@@ -281,4 +281,7 @@ def encoder_hf_config(backbone: ResNetVd, encoder: HybridEncoder) -> dict[str, A
     }
     for ours, (hf, _) in _ENCODER_FIELDS.items():
         out[hf] = encoder.hparams[ours]
+    temperature = out["positional_encoding_temperature"]
+    if isinstance(temperature, float) and temperature.is_integer():
+        out["positional_encoding_temperature"] = int(temperature)  # RTDetrConfig validates an int
     return out
