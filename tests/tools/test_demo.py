@@ -42,6 +42,6 @@ def test_demo_quick_writes_summary(tmp_path: Path) -> None:
     # The classifier is evaluated at 0.75x..2x its training size with the same weights.
     assert len(summary["classify"]["top1_by_size"]) == 4
 
-    # The headline numbers are printed last, one line per part, then the total.
-    tail = proc.stdout.rstrip().splitlines()[-4:]
-    assert [line.split()[0] for line in tail] == ["classify", "detect", "video", "total"]
+    # The headline numbers are printed last, one line per part (detect's RT-DETR-PEG line under it), then the total.
+    tail = proc.stdout.rstrip().splitlines()[-5:]
+    assert [line.split()[0] for line in tail] == ["classify", "detect", "rtdetr", "video", "total"]
