@@ -244,6 +244,56 @@ class DividedBlock(Block):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
+def _check_options(
+    *, pos_enc: str, attention: str, global_pool: str, qkv_bias: bool | str, temporal_fc: bool,
+    pool_depth: int, pool_mlp_ratio: float, pos_temporal_interpolation: str, peg_dynamic: bool,
+    peg_num_kernels: int | None, embed_dim: int, num_heads: int,
+) -> None:  # fmt: skip
+    """:class:`VideoTransformer`'s options that exclude each other: a ``ValueError`` naming them."""
+    for name, value, allowed in (
+        ("pos_enc", pos_enc, POS_ENCODINGS),
+        ("attention", attention, ATTENTIONS),
+        ("global_pool", global_pool, GLOBAL_POOLS),
+    ):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
+    if pos_temporal_interpolation not in TEMPORAL_INTERPOLATIONS:
+        raise ValueError(f"pos_temporal_interpolation must be one of {TEMPORAL_INTERPOLATIONS}; "
+                         f"got {pos_temporal_interpolation!r}")  # fmt: skip
+    if qkv_bias not in (True, False, "qv"):
+        raise ValueError(f"qkv_bias must be True, False or 'qv'; got {qkv_bias!r}")
+    if temporal_fc and attention != "divided":
+        raise ValueError("temporal_fc is a projection of divided attention's temporal branch; "
+                         f"got attention={attention!r}")  # fmt: skip
+    if global_pool != "attentive" and (pool_depth, pool_mlp_ratio) != (1, 4.0):
+        raise ValueError("pool_depth and pool_mlp_ratio size global_pool='attentive'; "
+                         f"got global_pool={global_pool!r}")  # fmt: skip
+    if peg_num_kernels is not None and not peg_dynamic:
+        raise ValueError("peg_num_kernels sizes the kernel bank of peg_dynamic=True; got peg_dynamic=False")
+    if embed_dim % num_heads:
+        raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+
+
+def _table(
+    pos_enc: str, dim: int, grid: tuple[int, ...], num_prefix: int, interpolation: str, temporal: str
+) -> nn.Module | None:
+    """The additive table of ``pos_enc`` (learned, sin-cos, VideoMAE's sinusoid), ``None`` for the others."""
+    if pos_enc == "learned":
+        return LearnedPositionEncoding3d(
+            dim,
+            grid,
+            num_prefix_tokens=num_prefix,
+            interpolation=interpolation,
+            temporal_interpolation=temporal,
+        )
+    if pos_enc == "sincos":
+        return SinCosPositionEncoding3d(dim, num_prefix_tokens=num_prefix)
+    if pos_enc == "sinusoid-1d":
+        mode = "trilinear" if interpolation in ("bicubic", "bilinear") else interpolation
+        return SinusoidTable3d(dim, grid, num_prefix, interpolation=mode)
+    return None
+
+
 class VideoTransformer(nn.Module):
     """Video ViT with a conditional (PEG3d) or other space-time position encoding.
 
@@ -338,24 +388,12 @@ class VideoTransformer(nn.Module):
         pos_temporal_interpolation: str = "linear",
     ) -> None:
         super().__init__()
-        for name, value, allowed in (
-            ("pos_enc", pos_enc, POS_ENCODINGS),
-            ("attention", attention, ATTENTIONS),
-            ("global_pool", global_pool, GLOBAL_POOLS),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
-        if pos_temporal_interpolation not in TEMPORAL_INTERPOLATIONS:
-            raise ValueError(f"pos_temporal_interpolation must be one of {TEMPORAL_INTERPOLATIONS}; "
-                             f"got {pos_temporal_interpolation!r}")  # fmt: skip
-        if qkv_bias not in (True, False, "qv"):
-            raise ValueError(f"qkv_bias must be True, False or 'qv'; got {qkv_bias!r}")
-        if temporal_fc and attention != "divided":
-            raise ValueError("temporal_fc is a projection of divided attention's temporal branch; "
-                             f"got attention={attention!r}")  # fmt: skip
-        if global_pool != "attentive" and (pool_depth, pool_mlp_ratio) != (1, 4.0):
-            raise ValueError("pool_depth and pool_mlp_ratio size global_pool='attentive'; "
-                             f"got global_pool={global_pool!r}")  # fmt: skip
+        _check_options(
+            pos_enc=pos_enc, attention=attention, global_pool=global_pool, qkv_bias=qkv_bias,
+            temporal_fc=temporal_fc, pool_depth=pool_depth, pool_mlp_ratio=pool_mlp_ratio,
+            pos_temporal_interpolation=pos_temporal_interpolation, peg_dynamic=peg_dynamic,
+            peg_num_kernels=peg_num_kernels, embed_dim=embed_dim, num_heads=num_heads,
+        )  # fmt: skip
         tub = _triple(tubelet)
         hw = (img_size, img_size) if isinstance(img_size, int) else tuple(int(s) for s in img_size)
         sizes = (num_frames, *hw)
@@ -371,13 +409,7 @@ class VideoTransformer(nn.Module):
         self.attention = attention
         self.global_pool = global_pool
         self.num_prefix_tokens = p = 1 if global_pool == "token" else 0
-        if peg_num_kernels is not None and not peg_dynamic:
-            raise ValueError(
-                "peg_num_kernels sizes the kernel bank of peg_dynamic=True; got peg_dynamic=False"
-            )
         self.peg_at = resolve_peg_at(peg_at, depth) if pos_enc.startswith("peg3d") else ()
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
         self.rope = (
             build_rope("rope-3d", embed_dim // num_heads, layout=rope_layout)
             if pos_enc.endswith("rope-3d")
@@ -386,20 +418,9 @@ class VideoTransformer(nn.Module):
 
         self.patch_embed = TubeletEmbed(tub, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if p else None
-        self.pos_enc: nn.Module | None = None
-        if pos_enc == "learned":
-            self.pos_enc = LearnedPositionEncoding3d(
-                embed_dim,
-                self.grid_size,
-                num_prefix_tokens=p,
-                interpolation=pos_interpolation,
-                temporal_interpolation=pos_temporal_interpolation,
-            )
-        elif pos_enc == "sincos":
-            self.pos_enc = SinCosPositionEncoding3d(embed_dim, num_prefix_tokens=p)
-        elif pos_enc == "sinusoid-1d":
-            mode = "trilinear" if pos_interpolation in ("bicubic", "bilinear") else pos_interpolation
-            self.pos_enc = SinusoidTable3d(embed_dim, self.grid_size, p, interpolation=mode)
+        self.pos_enc = _table(
+            pos_enc, embed_dim, self.grid_size, p, pos_interpolation, pos_temporal_interpolation
+        )
         peg_options = {
             "num_prefix_tokens": p,
             "factorized": pos_enc == "peg3d-factorized",
