@@ -124,11 +124,14 @@ def warmup_ema_fn(decay: float, warmups: int) -> Callable[[list[Tensor], list[Te
     """An ``AveragedModel`` ``multi_avg_fn``: EMA with RT-DETR's warm-up ``decay * (1 - exp(-n / warmups))``.
 
     ``n`` counts the updates including this one (``num_averaged + 1``), so early averages follow
-    the model closely and the decay reaches ``decay`` after a few ``warmups``.
+    the model closely and the decay reaches ``decay`` after a few ``warmups``.  The count is read
+    from the (device) tensor once, then kept on the host: no device sync per step for the decay.
     """
+    seen: list[int] = []  # the host copy of num_averaged, read at the first call (after a resume too)
 
     def update(ema_params: list[Tensor], params: list[Tensor], num_averaged: Tensor) -> None:
-        d = decay * (1.0 - math.exp(-(float(num_averaged) + 1.0) / warmups))
+        seen[:] = [int(num_averaged) if not seen else seen[0] + 1]
+        d = decay * (1.0 - math.exp(-(seen[0] + 1.0) / warmups))
         get_ema_multi_avg_fn(d)(ema_params, params, num_averaged)
 
     return update

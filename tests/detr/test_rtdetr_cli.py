@@ -153,6 +153,15 @@ def test_ema_follows_rtdetr_warmup_decay():
             expected = d * expected + (1 - d) * v
         assert math.isclose(float(ema.averaged.weight), expected, rel_tol=1e-6)
     assert set(ema.state_dict()) == {"model.weight", "ema.n_averaged", "ema.module.weight"}
+    resumed = EmaModel(nn.Linear(1, 1, bias=False), decay=0.9, warmups=4)
+    resumed.load_state_dict(ema.state_dict())  # a resumed run: the count comes from the checkpoint
+    for m in (ema, resumed):
+        with torch.no_grad():
+            m.model.weight.fill_(7.0)
+        m.update()
+    d = 0.9 * (1 - math.exp(-4 / 4))
+    assert math.isclose(float(resumed.averaged.weight), d * expected + (1 - d) * 7.0, rel_tol=1e-6)
+    assert float(resumed.averaged.weight) == float(ema.averaged.weight)
     assert not any(p.requires_grad for p in ema.ema.parameters())
     assert callable(warmup_ema_fn(0.5, 1))
     factor = warmup_step_lr(4, 10)
