@@ -66,7 +66,7 @@ __all__ = [
     "ValSets",
     "optimizer_groups",
     "run_args",
-    "warmup_ema_fn",
+    "warmup_ema_decay",
     "warmup_step_lr",
     "weighted_loss",
 ]
@@ -120,21 +120,12 @@ def warmup_step_lr(warmup_steps: int, drop_every: int) -> Callable[[int], float]
     return factor
 
 
-def warmup_ema_fn(decay: float, warmups: int) -> Callable[[list[Tensor], list[Tensor], Tensor], None]:
-    """An ``AveragedModel`` ``multi_avg_fn``: EMA with RT-DETR's warm-up ``decay * (1 - exp(-n / warmups))``.
+def warmup_ema_decay(decay: float, warmups: int, n: int) -> float:
+    """RT-DETR's warm-up EMA decay ``decay * (1 - exp(-n / warmups))`` of the ``n``-th update (from 1).
 
-    ``n`` counts the updates including this one (``num_averaged + 1``), so early averages follow
-    the model closely and the decay reaches ``decay`` after a few ``warmups``.  The count is read
-    from the (device) tensor once, then kept on the host: no device sync per step for the decay.
+    Early averages follow the model closely; the decay reaches ``decay`` after a few ``warmups``.
     """
-    seen: list[int] = []  # the host copy of num_averaged, read at the first call (after a resume too)
-
-    def update(ema_params: list[Tensor], params: list[Tensor], num_averaged: Tensor) -> None:
-        seen[:] = [int(num_averaged) if not seen else seen[0] + 1]
-        d = decay * (1.0 - math.exp(-(seen[0] + 1.0) / warmups))
-        get_ema_multi_avg_fn(d)(ema_params, params, num_averaged)
-
-    return update
+    return decay * (1.0 - math.exp(-n / warmups))
 
 
 class EmaModel(nn.Module):
@@ -144,20 +135,40 @@ class EmaModel(nn.Module):
     (the average, buffers included), so a checkpoint resumes both and
     :func:`peg_detr.model.load_model` evaluates the average.  The average's parameters need no
     gradient, so DDP and the gradient clipping see the model's alone.  Call :meth:`update` after
-    every optimiser step (``DetectTask`` registers it as the optimiser's step post-hook).
+    every optimiser step (``DetectTask`` registers it as the optimiser's step post-hook); its decay
+    is :func:`warmup_ema_decay` of the update count, RT-DETR's (which counts the current update too).
     """
 
     def __init__(self, model: nn.Module, decay: float, warmups: int) -> None:
         super().__init__()
         self.model = model
-        self.ema = AveragedModel(model, multi_avg_fn=warmup_ema_fn(decay, warmups), use_buffers=True)
+        self.decay, self.warmups = decay, warmups
+        # The update count on the host: read from the (device) ``n_averaged`` once, at the first
+        # update and again after a load, so the decay costs no device sync per step.  It is kept
+        # here, not in the averaging function, because AveragedModel calls that function once per
+        # (device, dtype) group of parameters and buffers: several times per update.
+        self._count: int | None = None
+        self._decay_now = 0.0
+        self.ema = AveragedModel(model, multi_avg_fn=self._average, use_buffers=True)
         self.ema.requires_grad_(False)
+        self.register_load_state_dict_post_hook(EmaModel._forget_count)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
 
+    def _average(self, ema_params: list[Tensor], params: list[Tensor], num_averaged: Tensor) -> None:
+        get_ema_multi_avg_fn(self._decay_now)(ema_params, params, num_averaged)
+
+    @staticmethod
+    def _forget_count(module: nn.Module, _incompatible: Any) -> None:
+        module._count = None  # a resumed state: the next update reads the loaded n_averaged
+
     def update(self) -> None:
+        if self._count is None:
+            self._count = int(self.ema.n_averaged)
+        self._decay_now = warmup_ema_decay(self.decay, self.warmups, self._count + 1)
         self.ema.update_parameters(self.model)
+        self._count += 1
 
     @property
     def averaged(self) -> nn.Module:

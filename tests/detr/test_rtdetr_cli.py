@@ -28,7 +28,7 @@ from peg_detr.data import (
 )
 from peg_detr.data.transforms import make_boxes
 from peg_detr.model import EMA_PREFIX, load_model
-from peg_detr.task import EmaModel, warmup_ema_fn, warmup_step_lr
+from peg_detr.task import EmaModel, warmup_ema_decay, warmup_step_lr
 
 RTDETR_RECIPES = ("rtdetr_r18vd_6x", "rtdetr_r50vd_6x", "rtdetr_r18vd_6x_peg", "rtdetr_r50vd_6x_peg")
 
@@ -163,9 +163,24 @@ def test_ema_follows_rtdetr_warmup_decay():
     assert math.isclose(float(resumed.averaged.weight), d * expected + (1 - d) * 7.0, rel_tol=1e-6)
     assert float(resumed.averaged.weight) == float(ema.averaged.weight)
     assert not any(p.requires_grad for p in ema.ema.parameters())
-    assert callable(warmup_ema_fn(0.5, 1))
     factor = warmup_step_lr(4, 10)
     assert [factor(s) for s in (0, 3, 9, 10, 25)] == [0.25, 1.0, 1.0, 0.1, pytest.approx(0.01)]
+
+
+def test_ema_decays_once_per_update_with_buffers_of_two_dtypes():
+    # BatchNorm's float running stats and int64 num_batches_tracked are two (device, dtype) groups,
+    # so AveragedModel calls the averaging function twice per update: the decay must step once.
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    ema = EmaModel(model, decay=0.9, warmups=4)
+    expected = None
+    for n in range(4):
+        with torch.no_grad():
+            model[0].weight.fill_(float(2 * n + 1))
+        ema.update()
+        d = warmup_ema_decay(0.9, 4, n + 1)
+        expected = 2 * n + 1.0 if expected is None else d * expected + (1 - d) * (2 * n + 1)
+        torch.testing.assert_close(ema.averaged[0].weight, torch.full((2, 2), expected))
+    assert math.isclose(warmup_ema_decay(0.9, 4, 4), 0.9 * (1 - math.exp(-1)), rel_tol=1e-12)
 
 
 # -------------------------------------------------------------------------------------- end to end
