@@ -14,6 +14,7 @@ import json
 
 import pytest
 import torch
+from scipy.optimize import linear_sum_assignment
 
 from peg_core.interop.io import WeightsError
 from peg_detr import from_hf
@@ -70,10 +71,29 @@ def small_folder(tmp_path_factory):
 
 
 def _assert_same(hf, ours, x, atol=1e-4):
+    """Logits and boxes equal query by query, except that two queries whose scores tie may trade places.
+
+    The decoder is equivariant to the order of its queries, and the query selection sorts the
+    encoder's top-K scores: a float-rounding difference between two equal implementations (~1e-6;
+    the backbone folds its frozen norms into the convolutions, transformers applies them after)
+    can swap two scores that tie to that level, which swaps their two output rows and nothing
+    else.  So rows are matched by assignment, and a matched pair off the diagonal must be a tie of
+    transformers' own selection scores (within 1e-5).
+    """
     with torch.no_grad():
         want, got = hf(x), ours(x)
-    torch.testing.assert_close(got["pred_logits"], want.logits, atol=atol, rtol=0)
-    torch.testing.assert_close(got["pred_boxes"], want.pred_boxes, atol=atol, rtol=0)
+    for b in range(x.shape[0]):
+        rows_want = torch.cat([want.logits[b], want.pred_boxes[b]], -1).double()
+        rows_got = torch.cat([got["pred_logits"][b], got["pred_boxes"][b]], -1).double()
+        cost = torch.cdist(rows_got, rows_want, p=float("inf"))
+        ours_idx, hf_idx = map(torch.as_tensor, linear_sum_assignment(cost.numpy()))
+        worst = cost[ours_idx, hf_idx].max().item()
+        assert worst <= atol, f"image {b}: a query differs by {worst:.2e} (> {atol})"
+        moved = ours_idx != hf_idx
+        scores = want.enc_topk_logits[b].max(-1).values
+        gaps = (scores[ours_idx[moved]] - scores[hf_idx[moved]]).abs()
+        assert (gaps <= 1e-5).all(), f"image {b}: queries with untied scores swapped places, gaps {gaps}"
+        assert moved.sum() <= len(scores) // 10, f"image {b}: {int(moved.sum())} queries out of place"
     return want, got
 
 
