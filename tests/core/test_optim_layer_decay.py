@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -14,12 +15,18 @@ from peg_core.engine import (
     layer_lr_scale,
     param_groups,
     param_groups_for_run,
+    read_checkpoint,
     warmup_cosine,
 )
 from peg_core.engine.recipes import apply_position_recipe
 from peg_core.models import CPVT
 from peg_core.models.layers import vit_lr_layer_id
 from peg_video.models.vit import VideoTransformer
+from tests.core.classify_runs import (
+    keep_threads,  # noqa: F401 (autouse: restores torch's threads)
+    one_line_error,
+    tiny,
+)
 
 
 class _TwoBlocks(nn.Module):
@@ -202,3 +209,40 @@ def test_bad_values_and_models_without_layer_ids():
     )
     with pytest.raises(ValueError, match=r"no layer-wise lr decay layer for parameter 'extra\.weight'"):
         vit_lr_layer_id("extra.weight", 2)
+
+
+# ------------------------------------------------------------------- python -m peg_core train (classify)
+
+
+def _classify(out, *extra: str) -> int:
+    from peg_core.__main__ import main
+
+    return main(["train", *tiny(16, 8), "--depth", "2", "--output-dir", str(out), *extra])
+
+
+def test_classify_train_with_layer_decay(tmp_path, capsys):
+    """One CLI epoch with --layer-decay 0.7: the checkpoint's groups decay by layer; resuming without
+    the flag is a one-line error (the optimiser state does not fit), with it the run continues."""
+    run = tmp_path / "run"
+    assert _classify(run, "--epochs", "2", "--layer-decay", "0.7", "--stop-after-epoch", "1") == 0
+    ckpt = read_checkpoint(run / "checkpoint.pth", "classify")
+    groups = ckpt["optimizer"]["param_groups"]
+    # depth 2, a PEG after block 0: layers 3 (head) .. 0, each with decayed and undecayed parameters
+    assert [g["name"] for g in groups] == [f"layer_{i}{s}" for i in (3, 2, 1, 0) for s in ("", "_no_decay")]
+    lr = json.loads((run / "args.json").read_text())["lr"]
+    assert [g["initial_lr"] for g in groups[::2]] == pytest.approx(
+        [lr, lr * 0.7, lr * 0.49, lr * 0.343], rel=1e-12
+    )
+    assert [g["lr"] / g["initial_lr"] for g in groups] == pytest.approx([groups[0]["lr"] / lr] * 8, rel=1e-12)
+    capsys.readouterr()
+    err = one_line_error(capsys, _classify(run, "--epochs", "2", "--resume", "auto"))
+    assert "optimizer state does not fit this run" in err
+    assert _classify(run, "--epochs", "2", "--layer-decay", "0.7", "--resume", "auto") == 0
+    assert read_checkpoint(run / "checkpoint.pth", "classify")["epoch"] == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-0.1", "1.01", "x"])
+def test_classify_bad_layer_decay_is_a_one_line_error(tmp_path, capsys, value):
+    err = one_line_error(capsys, _classify(tmp_path / "bad", "--layer-decay", value), 2)
+    assert err.startswith(f"error: python -m peg_core train: argument --layer-decay: expected a layer decay in "
+                          f"(0, 1], got '{value}'")  # fmt: skip
