@@ -177,3 +177,16 @@ def test_bad_values_are_one_line_errors(data, tmp_path, capsys, flags, message):
     assert err.count("\n") == 1 and err.startswith("error: python -m peg_video train: ") and message in err, (
         err
     )
+
+
+def test_videomae_recipes_set_the_published_values():
+    """run_class_finetuning.py: layer decay 0.75 (SSv2 ViT-S script: 0.7), mixup 0.8, cutmix 1.0."""
+    from peg_video.configs import CONFIGS, FINETUNE_CONFIGS
+
+    for name in FINETUNE_CONFIGS:
+        recipe = CONFIGS[name]
+        assert recipe["layer_decay"] == (0.7 if name.startswith("ssv2") else 0.75), name
+        assert (recipe["mixup"], recipe["cutmix"], recipe["label_smoothing"]) == (0.8, 1.0, 0.1), name
+    assert all(
+        "mixup" not in r and "layer_decay" not in r for n, r in CONFIGS.items() if n not in FINETUNE_CONFIGS
+    )
