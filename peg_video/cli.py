@@ -330,10 +330,10 @@ def build_train_parser() -> argparse.ArgumentParser:
     o.add_argument("--label-smoothing", type=unit_fraction)
     add_layer_decay_arg(o)
     o.add_argument("--mixup", type=nonnegative_float, default=0.0, metavar="ALPHA",
-                   help="Mixup of the training batches, lam ~ Beta(ALPHA, ALPHA) (0: off)")  # fmt: skip
+                   help="Mixup of the training batches, lam ~ Beta(ALPHA, ALPHA); 0: off")  # fmt: skip
     o.add_argument("--cutmix", type=nonnegative_float, default=0.0, metavar="ALPHA",
-                   help="CutMix of the training batches, box area ~ Beta(ALPHA, ALPHA) (0: off; with "
-                   "--mixup: one of the two per batch)")  # fmt: skip
+                   help="CutMix of the training batches, box area ~ Beta(ALPHA, ALPHA); 0: off; with "
+                   "--mixup: one of the two per batch")  # fmt: skip
     add_recipe_args(p)
     p.set_defaults(**DEFAULTS, data_backend="peg", reduction="mean", dataset="kinetics")
     return p

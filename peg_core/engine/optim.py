@@ -64,8 +64,8 @@ def _layer_ids(model: nn.Module) -> tuple[int, dict[str, int]]:
     """``(L, {name: layer id})`` of the trainable parameters of a :class:`LayerDecayModel`."""
     if not isinstance(model, LayerDecayModel):
         raise TypeError(
-            f"layer-wise lr decay needs a model with num_lr_layers() and lr_layer_id(name) "
-            f"(peg_core.engine.LayerDecayModel); {type(model).__name__} has neither"
+            f"{type(model).__name__} has no layer ids: it needs num_lr_layers() and lr_layer_id(name) "
+            "(peg_core.engine.LayerDecayModel)"
         )
     num_layers = int(model.num_lr_layers())
     ids = {n: int(model.lr_layer_id(n)) for n, p in model.named_parameters() if p.requires_grad}
@@ -133,24 +133,29 @@ def param_groups(
     layers: Sequence[int | None] = (None,) if layer_of is None else range(num_layers + 1, -1, -1)
     groups = []
     for prefix in ("", *prefixes):
+        base_lr = prefixes[prefix] if prefix else lr
         for layer in layers:
+            scale = None if layer is None else layer_lr_scale(layer, num_layers, layer_decay)
+            own_lr = base_lr if prefix or layer is not None else None  # else: the optimiser's lr
             for decayed in (True, False):
                 params = buckets.get((prefix, layer, decayed))
-                if not params:
-                    continue
-                group: dict[str, Any] = {
-                    "name": _group_name(prefix, layer) + ("" if decayed else "_no_decay"),
-                    "params": params,
-                    "weight_decay": weight_decay if decayed else 0.0,
-                }
-                base_lr = prefixes[prefix] if prefix else lr
-                if layer is not None:
-                    group["lr_scale"] = layer_lr_scale(layer, num_layers, layer_decay)
-                    group["lr"] = base_lr * group["lr_scale"]
-                elif prefix:
-                    group["lr"] = base_lr
-                groups.append(group)
+                if params:
+                    name = _group_name(prefix, layer) + ("" if decayed else "_no_decay")
+                    groups.append(_group(name, params, weight_decay if decayed else 0.0, own_lr, scale))
     return groups
+
+
+def _group(
+    name: str, params: list[nn.Parameter], weight_decay: float, lr: float | None, lr_scale: float | None
+) -> dict[str, Any]:
+    """One optimiser group; ``lr`` (× ``lr_scale`` when given) only when it is not the optimiser's."""
+    group: dict[str, Any] = {"name": name, "params": params, "weight_decay": weight_decay}
+    if lr_scale is not None:
+        group["lr_scale"] = lr_scale
+        group["lr"] = lr * lr_scale
+    elif lr is not None:
+        group["lr"] = lr
+    return group
 
 
 def param_groups_for_run(model: nn.Module, args: argparse.Namespace) -> list[dict[str, Any]]:

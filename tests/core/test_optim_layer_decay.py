@@ -198,7 +198,9 @@ def test_bad_values_and_models_without_layer_ids():
             param_groups(_MODEL, 0.05, layer_decay=bad, lr=1e-3)
     with pytest.raises(ValueError, match="needs the base lr"):
         param_groups(_MODEL, 0.05, layer_decay=0.7)
-    with pytest.raises(TypeError, match="Linear has neither"):
+    with pytest.raises(
+        TypeError, match=r"Linear has no layer ids: it needs num_lr_layers\(\) and lr_layer_id\(name\)"
+    ):
         param_groups(nn.Linear(2, 2), 0.05, layer_decay=0.7, lr=1e-3)
     args = type("Args", (), {"weight_decay": 0.05, "lr": 1e-3, "layer_decay": 0.7})()
     with pytest.raises(UserError) as e:
