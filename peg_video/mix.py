@@ -82,8 +82,10 @@ class ClipMix:
         # torchvision's video layout is (..., T, C, H, W); a transposed view, no copy.  The mixes
         # read only the batch dimension and the last two (H, W), so frames and channels mix alike.
         clips = tv_tensors.Video(video.transpose(1, 2))
-        with torch.random.fork_rng(devices=[]):  # the draws are on the CPU generator
-            torch.manual_seed(seed)
+        # The draws use the global CPU generator: seed it for this call only (torch.manual_seed
+        # would reseed the CUDA generators too, and with them dropout / drop path).
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
             mixed, targets = self.transform(clips, targets)
         return mixed.as_subclass(Tensor).transpose(1, 2), targets
 

@@ -41,6 +41,10 @@ def test_mixup_is_the_lam_mix_of_each_clip_with_the_previous_one():
     state = torch.get_rng_state()
     mixed, targets = ClipMix(K, mixup_alpha=0.8, label_smoothing=0.1)(video, labels, seed=123)
     assert torch.equal(torch.get_rng_state(), state)  # the global generator is left as it was
+    if torch.cuda.is_available():  # and the CUDA ones are not reseeded
+        cuda_state = torch.cuda.get_rng_state()
+        ClipMix(K, mixup_alpha=0.8)(video.cuda(), labels.cuda(), seed=123)
+        assert torch.equal(torch.cuda.get_rng_state(), cuda_state)
     torch.manual_seed(123)
     lam = _beta(0.8)
     assert 0.0 < lam < 1.0
