@@ -154,13 +154,21 @@ def test_train_with_mix_and_layer_decay_resumes_exactly(data, tmp_path):
 
 
 def test_train_without_mix_flags_is_the_unmixed_run(data, tmp_path):
-    """--mixup 0 --cutmix 0 (the defaults) trains exactly as a run without the flags."""
+    """--mixup 0 --cutmix 0 (the defaults) trains exactly as a run without the flags; nonzero differs."""
     assert _train(data, tmp_path / "plain", "--epochs", "1", "--eval-every", "0") == 0
     assert (
         _train(data, tmp_path / "zero", "--epochs", "1", "--eval-every", "0", "--mixup", "0", "--cutmix", "0")
         == 0
     )
     assert _losses(tmp_path / "plain") == _losses(tmp_path / "zero")
+    # and the flags do act: the same epoch with both mixes trains on other batches
+    assert (
+        _train(
+            data, tmp_path / "mixed", "--epochs", "1", "--eval-every", "0", "--mixup", "0.8", "--cutmix", "1"
+        )
+        == 0
+    )
+    assert _losses(tmp_path / "mixed") != _losses(tmp_path / "plain")
     groups = read_checkpoint(tmp_path / "plain" / "checkpoint.pth", "video")["optimizer"]["param_groups"]
     assert [g["name"] for g in groups] == ["main", "main_no_decay"] and "lr_scale" not in groups[0]
 
