@@ -24,6 +24,7 @@ from peg_core.engine import (
     add_data_root_arg,
     add_eval_args,
     add_json_arg,
+    add_layer_decay_arg,
     add_make_data_counts,
     add_num_heads_arg,
     add_pos_args,
@@ -327,6 +328,12 @@ def build_train_parser() -> argparse.ArgumentParser:
     o.add_argument("--weight-decay", type=nonnegative_float)
     o.add_argument("--warmup-epochs", type=nonnegative_float, help="linear warm-up (fractions allowed)")
     o.add_argument("--label-smoothing", type=unit_fraction)
+    add_layer_decay_arg(o)
+    o.add_argument("--mixup", type=nonnegative_float, default=0.0, metavar="ALPHA",
+                   help="Mixup of the training batches, lam ~ Beta(ALPHA, ALPHA); 0: off")  # fmt: skip
+    o.add_argument("--cutmix", type=nonnegative_float, default=0.0, metavar="ALPHA",
+                   help="CutMix of the training batches, box area ~ Beta(ALPHA, ALPHA); 0: off; with "
+                   "--mixup: one of the two per batch")  # fmt: skip
     add_recipe_args(p)
     p.set_defaults(**DEFAULTS, data_backend="peg", reduction="mean", dataset="kinetics")
     return p

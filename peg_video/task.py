@@ -2,7 +2,8 @@
 
 Only the video-specific parts live here: annotations and classes, the model (:mod:`peg_video.model`,
 its keywords stored as the checkpoint's ``model_config``), AdamW with linear warm-up and a
-per-step cosine decay (``peg_core.engine``'s), label smoothing, the training step and the
+per-step cosine decay (``peg_core.engine``'s; per-layer lrs with ``--layer-decay``), label smoothing,
+Mixup / CutMix (:mod:`peg_video.mix`), the training step and the
 multi-view evaluation.
 The engine does the rest (resume, DDP, AMP, clipping, checkpoints, logs, broken videos).
 
@@ -27,7 +28,7 @@ from peg_core.engine import (
     StepOutput,
     TrainParts,
     UserError,
-    param_groups,
+    param_groups_for_run,
     peg_kwargs,
     warmup_cosine,
 )
@@ -38,6 +39,7 @@ from .data.datasets import SPLIT_DATASETS, load_dataset
 from .data.loaders import make_loader
 from .data.transforms import KINETICS_MEAN, KINETICS_STD
 from .evaluation import evaluate_views
+from .mix import build_clip_mix, mix_seed
 from .model import (
     build_model,
     check_clip_fits,
@@ -209,7 +211,7 @@ class VideoTask:
         if init is not None:
             ctx.print(init)
         model.to(ctx.device)
-        optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr)
+        optimizer = torch.optim.AdamW(param_groups_for_run(model, args), lr=args.lr)
         apply_position_recipe(  # before the scheduler, which records each group's lr
             optimizer,
             model,
@@ -222,14 +224,21 @@ class VideoTask:
         scheduler = warmup_cosine(
             optimizer, int(args.warmup_epochs * steps), args.epochs * steps, args.min_lr / args.lr
         )
-        criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+        mix = build_clip_mix(len(classes), getattr(args, "mixup", 0.0), getattr(args, "cutmix", 0.0),
+                             args.label_smoothing)  # fmt: skip
+        # with a mix the smoothing is in its soft targets already
+        criterion = nn.CrossEntropyLoss(label_smoothing=0.0 if mix is not None else args.label_smoothing)
 
         def step(net: nn.Module, batch: dict[str, Any], ctx: RunContext) -> StepOutput:
             video = batch["video"].to(ctx.device, non_blocking=True)  # (B, C, T, S, S)
             labels = batch["label"].to(ctx.device, non_blocking=True)  # (B,)
+            targets = labels  # (B,), or soft (B, K) when mixed
+            if mix is not None:  # scheduler.last_epoch: the global step, restored on a resume
+                video, targets = mix(video, labels, mix_seed(args.seed, ctx.dist.rank, scheduler.last_epoch))
             with ctx.autocast():
                 logits = net(video)  # (B, K)
-            loss = criterion(logits.float(), labels)  # float32 outside autocast
+            loss = criterion(logits.float(), targets)  # float32 outside autocast
+            # accuracy against the unmixed labels (the clip that dominates a mix, mostly)
             return StepOutput(loss, {"acc": (logits.argmax(1) == labels).float().mean()})
 
         def on_epoch_start(epoch: int) -> None:

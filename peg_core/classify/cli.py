@@ -31,6 +31,7 @@ from ..engine import (
     add_data_root_arg,
     add_eval_args,
     add_json_arg,
+    add_layer_decay_arg,
     add_make_data_counts,
     add_num_heads_arg,
     add_pos_args,
@@ -149,6 +150,7 @@ def build_train_parser() -> argparse.ArgumentParser:
         "--weight-decay", type=nonnegative_float, help="AdamW weight decay (none on norms, biases, tokens)"
     )
     g.add_argument("--warmup-epochs", type=nonnegative_float, help="linear warm-up length in epochs")
+    add_layer_decay_arg(g)
     add_recipe_args(p)
     p.set_defaults(**DEFAULTS)
     return p

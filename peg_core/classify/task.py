@@ -18,7 +18,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..engine import EvalParts, RunContext, StepOutput, TrainParts, UserError, param_groups, warmup_cosine
+from ..engine import (
+    EvalParts,
+    RunContext,
+    StepOutput,
+    TrainParts,
+    UserError,
+    param_groups_for_run,
+    warmup_cosine,
+)
 from ..engine.broken import SkipBroken, skipping_collate
 from ..engine.checkpoint import read_checkpoint
 from ..engine.recipes import apply_position_recipe
@@ -182,9 +190,10 @@ class ClassifyTask:
         if init is not None:
             source = f" ({init.source})" if init.source else ""
             ctx.print(f"--init {args.init}{source}: {load_init_weights(model, args.init, init).line()}")
-        # AdamW over [decayed, not decayed (norms, biases, cls token, learned table)]
+        # AdamW over [decayed, not decayed (norms, biases, cls token, learned table)], per layer
+        # with --layer-decay
         optimizer = torch.optim.AdamW(
-            param_groups(model, args.weight_decay), lr=args.lr, weight_decay=args.weight_decay
+            param_groups_for_run(model, args), lr=args.lr, weight_decay=args.weight_decay
         )
         # before the scheduler: it records each group's lr (a scaled position group included)
         apply_position_recipe(

@@ -38,6 +38,7 @@ from .cli import (
     add_data_root_arg,
     add_eval_args,
     add_json_arg,
+    add_layer_decay_arg,
     add_make_data_counts,
     add_num_heads_arg,
     add_pos_args,
@@ -51,6 +52,7 @@ from .cli import (
     image_side_list,
     int_list,
     json_safe,
+    layer_decay_value,
     new_parser,
     nonnegative_float,
     nonnegative_int,
@@ -76,7 +78,15 @@ from .errors import (
     run_command,
 )
 from .metric_log import MetricLogger
-from .optim import no_weight_decay_names, param_groups, warmup_cosine
+from .optim import (
+    LayerDecayModel,
+    check_layer_decay,
+    layer_lr_scale,
+    no_weight_decay_names,
+    param_groups,
+    param_groups_for_run,
+    warmup_cosine,
+)
 from .progress import Progress, progress
 from .summary import METRIC_NAMES, Summary, done_line, print_closing, run_reported, summary_line
 from .trainer import (
@@ -113,6 +123,7 @@ __all__ = [
     "CheckpointStore",
     "DistInfo",
     "EvalParts",
+    "LayerDecayModel",
     "LoadedModel",
     "MetricLogger",
     "Progress",
@@ -130,10 +141,12 @@ __all__ = [
     "add_data_root_arg",
     "add_eval_args",
     "add_json_arg",
+    "add_layer_decay_arg",
     "add_make_data_counts",
     "add_num_heads_arg",
     "add_pos_args",
     "add_train_args",
+    "check_layer_decay",
     "checkpoint_and_where",
     "configs_command",
     "device_arg",
@@ -151,6 +164,8 @@ __all__ = [
     "int_list",
     "is_main_process",
     "json_safe",
+    "layer_decay_value",
+    "layer_lr_scale",
     "load_model_state",
     "new_parser",
     "no_weight_decay_names",
@@ -158,6 +173,7 @@ __all__ = [
     "nonnegative_int",
     "odd_kernel",
     "param_groups",
+    "param_groups_for_run",
     "parse_with_config",
     "peg_at_arg",
     "peg_kwargs",

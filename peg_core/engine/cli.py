@@ -27,6 +27,7 @@ __all__ = [
     "add_arch_arg",
     "add_data_root_arg",
     "add_eval_args",
+    "add_layer_decay_arg",
     "add_make_data_counts",
     "add_num_heads_arg",
     "add_pos_args",
@@ -39,6 +40,7 @@ __all__ = [
     "image_side_list",
     "int_list",
     "json_safe",
+    "layer_decay_value",
     "nonnegative_float",
     "nonnegative_int",
     "odd_kernel",
@@ -93,6 +95,11 @@ def unit_fraction(text: str) -> float:
     if text.endswith("%"):
         return _number(text[:-1], float, "a percentage in [0, 100]", lambda v: 0 <= v <= 100) / 100
     return _number(text, float, "a fraction in [0, 1] (or a percentage like 1%)", lambda v: 0 <= v <= 1)
+
+
+def layer_decay_value(text: str) -> float:
+    """``argparse`` type of ``--layer-decay``: a number in ``(0, 1]``."""
+    return _number(text, float, "a layer decay in (0, 1]", lambda v: 0 < v <= 1)
 
 
 def _list(text: str, kind: Callable[[str], Any], what: str) -> list:
@@ -218,6 +225,17 @@ def add_arch_arg(
     group.add_argument("--arch", choices=list(choices), default=default, help=help)
     if aliases:
         add_alias(group, *aliases, dest="arch", choices=list(choices))
+
+
+def add_layer_decay_arg(group: argparse._ActionsContainer) -> None:
+    """``--layer-decay D``: layer-wise lr decay (BEiT / VideoMAE fine-tuning; unset: off).
+
+    Layer ``i`` of a model with ``L`` blocks trains at ``lr x D ** (L + 1 - i)``
+    (:func:`peg_core.engine.param_groups`).
+    """
+    group.add_argument("--layer-decay", type=layer_decay_value, metavar="D",
+                       help="layer-wise lr decay in (0, 1]: block i of L trains at lr x D^(L-i), the "
+                       "embeddings at lr x D^(L+1), the head at lr (default: off)")  # fmt: skip
 
 
 def add_num_heads_arg(group: argparse._ActionsContainer, *, aliases: Sequence[str] = ()) -> None:

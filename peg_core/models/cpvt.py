@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from ..encodings import build_position_encoding
 from ..peg import PEG2d, resolve_peg_at
 from ..rope import build_rope
-from .layers import Block, PatchEmbed, init_vit_weights
+from .layers import Block, PatchEmbed, init_vit_weights, vit_lr_layer_id
 
 __all__ = ["CPVT", "POS_ENCODINGS", "cpvt_base", "cpvt_small", "cpvt_tiny", "parse_pos_enc"]
 
@@ -241,6 +241,14 @@ class CPVT(nn.Module):
         if self.rope is not None and hasattr(self.rope, "no_weight_decay"):
             names |= {f"rope.{n}" for n in self.rope.no_weight_decay()}
         return names
+
+    def num_lr_layers(self) -> int:
+        """Blocks counted by layer-wise lr decay (:class:`peg_core.engine.LayerDecayModel`)."""
+        return len(self.blocks)
+
+    def lr_layer_id(self, name: str) -> int:
+        """0: embeddings, ``i + 1``: block ``i`` and its PEG, ``depth + 1``: final norm and head."""
+        return vit_lr_layer_id(name, len(self.blocks))
 
     @property
     def num_features(self) -> int:

@@ -22,7 +22,13 @@ __all__ = [
     "PatchEmbed",
     "drop_path",
     "init_vit_weights",
+    "vit_lr_layer_id",
 ]
+
+#: first name components of the parameters before block 0 (layer 0 of layer-wise lr decay)
+EMBEDDING_ROOTS = ("patch_embed", "cls_token", "reg_token", "pos_enc", "rope")
+#: first name components of the parameters after the last block (layer ``depth + 1``)
+HEAD_ROOTS = ("norm", "fc_norm", "pool", "head")
 
 
 def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
@@ -187,3 +193,22 @@ def _init_weights(m: nn.Module) -> None:
 def init_vit_weights(model: nn.Module) -> None:
     """Apply :func:`_init_weights` to every submodule of ``model``."""
     model.apply(_init_weights)
+
+
+def vit_lr_layer_id(name: str, depth: int) -> int:
+    """The layer of a parameter of a ViT in this layout, as layer-wise lr decay counts them.
+
+    ``0``: the embeddings (:data:`EMBEDDING_ROOTS`, a PEG before block 0, ``pos_blocks.-1``);
+    ``i + 1``: ``blocks.<i>`` and the PEG after it (``pos_blocks.<i>``); ``depth + 1``: the final
+    norm, the pooling and the head (:data:`HEAD_ROOTS`).  Any other name is a ``ValueError``: a
+    new parameter must be placed on purpose, not fall into some layer by accident.
+    """
+    root, _, rest = name.partition(".")
+    if root in ("blocks", "pos_blocks"):
+        index = int(rest.partition(".")[0])
+        return index + 1  # pos_blocks.-1 (before block 0) -> 0
+    if root in EMBEDDING_ROOTS:
+        return 0
+    if root in HEAD_ROOTS:
+        return depth + 1
+    raise ValueError(f"no layer-wise lr decay layer for parameter {name!r} (depth {depth})")

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from peg_core import check_tokens
 from peg_core.base import PositionEncoding
 from peg_core.encodings import LearnedPositionEncoding3d, SinCosPositionEncoding3d, sincos_1d
-from peg_core.models.layers import Attention, Block, init_vit_weights
+from peg_core.models.layers import Attention, Block, init_vit_weights, vit_lr_layer_id
 from peg_core.peg import resolve_peg_at
 from peg_core.resize import is_tracing, resize_pos_embed_3d, resize_pos_embed_traceable
 from peg_core.rope import build_rope
@@ -487,6 +487,15 @@ class VideoTransformer(nn.Module):
         """Parameter names conventionally trained without weight decay."""
         names = {"cls_token", "pos_enc.spatial", "pos_enc.temporal"}
         return names | {"pool.query"} if self.pool is not None else names
+
+    def num_lr_layers(self) -> int:
+        """Blocks counted by layer-wise lr decay (:class:`peg_core.engine.LayerDecayModel`)."""
+        return len(self.blocks)
+
+    def lr_layer_id(self, name: str) -> int:
+        """0: embeddings (a PEG3d before block 0 too), ``i + 1``: block ``i`` and the PEG3d after it,
+        ``depth + 1``: final norm, pool and head."""
+        return vit_lr_layer_id(name, len(self.blocks))
 
     def _peg(self, x: Tensor, index: int, size: tuple[int, int, int]) -> Tensor:
         key = str(index)
