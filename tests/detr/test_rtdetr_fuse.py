@@ -24,6 +24,7 @@ from peg_detr.__main__ import main as cli
 from peg_detr.export import deploy_form
 from peg_detr.model import build_model
 from peg_detr.models.rtdetr import FusedConv, fuse_for_deploy, fusion_stats
+from peg_detr.models.rtdetr.fuse import fold_conv_bn
 from tests.detr.rtdetr_checks import outputs_and_cell_scores, randomise_norms_and_heads, topk_gap
 
 SIZES = [(128, 128), (96, 160)]
@@ -98,9 +99,14 @@ def test_fused_model_refuses_training_and_other_models():
     model = _model(TINY, seed=4)
     fused = fuse_for_deploy(model, inplace=True)
     assert fused is model and fusion_stats(model).repvgg_blocks == 12
-    with pytest.raises(RuntimeError, match="inference-only"):
+    x = torch.rand(1, 3, 96, 96, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = fused(x)["pred_logits"]
+    with pytest.raises(RuntimeError, match=r"inference-only.*call \.eval\(\)"):
         fused.train()
-    fused.eval()  # eval mode stays allowed
+    fused.eval()  # eval mode stays allowed, and computes what it computed before
+    with torch.no_grad():
+        assert torch.equal(fused(x)["pred_logits"], before)
     assert fusion_stats(fuse_for_deploy(fused)) == fusion_stats(fused)  # fusing again changes nothing
     with pytest.raises(TypeError, match="takes an RT-DETR model"):
         fuse_for_deploy(nn.Conv2d(3, 3, 1))
@@ -159,3 +165,20 @@ def test_fuse_flag_by_arch(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: applies to --arch rtdetr checkpoints only") and err.count("\n") == 1, err
     assert not (tmp_path / "detr.onnx").exists()
+
+
+def test_fold_by_hand_and_its_errors():
+    conv = nn.Conv2d(1, 1, 1, bias=False)
+    norm = nn.BatchNorm2d(1, eps=1.0).eval()
+    with torch.no_grad():
+        conv.weight.fill_(2.0)
+        norm.running_mean.fill_(1.0)
+        norm.running_var.fill_(3.0)  # sqrt(3 + eps) = 2
+        norm.weight.fill_(0.5)
+        norm.bias.fill_(1.0)
+    folded = fold_conv_bn(conv, norm)  # (2x - 1) / 2 * 0.5 + 1 = 0.5x + 0.75
+    assert folded.weight.item() == 0.5 and folded.bias.item() == 0.75
+    with pytest.raises(ValueError, match="without running statistics"):
+        fold_conv_bn(conv, nn.BatchNorm2d(1, track_running_stats=False))
+    with pytest.raises(TypeError, match="got GroupNorm"):
+        fold_conv_bn(conv, nn.GroupNorm(1, 1))

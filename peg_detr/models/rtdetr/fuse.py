@@ -43,7 +43,9 @@ class FusedConv(nn.Module):
     """``activation(conv(x))``: ``branches`` conv + BN pairs folded into one biased ``conv`` (eval only).
 
     ``branches`` is 1 for a folded conv + BN, 2 for a merged RepVGG block.  Shapes are those of
-    ``conv``: ``(B, C_in, H, W) -> (B, C_out, H', W')``.  ``train(True)`` raises ``RuntimeError``.
+    ``conv``: ``(B, C_in, H, W) -> (B, C_out, H', W')``.  ``train(True)`` raises ``RuntimeError``;
+    raised from a parent's ``train()``, the modules visited before it are left in training mode,
+    so the message says to call ``.eval()``.
     """
 
     def __init__(self, conv: nn.Conv2d, activation: nn.Module | None = None, *, branches: int = 1) -> None:
@@ -60,7 +62,8 @@ class FusedConv(nn.Module):
         if mode:
             raise RuntimeError(
                 "this RT-DETR was fused for deployment (fuse_for_deploy) and is inference-only: its batch "
-                "norms are folded into the convolutions; train the unfused model and fuse it again"
+                "norms are folded into the convolutions; train the unfused model and fuse it again "
+                "(call .eval() to keep using this one)"
             )
         return super().train(False)
 
