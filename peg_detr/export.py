@@ -18,7 +18,11 @@ An RT-DETR checkpoint (``--arch rtdetr``) exports the same way: inputs in ``[0, 
 pipeline does not normalise), ``pred_logits`` ``(B, Q, K)`` sigmoid logits (no no-object class),
 the weight EMA when the run kept one.  Its anchors and, with ``sincos``, its AIFI table are built
 from the input's size inside the graph; with ``peg`` nothing depends on a size at all, so the
-graph runs at any ``H``, ``W`` (at least 64: two stride-32 cells).
+graph runs at any ``H``, ``W`` (at least 64: two stride-32 cells).  By default (``--fuse``) an
+RT-DETR is fused for deployment first (:func:`peg_detr.models.rtdetr.fuse_for_deploy`: every
+conv + batch norm folded, every RepVGG block one 3×3 conv); the report's ``fused`` counts the
+fused convolutions, and ``--check`` compares onnxruntime with the *unfused* PyTorch model.
+``--no-fuse`` exports the training form; ``--fuse`` on a DETR checkpoint is an error.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ from peg_core.engine import UserError, image_side, new_parser
 from peg_core.export.onnx import add_export_args, check_output_path, compare_onnxruntime, export_onnx
 
 from .model import load_model
+from .models.rtdetr import fuse_for_deploy, fusion_stats
 
-__all__ = ["DetrForExport", "build_parser", "main"]
+__all__ = ["DetrForExport", "build_parser", "deploy_form", "main"]
 
 
 def side_arg(text: str) -> int:
@@ -66,15 +71,34 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_args(p)
     p.add_argument("--height", type=side_arg, default=256, help="example input height (the graph takes any)")
     p.add_argument("--width", type=side_arg, default=320, help="example input width (the graph takes any)")
+    p.add_argument(
+        "--fuse",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fold conv + BN and RepVGG branches before exporting (default: on for --arch rtdetr)",
+    )
     return p
+
+
+def deploy_form(model: nn.Module, arch: str, fuse: bool | None) -> tuple[nn.Module, dict[str, int] | None]:
+    """The module to export and the fusion counts (None: not fused); ``fuse=None`` fuses RT-DETR only."""
+    if arch != "rtdetr":
+        if fuse:
+            raise UserError("applies to --arch rtdetr checkpoints only (this one is --arch detr)", "--fuse")
+        return model, None
+    if fuse is False:
+        return model, None
+    fused = fuse_for_deploy(model)  # a copy: the unfused model stays the --check reference
+    return fused, fusion_stats(fused).as_dict()
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     check_output_path(args.out)
     loaded = load_model(args.checkpoint)
-    model, meta = loaded.model, loaded.meta
-    wrapper = DetrForExport(model.cpu().eval()).eval()
+    model, meta = loaded.model.cpu().eval(), loaded.meta
+    exported, fused = deploy_form(model, loaded.config.get("arch", "detr"), args.fuse)
+    wrapper = DetrForExport(exported).eval()
     # Batch 2: a batch of 1 would be traced as a constant (PyTorch specialises sizes 0 and 1).
     example = torch.randn(2, 3, args.height, args.width, generator=torch.Generator().manual_seed(0))
     # At least two feature cells per side: a one-cell side would be traced as a constant.
@@ -97,9 +121,10 @@ def main(argv: list[str]) -> int:
         wrapper, example, args.out, dynamic, "images", ["pred_logits", "pred_boxes"], args.opset, metadata
     )
     result: dict[str, Any] = {"onnx": str(args.out), "opset": args.opset, "example": list(example.shape)}
+    result["fused"] = fused
     if args.check:
         with torch.no_grad():
-            expected = wrapper(example)
+            expected = DetrForExport(model)(example)
         result["max_abs_diff"] = compare_onnxruntime(args.out, {"images": example}, expected)
     print(json.dumps(result))
     return 0

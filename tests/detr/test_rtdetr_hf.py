@@ -20,6 +20,7 @@ from peg_core.interop.io import WeightsError
 from peg_detr import from_hf
 from peg_detr.hf_rtdetr import export_hf_rtdetr
 from peg_detr.models.rtdetr import RTDETRPostProcess
+from tests.detr.rtdetr_checks import topk_margin
 
 transformers = pytest.importorskip("transformers")
 
@@ -174,15 +175,6 @@ def test_export_hf_round_trip(small_folder, tmp_path):
     assert not (tmp_path / "refused").exists()
 
 
-def _topk_margin(model, x: torch.Tensor) -> float:
-    """Smallest gap between consecutive scores of the top ``Q + 1`` cells (the query selection's margin)."""
-    with torch.no_grad():
-        memory, shapes = model.decoder.flatten_features(model.encoder(model.backbone(x)))
-        _, logits, _ = model.decoder.score_cells(memory, shapes)
-    top = logits.max(-1).values.topk(model.num_queries + 1, dim=1).values
-    return float((top[:, :-1] - top[:, 1:]).min())
-
-
 def test_onnx_export_of_peg_model_runs_at_other_sizes(small_folder, tmp_path):
     """Exported at 2x256x256 (dynamic batch / height / width); onnxruntime equals PyTorch there, at 1x330x250 (sides no multiple of 32) and 3x192x288.
 
@@ -219,7 +211,7 @@ def test_onnx_export_of_peg_model_runs_at_other_sizes(small_folder, tmp_path):
         example,
         *(torch.randn(b, 3, h, w, generator=gen) for b, h, w in [(1, 330, 250), (3, 192, 288)]),
     ]:
-        assert _topk_margin(peg, x) > 4e-6, f"near-tied top-K scores at {tuple(x.shape)}: not a valid check"
+        assert topk_margin(peg, x) > 4e-6, f"near-tied top-K scores at {tuple(x.shape)}: not a valid check"
         logits, boxes = session.run(None, {"images": x.numpy()})
         with torch.no_grad():
             want = peg(x)

@@ -5,7 +5,8 @@ norm, strides 8/16/32), ``encoder`` (the hybrid encoder: input projections, AIFI
 position encoding chosen by name, CCFM), ``decoder`` (IoU-aware query selection, deformable
 decoder, iterative box refinement), ``denoising`` (contrastive denoising groups), ``criterion``
 (varifocal + L1 + GIoU), ``model`` (the detector), ``postprocess`` (sigmoid top-K), ``hf_keys``
-(transformers' ``RTDetrForObjectDetection`` state-dict keys <-> ours).
+(transformers' ``RTDetrForObjectDetection`` state-dict keys <-> ours), ``fuse`` (deployment:
+conv + BN folding, RepVGG re-parameterisation).
 """
 
 from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
@@ -13,6 +14,7 @@ from .criterion import RTDETRCriterion, build_rtdetr_weight_dict, varifocal_loss
 from .decoder import RTDETRDecoder, generate_anchors, inverse_sigmoid
 from .denoising import DenoisingGroup, contrastive_denoising_group
 from .encoder import AIFI, ENCODER_POS_ENCODINGS, HybridEncoder, RTDetrSinCos2d, rtdetr_sincos_2d
+from .fuse import FusedConv, FusionStats, fuse_for_deploy, fusion_stats
 from .hf_keys import (
     DECODER_PREFIXES,
     ENCODER_HF_PREFIXES,
@@ -36,6 +38,8 @@ __all__ = [
     "RESNET_VD",
     "RTDETR",
     "DenoisingGroup",
+    "FusedConv",
+    "FusionStats",
     "HybridEncoder",
     "RTDETRCriterion",
     "RTDETRDecoder",
@@ -53,6 +57,8 @@ __all__ = [
     "encoder_hf_to_ours",
     "encoder_kwargs_from_hf",
     "encoder_ours_to_hf",
+    "fuse_for_deploy",
+    "fusion_stats",
     "generate_anchors",
     "inverse_sigmoid",
     "rtdetr_sincos_2d",

@@ -1,0 +1,71 @@
+"""Checks shared by the RT-DETR tests: the top-K query selection's margin, non-trivial BN statistics.
+
+RT-DETR picks its decoder queries as the top-K cells by score.  Two backends (PyTorch and
+onnxruntime, or an unfused and a fused model) round the scores differently by ~1e-6, so two cells
+closer than that may swap, and the outputs then differ by far more than any tolerance.  A test
+that compares two such computations first checks :func:`topk_margin`: a failure then says "near
+tie" instead of a wrong output.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torchvision.ops import FrozenBatchNorm2d
+
+
+def cell_scores(model: nn.Module, x: Tensor) -> Tensor:
+    """The query selection's score of every memory cell: ``(B, S)`` (max over classes of the encoder head)."""
+    with torch.no_grad():
+        memory, shapes = model.decoder.flatten_features(model.encoder(model.backbone(x)))
+        _, logits, _ = model.decoder.score_cells(memory, shapes)
+    return logits.max(-1).values
+
+
+def outputs_and_cell_scores(model: nn.Module, x: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+    """``model(x)`` (eval, no grad) and the cell scores of that same call (:func:`cell_scores`), in one pass."""
+    seen: list[Tensor] = []
+    # the encoder score head runs once per call, on every cell: (B, S, C)
+    handle = model.decoder.enc_score_head.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    try:
+        with torch.no_grad():
+            out = model(x)
+    finally:
+        handle.remove()
+    return out, seen[0].max(-1).values
+
+
+def topk_gap(scores: Tensor, k: int) -> float:
+    """Smallest gap between consecutive values of the top ``k`` of each row of ``scores`` ``(B, S)``."""
+    top = scores.topk(k, dim=1).values
+    return float((top[:, :-1] - top[:, 1:]).min())
+
+
+def topk_margin(model: nn.Module, x: Tensor) -> float:
+    """Smallest gap between consecutive scores of the top ``Q + 1`` cells (the query selection's margin)."""
+    return topk_gap(cell_scores(model, x), model.num_queries + 1)
+
+
+def randomise_norms_and_heads(model: nn.Module, seed: int) -> None:
+    """Random BN statistics and affine weights (trainable and frozen BN) and box heads, in place.
+
+    A fresh model's BNs are identities (mean 0, variance 1, weight 1, bias 0) and its box heads
+    output zero offsets, so a fold that mixed up mean and variance, or dropped the bias, would go
+    unnoticed.  Weights in [0.5, 1.5] and variances in [0.5, 2] keep the activations' scale (and
+    the top-K scores apart).
+    """
+    gen = torch.Generator().manual_seed(seed)
+
+    def fill(t: Tensor, low: float, high: float) -> None:
+        t.copy_(torch.rand(t.shape, generator=gen) * (high - low) + low)
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.BatchNorm2d, FrozenBatchNorm2d)):
+                fill(module.weight, 0.5, 1.5)
+                fill(module.bias, -0.2, 0.2)
+                fill(module.running_mean, -0.2, 0.2)
+                fill(module.running_var, 0.5, 2.0)
+        for name, p in model.named_parameters():
+            if "bbox_embed" in name or "bbox_head" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
