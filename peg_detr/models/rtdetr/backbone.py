@@ -120,10 +120,20 @@ class CeilAvgPool2x2(nn.Module):
     ``(n - 1) // 2 + 1``, the strided 3×3 convolution's own expression, with no guard.  Dividing by
     the same pool of a ones map (the fraction of each window inside the image: 1, 1/2 or 1/4)
     turns the zero-padded means into ``ceil_mode``'s means; every factor is a power of two, so the
-    values are bit-identical to ``nn.AvgPool2d``'s.
+    values are bit-identical to ``nn.AvgPool2d``'s.  Eager calls (nothing is being exported or
+    compiled) run the native ``ceil_mode`` kernel instead, which saves the padded copy.
     """
 
     def forward(self, x: Tensor) -> Tensor:
+        if not (torch.compiler.is_exporting() or torch.compiler.is_compiling()):
+            # Eager (training, evaluation): the native kernel, with no padded copy of ``x`` (the
+            # same values); the guard-free form below is for graphs that keep H and W symbolic.
+            return F.avg_pool2d(x, 2, 2, ceil_mode=True)
+        return self.guard_free(x)
+
+    @staticmethod
+    def guard_free(x: Tensor) -> Tensor:
+        """The exported form: a zero row and column, a plain 2×2 pool, divided by the pool of ones."""
         pad = (0, 1, 0, 1)  # left, right, top, bottom
         mean = F.avg_pool2d(F.pad(x, pad), 2, 2)
         inside = F.avg_pool2d(F.pad(torch.ones_like(x[:1, :1]), pad), 2, 2)  # (1, 1, H', W')
