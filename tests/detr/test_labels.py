@@ -1,0 +1,278 @@
+"""``--labels ids|contiguous``: the label map, the dataset, COCO evaluation and the recipes' defaults.
+
+Categories with gaps (ids 1, 3, 7, as COCO's 1..90 has gaps) map to labels 0, 1, 2 and back; COCO
+evaluation of the same detections gives the same numbers whichever labels the model used; the
+checkpoint records the map, so predict / export-hf need no annotation file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from peg_detr.cli import parse_train_args
+from peg_detr.data import (
+    CocoDetr,
+    LabelMap,
+    SyntheticSpec,
+    load_coco_annotations,
+    make_rtdetr_val_transforms,
+    make_synthetic_coco,
+    match_label_names,
+)
+from peg_detr.evaluation import BACKENDS, CocoEvaluator
+from peg_detr.model import load_model
+
+#: the synthetic shapes' ids 1, 2, 3 rewritten with gaps
+GAP_IDS = {1: 1, 2: 3, 3: 7}
+NAMES = {1: "square", 3: "disc", 7: "triangle"}
+
+
+def _with_gaps(root: Path) -> Path:
+    """Rewrite the shapes set's category ids 1, 2, 3 as 1, 3, 7 in both splits (images untouched)."""
+    for split in ("train", "val"):
+        path = root / "annotations" / f"instances_{split}2017.json"
+        doc = json.loads(path.read_text())
+        doc["categories"] = [{**c, "id": GAP_IDS[c["id"]]} for c in doc["categories"]]
+        # listed out of order: the map sorts by id
+        doc["categories"].reverse()
+        for a in doc["annotations"]:
+            a["category_id"] = GAP_IDS[a["category_id"]]
+        path.write_text(json.dumps(doc))
+    return root
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=3, min_frac=0.3, max_frac=0.45)
+    root = make_synthetic_coco(tmp_path_factory.mktemp("gaps"), num_train=8, num_val=4, seed=2, spec=spec)
+    return _with_gaps(root)
+
+
+# ------------------------------------------------------------------------------------ the label map
+
+
+def test_contiguous_maps_ids_with_gaps_to_labels_and_back():
+    cats = [{"id": 7, "name": "triangle"}, {"id": 1, "name": "square"}, {"id": 3, "name": "disc"}]
+    contiguous = LabelMap.from_categories(cats, "contiguous")
+    assert contiguous.categories == ((1, "square"), (3, "disc"), (7, "triangle"))
+    assert contiguous.num_labels == 3
+    assert contiguous.labels_of(torch.tensor([7, 1, 3, 3])).tolist() == [2, 0, 1, 1]
+    # a label past the last category (a larger --num-classes) or negative has none: -1
+    assert contiguous.category_ids_of(torch.tensor([0, 1, 2, 3, -1])).tolist() == [1, 3, 7, -1, -1]
+    assert contiguous.names(4) == ["square", "disc", "triangle", ""]
+    assert [contiguous.category_id(k) for k in range(4)] == [1, 3, 7, None]
+    with pytest.raises(KeyError, match=r"\[2\]"):
+        contiguous.labels_of(torch.tensor([1, 2]))
+    ids = LabelMap.from_categories(cats, "ids")  # DETR's: labels are the ids
+    assert ids.num_labels == 8 and ids.labels_of(torch.tensor([7, 1])).tolist() == [7, 1]
+    assert ids.category_ids_of(torch.tensor([0, 7])).tolist() == [0, 7]
+    assert ids.names(8) == ["", "square", "", "disc", "", "", "", "triangle"]
+    assert (contiguous.check_fits(2), ids.check_fits(4), ids.check_fits(8)) == ([7], [7], [])
+
+
+def test_the_map_round_trips_through_json_and_old_checkpoints_read_as_ids():
+    cats = [{"id": 1, "name": "square"}, {"id": 3, "name": "disc"}, {"id": 7, "name": "triangle"}]
+    m = LabelMap.from_categories(cats, "contiguous")
+    doc = m.to_json()
+    assert doc == {"mode": "contiguous", "labels": [
+        {"label": 0, "id": 1, "name": "square"}, {"label": 1, "id": 3, "name": "disc"},
+        {"label": 2, "id": 7, "name": "triangle"}]}  # fmt: skip
+    assert LabelMap.from_json(json.loads(json.dumps(doc))) == m
+    assert LabelMap.from_meta({"labels": doc, "categories": []}) == m
+    old = LabelMap.from_meta({"categories": cats})  # a checkpoint written before meta["labels"]
+    assert old.mode == "ids" and old.names(4) == ["", "square", "", "disc"]
+    with pytest.raises(ValueError, match="not a label map"):
+        LabelMap.from_json({"mode": "contiguous", "labels": [3]})
+    with pytest.raises(ValueError, match="unknown label mode"):
+        LabelMap.from_categories(cats, "sparse")
+
+
+def test_folder_names_pick_the_mode_case_insensitively():
+    cats = [{"id": 1, "name": "person"}, {"id": 2, "name": "bicycle"}, {"id": 5, "name": "Airplane"}]
+    assert match_label_names(["Person", "bicycle", "airplane "], cats) == "contiguous"  # RT-DETR's 80
+    # DETR's folders: one name per id up to the largest, "N/A" in the gaps
+    assert match_label_names(["N/A", "person", "bicycle", "N/A", "N/A", "airplane"], cats) == "ids"
+    assert match_label_names(["LABEL_0", "LABEL_1", "LABEL_2"], cats) is None
+    assert match_label_names(["bicycle", "person", "airplane"], cats) is None  # another order
+    assert match_label_names(["person", "bicycle"], cats) is None
+
+
+def test_recipes_default_to_their_label_mode():
+    def labels(*flags: str) -> str:
+        return parse_train_args(["--data-root", "x", *flags]).labels
+
+    assert labels() == "ids" and labels("--config", "cpvt_peg_50ep") == "ids"  # DETR: category ids
+    for name in ("rtdetr_r18vd_6x", "rtdetr_r50vd_6x", "rtdetr_r18vd_6x_peg", "rtdetr_r50vd_6x_peg"):
+        assert labels("--config", name) == "contiguous", name
+    assert labels("--arch", "rtdetr") == "contiguous"  # rtdetr_r50vd_6x's values
+    assert labels("--config", "rtdetr_demo_tiny") == "ids"  # the demo's README numbers are with ids
+    assert labels("--config", "rtdetr_r18vd_6x", "--labels", "ids") == "ids"
+    with pytest.raises(SystemExit):
+        parse_train_args(["--data-root", "x", "--labels", "sparse"])
+
+
+# -------------------------------------------------------------------------- dataset and evaluation
+
+
+def test_dataset_gives_contiguous_labels_of_the_annotations(data):
+    annotations = load_coco_annotations(data / "annotations" / "instances_train2017.json")
+    contiguous = LabelMap.from_categories(annotations.categories, "contiguous")
+    square = make_rtdetr_val_transforms(64)
+    by_ids = CocoDetr(data / "train2017", annotations, square)
+    by_labels = CocoDetr(data / "train2017", annotations, square, contiguous)
+    seen = set()
+    for i in range(len(by_ids)):
+        image_id = by_ids.ids[i]
+        want = [a["category_id"] for a in annotations.coco.imgToAnns[image_id]]
+        _, t_ids = by_ids[i]
+        _, t_labels = by_labels[i]
+        assert t_ids["labels"].tolist() == want  # ids: unchanged, DETR's
+        assert t_labels["labels"].tolist() == [{1: 0, 3: 1, 7: 2}[c] for c in want]
+        torch.testing.assert_close(t_labels["boxes"], t_ids["boxes"])
+        seen.update(want)
+    assert seen == {1, 3, 7}  # every gap id was exercised
+
+
+def test_a_category_outside_the_map_is_refused(data, tmp_path):
+    annotations = load_coco_annotations(data / "annotations" / "instances_val2017.json")
+    only_two = LabelMap.from_categories(annotations.categories[:2], "contiguous")
+    from peg_core.engine import UserError
+
+    with pytest.raises(UserError, match=r"categories \[7\] are not among the 2"):
+        CocoDetr(data / "val2017", annotations, None, only_two)
+
+
+def _predictions(coco, labels_of) -> dict[int, dict[str, torch.Tensor]]:
+    """Hand-built detections: each ground-truth box (one shifted 2 px), right class, plus a wrong-class one."""
+    preds = {}
+    for image_id in sorted(coco.imgs):
+        anns = coco.imgToAnns[image_id]
+        boxes = [[a["bbox"][0] + 2 * (k == 0), a["bbox"][1], a["bbox"][0] + a["bbox"][2], a["bbox"][1] + a["bbox"][3]]
+                 for k, a in enumerate(anns)]  # fmt: skip
+        cats = [a["category_id"] for a in anns]
+        wrong = [{1: 3, 3: 7, 7: 1}[c] for c in cats[:1]]
+        preds[image_id] = {
+            "boxes": torch.tensor(boxes + boxes[:1], dtype=torch.float32),
+            "scores": torch.tensor([0.9 - 0.1 * k for k in range(len(anns))] + [0.95]),
+            "labels": labels_of(torch.tensor(cats + wrong)),
+        }
+    return preds
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_coco_eval_with_the_remap_equals_the_ids_run(data, backend):
+    annotations = load_coco_annotations(data / "annotations" / "instances_val2017.json")
+    contiguous = LabelMap.from_categories(annotations.categories, "contiguous")
+    by_ids = CocoEvaluator(annotations.coco, backend)
+    by_ids.update(_predictions(annotations.coco, lambda c: c))
+    remapped = CocoEvaluator(annotations.coco, backend, contiguous)
+    remapped.update(_predictions(annotations.coco, contiguous.labels_of))
+    want, got = by_ids.summarize(verbose=False), remapped.summarize(verbose=False)
+    assert got == want and 0.3 < want["ap"] < 1.0  # the shifted box and the wrong class cost AP
+    results_ids, _ = by_ids.gather()
+    results_labels, _ = remapped.gather()
+    assert results_labels == results_ids  # the results json carries the real category ids
+    assert {r["category_id"] for r in results_labels} == {1, 3, 7}
+    # labels the map has no category for (a 4-class head on 3 categories) are left out
+    extra = CocoEvaluator(annotations.coco, backend, contiguous)
+    preds = _predictions(annotations.coco, contiguous.labels_of)
+    first = next(iter(preds))
+    preds[first] = {k: torch.cat([v, v[:1]]) for k, v in preds[first].items()}
+    preds[first]["labels"][-1] = 3
+    extra.update(preds)
+    assert extra.gather()[0] == results_ids
+
+
+# ------------------------------------------------------------------------------- train end to end
+
+
+def _train(data: Path, out: Path, *flags: str) -> dict:
+    from peg_detr.cli import train
+
+    return train(["--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(out),
+                  "--epochs", "1", "--workers", "0", "--device", "cpu", "--no-progress", "--seed", "3",
+                  *flags])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def contiguous_run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("contiguous")
+    report = _train(data, out, "--labels", "contiguous", "--pos-enc", "sincos")
+    return out, report
+
+
+def test_a_contiguous_run_records_its_map_and_predicts_category_ids(contiguous_run, data, tmp_path, capsys):
+    from peg_core.engine import read_checkpoint
+    from peg_detr.predict import Predictor
+
+    out, report = contiguous_run
+    assert report["status"] == "finished" and 0.0 <= report["eval"]["ap"] <= 1.0
+    ckpt = read_checkpoint(out / "checkpoint.pth", "detect")
+    assert ckpt["model_config"]["num_classes"] == 3  # the category count, not max id + 1 = 8
+    assert LabelMap.from_meta(ckpt["meta"]) == LabelMap.from_categories(
+        [{"id": i, "name": n} for i, n in NAMES.items()], "contiguous"
+    )
+    loaded = load_model(out / "checkpoint.pth")
+    assert loaded.classes == ["square", "disc", "triangle"]
+    predictor = Predictor(out / "checkpoint.pth", threshold=0.0)
+    image = next((data / "val2017").iterdir())
+    (pred,) = predictor.predict_files([str(image)])
+    assert pred.detections and all(d.label in NAMES and d.name == NAMES[d.label] for d in pred.detections)
+    raw = predictor.detect(predictor.read(str(image)), threshold=0.0)
+    assert [d.label for d in pred.detections] == [{0: 1, 1: 3, 2: 7}[int(k)] for k in raw["labels"]]
+
+
+def test_export_hf_writes_the_recorded_names_and_init_picks_contiguous(
+    contiguous_run, data, tmp_path, capsys
+):
+    transformers = pytest.importorskip("transformers")
+    from peg_detr.__main__ import main as cli
+
+    out, _ = contiguous_run
+    folder = tmp_path / "hf"
+    assert cli(["export-hf", str(out / "checkpoint.pth"), str(folder)]) == 0
+    config = json.loads((folder / "config.json").read_text())
+    assert config["id2label"] == {"0": "square", "1": "disc", "2": "triangle"}
+    assert transformers.RTDetrForObjectDetection.from_pretrained(folder).config.num_labels == 3
+    capsys.readouterr()
+    # the recipe says ids (8 classes); the folder's 3 names are the data's: contiguous, said in one line
+    run = tmp_path / "init"
+    assert cli(["train", "--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(run),
+                "--init", str(folder), "--epochs", "1", "--workers", "0", "--no-progress"]) == 0  # fmt: skip
+    said = [line for line in capsys.readouterr().out.splitlines() if "label names" in line]
+    assert said == [
+        f"--init {folder}: its 3 label names are the categories of instances_train2017.json: --labels contiguous"
+    ]
+    assert load_model(run / "checkpoint.pth").classes == ["square", "disc", "triangle"]
+
+
+def test_init_with_another_class_count_and_no_name_match_is_one_error_line(data, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    from peg_detr.__main__ import main as cli
+
+    backbone = transformers.RTDetrResNetConfig(
+        layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128], embedding_size=16,
+        out_features=["stage2", "stage3", "stage4"],
+    )  # fmt: skip
+    config = transformers.RTDetrConfig(
+        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 64, 128],
+        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=1,
+        num_queries=10, num_labels=5, anchor_image_size=None, num_denoising=0,
+    )  # fmt: skip
+    folder = tmp_path / "hf5"
+    transformers.RTDetrForObjectDetection(config).save_pretrained(folder)
+    capsys.readouterr()  # save_pretrained's progress bar
+    out = tmp_path / "run"
+    argv = ["train", "--config", "rtdetr_r18vd_6x", "--data-root", str(data), "--output-dir", str(out),
+            "--init", str(folder), "--epochs", "1", "--workers", "0", "--no-progress"]  # fmt: skip
+    assert cli(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: the folder's model has 5 classes, the data 3 (--labels contiguous); its id2label names are not "
+        f"the 3 category names of instances_train2017.json: {folder}"
+    ]
+    assert not (out / "checkpoint.pth").exists()
