@@ -26,6 +26,8 @@ from peg_detr.data import (
 from peg_detr.evaluation import BACKENDS, CocoEvaluator
 from peg_detr.model import load_model
 
+#: rtdetr_demo_tiny at 64 px only: one step of 4 images, seconds on a CPU
+SMALL_RUN = ("--train-sizes", "64", "--val-size", "64")
 #: the synthetic shapes' ids 1, 2, 3 rewritten with gaps
 GAP_IDS = {1: 1, 2: 3, 3: 7}
 NAMES = {1: "square", 3: "disc", 7: "triangle"}
@@ -48,7 +50,7 @@ def _with_gaps(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=3, min_frac=0.3, max_frac=0.45)
-    root = make_synthetic_coco(tmp_path_factory.mktemp("gaps"), num_train=8, num_val=4, seed=2, spec=spec)
+    root = make_synthetic_coco(tmp_path_factory.mktemp("gaps"), num_train=4, num_val=3, seed=2, spec=spec)
     return _with_gaps(root)
 
 
@@ -194,7 +196,7 @@ def _train(data: Path, out: Path, *flags: str) -> dict:
     from peg_detr.cli import train
 
     return train(["--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(out),
-                  "--epochs", "1", "--workers", "0", "--device", "cpu", "--no-progress", "--seed", "3",
+                  "--epochs", "1", "--workers", "0", "--device", "cpu", "--no-progress", "--seed", "3", *SMALL_RUN,
                   *flags])  # fmt: skip
 
 
@@ -242,7 +244,7 @@ def test_export_hf_writes_the_recorded_names_and_init_picks_contiguous(
     # the recipe says ids (8 classes); the folder's 3 names are the data's: contiguous, said in one line
     run = tmp_path / "init"
     assert cli(["train", "--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(run),
-                "--init", str(folder), "--epochs", "1", "--workers", "0", "--no-progress"]) == 0  # fmt: skip
+                "--init", str(folder), "--epochs", "1", "--workers", "0", "--no-progress", *SMALL_RUN]) == 0  # fmt: skip
     said = [line for line in capsys.readouterr().out.splitlines() if "label names" in line]
     assert said == [
         f"--init {folder}: its 3 label names are the categories of instances_train2017.json: --labels contiguous"
@@ -276,3 +278,48 @@ def test_init_with_another_class_count_and_no_name_match_is_one_error_line(data,
         f"the 3 category names of instances_train2017.json: {folder}"
     ]
     assert not (out / "checkpoint.pth").exists()
+
+
+def test_the_eval_verb_uses_the_recorded_map(contiguous_run, capsys):
+    from peg_detr.__main__ import main as cli
+
+    out, report = contiguous_run
+    assert (
+        cli(
+            ["eval", "--checkpoint", str(out / "checkpoint.pth"), "--workers", "0", "--no-progress", "--json"]
+        )
+        == 0
+    )
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["eval"]
+    assert (again["ap"], again["ap50"], again["size"]) == (report["eval"]["ap"], report["eval"]["ap50"], 64)
+
+
+@pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
+def test_init_from_an_hf_detr_folder_with_the_data_names_keeps_its_class_head(data, tmp_path, capsys):
+    """A DETR folder whose 3 id2label names are the data's: contiguous, the classifier loaded (not dropped)."""
+    transformers = pytest.importorskip("transformers")
+    from peg_core.engine import read_checkpoint
+    from peg_core.interop.hf_folder import read_hf_weights
+    from peg_detr.cli import train
+
+    config = transformers.DetrConfig(
+        use_timm_backbone=True, backbone="resnet18", use_pretrained_backbone=False, d_model=32,
+        encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=5, id2label={0: "Square", 1: "disc", 2: "triangle"},
+    )  # fmt: skip
+    folder = tmp_path / "detr"
+    transformers.DetrForObjectDetection(config).save_pretrained(folder)
+    capsys.readouterr()
+    train([
+        "--data-root", str(data), "--output-dir", str(tmp_path / "run"), "--init", str(folder), "--pos-enc", "sine",
+        "--backbone", "resnet18", "--num-queries", "5", "--hidden-dim", "32", "--num-heads", "2", "--enc-layers", "1",
+        "--dec-layers", "1", "--dim-feedforward", "64", "--train-sizes", "64", "--crop-resize", "", "--val-size", "64",
+        "--total-batch-size", "4", "--epochs", "1", "--lr", "1e-12", "--lr-backbone", "0", "--weight-decay", "0",
+        "--workers", "0", "--no-progress", "--device", "cpu", "--eval-every", "0",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "its 3 label names are the categories of instances_train2017.json: --labels contiguous" in out
+    assert "--num-classes not given: using 3 (categories in instances_train2017.json)" in out
+    trained = read_checkpoint(tmp_path / "run" / "checkpoint.pth", "detect")["model"]
+    head = read_hf_weights(folder)[0]["class_labels_classifier.weight"]  # (3 + no-object, 32)
+    torch.testing.assert_close(trained["class_embed.weight"], head, atol=1e-8, rtol=0)
