@@ -255,12 +255,10 @@ def official_to_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
 def _hf_config(cfg: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """``config.json`` of a ``DetrForObjectDetection`` with the shapes of a ``peg_detr`` ``sine`` model.
 
-    ``names[label]``: the category name of each label (``""``: none, written ``LABEL_i``).
+    ``names[label]``: the category name of each of the ``num_classes`` labels (``""``: none, written
+    ``LABEL_i``).
     """
-    id2label = {
-        str(i): names[i] if i < len(names) and names[i] else f"LABEL_{i}"
-        for i in range(int(cfg["num_classes"]))
-    }
+    id2label = {str(i): names[i] or f"LABEL_{i}" for i in range(int(cfg["num_classes"]))}
     return {
         "architectures": ["DetrForObjectDetection"],
         "model_type": "detr",
@@ -320,7 +318,10 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     out = Path(out_dir)
     ensure_writable(out)
     out.mkdir(parents=True, exist_ok=True)
-    names = LabelMap.from_meta(meta).names(int(cfg["num_classes"]))  # the run's --labels
+    try:
+        names = LabelMap.from_meta(meta).names(int(cfg["num_classes"]))  # the run's --labels
+    except ValueError as e:
+        raise UserError(f"checkpoint's label map is malformed ({e})", checkpoint) from None
     (out / "config.json").write_text(json.dumps(_hf_config(cfg, names), indent=2) + "\n")
     write_state_file(hf_state, out / "model.safetensors", metadata={"format": "pt"})
     return out

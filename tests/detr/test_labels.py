@@ -323,3 +323,23 @@ def test_init_from_an_hf_detr_folder_with_the_data_names_keeps_its_class_head(da
     trained = read_checkpoint(tmp_path / "run" / "checkpoint.pth", "detect")["model"]
     head = read_hf_weights(folder)[0]["class_labels_classifier.weight"]  # (3 + no-object, 32)
     torch.testing.assert_close(trained["class_embed.weight"], head, atol=1e-8, rtol=0)
+
+
+@pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
+def test_export_hf_of_a_contiguous_detr_names_its_labels(tmp_path, capsys):
+    from peg_detr.__main__ import main as cli
+    from peg_detr.models import build_detr
+
+    model, _, _ = build_detr("resnet18", "sine", num_classes=3, num_queries=3, hidden_dim=32, num_heads=2,
+                             enc_layers=1, dec_layers=1, dim_feedforward=32)  # fmt: skip
+    cats = [{"id": i, "name": n} for i, n in NAMES.items()]
+    for mode, want in (
+        ("contiguous", {"0": "square", "1": "disc", "2": "triangle"}),
+        ("ids", {"0": "LABEL_0", "1": "square", "2": "LABEL_2"}),  # ids: only category 1 fits 3 labels
+    ):
+        ckpt = tmp_path / f"{mode}.pth"
+        meta = {"categories": cats, "labels": LabelMap.from_categories(cats, mode).to_json()}
+        torch.save({"task": "detect", "model": model.state_dict(), "model_config": model.build_config,
+                    "meta": meta}, ckpt)  # fmt: skip
+        assert cli(["export-hf", str(ckpt), str(tmp_path / mode)]) == 0
+        assert json.loads((tmp_path / mode / "config.json").read_text())["id2label"] == want
