@@ -6,9 +6,11 @@
   label ``k`` is the ``k``-th category of the annotation file sorted by id, so COCO's ids
   ``1, 2, ..., 90`` (80 of them) become labels ``0..79``.
 
-A :class:`LabelMap` turns annotations into labels (the dataset) and predicted labels back into
-category ids (COCO results, ``predict``); a training checkpoint records it under
-``meta["labels"]`` (:meth:`LabelMap.to_json`), so eval, predict and export need no annotation file.
+A :class:`LabelMap` (re-exported by :mod:`peg_detr.data`; it needs torch only, so the model and
+weights modules read it without the COCO tools) turns annotations into labels (the dataset) and
+predicted labels back into category ids (COCO results, ``predict``); a training checkpoint records
+it under ``meta["labels"]`` (:meth:`LabelMap.to_json`), so eval, predict and export need no
+annotation file.
 :func:`match_label_names` says which mode a Hugging Face folder's ``id2label`` was trained with.
 """
 
@@ -82,7 +84,7 @@ class LabelMap:
         return [self.name(i) for i in range(num_labels)]
 
     def labels_of(self, category_ids: Tensor) -> Tensor:
-        """Annotation category ids ``(n,)`` int64 -> labels ``(n,)``; a ``KeyError`` for an unlisted id."""
+        """Annotation category ids ``(n,)`` int64 -> labels ``(n,)``; ``contiguous``: a ``KeyError`` for an unlisted id."""
         if self.mode == "ids":
             return category_ids
         index = self._label_by_id
