@@ -202,8 +202,17 @@ def _train(data: Path, out: Path, *flags: str) -> dict:
 
 @pytest.fixture(scope="module")
 def contiguous_run(data, tmp_path_factory):
+    """``--config rtdetr_r18vd_6x`` (no ``--labels``: the recipe's contiguous) shrunk to seconds on a CPU."""
+    from peg_detr.cli import train
+
     out = tmp_path_factory.mktemp("contiguous")
-    report = _train(data, out, "--labels", "contiguous", "--pos-enc", "sincos")
+    report = train([
+        "--config", "rtdetr_r18vd_6x", "--data-root", str(data), "--output-dir", str(out), "--backbone", "tiny",
+        "--hidden-dim", "32", "--num-heads", "2", "--dim-feedforward", "64", "--dec-layers", "2",
+        "--num-queries", "20", "--num-denoising", "10", "--total-batch-size", "4", "--warmup-steps", "10",
+        "--ema-decay", "0.99", "--ema-warmups", "20", "--lr", "5e-4", "--lr-backbone", "5e-4", "--epochs", "1",
+        "--eval-every", "0", "--workers", "0", "--device", "cpu", "--no-progress", "--seed", "3", *SMALL_RUN,
+    ])  # fmt: skip
     return out, report
 
 
@@ -335,3 +344,32 @@ def test_export_hf_of_a_contiguous_detr_names_its_labels(tmp_path, capsys):
                     "meta": meta}, ckpt)  # fmt: skip
         assert cli(["export-hf", str(ckpt), str(tmp_path / mode)]) == 0
         assert json.loads((tmp_path / mode / "config.json").read_text())["id2label"] == want
+
+
+class _Printer:
+    """The part of a RunContext resolve_label_map uses: ``print``, collected."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def print(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_a_resumed_run_keeps_its_checkpoints_mode(tmp_path):
+    import argparse
+
+    from peg_detr.task import resolve_label_map
+
+    cats = [{"id": i, "name": n} for i, n in NAMES.items()]
+    ann = tmp_path / "instances_train2017.json"
+    args = argparse.Namespace(labels="ids", num_classes=None, init=None, arch="rtdetr")
+    ckpt = {"meta": {"labels": LabelMap.from_categories(cats, "contiguous").to_json()}}
+    printer = _Printer()
+    label_map, num_classes = resolve_label_map(args, cats, ann, ckpt, printer)
+    assert (label_map.mode, num_classes) == ("contiguous", 3)
+    assert printer.lines == ["--num-classes not given: using 3 (categories in instances_train2017.json)"]
+    old = {"meta": {"categories": cats}}  # written before meta["labels"]: ids
+    args.labels = "contiguous"
+    assert resolve_label_map(args, cats, ann, old, printer)[0].mode == "ids"
+    assert resolve_label_map(args, cats, ann, None, printer) == (label_map, 3)  # a new run: the flag
