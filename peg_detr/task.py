@@ -395,9 +395,10 @@ def rtdetr_stop_epoch(args: argparse.Namespace) -> int | None:
 
 
 def _train_set(
-    args: argparse.Namespace, img_dir: Path, annotations: CocoAnnotations, label_map: LabelMap
-) -> CocoDetr:
-    """The augmented training split (``annotations``: its checked annotation file)."""
+    args: argparse.Namespace, label_map: LabelMap | None = None, annotations: CocoAnnotations | None = None
+) -> tuple[CocoDetr, Path]:
+    """The augmented training split and its annotation file (``annotations``: that file already read)."""
+    img_dir, ann = _split_paths(args.data_root, "train", args.train_json)
     stop = rtdetr_stop_epoch(args)
     if _arch(args) == "rtdetr":  # square at --val-size; the collate draws the batch's side
         transforms = make_rtdetr_train_transforms(args.val_size)
@@ -411,7 +412,7 @@ def _train_set(
             crop_resize=args.crop_resize or None,
             crop_size=tuple(args.crop_size),
         )
-    return CocoDetr(img_dir, annotations, transforms, label_map)
+    return CocoDetr(img_dir, annotations or load_coco_annotations(ann), transforms, label_map), ann
 
 
 def _train_loader(
@@ -517,10 +518,10 @@ class DetectTask:
             if path is not None and not found(path):
                 raise UserError(f"{flag} file not found", path)
         batch = per_process_batch(args, ctx.dist.world_size)
-        img_dir, ann = _split_paths(args.data_root, "train", args.train_json)
+        ann = _split_paths(args.data_root, "train", args.train_json)[1]
         annotations = load_coco_annotations(ann)
         label_map, num_classes = resolve_label_map(args, annotations.categories, ann, ckpt, ctx)
-        train_ds = _train_set(args, img_dir, annotations, label_map)
+        train_ds, _ = _train_set(args, label_map, annotations)
         if len(train_ds) < batch * ctx.dist.world_size:
             raise UserError(
                 f"{len(train_ds)} training images are fewer than one batch ({batch} per process)", ann
