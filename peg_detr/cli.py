@@ -55,7 +55,7 @@ from peg_core.engine import (
 )
 
 from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, RTDETR_DEFAULTS
-from .data import SHAPES
+from .data import LABEL_MODES, SHAPES
 from .evaluation import BACKENDS
 from .make_data import write_shapes_coco
 from .model import ARCHS
@@ -191,7 +191,17 @@ def _add_train_data_args(p: argparse.ArgumentParser) -> None:
     """The training split, its augmentation and the batch over all processes."""
     g = p.add_argument_group("training data")
     g.add_argument("--train-json", help="training json (default annotations/instances_train2017.json)")
-    g.add_argument("--num-classes", type=positive_int, help="classifier size; default: max category id + 1")
+    g.add_argument(
+        "--labels",
+        choices=LABEL_MODES,
+        help="ids: label = COCO category id (DETR, the default); contiguous: label k = k-th category by id "
+        "(RT-DETR's recipes; 80 for COCO); a Hugging Face --init folder whose id2label names match decides",
+    )
+    g.add_argument(
+        "--num-classes",
+        type=positive_int,
+        help="classifier size; default: max category id + 1 (--labels ids) or the category count (contiguous)",
+    )
     # dest train_scales: the engine reads args.train_sizes as its per-batch resize recipe, which DETR
     # does not use (its transforms draw a short side per image); old checkpoints' args say train_scales
     g.add_argument(

@@ -18,6 +18,9 @@ Published COCO val2017 box AP the reproductions compare to:
   (lyuwenyu/RT-DETR README); ``*_peg`` are the same recipes with a PEG in AIFI (no published number).
 * ``rtdetr_demo_tiny``: RT-DETR with the tiny backbone on the synthetic shapes, seconds on a CPU.
 
+The RT-DETR recipes train ``--labels contiguous`` (label k = the k-th category by id, 80 for COCO),
+as lyuwenyu/RT-DETR does; DETR's and ``rtdetr_demo_tiny`` use the category ids as labels.
+
 :data:`DEFAULTS` are the ``train`` defaults without a recipe (DETR's recipe); keys are argparse
 destinations (``train_scales`` is ``--train-sizes``).
 """
@@ -131,6 +134,8 @@ _RTDETR_6X: dict[str, Any] = {
     "clip_max_norm": 0.1,
     "ema_decay": 0.9999,
     "ema_warmups": 2000,
+    # label k = the k-th category by id (80 for COCO), as RT-DETR trains (remap_mscoco_category)
+    "labels": "contiguous",
     # RT-DETR's 6x recipe augments every epoch (rtdetr_pytorch's Compose has no policy); the
     # stop_epoch policy, 71 of 72 epochs, came with RT-DETRv2 (--no-aug-epochs 1 gives it).
     "no_aug_epochs": 0,
@@ -177,6 +182,8 @@ CONFIGS.update(
             "ema_decay": 0.99,
             "ema_warmups": 20,
             "eval_every": 0,
+            # category ids as labels: the demo's (README) numbers were measured with them
+            "labels": "ids",
         },
     }
 )
@@ -189,7 +196,7 @@ DEFAULTS: dict[str, Any] = {
     "epochs": 300, "lr": 1e-4, "lr_backbone": 1e-5, "weight_decay": 1e-4, "lr_drop": 200, "clip_max_norm": 0.1,
     "total_batch_size": 2, "train_scales": "480,512,544,576,608,640,672,704,736,768,800", "max_size": 1333,
     "crop_resize": "400,500,600", "crop_size": "384,600", "val_size": 800, "backbone": "resnet50",
-    "pos_enc": "peg", "num_queries": 100,
+    "pos_enc": "peg", "num_queries": 100, "labels": "ids",
 }  # fmt: skip
 
 #: one line per recipe for ``python -m peg_detr configs``

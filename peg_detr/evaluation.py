@@ -34,6 +34,7 @@ from peg_core.engine import RunContext
 from peg_core.engine.distributed import all_gather_object, is_main_process
 from peg_core.errors import require
 
+from .labels import LabelMap
 from .structures import to_float
 
 # Required dependencies of peg-detr: a broken installation says which package to install.
@@ -84,20 +85,25 @@ def faster_ground_truth(coco_gt: COCO | faster_coco_eval.COCO) -> faster_coco_ev
         return faster_coco_eval.COCO(dataset, use_deepcopy=False)
 
 
-def to_coco_results(predictions: Mapping[int, Mapping[str, Tensor]]) -> list[dict[str, Any]]:
+def to_coco_results(
+    predictions: Mapping[int, Mapping[str, Tensor]], label_map: LabelMap | None = None
+) -> list[dict[str, Any]]:
     """``{image_id: {"scores" (n,), "labels" (n,), "boxes" (n, 4) xyxy abs}}`` -> COCO results list.
 
-    Labels are used as category ids (DETR's convention).  Boxes become
-    ``[x, y, w, h]`` floats.
+    ``label_map`` turns labels into category ids; without one labels are the category ids
+    (DETR's convention).  A contiguous label past the last category has none and is left out.
+    Boxes become ``[x, y, w, h]`` floats.
     """
     results: list[dict[str, Any]] = []
     for image_id, pred in predictions.items():
         boxes = box_convert(pred["boxes"].detach().float().cpu().reshape(-1, 4), "xyxy", "xywh").tolist()
         scores = pred["scores"].detach().float().cpu().tolist()
-        labels = pred["labels"].detach().cpu().tolist()
+        labels = pred["labels"].detach().cpu()
+        ids = (labels if label_map is None else label_map.category_ids_of(labels)).tolist()
         results.extend(
             {"image_id": int(image_id), "category_id": int(c), "bbox": b, "score": float(s)}
-            for b, s, c in zip(boxes, scores, labels)
+            for b, s, c in zip(boxes, scores, ids)
+            if label_map is None or c >= 0
         )
     return results
 
@@ -160,13 +166,15 @@ class CocoEvaluator:
     Args:
         coco_gt: the ground truth (``dataset.coco`` of a :class:`~peg_detr.data.CocoDetr`).
         backend: ``"faster"`` (faster-coco-eval, default) or ``"pycocotools"`` (reference).
+        label_map: predicted labels -> category ids (default: labels are the ids).
     """
 
-    def __init__(self, coco_gt: COCO, backend: Backend = "faster") -> None:
+    def __init__(self, coco_gt: COCO, backend: Backend = "faster", label_map: LabelMap | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown COCO evaluation backend {backend!r} (expected one of {BACKENDS})")
         self.coco_gt = coco_gt
         self.backend = backend
+        self.label_map = label_map
         self._faster_gt: faster_coco_eval.COCO | None = None  # built on first use, reused
         self.predictions: dict[int, dict[str, Tensor]] = {}
         self.evaluated_ids: list[int] = []  #: image ids of the last summarize (all ranks)
@@ -179,7 +187,8 @@ class CocoEvaluator:
     def gather(self) -> tuple[list[dict[str, Any]], list[int]]:
         """COCO results and image ids of all processes, one entry per image id."""
         merged: dict[int, list[dict[str, Any]]] = {}
-        for part in all_gather_object({i: to_coco_results({i: p}) for i, p in self.predictions.items()}):
+        mine = {i: to_coco_results({i: p}, self.label_map) for i, p in self.predictions.items()}
+        for part in all_gather_object(mine):
             merged.update(part)  # a padded duplicate carries the same image, same detections
         image_ids = sorted(merged)
         return [r for i in image_ids for r in merged[i]], image_ids
@@ -218,16 +227,18 @@ def evaluate_coco(
     split: str,
     total: int,
     backend: Backend = "faster",
+    label_map: LabelMap | None = None,
 ) -> dict[str, float]:
     """COCO bbox numbers of ``model`` on ``loader`` (merged over ranks), plus ``images``: how many were evaluated.
 
     ``loader`` yields :class:`~peg_core.engine.SampleBatch` es of ``(ImageBatch, targets)``; broken
     images are logged under ``split`` by ``ctx.batches`` and left out of the evaluation.  Boxes are
     rescaled to each image's ``orig_size``, so the numbers do not depend on the evaluation
-    resolution's coordinate frame.  ``backend`` picks the COCO evaluation code (same numbers).
+    resolution's coordinate frame.  ``backend`` picks the COCO evaluation code (same numbers);
+    ``label_map`` turns the predicted labels into category ids (default: they are the ids).
     """
     model.eval()
-    evaluator = CocoEvaluator(coco_gt, backend)
+    evaluator = CocoEvaluator(coco_gt, backend, label_map)
     for samples, targets in ctx.batches(loader, split, total=total):
         with ctx.autocast():
             outputs = model(samples.to(ctx.device))

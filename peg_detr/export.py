@@ -12,7 +12,8 @@ position encoding (``peg``, ``sine``, ``learned``, ``sincos``, ``none``)
 computes its codes from the input's grid inside the graph, and a learned table
 is resized to it there.  ``--height/--width`` only set the example input the
 graph is traced with.  The checkpoint's categories are stored in the model's
-metadata (``peg_categories``, JSON).
+metadata (``peg_categories``, JSON), and which category each logit stands for in
+``peg_labels`` (``{"mode", "labels": [{"label", "id", "name"}]}``: ``--labels``).
 
 An RT-DETR checkpoint (``--arch rtdetr``) exports the same way: inputs in ``[0, 1]`` (RT-DETR's
 pipeline does not normalise), ``pred_logits`` ``(B, Q, K)`` sigmoid logits (no no-object class),
@@ -37,6 +38,7 @@ from torch import Tensor, nn
 from peg_core.engine import UserError, image_side, new_parser
 from peg_core.export.onnx import add_export_args, check_output_path, compare_onnxruntime, export_onnx
 
+from .labels import LabelMap
 from .model import load_model
 from .models.rtdetr import fuse_for_deploy, fusion_stats
 
@@ -116,7 +118,11 @@ def main(argv: list[str]) -> int:
             3: dim("width", min=least, max=8192),
         },
     )
-    metadata = {"peg_task": "detect", "peg_categories": json.dumps(meta.get("categories", []))}
+    metadata = {
+        "peg_task": "detect",
+        "peg_categories": json.dumps(meta.get("categories", [])),
+        "peg_labels": json.dumps(LabelMap.from_meta(meta).to_json()),  # label -> category id, name
+    }
     export_onnx(
         wrapper, example, args.out, dynamic, "images", ["pred_logits", "pred_boxes"], args.opset, metadata
     )

@@ -52,6 +52,8 @@ from peg_core.errors import require
 from peg_core.interop.hf_folder import read_hf_config, read_hf_weights
 from peg_core.interop.io import WeightsError, read_state_file, strip_prefixes, write_state_file
 
+from .labels import LabelMap
+
 __all__ = [
     "export_hf",
     "hf_to_official",
@@ -250,10 +252,13 @@ def official_to_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def _hf_config(cfg: dict[str, Any], categories: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """``config.json`` of a ``DetrForObjectDetection`` with the shapes of a ``peg_detr`` ``sine`` model."""
-    names = {int(c["id"]): str(c.get("name", c["id"])) for c in categories or [] if "id" in c}
-    id2label = {str(i): names.get(i, f"LABEL_{i}") for i in range(int(cfg["num_classes"]))}
+def _hf_config(cfg: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """``config.json`` of a ``DetrForObjectDetection`` with the shapes of a ``peg_detr`` ``sine`` model.
+
+    ``names[label]``: the category name of each of the ``num_classes`` labels (``""``: none, written
+    ``LABEL_i``).
+    """
+    id2label = {str(i): names[i] or f"LABEL_{i}" for i in range(int(cfg["num_classes"]))}
     return {
         "architectures": ["DetrForObjectDetection"],
         "model_type": "detr",
@@ -313,7 +318,11 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path
     out = Path(out_dir)
     ensure_writable(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(_hf_config(cfg, meta.get("categories")), indent=2) + "\n")
+    try:
+        names = LabelMap.from_meta(meta).names(int(cfg["num_classes"]))  # the run's --labels
+    except ValueError as e:
+        raise UserError(f"checkpoint's label map is malformed ({e})", checkpoint) from None
+    (out / "config.json").write_text(json.dumps(_hf_config(cfg, names), indent=2) + "\n")
     write_state_file(hf_state, out / "model.safetensors", metadata={"format": "pt"})
     return out
 

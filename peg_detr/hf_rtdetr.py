@@ -41,6 +41,7 @@ from .models.rtdetr.model import RTDETR
 __all__ = [
     "export_hf_rtdetr",
     "from_hf",
+    "hf_label_names",
     "hf_num_labels",
     "rtdetr_from_hf_config",
     "rtdetr_hf_config",
@@ -103,6 +104,28 @@ def hf_num_labels(config: dict[str, Any]) -> int:
     if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
         raise ValueError(f"config.json's num_labels must be a positive integer; got {num_labels!r}")
     return num_labels
+
+
+def hf_label_names(config: dict[str, Any]) -> list[str] | None:
+    """``names[label]`` of a config.json's ``id2label`` (keys ``"0"`` .. ``"n-1"``); None without one.
+
+    A ValueError when the keys are not the labels ``0 .. n-1``.
+    """
+    id2label = config.get("id2label")
+    if id2label is None:
+        return None
+    hf_num_labels(config)  # a non-empty object
+    try:
+        by_label = {int(k): str(v) for k, v in id2label.items()}
+    except ValueError:
+        raise ValueError(
+            f"config.json's id2label keys must be integers; got {sorted(id2label)[:5]}"
+        ) from None
+    if sorted(by_label) != list(range(len(by_label))):
+        raise ValueError(
+            f"config.json's id2label keys must be 0..{len(by_label) - 1}; got {sorted(by_label)[:5]}..."
+        )
+    return [by_label[k] for k in range(len(by_label))]
 
 
 # The encoder proposals' classifier, ``(num_labels, d_model)``; every decoder layer's has the same width.
@@ -325,10 +348,12 @@ def export_hf_rtdetr(model_or_checkpoint: RTDETR | str | os.PathLike, out_dir: s
         raise ValueError(
             f"{source}: pos_enc {model.encoder.pos_enc!r} cannot be exported; transformers' RT-DETR has only 'sincos'"
         )
-    # a model from a folder goes back with that folder's config; any other is described from its modules
-    hf_config = (
-        cfg["hf_config"] if isinstance(cfg.get("hf_config"), dict) else rtdetr_hf_config(model, id2label)
-    )
+    # a model from a folder goes back with that folder's config (and the run's class names, when a
+    # checkpoint records them); any other is described from its modules
+    if isinstance(cfg.get("hf_config"), dict):
+        hf_config = _with_label_names(cfg["hf_config"], id2label, model.num_classes)
+    else:
+        hf_config = rtdetr_hf_config(model, id2label)
     state = {}
     for key, value in model.state_dict().items():
         hf = rtdetr_ours_to_hf(key)
@@ -341,6 +366,15 @@ def export_hf_rtdetr(model_or_checkpoint: RTDETR | str | os.PathLike, out_dir: s
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     write_state_file(state, out / "model.safetensors", metadata={"format": "pt"})
     return out
+
+
+def _with_label_names(config: dict[str, Any], names: dict[int, str], num_classes: int) -> dict[str, Any]:
+    """``config`` with ``id2label`` / ``label2id`` naming label ``i`` ``names[i]`` (else the config's own name)."""
+    if not names:
+        return config
+    own = config.get("id2label") or {}
+    id2label = {str(i): names.get(i) or own.get(str(i)) or f"LABEL_{i}" for i in range(num_classes)}
+    return {**config, "id2label": id2label, "label2id": {n: int(i) for i, n in id2label.items()}}
 
 
 def _resolve_model(model_or_checkpoint: RTDETR | str | os.PathLike) -> tuple[RTDETR, str, dict[int, str]]:

@@ -3,7 +3,8 @@
 A training checkpoint stores ``model_config`` (``arch`` and every keyword of
 :func:`~peg_detr.build_detr` but the backbone weights file, as recorded by the
 builder) and ``meta`` (``categories``, ``num_classes``, ``val_size``, ...), so
-``eval`` and ``predict`` rebuild exactly the trained model without the run's flags.
+``eval`` and ``predict`` rebuild exactly the trained model without the run's flags; ``meta["labels"]``
+records which category each label stands for (:class:`~peg_detr.data.LabelMap`).
 Configs written before the shared vocabulary (``nheads``) are read with today's names.
 ``arch`` picks the builder (:data:`ARCHS`: ``detr``, ``rtdetr``); a checkpoint trained with a weight
 EMA (RT-DETR) holds the live weights under ``model.`` and the average under ``ema.module.``:
@@ -24,6 +25,7 @@ from torch import nn
 from peg_core.engine import LoadedModel, UserError, checkpoint_and_where, load_model_state, read_state_file
 from peg_core.engine.cli import peg_kwargs
 
+from .labels import LabelMap
 from .models import build_detr
 from .models.rtdetr.build import build_rtdetr, rtdetr_training_parts
 
@@ -148,9 +150,11 @@ def load_model(
             ``pos_interpolation="nearest"`` (``eval --pos-interpolation``); ``None`` values are ignored.
 
     Returns:
-        A :class:`~peg_core.engine.LoadedModel` whose ``classes[i]`` is the name of category id ``i``
-        (``""`` for an id the data set does not use: COCO's ids are sparse) and whose ``postprocess``
-        turns the model's outputs into boxes in pixels.
+        A :class:`~peg_core.engine.LoadedModel` whose ``classes[i]`` is the category name of label
+        ``i`` (the run's :class:`~peg_detr.data.LabelMap`, ``meta["labels"]``: with ``ids`` the name
+        of category id ``i``, ``""`` for an id the data set does not use, COCO's ids being sparse;
+        with ``contiguous`` the ``i``-th category's) and whose ``postprocess`` turns the model's
+        outputs into boxes in pixels.
     """
     ckpt, where = checkpoint_and_where(checkpoint, where, "detect")
     config = ckpt.get("model_config")
@@ -164,7 +168,9 @@ def load_model(
         model, _, postprocessor = build_model(config, where)
     load_model_state(model, eval_state_dict(ckpt["model"]), where)
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
-    names = {int(c["id"]): str(c["name"]) for c in meta.get("categories", []) if isinstance(c, dict)}
-    classes = [names.get(i, "") for i in range(int(config["num_classes"]))]
+    try:
+        classes = LabelMap.from_meta(meta).names(int(config["num_classes"]))
+    except ValueError as e:  # a meta["labels"] that is not one
+        raise UserError(f"checkpoint's label map is malformed ({e})", where) from None
     args = ckpt.get("args") if isinstance(ckpt.get("args"), dict) else {}
     return LoadedModel(model.eval(), config, classes, meta, dict(args), postprocessor)

@@ -35,7 +35,14 @@ from peg_core.engine import BrokenLog, BrokenSample, UserError, done_line, print
 from peg_core.engine.predictor import FilePredictor
 from peg_core.engine.predictor import Prediction as _Base
 
-from .data import RTDETR_SIZE, make_rtdetr_val_transforms, make_val_transforms, read_rgb, scaled_max_size
+from .data import (
+    RTDETR_SIZE,
+    LabelMap,
+    make_rtdetr_val_transforms,
+    make_val_transforms,
+    read_rgb,
+    scaled_max_size,
+)
 from .model import load_model
 
 __all__ = ["MIN_CANVAS", "Detection", "Prediction", "Predictor", "draw_detections", "predict_images"]
@@ -50,7 +57,11 @@ PALETTE = ((255, 214, 0), (0, 200, 255), (255, 96, 160), (120, 230, 90), (255, 1
 
 @dataclass
 class Detection:
-    """One detected object: category id, its name, score and box ``[x0, y0, x1, y1]`` in input pixels."""
+    """One detected object: category id, its name, score and box ``[x0, y0, x1, y1]`` in input pixels.
+
+    ``label`` is the annotation file's category id whatever the run's ``--labels`` (a
+    ``contiguous`` model's label is mapped back through the checkpoint's label map).
+    """
 
     label: int
     name: str
@@ -102,7 +113,8 @@ class Predictor(FilePredictor):
         model, self.postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
         self.device = torch.device(device)
         self.model: nn.Module = model.to(self.device).eval()
-        self.names = {int(c["id"]): str(c["name"]) for c in meta.get("categories", [])}
+        # label -> category id and name (the run's --labels); detections carry the category ids
+        self.label_map = LabelMap.from_meta(meta)
         self.threshold = threshold
         self.arch = str(loaded.config.get("arch", "detr"))
         self.transform = _input_transform(self.arch, size or _run_val_size(meta, loaded.args, self.arch))
@@ -133,12 +145,16 @@ class Predictor(FilePredictor):
         return Prediction(path, skipped=reason)
 
     def label_name(self, label: int) -> str:
-        return self.names.get(label, str(label))
+        """The category name of a predicted ``label`` (its number when no category has it)."""
+        return self.label_map.name(label) or str(label)
 
     def _prediction(self, path: str | None, det: dict[str, Tensor]) -> Prediction:
+        # a contiguous label past the last category (a larger --num-classes) has no category: left out
+        ids = self.label_map.category_ids_of(det["labels"])
         found = [
-            Detection(int(lb), self.label_name(int(lb)), float(s), b.tolist())
-            for lb, s, b in zip(det["labels"], det["scores"], det["boxes"])
+            Detection(int(c), self.label_name(int(lb)), float(s), b.tolist())
+            for lb, c, s, b in zip(det["labels"], ids, det["scores"], det["boxes"])
+            if c >= 0
         ]
         return Prediction(path, detections=found)
 

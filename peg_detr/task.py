@@ -37,10 +37,13 @@ from peg_core.engine import (
     param_groups,
     skipping_collate,
 )
+from peg_core.interop.hf_folder import read_hf_config
 from peg_core.interop.io import WeightsError
 
 from .data import (
+    CocoAnnotations,
     CocoDetr,
+    LabelMap,
     MultiScaleCollate,
     StopEpochTransforms,
     collate_detr,
@@ -50,6 +53,7 @@ from .data import (
     make_rtdetr_val_transforms,
     make_train_transforms,
     make_val_transforms,
+    match_label_names,
     resolve_coco_paths,
     scaled_max_size,
 )
@@ -65,6 +69,7 @@ __all__ = [
     "EmaModel",
     "ValSets",
     "optimizer_groups",
+    "resolve_label_map",
     "run_args",
     "warmup_ema_decay",
     "warmup_step_lr",
@@ -195,13 +200,77 @@ def _split_paths(data_root: Path, split: str, ann_json: str | None) -> tuple[Pat
 
 
 def _check_categories(val: ValSets, num_classes: int) -> None:
-    too_large = [c["id"] for c in val.categories if c["id"] >= num_classes]
+    """Every validation category has a label of the ``num_classes``-way classifier (a UserError otherwise)."""
+    if val.label_map.mode == "contiguous":
+        too_large = val.label_map.check_fits(num_classes)
+        why = f"--labels contiguous has {len(val.label_map.categories)} labels"
+    else:
+        too_large = [c["id"] for c in val.categories if c["id"] >= num_classes]
+        why = "labels are category ids"
     if too_large:
         raise UserError(
             f"validation category ids {too_large[:5]} do not fit the model's {num_classes} classes "
-            "(labels are category ids; pass a larger --num-classes)",
+            f"({why}; pass a larger --num-classes)",
             val.ann_path,
         )
+
+
+def _folder_labels(
+    args: argparse.Namespace, ckpt: dict[str, Any] | None
+) -> tuple[list[str] | None, int] | None:
+    """``(id2label names or None, class count)`` of a Hugging Face ``--init`` folder; None without one or on resume."""
+    init = getattr(args, "init", None)
+    if ckpt is not None or init is None or not (Path(init) / "config.json").is_file():
+        return None
+    from .hf_rtdetr import hf_label_names, hf_num_labels
+
+    try:
+        config = read_hf_config(init)
+        return hf_label_names(config), hf_num_labels(config)
+    except WeightsError as e:
+        raise UserError(e.what, e.where) from e
+    except ValueError as e:
+        raise UserError(f"invalid Hugging Face folder ({e})", init) from None
+
+
+def resolve_label_map(
+    args: argparse.Namespace,
+    categories: list[dict[str, Any]],
+    ann: Path,
+    ckpt: dict[str, Any] | None,
+    ctx: RunContext,
+) -> tuple[LabelMap, int]:
+    """The run's :class:`LabelMap` of the training ``categories`` and its classifier size.
+
+    The mode is ``--labels`` (a resumed run: its checkpoint's); a Hugging Face ``--init`` folder
+    whose ``id2label`` names are the categories' (case-insensitive; in id order: ``contiguous``,
+    at their ids: ``ids``) decides it instead, said in one line.  ``--num-classes`` defaults to
+    the map's size.  An RT-DETR folder fixes the classifier: another class count is a UserError.
+    """
+    mode = getattr(args, "labels", None) or "ids"
+    if ckpt is not None:  # written before meta["labels"]: ids, the only mode there was
+        mode = LabelMap.from_meta(ckpt.get("meta") or {}).mode
+    folder = _folder_labels(args, ckpt)
+    found = match_label_names(folder[0], categories) if folder and folder[0] else None
+    if found is not None:
+        ctx.print(
+            f"--init {args.init}: its {folder[1]} label names are the categories of {ann.name}: --labels {found}"
+        )
+        mode = found
+    label_map = LabelMap.from_categories(categories, mode)
+    num_classes = args.num_classes
+    if num_classes is None:
+        num_classes = infer_num_classes(categories, ann, mode)
+        what = f"max category id in {ann.name} + 1" if mode == "ids" else f"categories in {ann.name}"
+        ctx.print(f"--num-classes not given: using {num_classes} ({what})")
+    if folder is not None and _arch(args) == "rtdetr" and folder[1] != num_classes:
+        why = "its id2label names are not" if folder[0] else "it has no id2label to match"
+        raise UserError(
+            f"the folder's model has {folder[1]} classes, the data {num_classes} (--labels {mode}); "
+            f"{why} the {len(categories)} category names of {ann.name}",
+            args.init,
+        )
+    return label_map, num_classes
 
 
 def per_process_batch(args: argparse.Namespace, world_size: int) -> int:
@@ -238,13 +307,18 @@ class ValSets:
         val_size: int,
         backend: str = "faster",
         arch: str = "detr",
+        label_map: LabelMap | None = None,
     ) -> None:
         self.backend = backend  # COCO evaluation backend (peg_detr.evaluation.BACKENDS)
         img_dir, self.ann_path = _split_paths(data_root, "val", val_json)
         annotations = load_coco_annotations(self.ann_path)
         self.categories = annotations.categories
+        # the run's labels (those of the training categories); predictions go back to category ids
+        self.label_map = label_map or LabelMap.from_categories(self.categories, "ids")
         self.headline = val_size if val_size in sizes else sizes[0]
-        self.sets = {s: CocoDetr(img_dir, annotations, _val_transforms(arch, s)) for s in sizes}
+        self.sets = {
+            s: CocoDetr(img_dir, annotations, _val_transforms(arch, s), self.label_map) for s in sizes
+        }
 
     def evaluate(
         self, model: nn.Module, postprocessor: nn.Module, ctx: RunContext, batch_size: int, workers: int
@@ -260,7 +334,7 @@ class ValSets:
             )  # fmt: skip
             split = "val" if size == self.headline else f"val_{size}"
             table[str(size)] = evaluate_coco(
-                model, postprocessor, loader, ds.coco, ctx, split, len(ds), self.backend
+                model, postprocessor, loader, ds.coco, ctx, split, len(ds), self.backend, self.label_map
             )
         head = table[str(self.headline)]
         excluded = len(self.sets[self.headline]) - int(head["images"])
@@ -320,8 +394,10 @@ def rtdetr_stop_epoch(args: argparse.Namespace) -> int | None:
     return max(args.epochs - n, 0)
 
 
-def _train_set(args: argparse.Namespace) -> tuple[CocoDetr, Path]:
-    """The augmented training split and its (checked) annotation file."""
+def _train_set(
+    args: argparse.Namespace, label_map: LabelMap | None = None, annotations: CocoAnnotations | None = None
+) -> tuple[CocoDetr, Path]:
+    """The augmented training split and its annotation file (``annotations``: that file already read)."""
     img_dir, ann = _split_paths(args.data_root, "train", args.train_json)
     stop = rtdetr_stop_epoch(args)
     if _arch(args) == "rtdetr":  # square at --val-size; the collate draws the batch's side
@@ -336,7 +412,7 @@ def _train_set(args: argparse.Namespace) -> tuple[CocoDetr, Path]:
             crop_resize=args.crop_resize or None,
             crop_size=tuple(args.crop_size),
         )
-    return CocoDetr(img_dir, load_coco_annotations(ann), transforms), ann
+    return CocoDetr(img_dir, annotations or load_coco_annotations(ann), transforms, label_map), ann
 
 
 def _train_loader(
@@ -400,12 +476,6 @@ def _rtdetr_from_hf(
         raise UserError(f"invalid Hugging Face folder ({e})", args.init) from None
     if not isinstance(model, RTDETR):
         raise UserError("the folder holds a DETR, not an RT-DETR; use --arch detr", args.init)
-    if model.num_classes != num_classes:
-        raise UserError(
-            f"the folder's model has {model.num_classes} classes, the data {num_classes}; "
-            f"pass --num-classes {model.num_classes} (labels are category ids)",
-            args.init,
-        )
     ctx.print(f"--init {args.init}: {str(report).splitlines()[0]}")
     # num_classes too: eval / predict read it from every detector's model_config
     model.build_config = {"arch": "rtdetr", **model.build_config, "num_classes": model.num_classes}
@@ -448,19 +518,18 @@ class DetectTask:
             if path is not None and not found(path):
                 raise UserError(f"{flag} file not found", path)
         batch = per_process_batch(args, ctx.dist.world_size)
-        train_ds, ann = _train_set(args)
+        ann = _split_paths(args.data_root, "train", args.train_json)[1]
+        annotations = load_coco_annotations(ann)
+        label_map, num_classes = resolve_label_map(args, annotations.categories, ann, ckpt, ctx)
+        train_ds, _ = _train_set(args, label_map, annotations)
         if len(train_ds) < batch * ctx.dist.world_size:
             raise UserError(
                 f"{len(train_ds)} training images are fewer than one batch ({batch} per process)", ann
             )
         val = ValSets(
             args.data_root, args.val_json, args.eval_sizes or [args.val_size], args.val_size,
-            getattr(args, "coco_eval_backend", "faster"), _arch(args),
+            getattr(args, "coco_eval_backend", "faster"), _arch(args), label_map,
         )  # fmt: skip
-        num_classes = args.num_classes
-        if num_classes is None:
-            num_classes = infer_num_classes(train_ds.categories, ann)
-            ctx.print(f"--num-classes not given: using {num_classes} (max category id in {ann.name} + 1)")
         _check_categories(val, num_classes)
 
         model, criterion, postprocessor = _init_model(args, num_classes, ckpt, ctx)
@@ -488,6 +557,7 @@ class DetectTask:
             model_config=dict(model.build_config),
             meta=dict(
                 categories=train_ds.categories,
+                labels=label_map.to_json(),  # label -> category id and name, for eval / predict / export
                 num_classes=num_classes,
                 val_size=args.val_size,
                 batch_size=batch,
@@ -512,6 +582,7 @@ class DetectTask:
         val = ValSets(
             data_root, val_json, args.eval_sizes or [val_size], val_size,
             getattr(args, "coco_eval_backend", "faster"), loaded.config.get("arch", "detr"),
+            LabelMap.from_meta(meta),
         )  # fmt: skip
         _check_categories(val, int(ckpt["model_config"]["num_classes"]))
         model.to(ctx.device)

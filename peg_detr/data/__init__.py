@@ -2,6 +2,7 @@
 
 from .annotations import CocoAnnotations, load_coco_annotations
 from .coco import CocoDetr, collate_detr, infer_num_classes, read_rgb, resolve_coco_paths
+from ..labels import LABEL_MODES, LabelMap, match_label_names
 from .synthetic import SHAPES, SyntheticSpec, make_synthetic_coco
 from .transforms import (
     IMAGENET_MEAN,
@@ -22,11 +23,13 @@ from .transforms import (
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "LABEL_MODES",
     "RTDETR_SIZE",
     "RTDETR_TRAIN_SIZES",
     "SHAPES",
     "CocoAnnotations",
     "CocoDetr",
+    "LabelMap",
     "MultiScaleCollate",
     "RandomSizeCrop",
     "StopEpochTransforms",
@@ -39,6 +42,7 @@ __all__ = [
     "make_synthetic_coco",
     "make_train_transforms",
     "make_val_transforms",
+    "match_label_names",
     "read_rgb",
     "resolve_coco_paths",
     "scaled_max_size",

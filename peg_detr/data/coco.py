@@ -1,10 +1,12 @@
 """COCO-format detection data: images and checked annotations -> DETR targets.
 
 Any data set in COCO's json format works (COCO 2017, the synthetic shapes, your
-own).  Labels are the json's category ids, as in DETR, so the classifier has
-``max(category id) + 1`` outputs (91 for COCO) unless ``--num-classes`` says
-otherwise.  An image that cannot be used (missing or truncated file, not an
-image, a malformed annotation) raises :class:`~peg_core.engine.BrokenSample`.
+own).  By default labels are the json's category ids, as in DETR, so the classifier
+has ``max(category id) + 1`` outputs (91 for COCO) unless ``--num-classes`` says
+otherwise; with a ``contiguous`` :class:`~peg_detr.labels.LabelMap` (``--labels
+contiguous``, RT-DETR's) label ``k`` is the ``k``-th category by id (80 for COCO).  An
+image that cannot be used (missing or truncated file, not an image, a malformed
+annotation) raises :class:`~peg_core.engine.BrokenSample`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from peg_core.engine import BrokenSample, UserError
 
 from ..structures import ImageBatch, pad_images
 from .annotations import CocoAnnotations, load_coco_annotations
+from ..labels import LabelMap
 from .transforms import make_boxes, to_detr_target
 
 __all__ = ["CocoDetr", "collate_detr", "infer_num_classes", "read_rgb", "resolve_coco_paths"]
@@ -60,6 +63,7 @@ class CocoDetr(Dataset):
             the datasets of several evaluation sizes).
         transforms: a v2 transform called as ``transforms(image, target)`` with
             ``target["boxes"]`` a XYXY ``BoundingBoxes`` and ``target["labels"]``.
+        label_map: category ids -> labels (default: the ids themselves, DETR's convention).
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class CocoDetr(Dataset):
         root: str | os.PathLike,
         annotations: str | os.PathLike | CocoAnnotations,
         transforms: Callable | None = None,
+        label_map: LabelMap | None = None,
     ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
@@ -77,6 +82,16 @@ class CocoDetr(Dataset):
         self.coco = annotations.coco
         self.ids = sorted(self.coco.imgs)
         self.transforms = transforms
+        self.label_map = label_map or LabelMap.from_categories(annotations.categories, "ids")
+        unmapped = sorted(
+            {int(c["id"]) for c in annotations.categories} - {c for c, _ in self.label_map.categories}
+        )
+        if self.label_map.mode == "contiguous" and unmapped:
+            raise UserError(
+                f"categories {unmapped[:5]} are not among the {len(self.label_map.categories)} the labels map "
+                "(--labels contiguous maps the training categories)",
+                annotations.path,
+            )
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -93,7 +108,9 @@ class CocoDetr(Dataset):
         xyxy = torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], dim=1)
         target: dict[str, Any] = {
             "boxes": make_boxes(xyxy, (h, w)),
-            "labels": torch.tensor([a["category_id"] for a in kept], dtype=torch.int64),
+            "labels": self.label_map.labels_of(
+                torch.tensor([a["category_id"] for a in kept], dtype=torch.int64)
+            ),
             "image_id": torch.tensor(image_id),
             "orig_size": torch.tensor([h, w]),
         }
@@ -109,11 +126,11 @@ class CocoDetr(Dataset):
         return self.annotations.categories
 
 
-def infer_num_classes(categories: list[dict[str, Any]], source: Any = None) -> int:
-    """DETR's convention: one logit per category id up to the largest (ids used directly as labels)."""
+def infer_num_classes(categories: list[dict[str, Any]], source: Any = None, labels: str = "ids") -> int:
+    """The classifier size of ``categories``: ``max id + 1`` (``labels="ids"``, DETR's) or their count (``contiguous``)."""
     if not categories:
         raise UserError("the annotation file lists no categories; pass --num-classes", source)
-    return max(int(c["id"]) for c in categories) + 1
+    return LabelMap.from_categories(categories, labels).num_labels
 
 
 def resolve_coco_paths(

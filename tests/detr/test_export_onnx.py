@@ -57,6 +57,11 @@ def test_export_dynamic_sizes_match_pytorch(tmp_path, capsys, pos_enc):
     assert report["max_abs_diff"] <= 1e-4
     props = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
     assert json.loads(props["peg_categories"])[2]["name"] == "c2"
+    # a checkpoint without meta["labels"] (written before --labels): category ids are the labels
+    assert json.loads(props["peg_labels"]) == {
+        "mode": "ids",
+        "labels": [{"label": i, "id": i, "name": f"c{i}"} for i in range(3)],
+    }
 
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["images"]

@@ -1,0 +1,375 @@
+"""``--labels ids|contiguous``: the label map, the dataset, COCO evaluation and the recipes' defaults.
+
+Categories with gaps (ids 1, 3, 7, as COCO's 1..90 has gaps) map to labels 0, 1, 2 and back; COCO
+evaluation of the same detections gives the same numbers whichever labels the model used; the
+checkpoint records the map, so predict / export-hf need no annotation file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from peg_detr.cli import parse_train_args
+from peg_detr.data import (
+    CocoDetr,
+    LabelMap,
+    SyntheticSpec,
+    load_coco_annotations,
+    make_rtdetr_val_transforms,
+    make_synthetic_coco,
+    match_label_names,
+)
+from peg_detr.evaluation import BACKENDS, CocoEvaluator
+from peg_detr.model import load_model
+
+#: rtdetr_demo_tiny at 64 px only: one step of 4 images, seconds on a CPU
+SMALL_RUN = ("--train-sizes", "64", "--val-size", "64")
+#: the synthetic shapes' ids 1, 2, 3 rewritten with gaps
+GAP_IDS = {1: 1, 2: 3, 3: 7}
+NAMES = {1: "square", 3: "disc", 7: "triangle"}
+
+
+def _with_gaps(root: Path) -> Path:
+    """Rewrite the shapes set's category ids 1, 2, 3 as 1, 3, 7 in both splits (images untouched)."""
+    for split in ("train", "val"):
+        path = root / "annotations" / f"instances_{split}2017.json"
+        doc = json.loads(path.read_text())
+        doc["categories"] = [{**c, "id": GAP_IDS[c["id"]]} for c in doc["categories"]]
+        # listed out of order: the map sorts by id
+        doc["categories"].reverse()
+        for a in doc["annotations"]:
+            a["category_id"] = GAP_IDS[a["category_id"]]
+        path.write_text(json.dumps(doc))
+    return root
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=3, min_frac=0.3, max_frac=0.45)
+    root = make_synthetic_coco(tmp_path_factory.mktemp("gaps"), num_train=4, num_val=3, seed=2, spec=spec)
+    return _with_gaps(root)
+
+
+# ------------------------------------------------------------------------------------ the label map
+
+
+def test_contiguous_maps_ids_with_gaps_to_labels_and_back():
+    cats = [{"id": 7, "name": "triangle"}, {"id": 1, "name": "square"}, {"id": 3, "name": "disc"}]
+    contiguous = LabelMap.from_categories(cats, "contiguous")
+    assert contiguous.categories == ((1, "square"), (3, "disc"), (7, "triangle"))
+    assert contiguous.num_labels == 3
+    assert contiguous.labels_of(torch.tensor([7, 1, 3, 3])).tolist() == [2, 0, 1, 1]
+    # a label past the last category (a larger --num-classes) or negative has none: -1
+    assert contiguous.category_ids_of(torch.tensor([0, 1, 2, 3, -1])).tolist() == [1, 3, 7, -1, -1]
+    assert contiguous.names(4) == ["square", "disc", "triangle", ""]
+    assert [contiguous.category_id(k) for k in range(4)] == [1, 3, 7, None]
+    with pytest.raises(KeyError, match=r"\[2\]"):
+        contiguous.labels_of(torch.tensor([1, 2]))
+    ids = LabelMap.from_categories(cats, "ids")  # DETR's: labels are the ids
+    assert ids.num_labels == 8 and ids.labels_of(torch.tensor([7, 1])).tolist() == [7, 1]
+    assert ids.category_ids_of(torch.tensor([0, 7])).tolist() == [0, 7]
+    assert ids.names(8) == ["", "square", "", "disc", "", "", "", "triangle"]
+    assert (contiguous.check_fits(2), ids.check_fits(4), ids.check_fits(8)) == ([7], [7], [])
+
+
+def test_the_map_round_trips_through_json_and_old_checkpoints_read_as_ids():
+    cats = [{"id": 1, "name": "square"}, {"id": 3, "name": "disc"}, {"id": 7, "name": "triangle"}]
+    m = LabelMap.from_categories(cats, "contiguous")
+    doc = m.to_json()
+    assert doc == {"mode": "contiguous", "labels": [
+        {"label": 0, "id": 1, "name": "square"}, {"label": 1, "id": 3, "name": "disc"},
+        {"label": 2, "id": 7, "name": "triangle"}]}  # fmt: skip
+    assert LabelMap.from_json(json.loads(json.dumps(doc))) == m
+    assert LabelMap.from_meta({"labels": doc, "categories": []}) == m
+    old = LabelMap.from_meta({"categories": cats})  # a checkpoint written before meta["labels"]
+    assert old.mode == "ids" and old.names(4) == ["", "square", "", "disc"]
+    with pytest.raises(ValueError, match="not a label map"):
+        LabelMap.from_json({"mode": "contiguous", "labels": [3]})
+    with pytest.raises(ValueError, match="unknown label mode"):
+        LabelMap.from_categories(cats, "sparse")
+
+
+def test_folder_names_pick_the_mode_case_insensitively():
+    cats = [{"id": 1, "name": "person"}, {"id": 2, "name": "bicycle"}, {"id": 5, "name": "Airplane"}]
+    assert match_label_names(["Person", "bicycle", "airplane "], cats) == "contiguous"  # RT-DETR's 80
+    # DETR's folders: one name per id up to the largest, "N/A" in the gaps
+    assert match_label_names(["N/A", "person", "bicycle", "N/A", "N/A", "airplane"], cats) == "ids"
+    assert match_label_names(["LABEL_0", "LABEL_1", "LABEL_2"], cats) is None
+    assert match_label_names(["bicycle", "person", "airplane"], cats) is None  # another order
+    assert match_label_names(["person", "bicycle"], cats) is None
+
+
+def test_recipes_default_to_their_label_mode():
+    def labels(*flags: str) -> str:
+        return parse_train_args(["--data-root", "x", *flags]).labels
+
+    assert labels() == "ids" and labels("--config", "cpvt_peg_50ep") == "ids"  # DETR: category ids
+    for name in ("rtdetr_r18vd_6x", "rtdetr_r50vd_6x", "rtdetr_r18vd_6x_peg", "rtdetr_r50vd_6x_peg"):
+        assert labels("--config", name) == "contiguous", name
+    assert labels("--arch", "rtdetr") == "contiguous"  # rtdetr_r50vd_6x's values
+    assert labels("--config", "rtdetr_demo_tiny") == "ids"  # the demo's README numbers are with ids
+    assert labels("--config", "rtdetr_r18vd_6x", "--labels", "ids") == "ids"
+    with pytest.raises(SystemExit):
+        parse_train_args(["--data-root", "x", "--labels", "sparse"])
+
+
+# -------------------------------------------------------------------------- dataset and evaluation
+
+
+def test_dataset_gives_contiguous_labels_of_the_annotations(data):
+    annotations = load_coco_annotations(data / "annotations" / "instances_train2017.json")
+    contiguous = LabelMap.from_categories(annotations.categories, "contiguous")
+    square = make_rtdetr_val_transforms(64)
+    by_ids = CocoDetr(data / "train2017", annotations, square)
+    by_labels = CocoDetr(data / "train2017", annotations, square, contiguous)
+    seen = set()
+    for i in range(len(by_ids)):
+        image_id = by_ids.ids[i]
+        want = [a["category_id"] for a in annotations.coco.imgToAnns[image_id]]
+        _, t_ids = by_ids[i]
+        _, t_labels = by_labels[i]
+        assert t_ids["labels"].tolist() == want  # ids: unchanged, DETR's
+        assert t_labels["labels"].tolist() == [{1: 0, 3: 1, 7: 2}[c] for c in want]
+        torch.testing.assert_close(t_labels["boxes"], t_ids["boxes"])
+        seen.update(want)
+    assert seen == {1, 3, 7}  # every gap id was exercised
+
+
+def test_a_category_outside_the_map_is_refused(data, tmp_path):
+    annotations = load_coco_annotations(data / "annotations" / "instances_val2017.json")
+    only_two = LabelMap.from_categories(annotations.categories[:2], "contiguous")
+    from peg_core.engine import UserError
+
+    with pytest.raises(UserError, match=r"categories \[7\] are not among the 2"):
+        CocoDetr(data / "val2017", annotations, None, only_two)
+
+
+def _predictions(coco, labels_of) -> dict[int, dict[str, torch.Tensor]]:
+    """Hand-built detections: each ground-truth box (one shifted 2 px), right class, plus a wrong-class one."""
+    preds = {}
+    for image_id in sorted(coco.imgs):
+        anns = coco.imgToAnns[image_id]
+        boxes = [[a["bbox"][0] + 2 * (k == 0), a["bbox"][1], a["bbox"][0] + a["bbox"][2], a["bbox"][1] + a["bbox"][3]]
+                 for k, a in enumerate(anns)]  # fmt: skip
+        cats = [a["category_id"] for a in anns]
+        wrong = [{1: 3, 3: 7, 7: 1}[c] for c in cats[:1]]
+        preds[image_id] = {
+            "boxes": torch.tensor(boxes + boxes[:1], dtype=torch.float32),
+            "scores": torch.tensor([0.9 - 0.1 * k for k in range(len(anns))] + [0.95]),
+            "labels": labels_of(torch.tensor(cats + wrong)),
+        }
+    return preds
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_coco_eval_with_the_remap_equals_the_ids_run(data, backend):
+    annotations = load_coco_annotations(data / "annotations" / "instances_val2017.json")
+    contiguous = LabelMap.from_categories(annotations.categories, "contiguous")
+    by_ids = CocoEvaluator(annotations.coco, backend)
+    by_ids.update(_predictions(annotations.coco, lambda c: c))
+    remapped = CocoEvaluator(annotations.coco, backend, contiguous)
+    remapped.update(_predictions(annotations.coco, contiguous.labels_of))
+    want, got = by_ids.summarize(verbose=False), remapped.summarize(verbose=False)
+    assert got == want and 0.3 < want["ap"] < 1.0  # the shifted box and the wrong class cost AP
+    results_ids, _ = by_ids.gather()
+    results_labels, _ = remapped.gather()
+    assert results_labels == results_ids  # the results json carries the real category ids
+    assert {r["category_id"] for r in results_labels} == {1, 3, 7}
+    # labels the map has no category for (a 4-class head on 3 categories) are left out
+    extra = CocoEvaluator(annotations.coco, backend, contiguous)
+    preds = _predictions(annotations.coco, contiguous.labels_of)
+    first = next(iter(preds))
+    preds[first] = {k: torch.cat([v, v[:1]]) for k, v in preds[first].items()}
+    preds[first]["labels"][-1] = 3
+    extra.update(preds)
+    assert extra.gather()[0] == results_ids
+
+
+# ------------------------------------------------------------------------------- train end to end
+
+
+def _train(data: Path, out: Path, *flags: str) -> dict:
+    from peg_detr.cli import train
+
+    return train(["--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(out),
+                  "--epochs", "1", "--workers", "0", "--device", "cpu", "--no-progress", "--seed", "3", *SMALL_RUN,
+                  *flags])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def contiguous_run(data, tmp_path_factory):
+    """``--config rtdetr_r18vd_6x`` (no ``--labels``: the recipe's contiguous) shrunk to seconds on a CPU."""
+    from peg_detr.cli import train
+
+    out = tmp_path_factory.mktemp("contiguous")
+    report = train([
+        "--config", "rtdetr_r18vd_6x", "--data-root", str(data), "--output-dir", str(out), "--backbone", "tiny",
+        "--hidden-dim", "32", "--num-heads", "2", "--dim-feedforward", "64", "--dec-layers", "2",
+        "--num-queries", "20", "--num-denoising", "10", "--total-batch-size", "4", "--warmup-steps", "10",
+        "--ema-decay", "0.99", "--ema-warmups", "20", "--lr", "5e-4", "--lr-backbone", "5e-4", "--epochs", "1",
+        "--eval-every", "0", "--workers", "0", "--device", "cpu", "--no-progress", "--seed", "3", *SMALL_RUN,
+    ])  # fmt: skip
+    return out, report
+
+
+def test_a_contiguous_run_records_its_map_and_predicts_category_ids(contiguous_run, data, tmp_path, capsys):
+    from peg_core.engine import read_checkpoint
+    from peg_detr.predict import Predictor
+
+    out, report = contiguous_run
+    assert report["status"] == "finished" and 0.0 <= report["eval"]["ap"] <= 1.0
+    ckpt = read_checkpoint(out / "checkpoint.pth", "detect")
+    assert ckpt["model_config"]["num_classes"] == 3  # the category count, not max id + 1 = 8
+    assert LabelMap.from_meta(ckpt["meta"]) == LabelMap.from_categories(
+        [{"id": i, "name": n} for i, n in NAMES.items()], "contiguous"
+    )
+    loaded = load_model(out / "checkpoint.pth")
+    assert loaded.classes == ["square", "disc", "triangle"]
+    predictor = Predictor(out / "checkpoint.pth", threshold=0.0)
+    image = next((data / "val2017").iterdir())
+    (pred,) = predictor.predict_files([str(image)])
+    assert pred.detections and all(d.label in NAMES and d.name == NAMES[d.label] for d in pred.detections)
+    raw = predictor.detect(predictor.read(str(image)), threshold=0.0)
+    assert [d.label for d in pred.detections] == [{0: 1, 1: 3, 2: 7}[int(k)] for k in raw["labels"]]
+
+
+def test_export_hf_writes_the_recorded_names_and_init_picks_contiguous(
+    contiguous_run, data, tmp_path, capsys
+):
+    transformers = pytest.importorskip("transformers")
+    from peg_detr.__main__ import main as cli
+
+    out, _ = contiguous_run
+    folder = tmp_path / "hf"
+    assert cli(["export-hf", str(out / "checkpoint.pth"), str(folder)]) == 0
+    config = json.loads((folder / "config.json").read_text())
+    assert config["id2label"] == {"0": "square", "1": "disc", "2": "triangle"}
+    assert transformers.RTDetrForObjectDetection.from_pretrained(folder).config.num_labels == 3
+    capsys.readouterr()
+    # the recipe says ids (8 classes); the folder's 3 names are the data's: contiguous, said in one line
+    run = tmp_path / "init"
+    assert cli(["train", "--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(run),
+                "--init", str(folder), "--epochs", "1", "--workers", "0", "--no-progress", *SMALL_RUN]) == 0  # fmt: skip
+    said = [line for line in capsys.readouterr().out.splitlines() if "label names" in line]
+    assert said == [
+        f"--init {folder}: its 3 label names are the categories of instances_train2017.json: --labels contiguous"
+    ]
+    assert load_model(run / "checkpoint.pth").classes == ["square", "disc", "triangle"]
+
+
+def test_init_with_another_class_count_and_no_name_match_is_one_error_line(data, tmp_path, capsys):
+    """Refused from config.json alone, before any weights are read or any step is taken."""
+    from peg_detr.__main__ import main as cli
+
+    folder = tmp_path / "hf5"
+    folder.mkdir()
+    id2label = {str(i): f"LABEL_{i}" for i in range(5)}  # transformers' default names
+    (folder / "config.json").write_text(json.dumps({"model_type": "rt_detr", "id2label": id2label}))
+    out = tmp_path / "run"
+    argv = ["train", "--config", "rtdetr_r18vd_6x", "--data-root", str(data), "--output-dir", str(out),
+            "--init", str(folder), "--epochs", "1", "--workers", "0", "--no-progress"]  # fmt: skip
+    assert cli(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: the folder's model has 5 classes, the data 3 (--labels contiguous); its id2label names are not "
+        f"the 3 category names of instances_train2017.json: {folder}"
+    ]
+    assert not (out / "checkpoint.pth").exists()
+
+
+def test_the_eval_verb_uses_the_recorded_map(contiguous_run, capsys):
+    from peg_detr.__main__ import main as cli
+
+    out, report = contiguous_run
+    assert (
+        cli(
+            ["eval", "--checkpoint", str(out / "checkpoint.pth"), "--workers", "0", "--no-progress", "--json"]
+        )
+        == 0
+    )
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["eval"]
+    assert (again["ap"], again["ap50"], again["size"]) == (report["eval"]["ap"], report["eval"]["ap50"], 64)
+
+
+@pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
+def test_init_from_an_hf_detr_folder_with_the_data_names_keeps_its_class_head(data, tmp_path, capsys):
+    """A DETR folder whose 3 id2label names are the data's: contiguous, the classifier loaded (not dropped)."""
+    transformers = pytest.importorskip("transformers")
+    from peg_core.engine import read_checkpoint
+    from peg_core.interop.hf_folder import read_hf_weights
+    from peg_detr.cli import train
+
+    config = transformers.DetrConfig(
+        use_timm_backbone=True, backbone="resnet18", use_pretrained_backbone=False, d_model=32,
+        encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=5, id2label={0: "Square", 1: "disc", 2: "triangle"},
+    )  # fmt: skip
+    folder = tmp_path / "detr"
+    transformers.DetrForObjectDetection(config).save_pretrained(folder)
+    capsys.readouterr()
+    train([
+        "--data-root", str(data), "--output-dir", str(tmp_path / "run"), "--init", str(folder), "--pos-enc", "sine",
+        "--backbone", "resnet18", "--num-queries", "5", "--hidden-dim", "32", "--num-heads", "2", "--enc-layers", "1",
+        "--dec-layers", "1", "--dim-feedforward", "64", "--train-sizes", "64", "--crop-resize", "", "--val-size", "64",
+        "--total-batch-size", "4", "--epochs", "1", "--lr", "1e-12", "--lr-backbone", "0", "--weight-decay", "0",
+        "--workers", "0", "--no-progress", "--device", "cpu", "--eval-every", "0",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "its 3 label names are the categories of instances_train2017.json: --labels contiguous" in out
+    assert "--num-classes not given: using 3 (categories in instances_train2017.json)" in out
+    trained = read_checkpoint(tmp_path / "run" / "checkpoint.pth", "detect")["model"]
+    head = read_hf_weights(folder)[0]["class_labels_classifier.weight"]  # (3 + no-object, 32)
+    torch.testing.assert_close(trained["class_embed.weight"], head, atol=1e-8, rtol=0)
+
+
+@pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
+def test_export_hf_of_a_contiguous_detr_names_its_labels(tmp_path, capsys):
+    from peg_detr.__main__ import main as cli
+    from peg_detr.models import build_detr
+
+    model, _, _ = build_detr("resnet18", "sine", num_classes=3, num_queries=3, hidden_dim=32, num_heads=2,
+                             enc_layers=1, dec_layers=1, dim_feedforward=32)  # fmt: skip
+    cats = [{"id": i, "name": n} for i, n in NAMES.items()]
+    for mode, want in (
+        ("contiguous", {"0": "square", "1": "disc", "2": "triangle"}),
+        ("ids", {"0": "LABEL_0", "1": "square", "2": "LABEL_2"}),  # ids: only category 1 fits 3 labels
+    ):
+        ckpt = tmp_path / f"{mode}.pth"
+        meta = {"categories": cats, "labels": LabelMap.from_categories(cats, mode).to_json()}
+        torch.save({"task": "detect", "model": model.state_dict(), "model_config": model.build_config,
+                    "meta": meta}, ckpt)  # fmt: skip
+        assert cli(["export-hf", str(ckpt), str(tmp_path / mode)]) == 0
+        assert json.loads((tmp_path / mode / "config.json").read_text())["id2label"] == want
+
+
+class _Printer:
+    """The part of a RunContext resolve_label_map uses: ``print``, collected."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def print(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_a_resumed_run_keeps_its_checkpoints_mode(tmp_path):
+    import argparse
+
+    from peg_detr.task import resolve_label_map
+
+    cats = [{"id": i, "name": n} for i, n in NAMES.items()]
+    ann = tmp_path / "instances_train2017.json"
+    args = argparse.Namespace(labels="ids", num_classes=None, init=None, arch="rtdetr")
+    ckpt = {"meta": {"labels": LabelMap.from_categories(cats, "contiguous").to_json()}}
+    printer = _Printer()
+    label_map, num_classes = resolve_label_map(args, cats, ann, ckpt, printer)
+    assert (label_map.mode, num_classes) == ("contiguous", 3)
+    assert printer.lines == ["--num-classes not given: using 3 (categories in instances_train2017.json)"]
+    old = {"meta": {"categories": cats}}  # written before meta["labels"]: ids
+    args.labels = "contiguous"
+    assert resolve_label_map(args, cats, ann, old, printer)[0].mode == "ids"
+    assert resolve_label_map(args, cats, ann, None, printer) == (label_map, 3)  # a new run: the flag
