@@ -152,9 +152,9 @@ def write_mp4(
         stream.thread_count = 1  # deterministic output
         if codec == "libx264":
             # "bf" (libavcodec's max_b_frames), not x264's own "bframes", which libavcodec does not
-            # know and drops silently: x264 then keeps its 3 B-frames, whose adaptive placement
-            # (b-adapt with mb-tree) came out different from one encode of the same frames to the
-            # next (a few videos in a hundred), so the data set, and every run on it, changed.
+            # know and drops silently: x264 then keeps its 3 adaptive B-frames, and with them two
+            # encodes of the same frames differed in a few videos per hundred (none with B-frames,
+            # mb-tree or the lookahead off), so the data set, and every run on it, changed.
             stream.options = {"crf": "18", "bf": "0", "g": str(gop)}
         elif codec == "libvpx-vp9":  # fast constant-quality VP9 (SSv2's codec)
             stream.options = {"deadline": "realtime", "cpu-used": "8", "crf": "20", "b": "0", "g": str(gop)}
