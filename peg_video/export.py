@@ -7,8 +7,10 @@ training, and returns ``logits`` ``(B, K)``.  ``B``, the clip length ``T`` and
 the crop ``H``, ``W`` are dynamic; ``T``, ``H``, ``W`` must be multiples of the
 model's tubelet ``(t, p, p)`` and hold at least two tubelets each.  Every
 position encoding (``peg3d``, ``peg3d-factorized``, ``learned``, ``sincos``,
-``none``) is computed for the input's grid inside the graph; learned tables
-are resized there.  ``--num-frames/--height/--width`` (default: the training
+``none``, ``rope-3d`` and ``peg3d+rope-3d``) is computed for the input's grid inside the graph;
+learned tables are resized there, rotary tables rebuilt.  The attentive pool of a V-JEPA 2
+classifier (``global_pool="attentive"``, from ``train --init FOLDER``) reads any number of
+tokens, so it exports with the same dynamic sizes.  ``--num-frames/--height/--width`` (default: the training
 clip) only set the example the graph is traced with.  The class names are
 stored in the model's metadata (``peg_classes``, JSON).  X3D checkpoints are
 not exported (their pooling is built for one clip size).

@@ -136,18 +136,26 @@ def write_mp4(
 ) -> None:
     """Encode ``(T, H, W, 3)`` uint8 RGB frames to an mp4 (no B-frames, so any decoder seeks exactly).
 
+    The same frames give the same bytes (tested): a data set is a function of its seed.
+
     ``faststart`` puts the index (moov atom) before the frames, as streaming sites do; ``gop``
     is the key-frame interval.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    options = {"movflags": "faststart"} if faststart else {}
+    # bitexact: no muxer version string, and no random segment UID in a WebM, so the file is a
+    # function of the frames alone
+    options = {"fflags": "+bitexact", **({"movflags": "faststart"} if faststart else {})}
     with av.open(str(path), mode="w", options=options) as container:
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height = frames.shape[2], frames.shape[1]
         stream.pix_fmt = "yuv420p"
         stream.thread_count = 1  # deterministic output
         if codec == "libx264":
-            stream.options = {"crf": "18", "bframes": "0", "g": str(gop)}
+            # "bf" (libavcodec's max_b_frames), not x264's own "bframes", which libavcodec does not
+            # know and drops silently: x264 then keeps its 3 adaptive B-frames, and with them two
+            # encodes of the same frames differed in a few videos per hundred (none with B-frames,
+            # mb-tree or the lookahead off), so the data set, and every run on it, changed.
+            stream.options = {"crf": "18", "bf": "0", "g": str(gop)}
         elif codec == "libvpx-vp9":  # fast constant-quality VP9 (SSv2's codec)
             stream.options = {"deadline": "realtime", "cpu-used": "8", "crf": "20", "b": "0", "g": str(gop)}
         elif codec == "mpeg4":
