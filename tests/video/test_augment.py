@@ -238,11 +238,19 @@ def test_train_with_all_three_resumes_exactly(data, tmp_path, capsys):
     b = read_checkpoint(cut / "checkpoint.pth", "video")
     assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
     run_args = json.loads((cut / "args.json").read_text())
-    assert (run_args["rand_augment"], run_args["random_erasing"], run_args["repeated_aug"]) == (
-        "m7-n4",
-        0.25,
-        2,
-    )
+    assert [run_args[k] for k in ("rand_augment", "random_erasing", "repeated_aug")] == ["m7-n4", 0.25, 2]
+    # eval reads the run's options (training-only augmentations included) and tests one clip per view
+    argv = [
+        "eval",
+        "--checkpoint",
+        str(cut / "checkpoint.pth"),
+        "--output-dir",
+        str(tmp_path / "e"),
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "e" / "report.json").read_text())
+    assert report["eval"]["num_views"] == 2 * 2  # 2 videos x 2 clips x 1 crop
 
 
 def test_flags_at_their_off_values_are_the_plain_run(data, tmp_path):
