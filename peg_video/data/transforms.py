@@ -132,7 +132,7 @@ class ClipAugment:
         self.uint8 = uint8
 
     def __call__(self, clip: torch.Tensor, seed: int) -> torch.Tensor:
-        """``(C, T, H, W)`` float clip -> the augmented clip (same shape and dtype); draws seeded by ``seed``."""
+        """``(C, T, H, W)`` float clip -> the augmented clip (same shape, dtype); draws seeded by ``seed``."""
         video = clip.transpose(0, 1)
         if self.uint8:
             video = video.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)

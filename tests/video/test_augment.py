@@ -162,9 +162,10 @@ def test_repeated_aug_gives_k_differing_clips_of_one_video(data):
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = dict(hflip=False, dataset="kinetics", crop=32, scale_jitter=[32, 40], test_scale=32, num_crops=1,
-                num_clips=1, mean=None, std=None, batch_size=3, workers=0, data_backend="peg", sampling="stride",
-                num_frames=4, stride=2, seed=0, rand_augment=None, random_erasing=0.0, repeated_aug=2)  # fmt: skip
+    base = dict(hflip=False, dataset="kinetics", crop=32, scale_jitter=[32, 40], test_scale=32,
+                num_crops=1, num_clips=1, mean=None, std=None, batch_size=3, workers=0, data_backend="peg",
+                sampling="stride", num_frames=4, stride=2, seed=0, rand_augment=None, random_erasing=0.0,
+                repeated_aug=2)  # fmt: skip
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -263,30 +264,30 @@ def test_flags_at_their_off_values_are_the_plain_run(data, tmp_path):
     assert _log(tmp_path / "on", "loss") != _log(tmp_path / "plain", "loss")
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (("--rand-augment", "7,4"), "argument --rand-augment: expected mM-nN (magnitude M, N ops; e.g. m7-n4) "
-         "or off, got '7,4'"),
-        (("--rand-augment", "m12-n2"), "argument --rand-augment: expected N >= 1 ops and a magnitude M in 0..10"),
-        (("--random-erasing", "1.5"), "argument --random-erasing: expected a fraction in [0, 1]"),
-        (("--repeated-aug", "0"), "argument --repeated-aug: expected a positive integer, got '0'"),
-        (("--repeated-aug", "2", "--data-backend", "pytorchvideo"),
-         "argument --repeated-aug: needs --data-backend peg"),
-    ],
-)  # fmt: skip
-def test_bad_values_are_one_line_errors(data, tmp_path, capsys, flags, message):
-    with pytest.raises(SystemExit) as e:
-        _train(data, tmp_path / "bad", *flags)
-    err = capsys.readouterr().err
-    assert e.value.code == 2
-    assert err.count("\n") == 1 and err.startswith("error: python -m peg_video train: ") and message in err, (
-        err
-    )
+BAD = {
+    "--rand-augment 7,4": "argument --rand-augment: expected mM-nN (magnitude M, N ops; e.g. m7-n4) or off, "
+    "got '7,4'",
+    "--rand-augment m12-n2": "argument --rand-augment: expected N >= 1 ops and a magnitude M in 0..10, "
+    "got 'm12-n2'",
+    "--random-erasing 1.5": "argument --random-erasing: expected a fraction in [0, 1] (or a percentage like "
+    "1%), got '1.5'",
+    "--repeated-aug 0": "argument --repeated-aug: expected a positive integer, got '0'",
+    "--repeated-aug 2 --data-backend pytorchvideo": "argument --repeated-aug: needs --data-backend peg "
+    "(pytorchvideo has its own pipeline)",
+}
+
+
+def test_bad_values_are_one_line_errors(data, tmp_path, capsys):
+    """Each bad value stops the parse with exactly one ``error:`` line (exit status 2)."""
+    for flags, message in BAD.items():
+        with pytest.raises(SystemExit) as e:
+            _train(data, tmp_path / "bad", *flags.split())
+        assert e.value.code == 2, flags
+        assert capsys.readouterr().err == f"error: python -m peg_video train: {message} (see --help)\n", flags
 
 
 def test_videomae_recipes_set_the_published_augmentations():
-    """run_class_finetuning.py: --aa rand-m7-n4-mstd0.5-inc1, --reprob 0.25; the ViT-S scripts: --num_sample 2."""
+    """run_class_finetuning.py: --aa rand-m7-n4-mstd0.5-inc1, --reprob 0.25; ViT-S scripts: --num_sample 2."""
     from peg_video.configs import CONFIGS, FINETUNE_CONFIGS
 
     for name in FINETUNE_CONFIGS:
