@@ -56,7 +56,8 @@ def _check_pytorchvideo(args: argparse.Namespace, cfg: ClipTransformConfig) -> N
                 "--repeated-aug": repeated_aug(args) > 1}  # fmt: skip
     flags = [flag for flag, on in peg_only.items() if on]
     if flags:
-        raise UserError(f"{', '.join(flags)} need the peg back-end", "--data-backend pytorchvideo")
+        raise UserError(f"no {', '.join(flags)} in this back-end (the peg back-end has them)",
+                        "--data-backend pytorchvideo")  # fmt: skip
 
 
 def make_loader(
