@@ -62,7 +62,7 @@ from .configs import (
     VIDEOMAE_STD,
 )
 from .data.datasets import DATASETS, SPLIT_DATASETS
-from .data.transforms import KINETICS_MEAN, KINETICS_STD
+from .data.transforms import KINETICS_MEAN, KINETICS_STD, parse_rand_augment
 from .evaluation import REDUCTIONS
 from .models import X3D_CONFIGS, list_video_models
 from .models.vit import POS_ENCODINGS
@@ -157,6 +157,17 @@ def _floats(kind: Callable[[str], float]) -> Callable[[str], list[float]]:
 
 channel_means = _sized_list(3, "numbers R,G,B", _floats(nonnegative_float))
 channel_stds = _sized_list(3, "numbers R,G,B", _floats(positive_float))
+
+
+def rand_augment_arg(text: str) -> str | None:
+    """``argparse`` type of ``--rand-augment``: ``mM-nN`` (e.g. ``m7-n4``), canonical; ``off``: ``None``."""
+    if str(text).strip().lower() in ("off", "none"):
+        return None
+    try:
+        num_ops, magnitude = parse_rand_augment(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return f"m{magnitude}-n{num_ops}"
 
 
 def split_arg(text: str) -> int | str:
@@ -289,6 +300,20 @@ def _add_train_data_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         help="random horizontal flips (refused for ssv2, whose labels say left / right)",
     )
+    _add_augment_args(g)
+
+
+def _add_augment_args(g: argparse._ArgumentGroup) -> None:
+    """VideoMAE's fine-tuning augmentations of the training clips (all off by default)."""
+    g.add_argument("--rand-augment", type=rand_augment_arg, metavar="mM-nN",
+                   help="RandAugment of each training clip, one draw for all its frames: N ops at magnitude "
+                   "M of 10 (timm's scale; VideoMAE: m7-n4); off: none (the default)")  # fmt: skip
+    g.add_argument("--random-erasing", type=unit_fraction, default=0.0, metavar="P",
+                   help="erase one box of normal noise, the same in every frame, with probability P "
+                   "(after normalisation; VideoMAE: 0.25); 0: off")  # fmt: skip
+    g.add_argument("--repeated-aug", type=positive_int, default=1, metavar="K",
+                   help="K augmented clips of each training video per visit (VideoMAE's num_sample): a step "
+                   "holds K x --batch-size clips, an epoch keeps its steps; 1: off")  # fmt: skip
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -438,6 +463,13 @@ def _check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace, explici
         args.sampling = "segment" if args.dataset == "ssv2" else "stride"
     if args.sampling == "segment" and args.data_backend == "pytorchvideo":
         p.error("argument --sampling: segment sampling needs --data-backend peg")
+    if args.data_backend == "pytorchvideo":
+        for dest, on in (("rand_augment", args.rand_augment), ("random_erasing", args.random_erasing),
+                         ("repeated_aug", args.repeated_aug > 1)):  # fmt: skip
+            if on:
+                p.error(
+                    f"argument {_flag(dest)}: needs --data-backend peg (pytorchvideo has its own pipeline)"
+                )
 
 
 def _flag(dest: str) -> str:

@@ -50,14 +50,27 @@ ViT-S folder; the model comes from the folder):
   AdamW, 5 warm-up epochs then cosine to 1e-6, weight decay 0.05, label smoothing 0.1, drop path
   0.1, no gradient clipping; 16 frames at stride 4 (SSv2: 16 segments, no flip), 224 crop, test
   short side 224; Kinetics 150 epochs, base lr 5e-4, 5 clips x 3 crops; SSv2 40 epochs, base lr
-  1e-3, 2 clips x 3 crops.  The scripts run 32 processes x 12 clips (a total batch of 384) and
-  scale the base lr by total batch / 256, so ``lr`` here is base x 1.5 with ``batch_size`` 12
-  per process: with fewer processes scale ``--lr`` by the same rule.
+  1e-3, 2 clips x 3 crops.  The scripts run 32 processes x 12 videos (a total batch of 384
+  videos, 768 clips with the repeated augmentation below) and scale the base lr by total
+  batch / 256, so ``lr`` here is base x 1.5 with ``batch_size`` 12 (videos) per process: with
+  fewer processes scale ``--lr`` by the same rule.
 * Layer-wise lr decay (``--layer-decay``: 0.75, ``run_class_finetuning.py``'s default, on
   Kinetics; 0.7 in the SSv2 ViT-S script) and Mixup 0.8 / CutMix 1.0 (``--mixup`` / ``--cutmix``,
   the script defaults: one of the two per batch, label smoothing applied before mixing) are set.
-* Not reproduced here: repeated augmentation (``--num_sample 2``), RandAugment and random
-  erasing.  Expect the table twins below the published numbers until those are added.
+* The scripts' augmentations are set (defaults of ``run_class_finetuning.py`` and
+  ``--num_sample 2`` of both ViT-S scripts): RandAugment ``--aa rand-m7-n4-mstd0.5-inc1`` as
+  ``--rand-augment m7-n4`` (torchvision's v2 RandAugment, one draw for all frames of a clip;
+  magnitude 7 of 10; torchvision has no magnitude noise ``mstd0.5``, and its op set differs a
+  little from timm's increasing one: no Invert / SolarizeAdd, an Identity, posterize to 5 bits
+  at m7, where timm's increasing posterize keeps 2), random erasing ``--reprob 0.25 --remode pixel
+  --recount 1`` as ``--random-erasing 0.25`` (one box of normal noise, the same box in every
+  frame as VideoMAE's cube erasing; the noise too, where VideoMAE draws it per frame), and
+  repeated augmentation ``--num_sample 2`` as ``--repeated-aug 2``: each video gives two
+  clips per visit (one temporal clip, augmented twice), so a step holds 2 x 12 clips per
+  process and an epoch keeps its number of steps, as in VideoMAE, whose lr rule counts videos.
+* Still different: VideoMAE's training crop is a random-resized crop (area 8 %..100 %,
+  aspect 3/4..4/3) where these recipes jitter the short side (256..320) and crop 224, and its
+  RandAugment runs on the full frames before the crop (here: on the crop, bilinear, not bicubic).
 * Published top-1 with the folder's own table (:data:`PUBLISHED_FINETUNE_TOP1`): MCG-NJU/VideoMAE
   ``MODEL_ZOO.md``, ViT-S: Kinetics-400 79.0 (1600-epoch pre-training, 16x5x3 views),
   Something-Something V2 66.8 (2400-epoch pre-training, 16x2x3).
@@ -131,7 +144,7 @@ _VIDEOMAE_S_FT: dict[str, Any] = {
     **VIDEOMAE_INPUT,
     "mean": list(VIDEOMAE_MEAN),  # the folder's preprocessor_config.json wins when it has one
     "std": list(VIDEOMAE_STD),
-    "batch_size": 12,  # x 32 processes = the scripts' total batch of 384
+    "batch_size": 12,  # videos; x 32 processes = the scripts' total batch of 384
     "epochs": 150,
     "lr": 5e-4 * 384 / 256,  # base lr 5e-4, scaled by total batch / 256 as run_class_finetuning does
     "min_lr": 1e-6,
@@ -141,6 +154,9 @@ _VIDEOMAE_S_FT: dict[str, Any] = {
     "layer_decay": 0.75,  # --layer_decay's default in run_class_finetuning.py
     "mixup": 0.8,  # --mixup / --cutmix defaults (switch prob 0.5, batch mode)
     "cutmix": 1.0,
+    "rand_augment": "m7-n4",  # --aa rand-m7-n4-mstd0.5-inc1 (run_class_finetuning.py default)
+    "random_erasing": 0.25,  # --reprob 0.25 --remode pixel --recount 1 (its defaults)
+    "repeated_aug": 2,  # --num_sample 2 (both ViT-S scripts): 2 clips per video, 24 per step
     # as _K400_VIT_S: weight decay 0.05, 5 warm-up epochs, label smoothing 0.1, drop path 0.1
 }
 _SSV2_VIDEOMAE_S_FT: dict[str, Any] = {

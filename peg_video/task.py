@@ -36,7 +36,7 @@ from peg_core.engine.recipes import apply_position_recipe
 
 from .data import Annotations, is_kinetics_csv, load_annotations, read_class_map, write_class_map
 from .data.datasets import SPLIT_DATASETS, load_dataset
-from .data.loaders import make_loader
+from .data.loaders import make_loader, repeated_aug
 from .data.transforms import KINETICS_MEAN, KINETICS_STD
 from .evaluation import evaluate_views
 from .mix import build_clip_mix, mix_seed
@@ -247,9 +247,11 @@ class VideoTask:
                 sampler.set_epoch(epoch)
             train_ds.set_epoch(epoch)
 
+        repeats = repeated_aug(args)  # a step holds repeats x batch_size clips, an epoch keeps its steps
         ctx.print(
             f"training {args.arch}/{args.pos_enc} on {len(train_ann.records)} videos, {len(classes)} classes, "
-            f"{args.epochs} epochs x {steps} steps, world size {ctx.dist.world_size}, device {ctx.device}"
+            f"{args.epochs} epochs x {steps} steps{f' ({repeats} clips per video)' if repeats > 1 else ''}, "
+            f"world size {ctx.dist.world_size}, device {ctx.device}"
         )
         return TrainParts(
             model=model,

@@ -46,6 +46,7 @@ __all__ = [
     "VideoDecodeError",
     "collate_clips",
     "first_line",
+    "flatten_repeats",
     "read_frames",
 ]
 
@@ -100,8 +101,9 @@ class KineticsVideoDataset(Dataset):
     """Kinetics clips for training (``mode="train"``) or multi-view testing (``mode="test"``).
 
     Sample dict:
-        ``video``: train ``(C, T, S, S)``; test ``(num_clips * num_crops, C, T, S, S)`` (views
-        ordered clip-major).
+        ``video``: train ``(C, T, S, S)`` (``repeats`` > 1: ``(repeats, C, T, S, S)``, and the
+        sample has ``"repeats"``); test ``(num_clips * num_crops, C, T, S, S)`` (views ordered
+        clip-major).
         ``label``: class index.  ``index``: index of the video actually used.
         ``skipped``: list of ``(path, reason)`` for broken videos met while building the sample.
     A broken test video, or a training one without a usable substitute, raises
@@ -117,6 +119,9 @@ class KineticsVideoDataset(Dataset):
         sampling: ``"stride"`` (``num_frames`` frames ``stride`` apart) or ``"segment"`` (one
             frame per ``1 / num_frames`` of the whole video, see
             :func:`~peg_video.data.datasets.segment_indices`; ``stride`` is then unused).
+        repeats: training clips per visit of a video (repeated augmentation, VideoMAE's
+            ``num_sample``): the frames of one sampled clip, spatially augmented ``repeats``
+            times, each with its own draws.
     """
 
     def __init__(
@@ -131,7 +136,11 @@ class KineticsVideoDataset(Dataset):
         max_substitutions: int = 50,
         decode_threads: int = 1,
         sampling: str = "stride",
+        repeats: int = 1,
     ) -> None:
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        self.repeats = repeats
         if mode not in ("train", "test"):
             raise ValueError(f"mode must be 'train' or 'test', got {mode!r}")
         if sampling not in ("stride", "segment"):
@@ -201,13 +210,20 @@ class KineticsVideoDataset(Dataset):
             clip = frames_to_clip(torch.from_numpy(frames[inverse]))
             gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
             return {
-                "video": self.transform(clip, gen),
+                "video": self._augment(clip, gen),
                 "label": record.label,
                 "index": current,
                 "skipped": skipped,
+                **({"repeats": self.repeats} if self.repeats > 1 else {}),
             }
         path, reason = skipped[0]
         raise BrokenSample(path, f"{reason} (and the {len(skipped) - 1} substitutes tried were broken too)")
+
+    def _augment(self, clip: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """``(C, T, H, W)`` -> ``(C, T, S, S)``, or ``(repeats, C, T, S, S)``: draws one after another."""
+        if self.repeats == 1:
+            return self.transform(clip, gen)
+        return torch.stack([self.transform(clip, gen) for _ in range(self.repeats)])
 
     def _test_item(self, index: int) -> dict[str, Any]:
         record = self.records[index]
@@ -232,6 +248,8 @@ def collate_clips(items: list[dict[str, Any]]) -> dict[str, Any]:
     Returns ``video`` (train ``(B, C, T, S, S)``, test ``(B, V, C, T, S, S)``; ``None`` when no
     sample was usable), ``label`` ``(B,)``, ``index`` ``(B,)`` (video index), ``view_offset``
     ``(B,)`` (first view index of each sample, when the samples carry one) and ``skipped``.
+    Training samples with ``repeats`` K (repeated augmentation) give ``K * B`` clips: see
+    :func:`flatten_repeats`.
     """
     good = [b for b in items if b.get("video") is not None]
     out: dict[str, Any] = {
@@ -242,7 +260,25 @@ def collate_clips(items: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if good and "view_offset" in good[0]:
         out["view_offset"] = torch.tensor([int(b["view_offset"]) for b in good], dtype=torch.long)
+    if good and "repeats" in good[0]:
+        out = flatten_repeats(out)
     return out
+
+
+def flatten_repeats(batch: dict[str, Any]) -> dict[str, Any]:
+    """``video`` ``(B, K, C, T, S, S)`` -> ``(K * B, C, T, S, S)``, clip-major; labels and indices repeated.
+
+    Clip ``k`` of video ``b`` lands at ``k * B + b`` (VideoMAE concatenates video-major): the
+    mix pairs each clip with the one before it, which is then another video's whenever ``B > 1``.
+    """
+    video = batch["video"]
+    k = video.shape[1]
+    return {
+        **batch,
+        "video": video.transpose(0, 1).flatten(0, 1),
+        "label": batch["label"].repeat(k),
+        "index": batch["index"].repeat(k),
+    }
 
 
 class ClipBatches:

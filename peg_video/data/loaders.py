@@ -14,12 +14,12 @@ from .annotations import Annotations
 from .kinetics import ClipBatches, KineticsVideoDataset
 from .transforms import KINETICS_MEAN, KINETICS_STD, ClipTransformConfig
 
-__all__ = ["make_loader", "transform_config"]
+__all__ = ["make_loader", "repeated_aug", "transform_config"]
 
 
 def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
     """The spatial recipe of ``args`` (``crop``, ``scale_jitter``, ``test_scale``, ``num_crops``, ``hflip``,
-    ``mean`` / ``std``).
+    ``mean`` / ``std``, ``rand_augment``, ``random_erasing``).
 
     A flip is refused for SSv2 here too (not only by the parser), so no other way of building
     the arguments can train it with flipped "left to right" clips.
@@ -37,7 +37,27 @@ def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
         # the run's normalisation (an --init folder's); runs from before --mean / --std: Kinetics'
         mean=tuple(getattr(args, "mean", None) or KINETICS_MEAN),
         std=tuple(getattr(args, "std", None) or KINETICS_STD),
+        # runs from before these flags: off
+        rand_augment=getattr(args, "rand_augment", None),
+        random_erasing=float(getattr(args, "random_erasing", 0.0) or 0.0),
     )
+
+
+def repeated_aug(args: argparse.Namespace) -> int:
+    """``--repeated-aug K``: training clips per video and visit (1: off; runs from before the flag: 1)."""
+    return int(getattr(args, "repeated_aug", 1) or 1)
+
+
+def _check_pytorchvideo(args: argparse.Namespace, cfg: ClipTransformConfig) -> None:
+    """The pytorchvideo back-end has its own train pipeline: the peg back-end's options are refused."""
+    if getattr(args, "sampling", "stride") != "stride":
+        raise UserError("segment sampling needs the peg back-end", "--data-backend pytorchvideo")
+    peg_only = {"--rand-augment": cfg.rand_augment, "--random-erasing": cfg.random_erasing,
+                "--repeated-aug": repeated_aug(args) > 1}  # fmt: skip
+    flags = [flag for flag, on in peg_only.items() if on]
+    if flags:
+        raise UserError(f"no {', '.join(flags)} in this back-end (the peg back-end has them)",
+                        "--data-backend pytorchvideo")  # fmt: skip
 
 
 def make_loader(
@@ -46,8 +66,11 @@ def make_loader(
     """``(loader, dataset)`` of ``mode`` (``"train"`` / ``"test"``) for ``args.data_backend``.
 
     Test batches hold ``batch_size // views`` videos (at least one), so a batch is about as
-    heavy as a training one.  The pytorchvideo back-end writes its ``path label`` list into
-    ``list_dir``.  Call ``dataset.set_epoch(epoch)`` (and the sampler's) before each epoch.
+    heavy as a training one.  Training batches hold ``batch_size`` videos, which are
+    ``K * batch_size`` clips with ``--repeated-aug K`` (VideoMAE's count): an epoch is
+    ``ceil(ceil(videos / world_size) / batch_size)`` steps whatever ``K``.  The pytorchvideo
+    back-end writes its ``path label`` list into ``list_dir``.  Call ``dataset.set_epoch(epoch)``
+    (and the sampler's) before each epoch.
     """
     cfg = transform_config(args)
     views = args.num_clips * args.num_crops if mode == "test" else 1
@@ -59,8 +82,7 @@ def make_loader(
         "collate_fn": ClipBatches(),
     }
     if args.data_backend == "pytorchvideo":
-        if getattr(args, "sampling", "stride") != "stride":
-            raise UserError("segment sampling needs the peg back-end", "--data-backend pytorchvideo")
+        _check_pytorchvideo(args, cfg)
         from .pytorchvideo_data import build_pytorchvideo_dataset
 
         ds = build_pytorchvideo_dataset(
@@ -83,6 +105,7 @@ def make_loader(
         transform=cfg,
         seed=args.seed,
         sampling=getattr(args, "sampling", "stride"),
+        repeats=repeated_aug(args) if mode == "train" else 1,
     )
     sampler = DistributedSampler(
         ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=mode == "train", seed=args.seed
