@@ -8,6 +8,9 @@ actual input) is saved with ``save_pretrained`` and rebuilt by :func:`peg_detr.f
 models hold the same weights.  Two measurements, in one process, one intra-op thread:
 
 * ``eval``: ``torch.no_grad`` forward in eval mode;
+* ``eval_fused``: the same, of peg_detr's model after :func:`~peg_detr.models.rtdetr.fuse_for_deploy`
+  (what ``export`` writes: every conv + BN folded, RepVGG blocks merged) against the same
+  transformers eval forward;
 * ``train``: forward with targets (denoising queries on), the loss, ``backward``.
 
 The rounds interleave the two implementations (ours, theirs, ours, ...) after one warm-up call
@@ -80,6 +83,8 @@ def _calls(
     ours, criterion, theirs, images, targets
 ) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     """Per measurement: ``(ours, theirs)`` zero-argument calls."""
+    from peg_detr.models.rtdetr import fuse_for_deploy
+
     hf_labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
 
     def ours_eval() -> None:
@@ -103,7 +108,17 @@ def _calls(
         theirs(pixel_values=images, labels=hf_labels).loss.backward()
         theirs.zero_grad(set_to_none=True)
 
-    return {"eval": (ours_eval, theirs_eval), "train": (ours_train, theirs_train)}
+    fused = fuse_for_deploy(ours)
+
+    def fused_eval() -> None:
+        with torch.no_grad():
+            fused(images)
+
+    return {
+        "eval": (ours_eval, theirs_eval),
+        "eval_fused": (fused_eval, theirs_eval),
+        "train": (ours_train, theirs_train),
+    }
 
 
 def _seconds(fn: Callable[[], Any]) -> float:
