@@ -527,6 +527,16 @@ def _refuse_peg_only(p: argparse.ArgumentParser, args: argparse.Namespace) -> No
             p.error(f"argument {flag}:{value} needs --data-backend peg (pytorchvideo has its own pipeline)")
 
 
+def _check_train_crop(p: argparse.ArgumentParser, args: argparse.Namespace, explicit: dict[str, Any]) -> None:
+    """``--rrc-scale`` / ``--rrc-ratio`` shape the random-resized crop: refused, not ignored, without it."""
+    if args.train_crop == "rrc":
+        return
+    for dest in ("rrc_scale", "rrc_ratio"):
+        if dest in explicit:
+            p.error(f"argument {_flag(dest)}: shapes the random-resized crop, which needs --train-crop rrc "
+                    f"(not {args.train_crop})")  # fmt: skip
+
+
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
@@ -688,6 +698,7 @@ def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parse_with_config(p, argv, CONFIGS)
     explicit = explicit_options(build_train_parser, argv)
     _check_dataset(p, args, explicit)
+    _check_train_crop(p, args, explicit)
     hf = _hf_folder_config(args)
     if hf is None and args.config in FINETUNE_CONFIGS:
         p.error(f"argument --config: {args.config} fine-tunes pre-trained weights; give --init FOLDER "

@@ -209,6 +209,8 @@ BAD = {
     "--train-crop rrc --data-backend pytorchvideo": "argument --train-crop: rrc needs --data-backend peg "
     "(pytorchvideo has its own pipeline)",
     "--scale-jitter 24,30": "argument --scale-jitter: 24,30 must be >= --crop 32",
+    "--rrc-ratio 0.5,2": "argument --rrc-ratio: shapes the random-resized crop, which needs --train-crop rrc "
+    "(not jitter)",
 }
 
 
