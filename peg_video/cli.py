@@ -62,7 +62,15 @@ from .configs import (
     VIDEOMAE_STD,
 )
 from .data.datasets import DATASETS, SPLIT_DATASETS
-from .data.transforms import KINETICS_MEAN, KINETICS_STD, parse_rand_augment
+from .data.transforms import (
+    KINETICS_MEAN,
+    KINETICS_STD,
+    RRC_RATIO,
+    RRC_SCALE,
+    TRAIN_CROPS,
+    check_rrc_range,
+    parse_rand_augment,
+)
 from .evaluation import REDUCTIONS
 from .models import X3D_CONFIGS, list_video_models
 from .models.vit import POS_ENCODINGS
@@ -168,6 +176,39 @@ def rand_augment_arg(text: str) -> str | None:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return f"m{magnitude}-n{num_ops}"
+
+
+def _rrc_range(what: str) -> Callable[[str], list[float]]:
+    """``argparse`` type of ``--rrc-scale`` / ``--rrc-ratio``: ``LO,HI`` (:func:`check_rrc_range`)."""
+
+    def parse(text: str) -> list[float]:
+        try:
+            lo, hi = (float(v) for v in str(text).split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected two comma-separated numbers LO,HI, got {text!r}"
+            ) from None
+        try:
+            return list(check_rrc_range((lo, hi), what))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+#: flags whose value may start with "-" (argparse would read "-1,2" as an option): joined by "="
+_SIGNED_VALUES = ("--rrc-scale", "--rrc-ratio")
+
+
+def _join_signed_values(argv: Sequence[str]) -> list[str]:
+    """``--rrc-ratio -1,2`` -> ``--rrc-ratio=-1,2``, so a negative value is its flag's bad value."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in _SIGNED_VALUES and arg[:1] == "-" and arg[1:2].isdigit():
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def split_arg(text: str) -> int | str:
@@ -305,6 +346,14 @@ def _add_train_data_args(p: argparse.ArgumentParser) -> None:
 
 def _add_augment_args(g: argparse._ArgumentGroup) -> None:
     """VideoMAE's fine-tuning augmentations of the training clips (all off by default)."""
+    g.add_argument("--train-crop", choices=TRAIN_CROPS, default="jitter",
+                   help="training crop: jitter (a random short side in --scale-jitter, then a random --crop; "
+                   "the default) or rrc (VideoMAE's random-resized crop: a box of --rrc-scale of the frame "
+                   "at aspect --rrc-ratio, the same for all frames, resized to --crop)")  # fmt: skip
+    g.add_argument("--rrc-scale", type=_rrc_range("scale"), default=list(RRC_SCALE), metavar="LO,HI",
+                   help="--train-crop rrc: box area, fraction of the frame (VideoMAE: 0.08,1)")  # fmt: skip
+    g.add_argument("--rrc-ratio", type=_rrc_range("ratio"), default=list(RRC_RATIO), metavar="LO,HI",
+                   help="--train-crop rrc: width / height of the box (VideoMAE: 0.75,1.3333)")  # fmt: skip
     g.add_argument("--rand-augment", type=rand_augment_arg, metavar="mM-nN",
                    help="RandAugment of each training clip, one draw for all its frames: N ops at magnitude "
                    "M of 10 (timm's scale; VideoMAE: m7-n4); off: none (the default)")  # fmt: skip
@@ -464,12 +513,28 @@ def _check_dataset(p: argparse.ArgumentParser, args: argparse.Namespace, explici
     if args.sampling == "segment" and args.data_backend == "pytorchvideo":
         p.error("argument --sampling: segment sampling needs --data-backend peg")
     if args.data_backend == "pytorchvideo":
-        for dest, on in (("rand_augment", args.rand_augment), ("random_erasing", args.random_erasing),
-                         ("repeated_aug", args.repeated_aug > 1)):  # fmt: skip
-            if on:
-                p.error(
-                    f"argument {_flag(dest)}: needs --data-backend peg (pytorchvideo has its own pipeline)"
-                )
+        _refuse_peg_only(p, args)
+
+
+def _refuse_peg_only(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The peg back-end's training augmentations, refused with pytorchvideo's (its own train pipeline)."""
+    peg_only = {"--rand-augment": args.rand_augment, "--random-erasing": args.random_erasing,
+                "--repeated-aug": args.repeated_aug > 1,
+                "--train-crop": args.train_crop == "rrc"}  # fmt: skip
+    for flag, on in peg_only.items():
+        if on:
+            value = " rrc" if flag == "--train-crop" else ""
+            p.error(f"argument {flag}:{value} needs --data-backend peg (pytorchvideo has its own pipeline)")
+
+
+def _check_train_crop(p: argparse.ArgumentParser, args: argparse.Namespace, explicit: dict[str, Any]) -> None:
+    """``--rrc-scale`` / ``--rrc-ratio`` shape the random-resized crop: refused, not ignored, without it."""
+    if args.train_crop == "rrc":
+        return
+    for dest in ("rrc_scale", "rrc_ratio"):
+        if dest in explicit:
+            p.error(f"argument {_flag(dest)}: shapes the random-resized crop, which needs --train-crop rrc "
+                    f"(not {args.train_crop})")  # fmt: skip
 
 
 def _flag(dest: str) -> str:
@@ -523,7 +588,7 @@ def _check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     lo, hi = args.scale_jitter
     if lo > hi:
         p.error(f"argument --scale-jitter: MIN must not exceed MAX, got {lo},{hi}")
-    if lo < args.crop:
+    if lo < args.crop and args.train_crop == "jitter":  # rrc resizes its box to --crop
         p.error(f"argument --scale-jitter: {lo},{hi} must be >= --crop {args.crop}")
     if args.test_scale < args.crop:
         p.error(f"argument --test-scale: {args.test_scale} must be >= --crop {args.crop}")
@@ -629,10 +694,11 @@ def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ``--init FOLDER`` (a Hugging Face folder) is read here, so a wrong folder fails before any data.
     """
     p = build_train_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _join_signed_values(sys.argv[1:] if argv is None else argv)
     args = parse_with_config(p, argv, CONFIGS)
     explicit = explicit_options(build_train_parser, argv)
     _check_dataset(p, args, explicit)
+    _check_train_crop(p, args, explicit)
     hf = _hf_folder_config(args)
     if hf is None and args.config in FINETUNE_CONFIGS:
         p.error(f"argument --config: {args.config} fine-tunes pre-trained weights; give --init FOLDER "

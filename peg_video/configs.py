@@ -68,8 +68,14 @@ ViT-S folder; the model comes from the folder):
   repeated augmentation ``--num_sample 2`` as ``--repeated-aug 2``: each video gives two
   clips per visit (one temporal clip, augmented twice), so a step holds 2 x 12 clips per
   process and an epoch keeps its number of steps, as in VideoMAE, whose lr rule counts videos.
-* Still different: VideoMAE's training crop is a random-resized crop (area 8 %..100 %,
-  aspect 3/4..4/3) where these recipes jitter the short side (256..320) and crop 224, and its
+* The training crop is VideoMAE's random-resized crop (``spatial_sampling(..., scale=[0.08, 1.0],
+  aspect_ratio=[0.75, 1.3333], motion_shift=False)`` of its Kinetics / SSv2 datasets) as
+  ``--train-crop rrc``: one box for every frame of a clip, 8 %..100 % of the frame's area, width /
+  height 0.75..1.3333 (``--rrc-scale`` / ``--rrc-ratio``), resized to 224; then the flip (Kinetics
+  only; SSv2 keeps no flip).  ``scale_jitter``'s 320 is then only the short side larger videos are
+  decoded at.
+* Still different: VideoMAE crops the frames as stored and resizes the box bilinearly without
+  antialiasing (here: from frames decoded at short side 320 at most, with antialiasing), and its
   RandAugment runs on the full frames before the crop (here: on the crop, bilinear, not bicubic).
 * Published top-1 with the folder's own table (:data:`PUBLISHED_FINETUNE_TOP1`): MCG-NJU/VideoMAE
   ``MODEL_ZOO.md``, ViT-S: Kinetics-400 79.0 (1600-epoch pre-training, 16x5x3 views),
@@ -157,6 +163,7 @@ _VIDEOMAE_S_FT: dict[str, Any] = {
     "rand_augment": "m7-n4",  # --aa rand-m7-n4-mstd0.5-inc1 (run_class_finetuning.py default)
     "random_erasing": 0.25,  # --reprob 0.25 --remode pixel --recount 1 (its defaults)
     "repeated_aug": 2,  # --num_sample 2 (both ViT-S scripts): 2 clips per video, 24 per step
+    "train_crop": "rrc",  # spatial_sampling's scale [0.08, 1.0], aspect_ratio [0.75, 1.3333]: the defaults
     # as _K400_VIT_S: weight decay 0.05, 5 warm-up epochs, label smoothing 0.1, drop path 0.1
 }
 _SSV2_VIDEOMAE_S_FT: dict[str, Any] = {

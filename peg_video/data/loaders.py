@@ -12,14 +12,14 @@ from peg_core.engine.distributed import DistInfo
 
 from .annotations import Annotations
 from .kinetics import ClipBatches, KineticsVideoDataset
-from .transforms import KINETICS_MEAN, KINETICS_STD, ClipTransformConfig
+from .transforms import KINETICS_MEAN, KINETICS_STD, RRC_RATIO, RRC_SCALE, ClipTransformConfig
 
 __all__ = ["make_loader", "repeated_aug", "transform_config"]
 
 
 def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
     """The spatial recipe of ``args`` (``crop``, ``scale_jitter``, ``test_scale``, ``num_crops``, ``hflip``,
-    ``mean`` / ``std``, ``rand_augment``, ``random_erasing``).
+    ``mean`` / ``std``, ``rand_augment``, ``random_erasing``, ``train_crop``, ``rrc_scale``, ``rrc_ratio``).
 
     A flip is refused for SSv2 here too (not only by the parser), so no other way of building
     the arguments can train it with flipped "left to right" clips.
@@ -40,6 +40,9 @@ def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
         # runs from before these flags: off
         rand_augment=getattr(args, "rand_augment", None),
         random_erasing=float(getattr(args, "random_erasing", 0.0) or 0.0),
+        train_crop=getattr(args, "train_crop", None) or "jitter",
+        rrc_scale=tuple(getattr(args, "rrc_scale", None) or RRC_SCALE),
+        rrc_ratio=tuple(getattr(args, "rrc_ratio", None) or RRC_RATIO),
     )
 
 
@@ -53,7 +56,8 @@ def _check_pytorchvideo(args: argparse.Namespace, cfg: ClipTransformConfig) -> N
     if getattr(args, "sampling", "stride") != "stride":
         raise UserError("segment sampling needs the peg back-end", "--data-backend pytorchvideo")
     peg_only = {"--rand-augment": cfg.rand_augment, "--random-erasing": cfg.random_erasing,
-                "--repeated-aug": repeated_aug(args) > 1}  # fmt: skip
+                "--repeated-aug": repeated_aug(args) > 1,
+                "--train-crop rrc": cfg.train_crop == "rrc"}  # fmt: skip
     flags = [flag for flag, on in peg_only.items() if on]
     if flags:
         raise UserError(f"no {', '.join(flags)} in this back-end (the peg back-end has them)",

@@ -14,11 +14,18 @@ transform on a ``tv_tensors.Video`` ``(T, C, H, W)`` draws its parameters once a
 to every frame, so a clip is augmented as one.  Their draws use the global CPU generator, seeded
 for the call from the clip's ``torch.Generator`` (:class:`ClipAugment`), so they too are functions
 of (seed, epoch, index).
+
+The training crop is the short-side jitter + random crop by default (``train_crop="jitter"``);
+``"rrc"`` is VideoMAE's Inception-style random-resized crop instead (v2's ``RandomResizedCrop``,
+one box for the whole clip, :class:`ClipResizedCrop`), seeded the same way.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -34,10 +41,15 @@ __all__ = [
     "KINETICS_MEAN",
     "KINETICS_STD",
     "RAND_AUGMENT_LEVELS",
+    "RRC_RATIO",
+    "RRC_SCALE",
+    "TRAIN_CROPS",
     "ClipAugment",
+    "ClipResizedCrop",
     "ClipTransformConfig",
     "EvalClipTransform",
     "TrainClipTransform",
+    "check_rrc_range",
     "clip_rand_augment",
     "clip_random_erasing",
     "frames_to_clip",
@@ -50,6 +62,12 @@ KINETICS_STD = (0.225, 0.225, 0.225)
 #: RandAugment magnitudes count in tenths of each op's largest change, as timm's ``m`` (0 .. 10)
 RAND_AUGMENT_LEVELS = 10
 _RAND_AUGMENT = re.compile(r"m(\d+)-n(\d+)")
+#: training crops: short-side jitter + random crop, or VideoMAE's random-resized crop
+TRAIN_CROPS = ("jitter", "rrc")
+#: VideoMAE's random-resized crop (its kinetics / ssv2 datasets' ``spatial_sampling`` arguments):
+#: the box covers 8 % .. 100 % of the frame, width / height 3/4 .. 4/3 (written 0.75, 1.3333 there)
+RRC_SCALE = (0.08, 1.0)
+RRC_RATIO = (0.75, 1.3333)
 
 
 def parse_rand_augment(spec: str) -> tuple[int, int]:
@@ -66,11 +84,29 @@ def parse_rand_augment(spec: str) -> tuple[int, int]:
     return num_ops, magnitude
 
 
+def check_rrc_range(bounds: tuple[float, float], what: str) -> tuple[float, float]:
+    """``bounds`` as a ``(lo, hi)`` float pair of the random-resized crop's ``what``, checked.
+
+    ``what`` is ``"scale"`` (area fractions, ``0 < lo <= hi <= 1``) or ``"ratio"`` (width / height,
+    ``0 < lo <= hi``, finite).
+    """
+    lo, hi = (float(b) for b in bounds)
+    top = 1.0 if what == "scale" else math.inf
+    if not (0.0 < lo <= hi <= top and math.isfinite(hi)):
+        rule = "area fractions 0 < LO <= HI <= 1" if what == "scale" else "aspect ratios 0 < LO <= HI"
+        raise ValueError(f"expected {rule}, got {lo:g},{hi:g}")
+    return lo, hi
+
+
 @dataclass(frozen=True)
 class ClipTransformConfig:
     """Spatial recipe.  Training: random short side in ``train_scale``, random ``crop``
     (and a horizontal flip when ``hflip``; off by default because it swaps left/right motion
     classes).  Testing: short side ``test_scale``, ``num_crops`` (1 or 3) crops of ``crop``.
+
+    ``train_crop="rrc"``: the training clip is instead a random-resized crop to ``crop`` (box area
+    ``rrc_scale`` of the frame, aspect ``rrc_ratio``; VideoMAE's), then the flip; ``train_scale``'s
+    top is then only the short side large videos are decoded at.
 
     Training only, off by default: ``rand_augment`` ``"mM-nN"`` (:func:`parse_rand_augment`) on
     the cropped clip, before normalisation; ``random_erasing``: the probability of one erased box
@@ -86,8 +122,18 @@ class ClipTransformConfig:
     std: tuple[float, float, float] = KINETICS_STD
     rand_augment: str | None = None
     random_erasing: float = 0.0
+    train_crop: str = "jitter"
+    rrc_scale: tuple[float, float] = RRC_SCALE
+    rrc_ratio: tuple[float, float] = RRC_RATIO
 
     def __post_init__(self) -> None:
+        if self.train_crop not in TRAIN_CROPS:
+            raise ValueError(f"train_crop must be one of {', '.join(TRAIN_CROPS)}, got {self.train_crop!r}")
+        for what in ("scale", "ratio"):
+            try:
+                check_rrc_range(getattr(self, f"rrc_{what}"), what)
+            except ValueError as e:
+                raise ValueError(f"rrc_{what}: {e}") from None
         if self.rand_augment is not None:
             parse_rand_augment(self.rand_augment)
         if not 0.0 <= self.random_erasing <= 1.0:
@@ -101,8 +147,9 @@ class ClipTransformConfig:
 
     def check_train(self) -> None:
         """The training crop must fit the smallest training scale (checked only where training uses it,
-        so a model can be evaluated with a larger crop than it was trained with)."""
-        if self.train_scale[0] < self.crop:
+        so a model can be evaluated with a larger crop than it was trained with); the random-resized
+        crop resizes its box to ``crop`` whatever the frame size."""
+        if self.train_crop == "jitter" and self.train_scale[0] < self.crop:
             raise ValueError(f"train_scale {self.train_scale} must be >= crop {self.crop} for training")
 
 
@@ -132,17 +179,43 @@ class ClipAugment:
         self.uint8 = uint8
 
     def __call__(self, clip: torch.Tensor, seed: int) -> torch.Tensor:
-        """``(C, T, H, W)`` float clip -> the augmented clip (same shape, dtype); draws seeded by ``seed``."""
+        """``(C, T, H, W)`` float clip -> the augmented clip (same dtype); draws seeded by ``seed``."""
         video = clip.transpose(0, 1)
         if self.uint8:
             video = video.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
-        # seed the global CPU generator (the one v2 draws from) for this call only
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
+        with _seeded(seed):
             out = self.transform(tv_tensors.Video(video)).as_subclass(torch.Tensor)
         if self.uint8:
             out = out.float().div_(255.0)
         return out.transpose(0, 1)
+
+
+@contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """The global CPU generator (the one v2 draws from) seeded with ``seed`` for the block only."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        yield
+
+
+class ClipResizedCrop(ClipAugment):
+    """v2's ``RandomResizedCrop`` of a ``(C, T, H, W)`` clip: one box for all frames, resized to ``size``.
+
+    Bilinear with antialiasing (a box of the whole frame is downscaled, as ``short_side_scale``).
+    """
+
+    def __init__(self, size: int, scale: tuple[float, float] = RRC_SCALE,
+                 ratio: tuple[float, float] = RRC_RATIO) -> None:  # fmt: skip
+        crop = v2.RandomResizedCrop(
+            size, check_rrc_range(scale, "scale"), check_rrc_range(ratio, "ratio"), antialias=True
+        )
+        super().__init__(crop)
+
+    def box(self, clip: torch.Tensor, seed: int) -> tuple[int, int, int, int]:
+        """``(top, left, height, width)`` of the box that ``self(clip, seed)`` crops from each frame."""
+        with _seeded(seed):
+            params = self.transform.make_params([tv_tensors.Video(clip.transpose(0, 1))])
+        return params["top"], params["left"], params["height"], params["width"]
 
 
 def clip_rand_augment(spec: str, mean: tuple[float, ...]) -> ClipAugment:
@@ -178,24 +251,24 @@ def _draw_seed(generator: torch.Generator) -> int:
 class TrainClipTransform:
     """``(C, T, H, W)`` float clip -> ``(C, T, crop, crop)`` augmented, normalised clip.
 
-    Order: scale jitter, crop, flip, RandAugment (uint8 values), normalisation, random erasing.
+    Order: scale jitter and crop (or the random-resized crop), flip, RandAugment (uint8 values),
+    normalisation, random erasing.
     """
 
     def __init__(self, cfg: ClipTransformConfig) -> None:
         cfg.check_train()
         self.cfg = cfg
+        rrc = cfg.train_crop == "rrc"
+        self.resized_crop = ClipResizedCrop(cfg.crop, cfg.rrc_scale, cfg.rrc_ratio) if rrc else None
         self.rand_augment = clip_rand_augment(cfg.rand_augment, cfg.mean) if cfg.rand_augment else None
         self.erasing = clip_random_erasing(cfg.random_erasing) if cfg.random_erasing > 0 else None
 
     def __call__(self, clip: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         cfg = self.cfg
-        lo, hi = cfg.train_scale
-        size = int(torch.randint(lo, hi + 1, (1,), generator=generator))
-        clip = short_side_scale(clip, size)
-        h, w = clip.shape[-2:]
-        top = int(torch.randint(0, h - cfg.crop + 1, (1,), generator=generator))
-        left = int(torch.randint(0, w - cfg.crop + 1, (1,), generator=generator))
-        clip = clip[..., top : top + cfg.crop, left : left + cfg.crop]
+        if self.resized_crop is not None:
+            clip = self.resized_crop(clip, _draw_seed(generator))
+        else:
+            clip = self._jitter_crop(clip, generator)
         if cfg.hflip and bool(torch.rand((), generator=generator) < 0.5):
             clip = clip.flip(-1)
         # the augmentations draw from `generator` only when on: without them a clip is as before
@@ -205,6 +278,17 @@ class TrainClipTransform:
         if self.erasing is not None:
             clip = self.erasing(clip, _draw_seed(generator))
         return clip
+
+    def _jitter_crop(self, clip: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """A random short side in ``train_scale``, then a random ``crop x crop`` window."""
+        crop = self.cfg.crop
+        lo, hi = self.cfg.train_scale
+        size = int(torch.randint(lo, hi + 1, (1,), generator=generator))
+        clip = short_side_scale(clip, size)
+        h, w = clip.shape[-2:]
+        top = int(torch.randint(0, h - crop + 1, (1,), generator=generator))
+        left = int(torch.randint(0, w - crop + 1, (1,), generator=generator))
+        return clip[..., top : top + crop, left : left + crop]
 
 
 class EvalClipTransform:
