@@ -66,6 +66,10 @@ def _predict(checkpoint: Path, images: list[Path], out: Path) -> dict[str, list[
 def test_predict_command_writes_category_ids_and_names(run, data, tmp_path, capsys):
     checkpoint, _ = run
     images = sorted((data / "val2017").iterdir())
+    (plain,) = _predict(
+        checkpoint, images[:1], tmp_path / "plain"
+    ).values()  # the trained weights as they are
+    assert plain and all(d["label"] in NAMES and d["name"] == NAMES[d["label"]] for d in plain)
     contiguous = _spread_classes(checkpoint, tmp_path / "contiguous.pth", "contiguous")
     assert LabelMap.from_meta(read_checkpoint(contiguous)["meta"]) == LabelMap.from_meta(
         read_checkpoint(checkpoint)["meta"]
@@ -120,3 +124,19 @@ def test_eval_takes_the_checkpoints_map_and_refuses_another(run, tmp_path, capsy
         f"detections (leave --labels out: the checkpoint's map is used): {checkpoint}"
     ]
     assert not (tmp_path / "ids" / "report.json").exists()
+
+
+def test_recorded_label_map_refuses_any_other_mode():
+    from peg_core.engine import UserError
+    from peg_detr.task import recorded_label_map
+
+    cats = [{"id": i, "name": n} for i, n in NAMES.items()]
+    ids = LabelMap.from_categories(cats, "ids")
+    old = {"meta": {"categories": cats}}  # written before meta["labels"]: ids
+    assert recorded_label_map(old, None, "old.pth") == ids == recorded_label_map(old, "ids", "old.pth")
+    with pytest.raises(UserError) as e:
+        recorded_label_map(old, "contiguous", "old.pth")
+    assert e.value.line() == (
+        "error: the checkpoint was trained with --labels ids; --labels contiguous would mis-label its "
+        "detections (leave --labels out: the checkpoint's map is used): old.pth"
+    )
