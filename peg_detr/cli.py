@@ -322,6 +322,12 @@ def build_eval_parser() -> argparse.ArgumentParser:
         choices=RESIZE_MODES,
         help="resize mode of a learned table (default: the checkpoint's)",
     )
+    # accepted only as the checkpoint's own: its training fixed what each label means
+    p.add_argument(
+        "--labels",
+        choices=LABEL_MODES,
+        help="the checkpoint's --labels (the default; another mode is an error: its labels mean what training made them)",
+    )
     return p
 
 

@@ -69,6 +69,7 @@ __all__ = [
     "EmaModel",
     "ValSets",
     "optimizer_groups",
+    "recorded_label_map",
     "resolve_label_map",
     "run_args",
     "warmup_ema_decay",
@@ -271,6 +272,23 @@ def resolve_label_map(
             args.init,
         )
     return label_map, num_classes
+
+
+def recorded_label_map(ckpt: dict[str, Any], requested: str | None, where: Any) -> LabelMap:
+    """The checkpoint's :class:`LabelMap`; a ``requested`` ``--labels`` other than its mode is a UserError.
+
+    A classifier's labels mean what its training made them: reading a ``contiguous`` model's label
+    ``k`` as category id ``k`` (or the reverse) would silently give every detection a wrong
+    category, so there is no re-mapping to honour, only the recorded mode to confirm.
+    """
+    label_map = LabelMap.from_meta(ckpt.get("meta") or {})
+    if requested is not None and requested != label_map.mode:
+        raise UserError(
+            f"the checkpoint was trained with --labels {label_map.mode}; --labels {requested} would mis-label "
+            f"its detections (leave --labels out: the checkpoint's map is used)",
+            where,
+        )
+    return label_map
 
 
 def per_process_batch(args: argparse.Namespace, world_size: int) -> int:
@@ -575,14 +593,14 @@ class DetectTask:
                     "--data-root is required (the checkpoint does not name its data)", args.checkpoint
                 )
             data_root, val_json = Path(run["data_root"]), val_json or run.get("val_json")
+        label_map = recorded_label_map(ckpt, getattr(args, "labels", None), args.checkpoint)
         mode = getattr(args, "pos_interpolation", None)
         loaded = load_model(ckpt, args.checkpoint, pos_interpolation=mode)
         model, postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
         val_size = args.val_size or int(meta.get("val_size") or 800)
         val = ValSets(
             data_root, val_json, args.eval_sizes or [val_size], val_size,
-            getattr(args, "coco_eval_backend", "faster"), loaded.config.get("arch", "detr"),
-            LabelMap.from_meta(meta),
+            getattr(args, "coco_eval_backend", "faster"), loaded.config.get("arch", "detr"), label_map,
         )  # fmt: skip
         _check_categories(val, int(ckpt["model_config"]["num_classes"]))
         model.to(ctx.device)

@@ -17,41 +17,18 @@ from peg_detr.cli import parse_train_args
 from peg_detr.data import (
     CocoDetr,
     LabelMap,
-    SyntheticSpec,
     load_coco_annotations,
     make_rtdetr_val_transforms,
-    make_synthetic_coco,
     match_label_names,
 )
 from peg_detr.evaluation import BACKENDS, CocoEvaluator
 from peg_detr.model import load_model
-
-#: rtdetr_demo_tiny at 64 px only: one step of 4 images, seconds on a CPU
-SMALL_RUN = ("--train-sizes", "64", "--val-size", "64")
-#: the synthetic shapes' ids 1, 2, 3 rewritten with gaps
-GAP_IDS = {1: 1, 2: 3, 3: 7}
-NAMES = {1: "square", 3: "disc", 7: "triangle"}
-
-
-def _with_gaps(root: Path) -> Path:
-    """Rewrite the shapes set's category ids 1, 2, 3 as 1, 3, 7 in both splits (images untouched)."""
-    for split in ("train", "val"):
-        path = root / "annotations" / f"instances_{split}2017.json"
-        doc = json.loads(path.read_text())
-        doc["categories"] = [{**c, "id": GAP_IDS[c["id"]]} for c in doc["categories"]]
-        # listed out of order: the map sorts by id
-        doc["categories"].reverse()
-        for a in doc["annotations"]:
-            a["category_id"] = GAP_IDS[a["category_id"]]
-        path.write_text(json.dumps(doc))
-    return root
+from tests.detr.label_runs import NAMES, SMALL_RUN, make_gap_data, train_contiguous
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=3, min_frac=0.3, max_frac=0.45)
-    root = make_synthetic_coco(tmp_path_factory.mktemp("gaps"), num_train=4, num_val=3, seed=2, spec=spec)
-    return _with_gaps(root)
+    return make_gap_data(tmp_path_factory.mktemp("gaps"))
 
 
 # ------------------------------------------------------------------------------------ the label map
@@ -203,17 +180,8 @@ def _train(data: Path, out: Path, *flags: str) -> dict:
 @pytest.fixture(scope="module")
 def contiguous_run(data, tmp_path_factory):
     """``--config rtdetr_r18vd_6x`` (no ``--labels``: the recipe's contiguous) shrunk to seconds on a CPU."""
-    from peg_detr.cli import train
-
     out = tmp_path_factory.mktemp("contiguous")
-    report = train([
-        "--config", "rtdetr_r18vd_6x", "--data-root", str(data), "--output-dir", str(out), "--backbone", "tiny",
-        "--hidden-dim", "32", "--num-heads", "2", "--dim-feedforward", "64", "--dec-layers", "2",
-        "--num-queries", "20", "--num-denoising", "10", "--total-batch-size", "4", "--warmup-steps", "10",
-        "--ema-decay", "0.99", "--ema-warmups", "20", "--lr", "5e-4", "--lr-backbone", "5e-4", "--epochs", "1",
-        "--eval-every", "0", "--workers", "0", "--device", "cpu", "--no-progress", "--seed", "3", *SMALL_RUN,
-    ])  # fmt: skip
-    return out, report
+    return out, train_contiguous(data, out)
 
 
 def test_a_contiguous_run_records_its_map_and_predicts_category_ids(contiguous_run, data, tmp_path, capsys):
@@ -279,20 +247,6 @@ def test_init_with_another_class_count_and_no_name_match_is_one_error_line(data,
         f"the 3 category names of instances_train2017.json: {folder}"
     ]
     assert not (out / "checkpoint.pth").exists()
-
-
-def test_the_eval_verb_uses_the_recorded_map(contiguous_run, capsys):
-    from peg_detr.__main__ import main as cli
-
-    out, report = contiguous_run
-    assert (
-        cli(
-            ["eval", "--checkpoint", str(out / "checkpoint.pth"), "--workers", "0", "--no-progress", "--json"]
-        )
-        == 0
-    )
-    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["eval"]
-    assert (again["ap"], again["ap50"], again["size"]) == (report["eval"]["ap"], report["eval"]["ap50"], 64)
 
 
 @pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
