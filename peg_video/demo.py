@@ -12,6 +12,9 @@ than two intra-op threads for a model this small.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +22,27 @@ from typing import Any
 import torch
 
 from . import cli
-from .data.synthetic import SyntheticSpec, make_synthetic_kinetics
+from .data.synthetic import GENERATOR_VERSION, SyntheticSpec, make_synthetic_kinetics
 
-__all__ = ["run_demo"]
+__all__ = ["demo_data", "run_demo"]
+
+
+def demo_data(root: Path, spec: SyntheticSpec) -> Path:
+    """The synthetic set of ``spec`` in ``root``, generated unless ``root`` already holds exactly that.
+
+    ``root/spec.json`` records the spec and :data:`GENERATOR_VERSION`; anything else in ``root``
+    (another spec, an older generator, no stamp) is removed and generated anew.
+    """
+    stamp = root / "spec.json"
+    # through JSON once, so that tuples compare as the lists the stamp reads back
+    wanted = json.loads(json.dumps({"generator_version": GENERATOR_VERSION, **dataclasses.asdict(spec)}))
+    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    make_synthetic_kinetics(root, spec)
+    stamp.write_text(json.dumps(wanted))
+    return root
+
 
 LONG_CLIP = 12  # frames at evaluation; training uses 8
 
@@ -33,9 +54,7 @@ def run_demo(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     spec = (
         SyntheticSpec(num_train=12, num_val=6, seed=0) if quick else SyntheticSpec(num_train=240, num_val=60)
     )
-    data = out_dir / "data"
-    if not (data / "val.csv").is_file():
-        make_synthetic_kinetics(data, spec)
+    data = demo_data(out_dir / "data", spec)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -39,6 +39,7 @@ from peg_core.errors import InputError
 av = require("av", None, "av", what="peg_video")  # the video encoder / decoder (PyAV)
 
 __all__ = [
+    "GENERATOR_VERSION",
     "MOTIONS",
     "FrameSizeError",
     "SyntheticSpec",
@@ -47,6 +48,11 @@ __all__ = [
     "render_video",
     "write_mp4",
 ]
+
+#: bumped whenever the same spec and seed start to write different files, so that data kept on disk
+#: (the demo's) is regenerated instead of silently giving the old numbers.  2: no B-frames and
+#: bit-exact containers (2026-12-03; 1 had x264's adaptive B-frames, not reproducible byte for byte).
+GENERATOR_VERSION = 2
 
 # Label names deliberately contain spaces, like Kinetics ("air drumming").
 MOTIONS = ("move right", "move left", "move down", "move up", "circle clockwise", "circle counterclockwise")
