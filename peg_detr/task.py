@@ -430,7 +430,9 @@ def _train_set(
             crop_resize=args.crop_resize or None,
             crop_size=tuple(args.crop_size),
         )
-    return CocoDetr(img_dir, annotations or load_coco_annotations(ann), transforms, label_map), ann
+    # seeded: a sample's augmentation is a function of (seed, epoch, index), whatever --workers says
+    ds = CocoDetr(img_dir, annotations or load_coco_annotations(ann), transforms, label_map, seed=args.seed)
+    return ds, ann
 
 
 def _train_loader(
@@ -440,7 +442,11 @@ def _train_loader(
     sampler = DistributedSampler(ds, ctx.dist.world_size, ctx.dist.rank, shuffle=True, seed=args.seed)
     generator = torch.Generator()
     rtdetr = _arch(args) == "rtdetr"
-    collate = MultiScaleCollate(args.train_scales or (), rtdetr_stop_epoch(args)) if rtdetr else collate_detr
+    collate = (
+        MultiScaleCollate(args.train_scales or (), rtdetr_stop_epoch(args), seed=args.seed)
+        if rtdetr
+        else collate_detr
+    )
     loader = DataLoader(
         SkipBroken(ds), batch, sampler=sampler, collate_fn=skipping_collate(collate),
         num_workers=args.workers, drop_last=True, generator=generator,
@@ -448,6 +454,7 @@ def _train_loader(
 
     def on_epoch_start(epoch: int) -> None:
         sampler.set_epoch(epoch)
+        ds.set_epoch(epoch)
         generator.manual_seed(args.seed * 1000 + epoch)
         # --no-aug-epochs: before this epoch's iterator (and its workers' copies) is made
         for policy in (ds.transforms, collate):

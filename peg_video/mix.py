@@ -21,6 +21,8 @@ from torch import Tensor
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from peg_core.engine import seeded
+
 __all__ = ["ClipMix", "build_clip_mix", "mix_seed", "smooth_one_hot"]
 
 
@@ -84,8 +86,7 @@ class ClipMix:
         clips = tv_tensors.Video(video.transpose(1, 2))
         # The draws use the global CPU generator: seed it for this call only (torch.manual_seed
         # would reseed the CUDA generators too, and with them dropout / drop path).
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
+        with seeded(seed):
             mixed, targets = self.transform(clips, targets)
         return mixed.as_subclass(Tensor).transpose(1, 2), targets
 

@@ -65,7 +65,7 @@ from .cli import (
     positive_int_list,
     unit_fraction,
 )
-from .distributed import DistInfo, init_distributed, is_main_process, seed_everything
+from .distributed import DistInfo, init_distributed, is_main_process, sample_seed, seed_everything, seeded
 from .errors import (
     EXIT_DIVERGED,
     EXIT_ERROR,
@@ -187,7 +187,9 @@ __all__ = [
     "remove_stale_temp_files",
     "run_command",
     "run_reported",
+    "sample_seed",
     "seed_everything",
+    "seeded",
     "skipping_collate",
     "summary_line",
     "unit_fraction",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +26,9 @@ __all__ = [
     "is_main_process",
     "reduce_mean",
     "reduce_sum",
+    "sample_seed",
     "seed_everything",
+    "seeded",
 ]
 
 
@@ -118,3 +122,22 @@ def seed_everything(seed: int, rank: int = 0) -> None:
         np.random.seed(s % 2**32)
     except ImportError:  # pragma: no cover - numpy ships with torch in practice
         pass
+
+
+def sample_seed(*key: Hashable) -> int:
+    """A 62-bit seed that is a function of ``key`` alone, e.g. ``(seed, epoch, index)``.
+
+    Goes through SHA-512 in :class:`random.Random` (a string seed), so it is the same in every
+    process, worker and Python run: a sample's augmentation does not depend on which data-loader
+    worker (or how many) produced it, nor on what the generator drew before.
+    """
+    return random.Random("peg-sample:" + ":".join(map(str, key))).getrandbits(62)
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """The global CPU generator (the one torchvision's v2 transforms draw from) seeded with
+    ``seed`` for the block only; the caller's random state is restored after it."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        yield

@@ -21,7 +21,7 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from peg_core.engine import BrokenSample, UserError
+from peg_core.engine import BrokenSample, UserError, sample_seed, seeded
 
 from ..structures import ImageBatch, pad_images
 from .annotations import CocoAnnotations, load_coco_annotations
@@ -64,6 +64,9 @@ class CocoDetr(Dataset):
         transforms: a v2 transform called as ``transforms(image, target)`` with
             ``target["boxes"]`` a XYXY ``BoundingBoxes`` and ``target["labels"]``.
         label_map: category ids -> labels (default: the ids themselves, DETR's convention).
+        seed: with a seed, ``transforms`` draw from a generator seeded by ``(seed, epoch, index)``
+            (:meth:`set_epoch`), so a sample's augmentation is the same whichever data-loader
+            worker, and however many, produce it; ``None`` draws from torch's global generator.
     """
 
     def __init__(
@@ -72,8 +75,10 @@ class CocoDetr(Dataset):
         annotations: str | os.PathLike | CocoAnnotations,
         transforms: Callable | None = None,
         label_map: LabelMap | None = None,
+        seed: int | None = None,
     ) -> None:
         self.root = Path(root)
+        self.seed, self.epoch = seed, 0
         if not self.root.is_dir():
             raise UserError("image folder not found", self.root)
         if not isinstance(annotations, CocoAnnotations):
@@ -96,6 +101,10 @@ class CocoDetr(Dataset):
     def __len__(self) -> int:
         return len(self.ids)
 
+    def set_epoch(self, epoch: int) -> None:
+        """New augmentation draws each epoch; call before the epoch's loader iterator is made."""
+        self.epoch = epoch
+
     def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Any]]:
         image_id = self.ids[index]
         path = self.root / self.coco.imgs[image_id]["file_name"]
@@ -114,7 +123,10 @@ class CocoDetr(Dataset):
             "image_id": torch.tensor(image_id),
             "orig_size": torch.tensor([h, w]),
         }
-        if self.transforms is not None:
+        if self.transforms is not None and self.seed is not None:
+            with seeded(sample_seed(self.seed, self.epoch, index)):
+                image, target = self.transforms(image, target)
+        elif self.transforms is not None:
             image, target = self.transforms(image, target)
         if not isinstance(image, Tensor):
             raise TypeError(f"transforms must end with a tensor image, got {type(image).__name__}")

@@ -27,6 +27,8 @@ from torchvision.ops import box_convert
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from peg_core.engine import sample_seed
+
 from ..structures import ImageBatch, pad_images
 
 __all__ = [
@@ -236,31 +238,39 @@ class MultiScaleCollate:
     """Stack a batch and resize it to one side drawn per batch from ``sizes`` (RT-DETR's multi-scale).
 
     Every image of the batch gets the same square size, so the batch needs no padding (the
-    mask is all False); boxes are normalised cxcywh and so do not change.  The side is drawn
-    with torch's generator (a worker's seed, or the global one with ``workers=0``), so a resumed
-    run draws the same sides.  ``sizes=()`` keeps the images as the transforms made them
-    (images of several sizes are then padded, as for DETR).  With ``stop_epoch``, epochs from
-    ``stop_epoch`` on (:meth:`set_epoch`) keep them too: RT-DETRv2's collate ``stop_epoch``.
+    mask is all False); boxes are normalised cxcywh and so do not change.  With a ``seed`` the
+    side is a function of ``(seed, epoch, the batch's image ids)``: the same whichever data-loader
+    worker (or how many) collates the batch, and the same in a resumed run; without one it is
+    drawn from torch's global generator.  ``sizes=()`` keeps the images as the transforms made
+    them (images of several sizes are then padded, as for DETR).  With ``stop_epoch``, epochs
+    from ``stop_epoch`` on (:meth:`set_epoch`) keep them too: RT-DETRv2's collate ``stop_epoch``.
 
     ``__call__(batch)`` takes ``[(image (3, H, W), target), ...]`` and returns
     ``(ImageBatch (B, 3, S, S), targets)`` with each target's ``size`` set to ``(S, S)``.
     """
 
-    def __init__(self, sizes: Sequence[int] = (), stop_epoch: int | None = None) -> None:
+    def __init__(self, sizes: Sequence[int] = (), stop_epoch: int | None = None, seed: int | None = None) -> None:
         if any(int(s) < 1 for s in sizes):
             raise ValueError(f"multi-scale sizes must be positive, got {list(sizes)}")
         self.sizes = [int(s) for s in sizes]
-        self.stop_epoch = stop_epoch
+        self.stop_epoch, self.seed, self.epoch = stop_epoch, seed, 0
         self.multi_scale = True
 
     def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         self.multi_scale = self.stop_epoch is None or epoch < self.stop_epoch
+
+    def _side(self, targets: list[dict[str, Any]]) -> int:
+        if self.seed is None:
+            return self.sizes[int(torch.randint(len(self.sizes), ()))]
+        ids = [int(t["image_id"]) for t in targets]
+        return self.sizes[sample_seed("side", self.seed, self.epoch, *ids) % len(self.sizes)]
 
     def __call__(self, batch: list[tuple[Tensor, dict[str, Any]]]) -> tuple[Any, list[dict[str, Any]]]:
         images, targets = (list(x) for x in zip(*batch))
         if not self.sizes or not self.multi_scale:
             return pad_images(images), targets
-        side = self.sizes[int(torch.randint(len(self.sizes), ()))]
+        side = self._side(targets)
         resized = torch.cat([_resize_image(im, side) for im in images])
         mask = torch.zeros(len(images), side, side, dtype=torch.bool)
         size = torch.tensor([side, side])

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
+
+from peg_core.engine import seeded
 
 from ..compat import ensure_pytorchvideo_compat
 
@@ -183,19 +183,11 @@ class ClipAugment:
         video = clip.transpose(0, 1)
         if self.uint8:
             video = video.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
-        with _seeded(seed):
+        with seeded(seed):
             out = self.transform(tv_tensors.Video(video)).as_subclass(torch.Tensor)
         if self.uint8:
             out = out.float().div_(255.0)
         return out.transpose(0, 1)
-
-
-@contextmanager
-def _seeded(seed: int) -> Iterator[None]:
-    """The global CPU generator (the one v2 draws from) seeded with ``seed`` for the block only."""
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed)
-        yield
 
 
 class ClipResizedCrop(ClipAugment):
@@ -213,7 +205,7 @@ class ClipResizedCrop(ClipAugment):
 
     def box(self, clip: torch.Tensor, seed: int) -> tuple[int, int, int, int]:
         """``(top, left, height, width)`` of the box that ``self(clip, seed)`` crops from each frame."""
-        with _seeded(seed):
+        with seeded(seed):
             params = self.transform.make_params([tv_tensors.Video(clip.transpose(0, 1))])
         return params["top"], params["left"], params["height"], params["width"]
 
