@@ -90,27 +90,28 @@ def _train(
     return summary
 
 
-def run_demo(out_dir: Path, quick: bool = False) -> dict[str, Any]:
+def run_demo(out_dir: Path, quick: bool = False, seed: int = 0) -> dict[str, Any]:
     """Train and evaluate the demo DETR-PEG, then the RT-DETR-PEG on the same data.
 
     Returns DETR's ``ap``, ``ap50``, ``ap_by_size``, ``ap50_by_size``, ``final_loss``, ``size`` (the
     headline's input size), ``seconds``
     (data generation included) and ``rtdetr``: the same keys for :func:`run_rtdetr_demo`.
     ``quick`` shrinks data and training to seconds (a smoke run for tests; its numbers mean nothing).
+    ``seed`` is both runs' ``--seed`` (initialisation, data order, augmentation); the data are the same.
     """
     t0 = time.time()
     out_dir = Path(out_dir)
     data = _dataset(out_dir / ("data_quick" if quick else "data"), quick)
     size = DEMO_DATA[quick][2].size
     eval_sizes = [size * 3 // 4, size, size * 5 // 4]  # 60, 80, 100 for the 80 px demo
-    flags = ["--epochs", "1", "--train-sizes", "48"] if quick else []
+    flags = ["--seed", str(seed), *(["--epochs", "1", "--train-sizes", "48"] if quick else [])]
     summary = _train("DETR-PEG", "demo_tiny", data, out_dir / "train", size, eval_sizes, flags)
     summary["seconds"] = round(time.time() - t0, 1)
-    summary["rtdetr"] = run_rtdetr_demo(out_dir, data, quick)
+    summary["rtdetr"] = run_rtdetr_demo(out_dir, data, quick, seed)
     return summary
 
 
-def run_rtdetr_demo(out_dir: Path, data: Path, quick: bool = False) -> dict[str, Any]:
+def run_rtdetr_demo(out_dir: Path, data: Path, quick: bool = False, seed: int = 0) -> dict[str, Any]:
     """RT-DETR-PEG (``rtdetr_demo_tiny``) on the demo data in ``out_dir/rtdetr``: the keys of :func:`run_demo`.
 
     Trained as RT-DETR is (one square side per batch, 0.8x..1.2x of the data's size) for
@@ -120,5 +121,5 @@ def run_rtdetr_demo(out_dir: Path, data: Path, quick: bool = False) -> dict[str,
     sides = [size] if quick else [size * 4 // 5, size, size * 6 // 5]  # 64, 80, 96 for the 80 px demo
     eval_sizes = [size * 3 // 4, size, size * 3 // 2, size * 2]  # 60, 80, 120, 160
     flags = ["--train-sizes", ",".join(map(str, sides)), "--epochs", str(1 if quick else RTDETR_DEMO_EPOCHS),
-             "--lr", str(RTDETR_DEMO_LR), "--lr-backbone", str(RTDETR_DEMO_LR)]  # fmt: skip
+             "--lr", str(RTDETR_DEMO_LR), "--lr-backbone", str(RTDETR_DEMO_LR), "--seed", str(seed)]  # fmt: skip
     return _train("RT-DETR-PEG", "rtdetr_demo_tiny", data, out_dir / "rtdetr", size, eval_sizes, flags)

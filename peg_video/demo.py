@@ -47,8 +47,11 @@ def demo_data(root: Path, spec: SyntheticSpec) -> Path:
 LONG_CLIP = 12  # frames at evaluation; training uses 8
 
 
-def run_demo(out_dir: Path, quick: bool = False) -> dict[str, Any]:
-    """Run the demo under ``out_dir``; returns top-1/top-5, top-1 at the longer clip, counts, seconds."""
+def run_demo(out_dir: Path, quick: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Run the demo under ``out_dir`` (``seed``: the training run's ``--seed``; the data are the same).
+
+    Returns top-1/top-5, top-1 at the longer clip, counts, seconds.
+    """
     t0 = time.time()
     out_dir = Path(out_dir)
     spec = (
@@ -60,6 +63,7 @@ def run_demo(out_dir: Path, quick: bool = False) -> dict[str, Any]:
     try:
         flags = ["--train-ann", str(data / "train.csv"), "--val-ann", str(data / "val.csv")]
         flags += ["--config", "synthetic_tiny", "--output-dir", str(out_dir / "run"), "--workers", "1"]
+        flags += ["--seed", str(seed)]
         if quick:
             flags += ["--epochs", "1", "--no-progress"]
         report = cli.train(flags)

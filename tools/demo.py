@@ -5,7 +5,7 @@ RT-DETR-PEG on synthetic COCO (peg_detr; the latter under ``detect.rtdetr``) and
 the PEG video transformer on synthetic Kinetics (peg_video).  Prints the headline numbers last and writes them to
 ``runs/demo/summary.json`` (one object per part plus total seconds).
 
-    python -m tools.demo [--parts classify,detect,video] [--quick] [--out runs/demo]
+    python -m tools.demo [--parts classify,detect,video] [--quick] [--seed 0] [--out runs/demo]
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import time
 from pathlib import Path
+
+import torch
 
 # part name -> (module, function): each returns a flat dict of numbers.
 PARTS = {
@@ -34,6 +37,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
     ap.add_argument("--out", type=Path, default=Path("runs/demo"))
     ap.add_argument("--quick", action="store_true", help="seconds-long smoke run (used by the tests)")
+    ap.add_argument(
+        "--seed", type=int, default=0, help="every part's training --seed (the data stay the same)"
+    )
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
@@ -47,10 +53,14 @@ def main(argv: list[str] | None = None) -> dict:
         module, fn = PARTS[name]
         print(f"\n=== demo part: {name} ===", flush=True)
         t = time.time()
-        result = getattr(importlib.import_module(module), fn)(args.out / name, quick=args.quick)
+        result = getattr(importlib.import_module(module), fn)(
+            args.out / name, quick=args.quick, seed=args.seed
+        )
         result.setdefault("seconds", round(time.time() - t, 1))
         summary[name] = result
     summary["seconds"] = round(time.time() - t0, 1)
+    summary["seed"] = args.seed
+    summary["cpu"] = cpu_path()
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     print("\n=== demo summary (also in %s) ===" % (args.out / "summary.json"))
@@ -63,6 +73,17 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  rtdetr  {nums}  ({rtdetr['seconds']} s, RT-DETR-PEG)")
     print(f"total     {summary['seconds']} s")
     return summary
+
+
+#: what selects a CPU kernel path: ATen's own dispatch, and that of MKL and oneDNN (which torch's CPU
+#: wheels call for matrix products and convolutions); tools.demo_spread sets all three to emulate AVX2
+CPU_PATH_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
+def cpu_path() -> dict[str, str]:
+    """The kernel path this process runs: ATen's capability and the variables that choose it."""
+    path = {"capability": torch.backends.cpu.get_cpu_capability()}
+    return path | {k: os.environ[k] for k in CPU_PATH_VARIABLES if k in os.environ}
 
 
 def _fmt(v) -> str:

@@ -22,10 +22,11 @@ from .shapes import NUM_CLASSES
 __all__ = ["run_demo"]
 
 
-def run_demo(out_dir: str | os.PathLike, quick: bool = False) -> dict[str, Any]:
+def run_demo(out_dir: str | os.PathLike, quick: bool = False, seed: int = 0) -> dict[str, Any]:
     """Train the small CPVT-PEG on the generated shapes; evaluate it at 0.75x..2x the training size.
 
-    6 epochs of 2048 images at 48 px (384 steps; ``quick``: 2 epochs of 512, near chance).
+    6 epochs of 2048 images at 48 px (384 steps; ``quick``: 2 epochs of 512, near chance); ``seed``
+    is the training run's ``--seed`` (initialisation and data order; the data are the same).
     Writes ``classify.json`` to ``out_dir`` (the run's checkpoint, logs and report.json too) and returns
     ``{"top1", "top5", "top1_by_size", "train_size", "chance", "epochs", "final_loss", "seconds"}``.
     """
@@ -34,7 +35,7 @@ def run_demo(out_dir: str | os.PathLike, quick: bool = False) -> dict[str, Any]:
     config = "demo_quick" if quick else "demo"
     size = CONFIGS[config]["img_size"]
     sizes = ",".join(str(s) for s in scaled_sizes(size))
-    trained = train(["--config", config, "--output-dir", str(out_dir), "--workers", "0"])
+    trained = train(["--config", config, "--output-dir", str(out_dir), "--workers", "0", "--seed", str(seed)])
     checked = evaluate([
         "--checkpoint", str(out_dir / "checkpoint.pth"), "--eval-sizes", sizes,
         "--output-dir", str(out_dir / "eval"), "--workers", "0",

@@ -9,22 +9,33 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from tools import readme_numbers
+from tools.demo import CPU_PATH_VARIABLES
+from tools.demo_spread import PATHS
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_demo_quick_writes_summary(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def _quick_demo(out: Path, cwd: Path, path: str = "default") -> tuple[subprocess.CompletedProcess, dict]:
+    """``tools.demo --quick`` in a process of its own under CPU path ``path`` (tools.demo_spread's PATHS)."""
+    env = {k: v for k, v in os.environ.items() if k not in CPU_PATH_VARIABLES}
+    env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **PATHS[path]}
     proc = subprocess.run(
         [sys.executable, "-m", "tools.demo", "--quick", "--out", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400,
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
+    return proc, json.loads((out / "summary.json").read_text())
 
-    assert set(summary) == {"classify", "detect", "video", "seconds"}
+
+@pytest.mark.slow
+def test_demo_quick_writes_summary(tmp_path: Path) -> None:
+    proc, summary = _quick_demo(tmp_path / "demo", tmp_path)
+
+    assert set(summary) == {"classify", "detect", "video", "seconds", "seed", "cpu"}
+    assert summary["seed"] == 0 and summary["cpu"] == {"capability": torch.backends.cpu.get_cpu_capability()}
     assert summary["seconds"] >= sum(summary[p]["seconds"] for p in ("classify", "detect", "video")) - 1.0
     for part, keys in (("classify", ("top1",)), ("detect", ("ap", "ap50")), ("video", ("top1", "top5"))):
         for key in keys:
@@ -45,3 +56,18 @@ def test_demo_quick_writes_summary(tmp_path: Path) -> None:
     # The headline numbers are printed last, one line per part (detect's RT-DETR-PEG line under it), then the total.
     tail = proc.stdout.rstrip().splitlines()[-5:]
     assert [line.split()[0] for line in tail] == ["classify", "detect", "rtdetr", "video", "total"]
+
+
+@pytest.mark.slow
+def test_demo_fast_path_under_two_cpu_capabilities(tmp_path: Path) -> None:
+    """The AVX2 kernels (what a machine without AVX-512 runs) and the machine's own both run the demo.
+
+    The two paths may round differently (that is why the README quotes ranges), but each gives a
+    whole, well-formed summary and records the path it ran.
+    """
+    runs = {path: _quick_demo(tmp_path / path, tmp_path, path)[1] for path in ("default", "avx2")}
+    assert runs["avx2"]["cpu"] == {"capability": "AVX2", **PATHS["avx2"]}
+    assert runs["default"]["cpu"]["capability"] == torch.backends.cpu.get_cpu_capability()
+    for summary in runs.values():
+        metrics = readme_numbers.metrics(summary)
+        assert len(metrics) == 16 and all(0.0 <= v <= 1.0 for v in metrics.values()), metrics
