@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchvision import tv_tensors
