@@ -118,7 +118,7 @@ def render_table(summaries: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> 
     if ("detect-rtdetr", "AP") in keys:
         rows.append(row(
             "detect-rtdetr",
-            f"RT-DETR-PEG (tiny backbone, PEG in AIFI), same data, trained multi-scale around {int(d['rtdetr']['size'])} px",
+            f"RT-DETR-PEG (tiny backbone, PEG in AIFI), same data, trained at {int(d['rtdetr']['size'])} px",
             lambda s: s["detect"]["rtdetr"]["seconds"],
         ))  # fmt: skip
     v = first["video"]
