@@ -48,6 +48,8 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -81,6 +83,8 @@ __all__ = [
     "main",
     "markdown_table",
     "plot_task",
+    "row_styles",
+    "task_figure",
     "write_report",
 ]
 
@@ -170,24 +174,80 @@ def error_bars(result: TaskResult) -> dict[str, tuple[list[float], list[float]]]
     }
 
 
-def plot_task(result: TaskResult, path: Path) -> Path:
-    """Metric against test size, one line per encoding row, error bars = sample std; PNG via Agg."""
-    import matplotlib
+#: 20 qualitative colours of high mutual contrast (Kelly's list without white and the near-black olive,
+#: its violet, too close to its purple, replaced by a cyan): ten more than matplotlib's default cycle,
+#: which gave a 12-row table two rows of the same blue
+PALETTE = (
+    "#0067A5", "#BE0032", "#008856", "#F38400", "#875692", "#222222", "#A1CAF1", "#8DB600", "#E68FAC",
+    "#848482", "#F3C300", "#17BECF", "#882D17", "#F99379", "#C2B280", "#B3446C", "#DCD300", "#654522",
+    "#E25822", "#F6A600",
+)  # fmt: skip
+#: 7 markers: with 20 colours, the pair (colour, marker) repeats only after 140 rows (lcm(20, 7))
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+#: the rows the study trains, in the order that fixes their style: the same row has the same colour and
+#: marker in every figure, and the rows the README compares (peg, a resized table, the rotary rows)
+#: get the most distinct colours
+STYLE_ORDER = (
+    "peg", "learned (bicubic)", "rope-mixed", "peg+rope-mixed", "none", "sincos", "peg-dynamic",
+    "learned (bilinear)", "learned (nearest)", "learned + multi-scale", "learned + progressive", "rope-axial",
+    "sine", "rope-dinov3", "peg+rope-axial", "learned",
+)  # fmt: skip
+#: video rows drawn as their image counterpart (a video figure never holds an image row): a PEG is the
+#: blue circle and the rotary rows keep their colours in every figure
+STYLE_LIKE = {"peg3d": "peg", "peg3d-factorized": "peg-dynamic", "rope-3d": "rope-mixed",
+              "peg3d+rope-3d": "peg+rope-mixed"}  # fmt: skip
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.2, 3.6), dpi=100)
+def row_styles(labels: list[str]) -> dict[str, tuple[str, str]]:
+    """``label -> (colour, marker)``, a distinct pair per label, the same pair for a label in every figure.
+
+    A label of :data:`STYLE_ORDER` takes its place there, a label of :data:`STYLE_LIKE` its
+    counterpart's place (when the counterpart is not in ``labels``); any other label (a row this module
+    does not know) takes the next free place after them, in sorted order, so a figure never repeats a pair.
+    """
+    index = {name: i for i, name in enumerate(STYLE_ORDER)}
+    for name, like in STYLE_LIKE.items():
+        if like not in labels:
+            index[name] = index[like]
+    unknown = sorted(set(labels) - set(index))
+    index.update({name: len(STYLE_ORDER) + k for k, name in enumerate(unknown)})
+    return {
+        label: (PALETTE[index[label] % len(PALETTE)], MARKERS[index[label] % len(MARKERS)])
+        for label in labels
+    }
+
+
+def task_figure(result: TaskResult) -> Figure:
+    """Metric against test size, one line per encoding row, error bars = sample std (a pyplot-free Figure).
+
+    Every row has its own colour and marker (:func:`row_styles`); a resized table in another mode than
+    bicubic is dashed.  The metrics are fractions: error bars are cut at 0 and 1, and a top-k axis ends
+    at 1.0 (an AP axis at its largest value, never above 1.0).
+    """
+    fig = Figure(figsize=(7.2, 3.6), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     x = list(range(len(result.sizes)))
     modes = {r.label: r.mode for r in result.rows}
     bars = error_bars(result)
+    styles = row_styles(list(bars))
+    lows, highs = [], []
     for i, (label, (means, stds)) in enumerate(bars.items()):
-        style = "--" if modes[label] not in (None, "bicubic") else "-"
-        shift = 0.03 * (
-            i - (len(bars) - 1) / 2
-        )  # side by side, so that the error bars do not hide each other
-        ax.errorbar([v + shift for v in x], means, yerr=stds, fmt=style, marker="o", capsize=2, label=label,
-                    markersize=3)  # fmt: skip
+        below = [min(s, m) for m, s in zip(means, stds, strict=True)]  # a fraction is never below 0
+        above = [max(0.0, min(s, 1.0 - m)) for m, s in zip(means, stds, strict=True)]  # ... nor above 1
+        lows += [m - b for m, b in zip(means, below, strict=True)]
+        highs += [m + a for m, a in zip(means, above, strict=True)]
+        colour, marker = styles[label]
+        line = "--" if modes[label] not in (None, "bicubic") else "-"
+        # side by side, so that the error bars do not hide each other
+        shift = 0.03 * (i - (len(bars) - 1) / 2)
+        ax.errorbar([v + shift for v in x], means, yerr=[below, above], fmt=line, color=colour, marker=marker,
+                    capsize=2, label=label, markersize=4, clip_on=False)  # fmt: skip
+    if lows:
+        lo, hi = min(lows), max(highs)
+        pad = 0.05 * max(hi - lo, 0.1)
+        top = 1.0 if result.metric.lower().startswith("top") else min(1.0, hi + pad)
+        ax.set_ylim(max(0.0, lo - pad), top)
     ax.set_xticks(x, result.sizes)
     ax.set_xlabel(f"test size (trained at {result.train_size})")
     ax.set_ylabel(result.metric)
@@ -196,9 +256,13 @@ def plot_task(result: TaskResult, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
+    return fig
+
+
+def plot_task(result: TaskResult, path: Path) -> Path:
+    """:func:`task_figure` written to ``path`` as a PNG."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    task_figure(result).savefig(path)
     return path
 
 

@@ -1,14 +1,21 @@
 """Every fenced ```bash / ```sh / ```python block of README.md and docs/*.md is executed or checked.
 
 * ``python`` blocks run for real: all blocks of one file, in order, in one
-  subprocess (tmp working directory, the repository on ``PYTHONPATH``), each
-  in a fresh namespace; a failure names the file and the block's line.
+  subprocess (the repository on ``PYTHONPATH``), each in a fresh namespace; a
+  failure names the file and the block's line.  They run in the working
+  directory where the file's own commands ran, beside what README.md's
+  commands created (``runs/detr_tiny`` ...): a block reads what a documented
+  command makes, never a file made for the test (:func:`test_python_blocks_read_what_commands_make`).
 * shell commands (one per line; ``\\`` continuations joined, ``#`` comments
-  dropped) are classified by :func:`classify`:
+  dropped) are classified by :func:`classify`, then :func:`plan`:
 
   - ``run``: cheap commands run for real, in order, in one tmp working
     directory per file (so ``make-data`` can feed a later command), after
-    :data:`FIXTURES` created the files the docs refer to;
+    :data:`FIXTURES` created the downloads the docs refer to;
+  - ``produce``: a ``train`` (not under ``torchrun``) whose ``--output-dir``
+    a later ``run`` command or a ``python`` block reads runs for real too, as
+    written but for :data:`SUBSTITUTIONS` (so ``predict`` and the Predictor
+    blocks read a checkpoint the docs' own commands trained);
   - ``parse``: commands that need a GPU, real COCO / Kinetics, or ``torchrun``
     (its launcher options are stripped) are fed to the module's own argparse
     parser, so every flag, choice and config name they use must exist; so are
@@ -21,9 +28,12 @@
   A command the harness cannot classify fails the test, so a new command in
   the docs needs a rule here.
 
-Placeholders: docs use real-looking names and the fixtures make them real
-(see :data:`FIXTURES`); :data:`SUBSTITUTIONS` rewrites the few arguments that
-would be too slow to run as written (none of them changes which flags are used).
+Placeholders: docs use real-looking names for files a user downloads, and the
+fixtures make them (see :data:`FIXTURES`: a DeiT checkpoint, a Hugging Face
+VideoMAE folder; nothing a documented command makes); :data:`SUBSTITUTIONS`
+rewrites the few arguments that would be too slow to run as written (none of
+them changes which flags are used).  The README says so where its Python
+blocks read those runs.
 """
 
 from __future__ import annotations
@@ -46,10 +56,14 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(bash|sh|python)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 
-#: (regex, replacement) applied to ``run`` commands before they execute (documented in the docs pages).
-SUBSTITUTIONS: list[tuple[str, str]] = [
-    (r"--num-train \d+", "--num-train 6"),  # synthetic videos: enough to check the layout, seconds to write
-    (r"--num-val \d+", "--num-val 6"),
+#: (module, regex, replacement) applied to the ``run`` / ``produce`` commands of that module before they
+#: execute (the README says so where its blocks read the result)
+SUBSTITUTIONS: list[tuple[str, str, str]] = [
+    # synthetic videos: enough to check the layout and train a few steps, seconds to write
+    ("peg_video", r"--num-train \d+", "--num-train 6"),
+    ("peg_video", r"--num-val \d+", "--num-val 6"),
+    # the tiny DETR: 2 epochs give the checkpoint predict and the Predictor blocks read, 30 take a minute
+    ("peg_detr", r"--epochs \d+", "--epochs 2"),
 ]
 
 
@@ -225,6 +239,50 @@ def check_parse(module: str, args: list[str]) -> None:
         raise AssertionError(f"argparse rejected `{shown}` (exit {e.code})") from None
 
 
+#: verbs that write a folder a later command or block may read: (module, verb) -> the flag naming it
+PRODUCERS: dict[tuple[str, str], str] = {
+    ("peg_core", "train"): "--output-dir",
+    ("peg_detr", "train"): "--output-dir",
+    ("peg_video", "train"): "--output-dir",
+}
+
+
+def _output_of(module: str, args: list[str]) -> str | None:
+    """The folder a producer command writes (its ``--output-dir``), else None."""
+    sub = args[0] if args and not args[0].startswith("-") else None
+    flag = PRODUCERS.get((module, sub)) if sub is not None else None
+    if flag is None or flag not in args[:-1]:
+        return None
+    return args[args.index(flag) + 1].rstrip("/")
+
+
+def _reads(text: str, folder: str) -> bool:
+    """``text`` (an argument or a python block) names ``folder`` or a path inside it."""
+    return re.search(rf"(?<![\w/.-]){re.escape(folder)}(?![\w.-])", text) is not None
+
+
+def plan(
+    commands: list[tuple[int, list[str]]], readers: list[str]
+) -> list[tuple[int, list[str], str, str, list[str]]]:
+    """``(line, argv, kind, module, args)`` per command, kind ``run`` / ``produce`` / ``parse`` / ``skip``.
+
+    A ``train`` (not under ``torchrun``) is ``produce``d, that is run for real, when a later ``run`` or
+    ``produce`` command or one of ``readers`` (the python blocks that run beside these commands) reads its
+    ``--output-dir``; decided from the last command back, so a chain of runs is followed.
+    """
+    out: list[tuple[int, list[str], str, str, list[str]]] = []
+    later: list[str] = list(readers)
+    for line, argv in reversed(commands):
+        kind, module, args = classify(argv)
+        folder = _output_of(module, args) if kind == "parse" and argv[0] != "torchrun" else None
+        if folder is not None and any(_reads(text, folder) for text in later):
+            kind = "produce"
+        if kind in ("run", "produce"):
+            later.append(shlex.join(args))
+        out.append((line, argv, kind, module, args))
+    return out[::-1]
+
+
 # ------------------------------------------------------------------------------------------- fixtures
 
 
@@ -241,73 +299,6 @@ def _deit_checkpoint(path: Path) -> None:
     torch.save({"model": sd}, path)
 
 
-def _detr_checkpoint(path: Path) -> None:
-    """A tiny untrained ``peg_detr`` training checkpoint (what ``predict`` reads)."""
-    from peg_core.interop import atomic_save
-    from peg_detr import build_detr
-
-    model, _, _ = build_detr(
-        "tiny", "peg", num_classes=4, num_queries=5, hidden_dim=32, num_heads=2, enc_layers=1, dec_layers=1,
-        dim_feedforward=64,
-    )  # fmt: skip
-    cats = [
-        {"id": i, "name": n, "supercategory": "shape"}
-        for i, n in enumerate(("square", "disc", "triangle"), 1)
-    ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_save(
-        {"task": "detect", "model": model.state_dict(), "model_config": model.build_config,
-         "meta": {"categories": cats, "val_size": 64}},
-        path,
-    )  # fmt: skip
-
-
-def _quiet(fn: Callable[[list[str]], object], argv: list[str]) -> None:
-    """Run a command function in process for a fixture, its console lines swallowed."""
-    import io
-
-    import torch
-
-    threads = torch.get_num_threads()  # --threads 1 of the tiny runs must not leak into later tests
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            assert fn(argv) is not None
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _classify_run(path: Path) -> None:
-    """A one-epoch tiny CPVT (seconds) and the generated shapes it reads (``data/py_shapes``)."""
-    from peg_core.classify import cli
-    from tests.core.classify_runs import tiny
-
-    work = path.parents[2]
-    _quiet(
-        cli.make_data,
-        [str(work / "data" / "py_shapes"), "--num-train", "12", "--num-val", "12", "--img-size", "16"],
-    )
-    _quiet(cli.train, [*tiny(24, 12), "--epochs", "1", "--output-dir", str(path.parent)])
-
-
-def _detect_images(path: Path) -> None:
-    """The synthetic COCO shapes (``make-data``'s layout) under ``path``."""
-    from peg_detr.data import SyntheticSpec, make_synthetic_coco
-
-    make_synthetic_coco(path, num_train=2, num_val=2, seed=0, spec=SyntheticSpec(size=64, num_classes=3))
-
-
-def _video_run(path: Path) -> None:
-    """A one-epoch tiny video transformer and the synthetic Kinetics set it reads (``data/py_video``)."""
-    from peg_video import cli
-    from tests.video.runs import TINY, synthetic_set
-
-    data = synthetic_set(path.parents[2] / "data" / "py_video", num_train=4, num_val=2, frames=8)
-    _quiet(
-        cli.train,
-        ["--train-ann", str(data / "train.csv"), "--output-dir", str(path.parent), *TINY, "--epochs", "1"],
-    )
-
-
 def _videomae_folder(path: Path) -> None:
     """A tiny random VideoMAE classifier (``save_pretrained``): the docs' downloaded VideoMAE folder."""
     import torch
@@ -319,15 +310,120 @@ def _videomae_folder(path: Path) -> None:
     transformers.VideoMAEForVideoClassification(cfg).save_pretrained(path)
 
 
-#: files the docs' commands and python blocks read, created in the working directory before they run
+#: downloads the docs' commands and python blocks read (a user brings them; nothing here can be
+#: downloaded), created in the working directory before they run.  What a documented command makes
+#: (data, runs) is never a fixture: the command runs (``produce``, :func:`plan`).
 FIXTURES: dict[str, Callable[[Path], None]] = {
     "deit_tiny_patch16_224.pth": _deit_checkpoint,
-    "runs/detr_tiny/checkpoint.pth": _detr_checkpoint,
-    "runs/py_classify/checkpoint.pth": _classify_run,
-    "data/py_coco": _detect_images,
-    "runs/py_video/checkpoint.pth": _video_run,
     "videomae-small-k400": _videomae_folder,
 }
+
+
+def _make_fixtures(work: Path, texts: list[str]) -> None:
+    """The :data:`FIXTURES` that ``texts`` (arguments, python blocks) name, made under ``work`` once."""
+    for name, make in FIXTURES.items():
+        if any(name in text for text in texts) and not (work / name).exists():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            make(work / name)
+
+
+def _python_code(path: Path) -> list[tuple[int, str]]:
+    return [(line, textwrap.dedent(src)) for lang, line, src in blocks(path) if lang == "python"]
+
+
+def _commands(path: Path) -> list[tuple[int, list[str]]]:
+    return [
+        (line, argv) for lang, line, code in blocks(path) if lang == "sh" for argv in shell_commands(code)
+    ]
+
+
+README = REPO / "README.md"
+
+
+def _readers(path: Path) -> list[str]:
+    """The python blocks that run beside ``path``'s commands: its own, and for README.md every file's
+    (their blocks run beside README's runs)."""
+    docs = DOCS if path == README else [path]
+    return [code for doc in docs for _, code in _python_code(doc)]
+
+
+def _made_by_commands(path: Path) -> set[str]:
+    """The folders the shell commands of ``path`` and README.md write (``make-data OUT``, ``--output-dir``)."""
+    made = set()
+    for doc in dict.fromkeys([path, README]):
+        for _, argv in _commands(doc):
+            kind, module, args = classify(argv)
+            if kind == "skip":
+                continue
+            if (out := _output_of(module, args)) is not None:
+                made.add(out)
+            if len(args) > 1 and args[0] == "make-data":
+                made.add(args[1].rstrip("/"))
+    return made
+
+
+def _reads_readme_runs(path: Path) -> bool:
+    """Whether the python blocks of ``path`` (another file than README.md) read what README's commands make."""
+    made = _made_by_commands(README)
+    return path != README and any(_reads(code, folder) for _, code in _python_code(path) for folder in made)
+
+
+def _params(lang: str) -> list:
+    """The doc files with ``lang`` blocks; those that train the documented runs first are marked slow."""
+    out = []
+    for path in DOCS:
+        if any(b[0] == lang for b in blocks(path)):
+            trains = path == README or (lang == "python" and _reads_readme_runs(path))
+            out.append(pytest.param(path, id=_doc_id(path), marks=[pytest.mark.slow] if trains else []))
+    return out
+
+
+def run_doc_commands(path: Path, work: Path) -> None:
+    """Run (or parse) every shell command of ``path`` in order in ``work``; AssertionError on the first failure."""
+    commands = _commands(path)
+    _make_fixtures(work, [a for _, argv in commands for a in argv])
+    for line, argv, kind, module, args in plan(commands, _readers(path)):
+        if kind == "parse":
+            with contextlib.chdir(work):  # a relative --init FOLDER is read while parsing
+                check_parse(module, args)
+        elif kind in ("run", "produce"):
+            text = shlex.join(args)
+            for mod, pattern, repl in SUBSTITUTIONS:
+                text = re.sub(pattern, repl, text) if mod == module else text
+            proc = subprocess.run(
+                [sys.executable, "-m", module, *shlex.split(text)],
+                cwd=work, env=_env(), capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            assert proc.returncode == 0, (
+                f"{_doc_id(path)}:{line}: `{shlex.join(argv)}` failed\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+            )
+
+
+class DocRuns:
+    """One working directory per doc file, its commands run once per session (the shell test and the
+    python test of a file, and every file's python blocks beside README's runs, share it)."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self.factory = factory
+        self.done: dict[Path, Path | str] = {}
+
+    def workdir(self, path: Path) -> Path:
+        if path not in self.done:
+            work = self.factory.mktemp(re.sub(r"\W+", "_", _doc_id(path)))
+            try:
+                run_doc_commands(path, work)
+                self.done[path] = work
+            except AssertionError as e:
+                self.done[path] = str(e)
+        result = self.done[path]
+        if isinstance(result, str):
+            raise AssertionError(f"the commands of {_doc_id(path)} failed:\n{result}")
+        return result
+
+
+@pytest.fixture(scope="session")
+def doc_runs(tmp_path_factory: pytest.TempPathFactory) -> DocRuns:
+    return DocRuns(tmp_path_factory)
 
 
 # ---------------------------------------------------------------------------------------------- tests
@@ -381,31 +477,9 @@ def test_harness_rejects_what_it_cannot_check() -> None:
         check_parse(module, args)
 
 
-@pytest.mark.parametrize("path", [p for p in DOCS if any(b[0] == "sh" for b in blocks(p))], ids=_doc_id)
-def test_shell_commands(path: Path, tmp_path: Path) -> None:
-    commands = [
-        (line, argv) for lang, line, code in blocks(path) if lang == "sh" for argv in shell_commands(code)
-    ]
-    for name, make in FIXTURES.items():
-        if any(name in a for _, argv in commands for a in argv):
-            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-            make(tmp_path / name)
-    for line, argv in commands:
-        kind, module, args = classify(argv)
-        if kind == "parse":
-            with contextlib.chdir(tmp_path):  # a relative --init FOLDER is read while parsing
-                check_parse(module, args)
-        elif kind == "run":
-            text = shlex.join(args)
-            for pattern, repl in SUBSTITUTIONS:
-                text = re.sub(pattern, repl, text)
-            proc = subprocess.run(
-                [sys.executable, "-m", module, *shlex.split(text)],
-                cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-            assert proc.returncode == 0, (
-                f"{_doc_id(path)}:{line}: `{shlex.join(argv)}` failed\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-            )
+@pytest.mark.parametrize("path", _params("sh"))
+def test_shell_commands(path: Path, doc_runs: DocRuns) -> None:
+    doc_runs.workdir(path)
 
 
 _RUNNER = """
@@ -421,15 +495,74 @@ for line, code in blocks:
 """
 
 
-@pytest.mark.parametrize("path", [p for p in DOCS if any(b[0] == "python" for b in blocks(p))], ids=_doc_id)
-def test_python_blocks(path: Path, tmp_path: Path) -> None:
-    code = [(line, textwrap.dedent(src)) for lang, line, src in blocks(path) if lang == "python"]
-    for name, make in FIXTURES.items():  # e.g. the checkpoints the Predictor examples load
-        if any(name in src for _, src in code):
-            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-            make(tmp_path / name)
+def _link_missing(src: Path, dst: Path) -> None:
+    """Symbolic links in ``dst`` to what ``src`` holds and ``dst`` does not (folders merged entry by entry)."""
+    for entry in src.iterdir():
+        there = dst / entry.name
+        if not there.exists():
+            there.symlink_to(entry)
+        elif entry.is_dir() and there.is_dir() and not there.is_symlink():
+            _link_missing(entry, there)
+
+
+@pytest.mark.parametrize("path", _params("python"))
+def test_python_blocks(path: Path, doc_runs: DocRuns) -> None:
+    """The file's blocks, in the directory where its commands ran, beside what README's commands made."""
+    code = _python_code(path)
+    work = doc_runs.workdir(path)
+    if _reads_readme_runs(path):
+        _link_missing(doc_runs.workdir(README), work)
+    _make_fixtures(work, [src for _, src in code])  # e.g. the Hugging Face folder a block loads
     runner = _RUNNER.format(blocks=code, doc=_doc_id(path))
     proc = subprocess.run(
-        [sys.executable, "-c", runner], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", runner], cwd=work, env=_env(), capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_python_blocks_read_what_commands_make() -> None:
+    """A path under ``runs/`` or ``data/`` in a python block is written by a documented command (of its file
+    or README.md), which the tests run; a fixture only stands in for a download."""
+    unmade = []
+    for path in DOCS:
+        made = _made_by_commands(path)
+        for line, code in _python_code(path):
+            for m in re.finditer(r"[\"']((?:runs|data)/[^\"'*]*)", code):
+                if not any(_reads(m.group(1), folder) for folder in made):
+                    unmade.append(f"{_doc_id(path)}:{line}: {m.group(1)}")
+    assert not unmade, "python blocks read paths no documented command makes:\n" + "\n".join(unmade)
+    every = set().union(*(_made_by_commands(p) for p in DOCS))
+    assert not [name for name in FIXTURES if name.split("/")[0] in ("runs", "data") or name in every]
+
+
+def test_plan_runs_a_train_only_when_its_output_is_read() -> None:
+    def train(*flags: str) -> list[str]:
+        return ["python", "-m", "peg_detr", "train", "--data-root", "d", *flags]
+
+    commands = [
+        (1, ["python", "-m", "peg_detr", "make-data", "d"]),
+        (2, train("--output-dir", "runs/a")),  # read by 3, which a block reads: run
+        (3, train("--init", "runs/a/checkpoint.pth", "--output-dir", "runs/b")),
+        (4, train("--output-dir", "runs/ab")),  # runs/ab is not runs/a nor runs/b: parsed only
+        (5, train("--output-dir", "runs/c")),  # read by the predict below: run
+        (6, ["python", "-m", "peg_detr", "predict", "x.jpg", "--checkpoint", "runs/c/checkpoint.pth"]),
+        (7, ["torchrun", "--nproc_per_node", "8", "-m", "peg_detr", "train", "--output-dir", "runs/d"]),
+        (8, ["python", "-m", "peg_detr", "eval", "--checkpoint", "runs/ab/checkpoint.pth"]),  # parsed: no run
+    ]
+    readers = ['Predictor.from_checkpoint("runs/b/checkpoint.pth")', 'open("runs/d/report.json")']
+    kinds = [kind for _, _, kind, _, _ in plan(commands, readers)]
+    assert kinds == ["run", "produce", "produce", "parse", "produce", "run", "parse", "parse"]
+
+
+def test_video_quick_start_is_the_demo_recipe() -> None:
+    """The README's video quick start trains what ``make demo``'s video part trains: its recipe
+    ``synthetic_tiny`` (not the default 12-block ViT-Ti) on a set of the demo's size."""
+    from peg_video.cli import build_make_data_parser, parse_train_args
+
+    video = [argv[3:] for _, argv in _commands(README) if argv[:3] == ["python", "-m", "peg_video"]]
+    make = build_make_data_parser().parse_args(next(a for a in video if a[0] == "make-data")[1:])
+    train = next(a for a in video if a[0] == "train" and "--train-ann" in a)[1:]
+    assert str(make.out) in " ".join(train)  # it trains on the set the line before makes
+    assert (make.num_train, make.num_val) == (240, 60)  # peg_video/demo.py: SyntheticSpec(240, 60)
+    assert vars(parse_train_args(train)) == vars(parse_train_args([*train, "--config", "synthetic_tiny"]))
+    assert parse_train_args(train).model_opts["depth"] == 2

@@ -23,6 +23,8 @@ from tools.study import (
     judge,
     main,
     markdown_table,
+    row_styles,
+    task_figure,
     write_report,
 )
 from tools.study_cost import encoding_cost
@@ -113,6 +115,69 @@ def test_write_report_files(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 200_000
     doc = json.loads((tmp_path / "study.json").read_text())
     assert doc["tasks"]["classify"]["rows"][1]["scores"] == {"36 px": 0.25, "48 px": 1.0}
+
+
+#: the encoding rows of the documented classify table (12 rows: two more than matplotlib's colour cycle)
+CLASSIFY_ROWS = [
+    ("peg", None), ("peg-dynamic", None), ("sincos", None), ("learned (bicubic)", "bicubic"),
+    ("learned (bilinear)", "bilinear"), ("learned (nearest)", "nearest"), ("none", None),
+    ("learned + multi-scale", None), ("learned + progressive", None), ("rope-axial", None), ("rope-mixed", None),
+    ("peg+rope-mixed", None),
+]  # fmt: skip
+
+
+def _figure_result(task: str, metric: str, rows: list[tuple[str, str | None]]) -> TaskResult:
+    """A three-seed result whose learned rows have the README's spread (0.749 ± 0.415: past 1.0)."""
+    sizes = ["36 px", "48 px", "72 px"]
+    out = []
+    for k, (label, mode) in enumerate(rows):
+        mean = 1.0 if label == "sincos" else 0.25 + 0.05 * k
+        std = 0.415 if label.startswith("learned") else 0.02
+        out.append(Row(label, label.split(" ")[0], mode, dict.fromkeys(sizes, mean), 0, 0,
+                       std=dict.fromkeys(sizes, std)))  # fmt: skip
+    return TaskResult(task, metric, "48 px", sizes, out, {"epochs": 1}, "toy", seeds=[0, 1, 2])
+
+
+def _styles(fig) -> dict[str, tuple[str, str]]:
+    """``label -> (colour, marker)`` of each error-bar line of the figure's axes."""
+    ax = fig.axes[0]
+    out = {}
+    for container in ax.containers:
+        line = container.lines[0]
+        out[container.get_label()] = (line.get_color().lower(), line.get_marker())
+    return out
+
+
+def test_study_figure_rows_have_distinct_styles_and_top1_ends_at_one() -> None:
+    classify = task_figure(_figure_result("classify", "top-1", CLASSIFY_ROWS))
+    styles = _styles(classify)
+    assert list(styles) == [label for label, _ in CLASSIFY_ROWS]
+    assert len(set(styles.values())) == len(CLASSIFY_ROWS)  # no two rows look alike (was: peg = rope-mixed)
+    assert len({colour for colour, _ in styles.values()}) == len(CLASSIFY_ROWS)  # colours alone differ too
+    bottom, top = classify.axes[0].get_ylim()
+    assert top == 1.0 and bottom >= 0.0  # 0.749 ± 0.415 does not stretch the axis past 1.0
+    # the same row has the same style in every figure
+    detect_rows = [
+        ("peg", None),
+        ("sine", None),
+        ("learned (bicubic)", "bicubic"),
+        ("none", None),
+        ("rope-mixed", None),
+    ]
+    detect = task_figure(_figure_result("detect", "AP50", detect_rows))
+    assert detect.axes[0].get_ylim()[1] <= 1.0
+    for label, style in _styles(detect).items():
+        assert style == styles.get(label, style)
+    assert _styles(detect)["peg"] == styles["peg"] != styles["rope-mixed"]
+    # a video figure draws its PEG as the image figures draw theirs, and its rows stay distinct
+    video_rows = [("peg3d", None), ("peg3d-factorized", None), ("learned (bicubic)", "bicubic"),
+                  ("learned (nearest)", "nearest"), ("none", None), ("rope-3d", None), ("peg3d+rope-3d", None)]  # fmt: skip
+    video = _styles(task_figure(_figure_result("video", "top-1", video_rows)))
+    assert len(set(video.values())) == len(video_rows) and video["peg3d"] == styles["peg"]
+    assert len(set(row_styles(["peg", "peg3d", "rope-3d", "rope-mixed"]).values())) == 4
+    # rows the module does not know still get pairs of their own
+    many = [f"row {i}" for i in range(30)] + ["peg"]
+    assert len(set(row_styles(many).values())) == len(many)
 
 
 def test_data_needs_a_single_task(tmp_path: Path) -> None:
