@@ -1,8 +1,8 @@
 """python -m peg_core: the CPVT classifier and checkpoint surgery.
 
-    python -m peg_core make-data OUT [--n-train 2048 --n-val 512 --img-size 48 --format png]
-    python -m peg_core train [--config demo] [--data PATH] [--output-dir runs/classify] ...
-    python -m peg_core eval --checkpoint CKPT [--data PATH] [--eval-sizes 36,48,72,96]
+    python -m peg_core make-data OUT [--num-train 2048 --num-val 512 --img-size 48 --format png]
+    python -m peg_core train [--config demo] [--data-root PATH] [--output-dir runs/classify] ...
+    python -m peg_core eval --checkpoint CKPT [--data-root PATH] [--eval-sizes 36,48,72,96]
     python -m peg_core predict --checkpoint CKPT IMAGE...
     python -m peg_core configs [NAME]
     python -m peg_core resize-pos-embed IN OUT --grid 24x24 [--mode bicubic] [--key K] [--prefix-tokens N]
@@ -10,7 +10,9 @@
     python -m peg_core quantize CKPT OUT.pt2 [--calib 256] [--calib-data PATH] [--img-size S]
 
 Surgery: ``IN`` / ``OUT`` are ``.pth`` (read with ``weights_only=True``) or
-``.safetensors`` files; ``OUT`` is written in the format its suffix names.
+``.safetensors`` files; ``OUT`` is written in the format its suffix names.  ``OUT`` may not be
+``IN``, a training checkpoint or a file of another kind unless ``--overwrite`` (an earlier
+weights file of the same name is replaced).
 
 This is the command-line layer: the library's documented errors (``WeightsError``, a
 ``ValueError``; ``OSError`` while writing; ``MissingDependency`` for a missing safetensors) become
@@ -27,7 +29,18 @@ from pathlib import Path
 from . import __version__
 from .classify import cli as classify_cli
 from .classify.quantize import main as quantize_cli
-from .engine import UserError, dispatch, grid_arg, int_list, new_parser, nonnegative_int, positive_int
+from .engine import (
+    UserError,
+    add_overwrite_arg,
+    check_output_file,
+    dispatch,
+    grid_arg,
+    int_list,
+    new_parser,
+    nonnegative_int,
+    positive_int,
+)
+from .engine.outputs import WEIGHTS
 from .interop import WeightsError, learned_to_cpvt, read_state_file, resize_checkpoint, write_state_file
 
 PROG = "python -m peg_core"
@@ -45,6 +58,7 @@ def _resize_parser() -> argparse.ArgumentParser:
     r.add_argument("--prefix-tokens", type=nonnegative_int, help="class/distillation tokens in the table")
     r.add_argument("--old-grid", type=grid_arg, default=None, help="the table's grid when it is not square")
     r.add_argument("--antialias", action="store_true", help="anti-aliased down-sizing")
+    add_overwrite_arg(r)
     r.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     return r
 
@@ -56,6 +70,7 @@ def _to_cpvt_parser() -> argparse.ArgumentParser:
     c.add_argument("--peg-at", type=int_list, default=[0], help="blocks followed by a PEG, e.g. 0 or 0,1,2")
     c.add_argument("--kernel-size", type=positive_int, default=3)
     c.add_argument("--key", default=None, help="table key (found by name when omitted)")
+    add_overwrite_arg(c)
     c.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     return c
 
@@ -84,8 +99,14 @@ def _write(new: object, args: argparse.Namespace, summary: str) -> int:
     return 0
 
 
+def _check_output(args: argparse.Namespace) -> None:
+    """OUT may not be IN, a training checkpoint or a file of another kind (unless ``--overwrite``)."""
+    check_output_file(args.output, WEIGHTS, inputs=[args.input], overwrite=args.overwrite)
+
+
 def resize_pos_embed(argv: Sequence[str]) -> int:
     args = _resize_parser().parse_args(argv)
+    _check_output(args)
     obj = _load(args.input)
     try:
         new, change = resize_checkpoint(
@@ -99,6 +120,7 @@ def resize_pos_embed(argv: Sequence[str]) -> int:
 
 def to_cpvt(argv: Sequence[str]) -> int:
     args = _to_cpvt_parser().parse_args(argv)
+    _check_output(args)
     obj = _load(args.input)
     try:
         new, report = learned_to_cpvt(obj, peg_at=args.peg_at, kernel_size=args.kernel_size, key=args.key)

@@ -9,6 +9,10 @@ Error policy by layer (see ``docs/architecture.md``):
   :class:`InputError` into the one line ``error: <what>: <where>``;
 * anything else is a bug and keeps its traceback.
 
+A :class:`NonFiniteError` is no input problem: it says a computation met NaN/inf values (a
+model's predictions, as the DETR matcher finds them).  The training engine turns it into the
+NaN policy's stop (``TrainingDiverged``, one line, the last good checkpoint kept).
+
 An optional package that is not installed is a :class:`MissingDependency`, raised by
 :func:`require` at the one place that imports it: its message names the package and the
 ``pip install`` line of the extra that brings it.
@@ -22,7 +26,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-__all__ = ["InputError", "MissingDependency", "require"]
+__all__ = ["InputError", "MissingDependency", "NonFiniteError", "require"]
 
 
 class InputError(ValueError):
@@ -50,6 +54,16 @@ class MissingDependency(InputError, ImportError):
     def __init__(self, what: str, where: Any = None, *, module: str | None = None) -> None:
         super().__init__(what, where)
         self.name = module  # ImportError's attribute: the module that is missing
+
+
+class NonFiniteError(ValueError, FloatingPointError):
+    """A computation met NaN/inf values, e.g. the predictions a matching cost is built from.
+
+    Raised by library code that cannot go on with such values (the Hungarian matcher); the
+    training engine turns it into its NaN/inf stop, exactly like a non-finite loss.  A
+    ``ValueError`` (callers that check arguments keep catching it) and a ``FloatingPointError``
+    (what it is: an arithmetic result out of range, not a bad argument).
+    """
 
 
 def _install_hint(extra: str | None, package: str = "peg-core") -> str:

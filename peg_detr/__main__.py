@@ -1,4 +1,4 @@
-"""Command line: ``python -m peg_detr {make-data,train,eval,predict,export,export-hf} ...``.
+"""Command line: ``python -m peg_detr {make-data,train,eval,predict,configs,export,export-hf} ...``.
 
 * ``make-data OUT``: write the synthetic shapes set in COCO layout.
 * ``train``: train on a COCO-format set (works under ``torchrun``); see ``train -h``.

@@ -16,15 +16,14 @@ checked by argparse types, so a bad one is a one-line usage error.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from peg_core.engine import (
+    PEG_OPTIONS,
     RESIZE_MODES,
     Summary,
-    UserError,
     add_alias,
     add_arch_arg,
     add_data_root_arg,
@@ -39,6 +38,7 @@ from peg_core.engine import (
     done_line,
     ensure_writable,
     evaluate_checkpoint,
+    explicit_options,
     fit,
     grid_arg,
     image_side,
@@ -46,12 +46,20 @@ from peg_core.engine import (
     new_parser,
     nonnegative_float,
     nonnegative_int,
+    output_names,
     parse_with_config,
     positive_float,
     positive_int,
     print_closing,
+    refuse_without_effect,
     run_reported,
     unit_fraction,
+)
+from peg_core.engine.predict_cli import (
+    add_predict_args,
+    check_predict_outputs,
+    finish_predict,
+    predict_device,
 )
 
 from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, RTDETR_DEFAULTS
@@ -77,6 +85,7 @@ __all__ = [
     "parse_eval_args",
     "parse_train_args",
     "predict",
+    "refuse_unused_model_flags",
     "sizes_or_off",
     "train",
 ]
@@ -119,10 +128,12 @@ _PREDICT_DOC = """Run a trained DETR on image files; write annotated images and 
     python -m peg_detr predict a.jpg b.png --checkpoint runs/detr/checkpoint.pth --threshold 0.7 --output-dir preds
 
 For each input ``NAME.ext`` the output folder gets ``NAME.png`` with the boxes and
-``label score`` captions (drawn at least 512 px on the long side), and ``detections.json`` maps each input path to its detections
-(``label``, ``name``, ``score``, ``box`` as ``[x0, y0, x1, y1]`` pixels).  A single
-unreadable image is an error; among several, unreadable ones are skipped and listed in
-``report.json`` (``broken``).
+``label score`` captions (drawn at least 512 px on the long side; inputs of the same name get
+distinct pictures, ``a_x.png`` and ``b_x.png``), and ``detections.json`` maps each input path to
+its detections (``label``, ``name``, ``score``, ``box`` as ``[x0, y0, x1, y1]`` pixels).  A missing
+or unreadable image is skipped and listed in ``report.json`` (``broken``); exit status 1 when no
+image could be read.  A folder holding another command's files (a training run's report.json, an
+input image) is refused unless ``--overwrite``.
 """
 
 
@@ -333,21 +344,57 @@ def build_eval_parser() -> argparse.ArgumentParser:
 
 def build_predict_parser() -> argparse.ArgumentParser:
     p = new_parser("python -m peg_detr predict", _PREDICT_DOC)
-    p.add_argument("images", nargs="+", type=Path)
-    p.add_argument("--checkpoint", required=True, type=Path, help="checkpoint.pth written by train")
+    add_predict_args(p, noun="images")  # IMAGE..., --checkpoint, --output, --overwrite, --json, --debug
     p.add_argument("--threshold", type=unit_fraction, default=0.7, help="keep detections scoring above this")
-    p.add_argument("--output-dir", "--out", dest="output_dir", type=Path, default=Path("predictions"))
-    p.add_argument(
-        "--size", type=positive_int, help="short side at inference (default: the run's --val-size)"
-    )
+    p.add_argument("--output-dir", type=Path, default=Path("predictions"),
+                   help="the annotated pictures, detections.json and report.json")  # fmt: skip
+    add_alias(p, "--out", dest="output_dir", type=Path)
+    p.add_argument("--size", type=image_side, help="short side at inference (default: the run's --val-size)")
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-    add_json_arg(p)
     return p
 
 
+#: what ``--arch rtdetr --init FOLDER`` takes from the Hugging Face folder (``hf_rtdetr.from_hf``):
+#: everything of the model but ``--pos-enc``, so a flag for any of it would change nothing
+_FOLDER_FIXED = (
+    "backbone", "backbone_weights", "hidden_dim", "num_heads", "enc_layers", "dec_layers", "dim_feedforward",
+    "dropout", "num_queries", "encoder_expansion", "num_denoising", "label_noise_ratio", "box_noise_scale",
+    "aux_loss", *PEG_OPTIONS, "learned_grid", "pos_interpolation",
+)  # fmt: skip
+
+
+def refuse_unused_model_flags(args: argparse.Namespace) -> None:
+    """Model flags the chosen configuration ignores: a :class:`UserError` when the command line gives one.
+
+    The PEG group without a PEG in ``--pos-enc`` (DETR and RT-DETR), ``--peg-num-kernels`` without
+    ``--peg-dynamic``, ``--pos-interpolation`` / ``--learned-grid`` without a learned table, and
+    with ``--arch rtdetr --init FOLDER`` every model flag but ``--pos-enc`` (the folder's model is
+    built as its ``config.json`` says, while the run's arguments would record the flag).
+    ``args.cli_flags``: the destinations the command line set (:func:`parse_train_args`).
+    """
+    pos_enc = str(args.pos_enc)
+    reasons: dict[str, str] = {}
+    if (args.arch or "detr") == "rtdetr" and args.init is not None and Path(args.init).is_dir():
+        why = f"the model comes from the Hugging Face folder --init {args.init} (only --pos-enc applies)"
+        reasons |= dict.fromkeys(_FOLDER_FIXED, why)
+    if not pos_enc.startswith("peg"):
+        for dest in PEG_OPTIONS:
+            reasons.setdefault(dest, f"has no effect without a PEG (--pos-enc {pos_enc})")
+    elif not args.peg_dynamic:
+        reasons.setdefault("peg_num_kernels", "sizes the kernel bank of --peg-dynamic, which is off")
+    if pos_enc != "learned":
+        for dest in ("pos_interpolation", "learned_grid"):
+            reasons.setdefault(dest, f"has no effect without a learned table (--pos-enc {pos_enc})")
+    refuse_without_effect(args, args.cli_flags, reasons)
+
+
 def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse ``train`` flags; a ``--config`` recipe supplies defaults that explicit flags override."""
+    """Parse ``train`` flags; a ``--config`` recipe supplies defaults that explicit flags override.
+
+    ``cli_flags`` lists the destinations the command line itself set; flags that would change
+    nothing are refused here (:func:`refuse_unused_model_flags`), before any data is read.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_train_parser()
     pre, _ = parser.parse_known_args(argv)
     if pre.arch == "rtdetr" and not pre.config:  # RT-DETR's defaults (R50vd 6x), not DETR's
@@ -355,6 +402,8 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parse_with_config(parser, argv, CONFIGS)
     if args.data_root is None:
         parser.error("the following arguments are required: --data-root")
+    args.cli_flags = sorted(explicit_options(build_train_parser, argv))
+    refuse_unused_model_flags(args)
     return args
 
 
@@ -397,17 +446,34 @@ def evaluate(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def predict(argv: list[str] | None = None) -> int:
-    """``python -m peg_detr predict ...``: annotated images, ``detections.json`` and ``report.json``."""
+    """``python -m peg_detr predict ...``: annotated images, ``detections.json`` and ``report.json``.
+
+    The flags, outputs and exit status every ``predict`` shares are :mod:`peg_core.engine.predict_cli`'s;
+    the pictures' names are distinct for inputs of the same name (:func:`peg_core.engine.output_names`).
+    """
     from .predict import predict_images  # torchvision's drawing code only when asked
 
     args = build_predict_parser().parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("CUDA is not available on this machine", f"--device {args.device}")
-    ensure_writable(args.output_dir)
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    predict_images(
-        args.images, args.checkpoint, args.output_dir, args.threshold, args.size, device, args.json
+    device = predict_device(args.device)
+    names = output_names(args.files, ".png")
+    # before the model is read: no input, training report or other file is overwritten
+    check_predict_outputs(args, args.output_dir, [*names, "detections.json", "report.json"])
+    preds = predict_images(
+        args.files, args.checkpoint, args.output_dir, args.threshold, args.size, device, names
     )
+    pictures = {
+        str(path): str(args.output_dir / name)
+        for path, name, pred in zip(args.files, names, preds, strict=True)
+        if pred.skipped is None
+    }
+    # detections.json's mapping too (image path -> detections), as the report carried it before
+    detections = {p.path: [d.to_json() for d in p.detections] for p in preds if p.skipped is None}
+    found = sum(len(d) for d in detections.values())
+    finish_predict(
+        args, preds, task="detect", noun="images", folder=args.output_dir,
+        extra={"pictures": pictures, "detections": detections},
+        extra_text=f", {found} detection{'' if found == 1 else 's'}",
+    )  # fmt: skip
     return 0
 
 

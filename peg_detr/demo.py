@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from peg_core.jsonfile import JsonError, read_json
+
 from .cli import train
 from .data import SyntheticSpec, make_synthetic_coco
 
@@ -47,12 +49,20 @@ RTDETR_DEMO_EPOCHS = 1
 RTDETR_DEMO_LR = 1e-3
 
 
+def _read_stamp(stamp: Path) -> Any:
+    """What the stamp file records; ``None`` when it is missing or not JSON (read by the one JSON reader)."""
+    try:
+        return read_json(stamp, "demo data stamp")
+    except JsonError:
+        return None
+
+
 def _dataset(root: Path, quick: bool, seed: int = 0) -> Path:
     """Generate the demo data once; a stamp file records what was generated."""
     n_train, n_val, spec = DEMO_DATA[quick]
     stamp = root / "spec.json"
     wanted = {"train": n_train, "val": n_val, "seed": seed, **spec.__dict__}
-    if not (stamp.is_file() and json.loads(stamp.read_text()) == wanted):
+    if _read_stamp(stamp) != wanted:  # none, another spec or a damaged stamp: generated anew
         make_synthetic_coco(root, n_train, n_val, seed=seed, spec=spec)
         stamp.write_text(json.dumps(wanted))
     return root

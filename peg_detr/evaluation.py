@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +33,7 @@ from torchvision.ops import box_convert
 
 from peg_core.engine import RunContext
 from peg_core.engine.distributed import all_gather_object, is_main_process
-from peg_core.errors import require
+from peg_core.errors import NonFiniteError, require
 
 from .labels import LabelMap
 from .structures import to_float
@@ -194,10 +195,21 @@ class CocoEvaluator:
         return [r for i in image_ids for r in merged[i]], image_ids
 
     def summarize(self, verbose: bool = True) -> dict[str, float]:
-        """Gather, evaluate and return the 12 numbers (same on every rank)."""
+        """Gather, evaluate and return the 12 numbers (same on every rank).
+
+        A NaN/inf score or box (a diverged model) is a :class:`~peg_core.errors.NonFiniteError`,
+        raised on every rank alike (it is found in the gathered results): the COCO code would
+        otherwise fail on it or score it silently.
+        """
         results, image_ids = self.gather()
         if not image_ids:
             raise RuntimeError("CocoEvaluator.summarize: no image was evaluated (empty validation set?)")
+        bad = next((r for r in results if not all(map(math.isfinite, (r["score"], *r["bbox"])))), None)
+        if bad is not None:
+            raise NonFiniteError(
+                f"the model's detections are not finite (image {bad['image_id']}: score {bad['score']}, "
+                f"box {bad['bbox']})"
+            )
         self.evaluated_ids = image_ids
         gt: COCO | faster_coco_eval.COCO = self.coco_gt
         if self.backend == "faster":

@@ -96,7 +96,7 @@ def deploy_form(model: nn.Module, arch: str, fuse: bool | None) -> tuple[nn.Modu
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    check_output_path(args.out)
+    check_output_path(args.out, args.checkpoint, args.overwrite)  # nothing the user owns
     loaded = load_model(args.checkpoint)
     model, meta = loaded.model.cpu().eval(), loaded.meta
     exported, fused = deploy_form(model, loaded.config.get("arch", "detr"), args.fuse)

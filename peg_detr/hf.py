@@ -41,21 +41,34 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from peg_core.engine import UserError, ensure_writable, new_parser, read_checkpoint
+from peg_core.engine import (
+    UserError,
+    add_overwrite_arg,
+    check_output_folder,
+    ensure_writable,
+    new_parser,
+    read_checkpoint,
+)
 from peg_core.errors import require
-from peg_core.interop.hf_folder import read_hf_config, read_hf_weights
+from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights
 from peg_core.interop.io import WeightsError, read_state_file, strip_prefixes, write_state_file
 
 from .labels import LabelMap
 
 __all__ = [
+    "HF_DETR_BACKBONES",
+    "check_detr_config",
+    "detr_build_options",
     "export_hf",
+    "hf_label_names",
+    "hf_num_labels",
     "hf_to_official",
     "is_hf_source",
     "looks_like_hf",
@@ -110,38 +123,119 @@ def read_hf_state(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str,
     config = None
     if p.is_dir():
         config = read_hf_config(p)
-        _check_config(config, p / "config.json")
-        state, p = read_hf_weights(p)
-    else:
-        state = read_state_file(p, what="Hugging Face weights")
-        if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-            raise WeightsError("Hugging Face weights file is not a state dict of tensors", p)
+        # the fields first: a bad one is named before any tensor is read
+        detr_build_options(config, p / "config.json")
+        state, weights = read_hf_weights(p)
+        _check_shapes(state, weights)
+        check_detr_config(config, state, p / "config.json")
+        return state, config
+    state = read_state_file(p, what="Hugging Face weights")
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise WeightsError("Hugging Face weights file is not a state dict of tensors", p)
     _check_shapes(state, p)
     return state, config
 
 
-def _positive_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+#: the timm ResNets of a Hugging Face DETR that peg_detr builds (``backbone`` of config.json)
+HF_DETR_BACKBONES = ("resnet18", "resnet50", "resnet101")
 
 
-#: ``config.json`` fields read here or describing the tensors: (what they must be, check)
-CONFIG_FIELDS: dict[str, tuple[str, Any]] = {
-    "auxiliary_loss": ("true or false", lambda v: isinstance(v, bool)),
-    "d_model": ("a positive int", _positive_int),
-    "encoder_layers": ("a positive int", _positive_int),
-    "decoder_layers": ("a positive int", _positive_int),
-    "num_queries": ("a positive int", _positive_int),
-    "id2label": ("an object", lambda v: isinstance(v, dict)),
-}
+def hf_num_labels(config: Mapping[str, Any], where: str | os.PathLike = "config.json") -> int:
+    """The class count of a config.json as transformers reads it (``PretrainedConfig.num_labels``).
+
+    ``len(id2label)`` when the file has one (it wins over a ``num_labels`` key); otherwise
+    ``num_labels``; otherwise 2, transformers' default, which ``save_pretrained`` does not write:
+    the folder of a default ``RTDetrConfig()`` has neither key and 2-class heads.  A malformed
+    ``id2label`` (not an object, keys that are not the labels ``0 .. n-1``, names that are not
+    strings) or ``num_labels`` is a :class:`WeightsError` naming ``where`` and the field.
+    """
+    fields = ConfigFields(config, where)
+    names = fields.id2label()
+    return len(names) if names is not None else fields.integer("num_labels", 2)
 
 
-def _check_config(config: Any, path: Path) -> None:
-    """``config.json`` must be a JSON object whose known fields have their types; a one-line error otherwise."""
+def hf_label_names(config: Mapping[str, Any], where: str | os.PathLike = "config.json") -> list[str] | None:
+    """``names[label]`` of a config.json's ``id2label`` (keys ``"0"`` .. ``"n-1"``); ``None`` without one.
+
+    A :class:`WeightsError` naming ``where`` and the field when ``id2label`` is malformed.
+    """
+    return ConfigFields(config, where).id2label()
+
+
+def detr_build_options(config: Mapping[str, Any], where: str | os.PathLike = "config.json") -> dict[str, Any]:
+    """The :func:`peg_detr.models.build_detr` keywords of a ``DetrConfig`` (config.json as a dict).
+
+    Every field used is checked for its type and range (and the two attention / MLP sizes, which
+    peg_detr's DETR has once, for being equal); a :class:`WeightsError` names ``where`` and the field.
+    The backbone is ``backbone`` (transformers 4, :func:`export_hf`) or ``backbone_config.backbone``
+    (transformers 5), one of :data:`HF_DETR_BACKBONES`.
+    """
+    f = ConfigFields(config, where)
+    f.choice("model_type", "detr", ("detr",))
+    if not f.flag("use_timm_backbone", True):
+        f.fail("use_timm_backbone", "true (peg_detr reads the timm ResNet backbones only)")
+    own = f.choice("backbone", None, HF_DETR_BACKBONES)
+    backbone = own or f.section("backbone_config").choice("backbone", "resnet50", HF_DETR_BACKBONES)
+    f.choice("position_embedding_type", "sine", ("sine",))  # the learned table's keys have no place
+    f.choice("activation_function", "relu", ("relu",))
+    hidden = f.integer("d_model", 256)
+    heads = f.integer("encoder_attention_heads", 8, max=hidden)
+    if hidden % heads:
+        f.fail("encoder_attention_heads", f"a divisor of d_model {hidden}")
+    if f.integer("decoder_attention_heads", heads) != heads:
+        f.fail(
+            "decoder_attention_heads", f"encoder_attention_heads {heads} (peg_detr's DETR has one head count)"
+        )
+    ffn = f.integer("encoder_ffn_dim", 2048)
+    if f.integer("decoder_ffn_dim", ffn) != ffn:
+        f.fail("decoder_ffn_dim", f"encoder_ffn_dim {ffn} (peg_detr's DETR has one MLP width)")
+    f.flag("auxiliary_loss", False)
+    return {
+        "backbone": backbone,
+        "num_classes": hf_num_labels(config, where),
+        "num_queries": f.integer("num_queries", 100),
+        "dilation": f.flag("dilation", False),
+        "hidden_dim": hidden,
+        "num_heads": heads,
+        "enc_layers": f.integer("encoder_layers", 6),
+        "dec_layers": f.integer("decoder_layers", 6),
+        "dim_feedforward": ffn,
+        "dropout": f.number("dropout", 0.1, min=0.0, below=1.0),
+    }
+
+
+def check_detr_config(config: Any, state: Mapping[str, Tensor], path: str | os.PathLike) -> dict[str, Any]:
+    """:func:`detr_build_options` of ``config`` (the file ``path``), and its sizes against the weights.
+
+    ``state`` is in Hugging Face names.  ``d_model``, ``num_queries``, the layer counts, the MLP
+    width and the class count (``id2label`` / ``num_labels``, plus no-object) must be the sizes of
+    the tensors they describe; a :class:`WeightsError` names the file, the field and the tensor.
+    Checked before any model is built, so a width the weights do not have allocates nothing.
+    """
     if not isinstance(config, dict):
         raise WeightsError(f"config.json is not a JSON object (got {type(config).__name__})", path)
-    for key, (want, ok) in CONFIG_FIELDS.items():
-        if key in config and not ok(config[key]):
-            raise WeightsError(f"config.json key {key!r} must be {want}; got {str(config[key])[:60]}", path)
+    options = detr_build_options(config, path)
+    f = ConfigFields(config, path)
+    f.against("d_model", options["hidden_dim"], state, "model.input_projection.weight")
+    f.against("num_queries", options["num_queries"], state, "model.query_position_embeddings.weight")
+    for part in ("encoder", "decoder"):
+        layers = options["enc_layers" if part == "encoder" else "dec_layers"]
+        f.count_against(f"{part}_layers", layers, state, rf"model\.{part}\.layers\.(\d+)\.")
+        for fc1 in ("fc1", "mlp.fc1"):  # files; transformers 5 in memory
+            f.against(
+                f"{part}_ffn_dim", options["dim_feedforward"], state, f"model.{part}.layers.0.{fc1}.weight"
+            )
+    head = state.get("class_labels_classifier.weight")
+    classes = options["num_classes"]
+    if isinstance(head, Tensor) and head.dim() == 2 and head.shape[0] != classes + 1:
+        source = next((f"key {k!r} gives" for k in ("id2label", "num_labels") if config.get(k) is not None),
+                      "has neither id2label nor num_labels: transformers' default,")  # fmt: skip
+        raise WeightsError(
+            f"config.json {source} {classes} classes, but the weights' class_labels_classifier.weight "
+            f"has shape {tuple(head.shape)} ({head.shape[0] - 1} classes + no-object)",
+            Path(path),
+        )
+    return options
 
 
 def _check_shapes(state: dict[str, Tensor], path: Path) -> None:
@@ -340,6 +434,10 @@ def _export_rtdetr(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) ->
         raise UserError(f"output folder is not writable ({e.strerror or e})", out_dir) from None
 
 
+#: what ``export-hf`` writes (and what a Hugging Face folder holds: refused there without --overwrite)
+HF_EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+
+
 def main(argv: list[str] | None = None) -> Path:
     """``python -m peg_detr export-hf CKPT DIR``."""
     p = new_parser(
@@ -353,9 +451,13 @@ def main(argv: list[str] | None = None) -> Path:
         help="training checkpoint of `python -m peg_detr train` (DETR: sine; RT-DETR: sincos)",
     )
     p.add_argument("out", type=Path, help="output folder (loads with DetrForObjectDetection / "
-                   "RTDetrForObjectDetection.from_pretrained)")  # fmt: skip
+                   "RTDetrForObjectDetection.from_pretrained; a Hugging Face model there is refused)")  # fmt: skip
+    add_overwrite_arg(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     a = p.parse_args(argv)
+    # an existing Hugging Face folder (its config.json and weights) is the user's: refused, before any work
+    check_output_folder(a.out, HF_EXPORT_FILES, command="export-hf", inputs=[a.checkpoint],
+                        overwrite=a.overwrite, create=False)  # fmt: skip
     out = export_hf(a.checkpoint, a.out)
     print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}")
     return out

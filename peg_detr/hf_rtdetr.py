@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
-from peg_core.interop.hf_folder import read_hf_config, read_hf_weights
+from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights
 from peg_core.interop.io import LoadReport, WeightsError, write_state_file
 
+from .hf import detr_build_options, hf_label_names, hf_num_labels, read_hf_state
 from .models import build_detr, load_official_checkpoint
 from .models.rtdetr.backbone import ResNetVd
 from .models.rtdetr.decoder import RTDETRDecoder
@@ -43,6 +45,7 @@ __all__ = [
     "from_hf",
     "hf_label_names",
     "hf_num_labels",
+    "rtdetr_build_options",
     "rtdetr_from_hf_config",
     "rtdetr_hf_config",
     "rtdetr_hf_to_ours",
@@ -54,152 +57,188 @@ SUPPORTED_MODEL_TYPES = ("detr", "rt_detr")
 _STAGE_STRIDES = (4, 8, 16, 32)
 
 
-def _field(config: dict[str, Any], key: str, default: Any = None) -> Any:
-    value = config.get(key, default)
-    if value is None:
-        raise ValueError(f"config.json of an rt_detr model has no {key!r}")
-    return value
+#: the activations peg_detr's RT-DETR layers have (encoder MLP and convolutions, decoder MLP)
+_ACTIVATIONS = ("relu", "gelu", "silu")
 
 
-def _backbone_from_hf(config: dict[str, Any], freeze_bn: bool) -> ResNetVd:
-    """The ResNet-vd of an ``RTDetrResNetConfig`` (``backbone_config`` of config.json)."""
-    bb = config.get("backbone_config") or {}
-    if bb.get("model_type", "rt_detr_resnet") != "rt_detr_resnet" or bb.get("hidden_act", "relu") != "relu":
-        raise ValueError(
-            f"backbone {bb.get('model_type')!r} with {bb.get('hidden_act')!r}: only the ReLU "
-            "rt_detr_resnet (ResNet-vd) backbone is supported"
-        )
-    layer_type = bb.get("layer_type", "bottleneck")
-    first = 2 if bb.get("downsample_in_first_stage", False) else 1
-    indices = bb.get("out_indices") or [2, 3, 4]
-    return ResNetVd(
-        18 if layer_type == "basic" else 50,
-        depths=bb.get("depths", (3, 4, 6, 3)),
-        widths=bb.get("hidden_sizes", (256, 512, 1024, 2048)),
-        stem_width=bb.get("embedding_size", 64),
-        layer_type=layer_type,
-        out_strides=[_STAGE_STRIDES[i - 1] * first for i in indices],
-        freeze_bn=freeze_bn,
-        in_channels=bb.get("num_channels", 3),
-        downsample_in_first_stage=bool(bb.get("downsample_in_first_stage", False)),
-        downsample_in_bottleneck=bool(bb.get("downsample_in_bottleneck", False)),
+def _backbone_options(config: Mapping[str, Any], where: str | os.PathLike) -> dict[str, Any]:
+    """:class:`ResNetVd` keywords of an ``RTDetrResNetConfig`` (``backbone_config`` of config.json), checked."""
+    f = ConfigFields(config, where)
+    bb = f.section("backbone_config")
+    bb.choice("model_type", "rt_detr_resnet", ("rt_detr_resnet",))  # ResNet-vd only
+    bb.choice("hidden_act", "relu", ("relu",))
+    layer_type = bb.choice("layer_type", "bottleneck", ("basic", "bottleneck"))
+    depths = bb.integers("depths", [3, 4, 6, 3], length=len(_STAGE_STRIDES))
+    widths = bb.integers("hidden_sizes", [256, 512, 1024, 2048], length=len(_STAGE_STRIDES))
+    stages = len(depths)
+    indices = bb.integers("out_indices", [2, 3, 4], max=stages)  # past the last stage: refused here
+    if indices != sorted(set(indices)):
+        bb.fail("out_indices", f"increasing stage numbers in 1..{stages}")
+    first = bb.flag("downsample_in_first_stage", False)
+    return {
+        "depth": 18 if layer_type == "basic" else 50,  # only the defaults; every size is given below
+        "depths": depths,
+        "widths": widths,
+        "stem_width": bb.integer("embedding_size", 64),
+        "layer_type": layer_type,
+        "out_strides": [_STAGE_STRIDES[i - 1] * (2 if first else 1) for i in indices],
+        "freeze_bn": f.flag("freeze_backbone_batch_norms", True),
+        "in_channels": bb.integer("num_channels", 3),
+        "downsample_in_first_stage": first,
+        "downsample_in_bottleneck": bb.flag("downsample_in_bottleneck", False),
+    }
+
+
+def rtdetr_build_options(
+    config: Mapping[str, Any], pos_enc: str = "sincos", where: str | os.PathLike = "config.json"
+) -> dict[str, dict[str, Any]]:
+    """The checked keywords of the parts of an ``RTDetrConfig`` (config.json as a dict).
+
+    Returns ``{"backbone": ResNetVd kw, "encoder": HybridEncoder kw (without the encoding),
+    "decoder": RTDETRDecoder kw, "model": RTDETR kw}``.  Every field used is checked for its type and
+    range, and against the others (``out_indices`` within the backbone's stages,
+    ``encoder_in_channels`` the backbone's widths, ``encode_proj_layers`` among the levels, heads
+    dividing widths, ``decoder_in_channels`` the encoder's width); a :class:`WeightsError` names
+    ``where`` and the field.  Settings peg_detr's RT-DETR does not have (``with_box_refine: false``,
+    softmax classes) are refused the same way.
+    """
+    f = ConfigFields(config, where)
+    backbone = _backbone_options(config, where)
+    bb = f.section("backbone_config")
+    indices = bb.integers("out_indices", [2, 3, 4])
+    channels = [backbone["widths"][i - 1] for i in indices]  # what the chosen stages put out
+    if f.integers("encoder_in_channels", channels) != channels:
+        f.fail("encoder_in_channels", f"the widths {channels} of backbone stages {indices} (hidden_sizes)")
+    levels = len(channels)
+    hidden = f.integer("encoder_hidden_dim", 256)
+    heads = f.integer("encoder_attention_heads", 8, max=hidden)
+    if hidden % heads:
+        f.fail("encoder_attention_heads", f"a divisor of encoder_hidden_dim {hidden}")
+    if pos_enc == "sincos" and hidden % 4:
+        f.fail("encoder_hidden_dim", "a multiple of 4 (RT-DETR's sin-cos table)")
+    eps = {
+        "layer_norm_eps": f.number("layer_norm_eps", 1e-5, above=0.0, below=1.0),
+        "batch_norm_eps": f.number("batch_norm_eps", 1e-5, above=0.0, below=1.0),
+    }
+    dropout = f.number("dropout", 0.0, min=0.0, below=1.0)
+    encoder = dict(
+        in_channels=channels, hidden_dim=hidden, num_heads=heads, dim_feedforward=f.integer("encoder_ffn_dim", 1024),
+        dropout=dropout, act=f.choice("encoder_activation_function", "gelu", _ACTIVATIONS),
+        conv_act=f.choice("activation_function", "silu", _ACTIVATIONS),
+        expansion=f.number("hidden_expansion", 1.0, above=0.0, max=64.0), num_layers=f.integer("encoder_layers", 1),
+        use_encoder_idx=f.integers("encode_proj_layers", [levels - 1], min=0, max=levels - 1),
+        temperature=f.number("positional_encoding_temperature", 10000, above=0.0),
+        normalize_before=f.flag("normalize_before", False), **eps,
+    )  # fmt: skip
+    decoder_levels = f.integers("decoder_in_channels", [256, 256, 256])
+    if decoder_levels != [hidden] * len(decoder_levels):
+        f.fail("decoder_in_channels", f"the encoder's width encoder_hidden_dim {hidden} at every level")
+    if f.integer("num_feature_levels", 3) != len(decoder_levels):
+        f.fail("num_feature_levels", f"len(decoder_in_channels) {len(decoder_levels)}")
+    if not f.flag("with_box_refine", True):
+        f.fail("with_box_refine", "true (peg_detr's RT-DETR refines its boxes layer by layer)")
+    if not f.flag("use_focal_loss", True):
+        f.fail("use_focal_loss", "true (peg_detr's RT-DETR scores classes with sigmoids)")
+    d_model = f.integer("d_model", 256)
+    decoder_heads = f.integer("decoder_attention_heads", 8, max=d_model)
+    if d_model % decoder_heads:
+        f.fail("decoder_attention_heads", f"a divisor of d_model {d_model}")
+    num_classes = hf_num_labels(config, where)
+    num_queries = f.integer("num_queries", 300)
+    decoder = dict(
+        in_channels=decoder_levels, hidden_dim=d_model, num_classes=num_classes, num_queries=num_queries,
+        num_layers=f.integer("decoder_layers", 6), num_heads=decoder_heads,
+        dim_feedforward=f.integer("decoder_ffn_dim", 1024), dropout=dropout,
+        activation=f.choice("decoder_activation_function", "relu", _ACTIVATIONS),
+        num_points=f.integer("decoder_n_points", 4), learn_initial_query=f.flag("learn_initial_query", False), **eps,
+    )  # fmt: skip
+    model = dict(
+        num_classes=num_classes, num_queries=num_queries, num_denoising=f.integer("num_denoising", 100, min=0),
+        label_noise_ratio=f.number("label_noise_ratio", 0.5, min=0.0, max=1.0),
+        box_noise_scale=f.number("box_noise_scale", 1.0, min=0.0), aux_loss=f.flag("auxiliary_loss", True),
+    )  # fmt: skip
+    return {"backbone": backbone, "encoder": encoder, "decoder": decoder, "model": model}
+
+
+def _check_rtdetr_weights(
+    config: Mapping[str, Any], options: Mapping[str, dict[str, Any]], state: Mapping[str, Tensor], where: Path
+) -> None:
+    """The sizes config.json gives against the tensors they describe, before the model is built.
+
+    A WeightsError names config.json, the field and the tensor: a width the weights do not have
+    would otherwise build a model of that width first, and a class count that differs from the
+    classifier's would load into the wrong heads.
+    """
+    f, bb = ConfigFields(config, where), ConfigFields(config, where).section("backbone_config")
+    backbone, encoder, decoder = options["backbone"], options["encoder"], options["decoder"]
+    stage = "model.backbone.model.encoder.stages"
+    last = 1 if backbone["layer_type"] == "basic" else 2  # the stage's last convolution gives its width
+    bb.against(
+        "embedding_size",
+        backbone["stem_width"],
+        state,
+        "model.backbone.model.embedder.embedder.2.convolution.weight",
     )
-
-
-def hf_num_labels(config: dict[str, Any]) -> int:
-    """The class count of a config.json as transformers reads it (``PretrainedConfig.num_labels``).
-
-    ``len(id2label)`` when the file has one (it wins over a ``num_labels`` key); otherwise
-    ``num_labels``; otherwise 2, transformers' default, which ``save_pretrained`` does not write:
-    the folder of a default ``RTDetrConfig()`` has neither key and 2-class heads.
-    """
-    id2label = config.get("id2label")
-    if id2label is not None:
-        if not isinstance(id2label, dict) or not id2label:
-            raise ValueError(f"config.json's id2label must be a non-empty object; got {id2label!r}")
-        return len(id2label)
-    num_labels = config.get("num_labels")
-    if num_labels is None:
-        return 2
-    if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
-        raise ValueError(f"config.json's num_labels must be a positive integer; got {num_labels!r}")
-    return num_labels
-
-
-def hf_label_names(config: dict[str, Any]) -> list[str] | None:
-    """``names[label]`` of a config.json's ``id2label`` (keys ``"0"`` .. ``"n-1"``); None without one.
-
-    A ValueError when the keys are not the labels ``0 .. n-1``.
-    """
-    id2label = config.get("id2label")
-    if id2label is None:
-        return None
-    hf_num_labels(config)  # a non-empty object
-    try:
-        by_label = {int(k): str(v) for k, v in id2label.items()}
-    except ValueError:
-        raise ValueError(
-            f"config.json's id2label keys must be integers; got {sorted(id2label)[:5]}"
-        ) from None
-    if sorted(by_label) != list(range(len(by_label))):
-        raise ValueError(
-            f"config.json's id2label keys must be 0..{len(by_label) - 1}; got {sorted(by_label)[:5]}..."
+    for i, (depth, width) in enumerate(zip(backbone["depths"], backbone["widths"], strict=True)):
+        bb.count_against(
+            f"depths[{i}]", depth, state, rf"model\.backbone\.model\.encoder\.stages\.{i}\.layers\.(\d+)\."
         )
-    return [by_label[k] for k in range(len(by_label))]
+        bb.against(
+            f"hidden_sizes[{i}]", width, state, f"{stage}.{i}.layers.0.layer.{last}.convolution.weight"
+        )
+    for i, c in enumerate(encoder["in_channels"]):
+        f.against(
+            "encoder_hidden_dim", encoder["hidden_dim"], state, f"model.encoder_input_proj.{i}.0.weight"
+        )
+        f.against(f"encoder_in_channels[{i}]", c, state, f"model.encoder_input_proj.{i}.0.weight", axis=1)
+    for aifi in (
+        "model.encoder.encoder.0.layers.0.fc1",
+        "model.encoder.aifi.0.layers.0.mlp.fc1",
+    ):  # file, memory
+        f.against("encoder_ffn_dim", encoder["dim_feedforward"], state, f"{aifi}.weight")
+    f.against("d_model", decoder["hidden_dim"], state, "model.enc_output.0.weight")
+    f.count_against("decoder_layers", decoder["num_layers"], state, r"model\.decoder\.layers\.(\d+)\.")
+    for fc1 in ("fc1", "mlp.fc1"):
+        f.against(
+            "decoder_ffn_dim", decoder["dim_feedforward"], state, f"model.decoder.layers.0.{fc1}.weight"
+        )
+    weight = state.get(_CLASS_KEY)
+    num_classes = decoder["num_classes"]
+    if isinstance(weight, Tensor) and weight.dim() == 2 and weight.shape[0] != num_classes:
+        source = next((f"key {k!r} gives" for k in ("id2label", "num_labels") if config.get(k) is not None),
+                      "has neither id2label nor num_labels: transformers' default,")  # fmt: skip
+        raise WeightsError(
+            f"config.json {source} {num_classes} classes, but the weights' {_CLASS_KEY} has shape "
+            f"{tuple(weight.shape)} (expected {(num_classes, *weight.shape[1:])})",
+            where,
+        )
 
 
 # The encoder proposals' classifier, ``(num_labels, d_model)``; every decoder layer's has the same width.
 _CLASS_KEY = "model.enc_score_head.weight"
 
 
-def _check_num_labels(config: dict[str, Any], state: dict[str, Tensor], path: Path) -> None:
-    """A one-line WeightsError when the config's class count is not the weights' classifier width."""
-    weight = state.get(_CLASS_KEY)
-    num_classes = hf_num_labels(config)
-    if weight is not None and weight.shape[0] != num_classes:
-        source = next((k for k in ("id2label", "num_labels") if config.get(k) is not None), "default")
-        raise WeightsError(
-            f"key {_CLASS_KEY} has shape {tuple(weight.shape)}, config.json's {source} gives {num_classes} "
-            f"classes (expected shape {(num_classes, *weight.shape[1:])})",
-            path,
-        )
-
-
-def _check_rtdetr_config(config: dict[str, Any], backbone_channels: list[int]) -> None:
-    """The config.json settings peg_detr's RT-DETR does not have: a ValueError naming the field."""
-    levels = list(_field(config, "decoder_in_channels", (256, 256, 256)))
-    problems = [
-        (list(config.get("encoder_in_channels", backbone_channels)) != backbone_channels,
-         f"encoder_in_channels {config.get('encoder_in_channels')} != the backbone's {backbone_channels}"),
-        (config.get("num_feature_levels", 3) != len(levels),
-         f"num_feature_levels {config.get('num_feature_levels')} != len(decoder_in_channels) {len(levels)}"),
-        (levels != [config.get("encoder_hidden_dim", 256)] * len(levels),
-         f"decoder_in_channels {levels} != the encoder's width {config.get('encoder_hidden_dim', 256)}"),
-        (not config.get("with_box_refine", True), "with_box_refine=false"),
-        (not config.get("use_focal_loss", True), "use_focal_loss=false (softmax classes)"),
-    ]  # fmt: skip
-    bad = [why for failed, why in problems if failed]
-    if bad:
-        raise ValueError(f"unsupported rt_detr config.json: {'; '.join(bad)}")
-
-
-def rtdetr_from_hf_config(config: dict[str, Any], pos_enc: str = "sincos", **encoder_options: Any) -> RTDETR:
+def rtdetr_from_hf_config(
+    config: dict[str, Any],
+    pos_enc: str = "sincos",
+    *,
+    where: str | os.PathLike = "config.json",
+    **encoder_options: Any,
+) -> RTDETR:
     """peg_detr's RT-DETR with the sizes of an ``RTDetrConfig`` (config.json as a dict); random weights.
 
     ``pos_enc`` is AIFI's encoding (``sincos`` is transformers'); ``encoder_options`` go to
     :class:`HybridEncoder` (PEG options).  The model's ``build_config`` is
-    ``{"hf_config": config, "pos_enc": pos_enc, **encoder_options}``.
+    ``{"hf_config": config, "pos_enc": pos_enc, **encoder_options}``.  A field of the wrong type or
+    range is a :class:`WeightsError` naming ``where`` (:func:`rtdetr_build_options`).
     """
-    backbone = _backbone_from_hf(config, bool(config.get("freeze_backbone_batch_norms", True)))
-    _check_rtdetr_config(config, backbone.out_channels)
-    eps = {
-        "layer_norm_eps": config.get("layer_norm_eps", 1e-5),
-        "batch_norm_eps": config.get("batch_norm_eps", 1e-5),
-    }
-    encoder = HybridEncoder(
-        backbone.out_channels, config.get("encoder_hidden_dim", 256), num_heads=config.get("encoder_attention_heads", 8),
-        dim_feedforward=config.get("encoder_ffn_dim", 1024), dropout=config.get("dropout", 0.0),
-        act=config.get("encoder_activation_function", "gelu"), conv_act=config.get("activation_function", "silu"),
-        expansion=config.get("hidden_expansion", 1.0), num_layers=config.get("encoder_layers", 1),
-        use_encoder_idx=config.get("encode_proj_layers", (2,)), pos_enc=pos_enc,
-        temperature=config.get("positional_encoding_temperature", 10000),
-        normalize_before=config.get("normalize_before", False), **eps, **encoder_options,
-    )  # fmt: skip
-    num_classes = hf_num_labels(config)
-    num_queries = config.get("num_queries", 300)
-    decoder = RTDETRDecoder(
-        config.get("decoder_in_channels", (256, 256, 256)), config.get("d_model", 256), num_classes,
-        num_queries=num_queries, num_layers=config.get("decoder_layers", 6),
-        num_heads=config.get("decoder_attention_heads", 8), dim_feedforward=config.get("decoder_ffn_dim", 1024),
-        dropout=config.get("dropout", 0.0), activation=config.get("decoder_activation_function", "relu"),
-        num_points=config.get("decoder_n_points", 4), learn_initial_query=config.get("learn_initial_query", False),
-        **eps,
-    )  # fmt: skip
-    model = RTDETR(
-        backbone, encoder, decoder, num_classes=num_classes, num_queries=num_queries,
-        num_denoising=config.get("num_denoising", 100), label_noise_ratio=config.get("label_noise_ratio", 0.5),
-        box_noise_scale=config.get("box_noise_scale", 1.0), aux_loss=config.get("auxiliary_loss", True),
-    )  # fmt: skip
+    options = rtdetr_build_options(config, pos_enc, where)
+    backbone = ResNetVd(**options["backbone"])
+    encoder = HybridEncoder(pos_enc=pos_enc, **options["encoder"], **encoder_options)
+    decoder_kw = dict(options["decoder"])
+    decoder = RTDETRDecoder(decoder_kw.pop("in_channels"), decoder_kw.pop("hidden_dim"), decoder_kw.pop("num_classes"),
+                            **decoder_kw)  # fmt: skip
+    model = RTDETR(backbone, encoder, decoder, **options["model"])
     model.build_config = json.loads(json.dumps({"hf_config": config, "pos_enc": pos_enc, **encoder_options}))
     return model
 
@@ -279,28 +318,19 @@ def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.M
         raise ValueError(
             f"{path / 'config.json'}: model_type {kind!r} is not supported (expected 'detr' or 'rt_detr')"
         )
+    where = path / "config.json"
     if kind == "detr":
-        model = _detr_from_config(config, pos_enc or "sine")
+        read_hf_state(path)  # every field, and the sizes against the weights, before the model is built
+        model, _, _ = build_detr(pos_enc=pos_enc or "sine", **detr_build_options(config, where))
         report = load_official_checkpoint(model, path)
         return model.eval(), report
+    pos_enc = pos_enc or "sincos"
+    options = rtdetr_build_options(config, pos_enc, where)  # the fields first: one is named before any tensor
     state, weights = read_hf_weights(path)
-    _check_num_labels(config, state, weights)
-    model = rtdetr_from_hf_config(config, pos_enc or "sincos")
+    _check_rtdetr_weights(config, options, state, where)
+    model = rtdetr_from_hf_config(config, pos_enc, where=where)
     report = _load_rtdetr(model, state, weights, config)
     return model.eval(), report
-
-
-def _detr_from_config(config: dict[str, Any], pos_enc: str) -> nn.Module:
-    """:func:`build_detr` with the sizes of a ``DetrConfig`` (timm ResNet backbones)."""
-    heads = config.get("encoder_attention_heads", 8)
-    model, _, _ = build_detr(
-        config.get("backbone", "resnet50"), pos_enc, num_classes=hf_num_labels(config),
-        num_queries=config.get("num_queries", 100), dilation=bool(config.get("dilation", False)),
-        hidden_dim=config.get("d_model", 256), num_heads=heads, enc_layers=config.get("encoder_layers", 6),
-        dec_layers=config.get("decoder_layers", 6), dim_feedforward=config.get("encoder_ffn_dim", 2048),
-        dropout=config.get("dropout", 0.1),
-    )  # fmt: skip
-    return model
 
 
 def rtdetr_hf_config(model: RTDETR, id2label: dict[int, str] | None = None) -> dict[str, Any]:

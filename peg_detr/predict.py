@@ -4,16 +4,17 @@
     predictor = Predictor.from_checkpoint("runs/detr/checkpoint.pth", device="cpu", threshold=0.5)
     print(predictor.predict_files(["a.jpg"])[0].line())
 
-``predictor(inputs)`` takes image files or uint8 ``(3, H, W)`` tensors and returns one
+``predictor(inputs)`` takes image files, PIL images, numpy arrays ``(H, W, C)`` or tensors
+``(C, H, W)`` (uint8, or float in ``[0, 1]``; see :mod:`peg_core.engine.predictor`) and returns one
 :class:`Prediction` per input: :class:`Detection` s (``label``, ``name``, ``score``, ``box`` as
 ``[x0, y0, x1, y1]`` pixels of the input) above the threshold, or the reason it was skipped.
 
 ``python -m peg_detr predict a.jpg b.png --checkpoint CKPT --output-dir preds`` (the parser is in
 :mod:`peg_detr.cli`) writes ``NAME.png`` per input with the boxes and ``label score`` captions
-(:func:`draw_detections`: at least 512 px on the long side, captions on a filled background),
-``detections.json`` mapping each input path to its detections, and ``report.json``.  A single
-unreadable image is an error; among several, unreadable ones are skipped and listed in
-``report.json`` (``broken``).
+(:func:`draw_detections`: at least 512 px on the long side, captions on a filled background;
+inputs of the same name get distinct pictures, ``a_x.png`` and ``b_x.png``), ``detections.json``
+mapping each input path to its detections, and ``report.json``.  A missing or unreadable image is
+skipped and listed in ``report.json`` (``broken``); none readable is an error.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,12 @@ from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor, nn
 from torchvision.transforms.v2 import functional as F
 
-from peg_core.engine import BrokenLog, BrokenSample, UserError, done_line, print_closing, write_json
-from peg_core.engine.predictor import FilePredictor
+from peg_core.engine import BrokenSample, output_names
+from peg_core.engine.cli import MAX_IMAGE_SIDE
+from peg_core.engine.predict_cli import missing_reason
+from peg_core.engine.predictor import FilePredictor, check_fraction, check_int, resolve_device
 from peg_core.engine.predictor import Prediction as _Base
+from peg_core.errors import InputError
 
 from .data import (
     RTDETR_SIZE,
@@ -44,6 +48,7 @@ from .data import (
     scaled_max_size,
 )
 from .model import load_model
+from .models.rtdetr import RTDETR
 
 __all__ = ["MIN_CANVAS", "Detection", "Prediction", "Predictor", "draw_detections", "predict_images"]
 
@@ -104,20 +109,33 @@ class Predictor(FilePredictor):
         size: evaluation short side, or RT-DETR's square side (default: the training run's ``--val-size``).
         device: torch device string.
         threshold: detections scoring at most this are left out.
+
+    Bad options are a ``TypeError`` / ``ValueError`` naming them (``threshold="0.5"``), and a device
+    this machine lacks one ``ValueError``, before the checkpoint is read.  An image too elongated
+    for the model's input (a 1 x 400 px strip, whose short side DETR's resize would make 0 px)
+    is a skipped prediction for a file (:meth:`load` raises :class:`BrokenSample`), a ``ValueError``
+    for an in-memory input.
     """
+
+    input_kind = "image"  # paths, PIL images, arrays and tensors: peg_core.engine.predictor.as_image
 
     def __init__(
         self, checkpoint: str | Path, size: int | None = None, device: str = "cpu", threshold: float = 0.7
     ) -> None:
+        self.device = resolve_device(device)
+        self.threshold = check_fraction(threshold, "threshold")
+        if size is not None:
+            size = check_int(size, "size", 1, MAX_IMAGE_SIDE)
         loaded = load_model(checkpoint)
         model, self.postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
-        self.device = torch.device(device)
         self.model: nn.Module = model.to(self.device).eval()
         # label -> category id and name (the run's --labels); detections carry the category ids
         self.label_map = LabelMap.from_meta(meta)
-        self.threshold = threshold
         self.arch = str(loaded.config.get("arch", "detr"))
-        self.transform = _input_transform(self.arch, size or _run_val_size(meta, loaded.args, self.arch))
+        self.size = size or _run_val_size(meta, loaded.args, self.arch)
+        self.transform = _input_transform(self.arch, self.size)
+        if isinstance(model, RTDETR):  # too few encoder cells for its queries: an InputError, not every image
+            model.check_input_size(self.size, self.size, f"size {self.size}")
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: str = "cpu", **options: Any) -> Predictor:
@@ -125,16 +143,41 @@ class Predictor(FilePredictor):
         return cls(path, device=device, **options)
 
     def read(self, path: str) -> Tensor:
+        """The uint8 ``(3, H, W)`` pixels of ``path``; :class:`BrokenSample` when unreadable."""
         return F.pil_to_tensor(read_rgb(path))
+
+    def prepare(self, item: Tensor | Image.Image) -> Tensor:
+        """:meth:`normalise`'s RGB PIL image or ``(3, H, W)`` tensor -> a ``(3, H, W)`` tensor :meth:`detect` takes."""
+        image = F.pil_to_tensor(item) if isinstance(item, Image.Image) else item
+        self._check_fits(image)
+        return image
+
+    def _check_fits(self, image: Tensor) -> None:
+        """An :class:`InputError` when DETR's resize would leave ``image`` without a pixel on its short side."""
+        if self.arch == "rtdetr":  # a square resize: any image fits
+            return
+        h, w = image.shape[-2:]
+        short, long = min(h, w), max(h, w)
+        max_size = scaled_max_size(self.size)
+        # torchvision's Resize(size, max_size) (_compute_resized_output_size): the short side to size,
+        # unless the long side would pass max_size
+        new_long = int(self.size * long / short)
+        new_short = self.size if new_long <= max_size else int(max_size * self.size / new_long)
+        if new_short < 1:
+            raise InputError(
+                f"a {w} x {h} px image is too elongated for the model's input: its short side would be "
+                f"0 px at size {self.size} (long side at most {max_size})"
+            )
 
     @torch.no_grad()
     def detect(self, image: Tensor, threshold: float | None = None) -> dict[str, Tensor]:
         """Raw detections on a uint8 ``(3, H, W)`` image: ``scores`` (n,), ``labels`` (n,), ``boxes`` (n, 4) xyxy px."""
+        threshold = self.threshold if threshold is None else check_fraction(threshold, "threshold")
         x = self.transform(image).to(self.device)
         outputs = self.model([x])
         sizes = torch.tensor([image.shape[-2:]], device=self.device)
         result = self.postprocessor(outputs, sizes)[0]
-        keep = result["scores"] > (self.threshold if threshold is None else threshold)
+        keep = result["scores"] > threshold
         order = result["scores"][keep].argsort(descending=True)
         return {k: v[keep][order].cpu() for k, v in result.items()}
 
@@ -226,40 +269,35 @@ def draw_detections(image: Tensor | Image.Image, detections: list[Detection]) ->
 
 
 def predict_images(
-    images: list[Path], checkpoint: Path, output_dir: Path, threshold: float = 0.7, size: int | None = None,
-    device: str = "cpu", as_json: bool = False,
-) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
-    """Annotated ``NAME.png`` per image, ``detections.json`` and ``report.json`` in ``output_dir``.
+    images: Sequence[str | os.PathLike], checkpoint: str | os.PathLike, output_dir: str | os.PathLike,
+    threshold: float = 0.7, size: int | None = None, device: str = "cpu", names: Sequence[str] | None = None,
+) -> list[Prediction]:  # fmt: skip
+    """The detections of each image, in order, with its annotated copy and ``detections.json`` in ``output_dir``.
 
-    Returns ``{image path: detections}``.  One unreadable image alone is a :class:`UserError`;
-    among several, unreadable ones are skipped and listed in ``report.json``.  Prints one line per
-    image and a closing line (``as_json``: the report as the only stdout line).
+    ``names[i]`` is the picture of ``images[i]`` (default :func:`peg_core.engine.output_names`:
+    ``NAME.png``, distinct for inputs of the same name); ``detections.json`` maps each image read
+    to its detections.  A missing or unreadable image is a skipped :class:`Prediction` (no
+    picture), never an exception.  The verb (``python -m peg_detr predict``) checks the outputs
+    before and writes the report after (:mod:`peg_core.engine.predict_cli`).
     """
+    output_dir = Path(output_dir)
+    names = list(names) if names is not None else output_names(images, ".png")
     predictor = Predictor(checkpoint, size=size, device=device, threshold=threshold)
-    broken = BrokenLog("predict", len(images), max_fraction=1.0)
+    preds: list[Prediction] = []
     detections: dict[str, list[dict[str, Any]]] = {}
-    for path in images:
+    for path, name in zip(images, names, strict=True):
+        why = missing_reason(path)
+        if why is not None:  # in the words of every predict verb
+            preds.append(predictor.skipped(str(path), why))
+            continue
         try:  # read here, not by predict_files: the pixels are drawn on too
-            image = predictor.read(str(path))
+            image = predictor.load(str(path))
         except BrokenSample as e:
-            if len(images) == 1:
-                raise UserError(e.reason, e.path) from None
-            broken.add([(e.path, e.reason)])
-            pred = predictor.skipped(str(path), e.reason)
-        else:
-            (pred,) = predictor.run([str(path)], [image])
-            draw_detections(image, pred.detections).save(output_dir / f"{path.stem}.png")
-            detections[str(path)] = [d.to_json() for d in pred.detections]
-        if not as_json:
-            print(pred.line(), flush=True)
-    broken.check(nothing_read=not detections)
+            preds.append(predictor.skipped(str(path), e.reason))
+            continue
+        (pred,) = predictor.run([str(path)], [image])
+        draw_detections(image, pred.detections).save(output_dir / name)
+        detections[str(path)] = [d.to_json() for d in pred.detections]
+        preds.append(pred)
     (output_dir / "detections.json").write_text(json.dumps(detections, indent=2) + "\n")
-    report = {"task": "detect", "command": "predict", "checkpoint": str(checkpoint), "images": len(detections),
-              "broken": {"predict": broken.report()}, "output_dir": str(output_dir)}  # fmt: skip
-    write_json(output_dir / "report.json", report)
-    found = sum(len(d) for d in detections.values())
-    line = done_line(
-        "predict", f"{found} detections in {len(detections)} images, {broken.count} skipped", output_dir
-    )
-    print_closing(line, {**report, "detections": detections}, as_json)
-    return detections
+    return preds

@@ -35,6 +35,8 @@ from peg_core.engine import (
     TrainParts,
     UserError,
     param_groups,
+    refuse_changed_on_resume,
+    refuse_without_effect,
     skipping_collate,
 )
 from peg_core.interop.hf_folder import read_hf_config
@@ -227,7 +229,8 @@ def _folder_labels(
 
     try:
         config = read_hf_config(init)
-        return hf_label_names(config), hf_num_labels(config)
+        where = Path(init) / "config.json"
+        return hf_label_names(config, where), hf_num_labels(config, where)
     except WeightsError as e:
         raise UserError(e.what, e.where) from e
     except ValueError as e:
@@ -243,7 +246,8 @@ def resolve_label_map(
 ) -> tuple[LabelMap, int]:
     """The run's :class:`LabelMap` of the training ``categories`` and its classifier size.
 
-    The mode is ``--labels`` (a resumed run: its checkpoint's); a Hugging Face ``--init`` folder
+    The mode is ``--labels`` (a resumed run: its checkpoint's, and another ``--labels`` on the command
+    line is a :class:`UserError` naming both); a Hugging Face ``--init`` folder
     whose ``id2label`` names are the categories' (case-insensitive; in id order: ``contiguous``,
     at their ids: ``ids``) decides it instead, said in one line.  ``--num-classes`` defaults to
     the map's size.  An RT-DETR folder fixes the classifier: another class count is a UserError.
@@ -251,6 +255,8 @@ def resolve_label_map(
     mode = getattr(args, "labels", None) or "ids"
     if ckpt is not None:  # written before meta["labels"]: ids, the only mode there was
         mode = LabelMap.from_meta(ckpt.get("meta") or {}).mode
+        if "labels" in getattr(args, "cli_flags", ()):  # the labels' meaning is the checkpoint's
+            refuse_changed_on_resume("labels", mode, args.labels)
     folder = _folder_labels(args, ckpt)
     found = match_label_names(folder[0], categories) if folder and folder[0] else None
     if found is not None:
@@ -392,6 +398,22 @@ class _Step:
         weights = self.criterion.weight_dict
         logs = {k: v.detach() for k, v in loss_dict.items() if k in weights}
         return StepOutput(weighted_loss(loss_dict, weights), logs)
+
+
+def _check_input_sides(model: nn.Module, sides: list[int], flag: str) -> None:
+    """RT-DETR: every square side of ``flag`` gives its query selection enough encoder cells.
+
+    Checked when the run is set up, so a too small ``--eval-sizes`` fails before any other size
+    is evaluated (an :class:`~peg_core.errors.InputError` naming the flag and the smallest side).
+    """
+    if isinstance(model, RTDETR):
+        for side in sides:
+            model.check_input_size(side, side, f"{flag} {side}")
+
+
+def _sizes_flag(args: argparse.Namespace) -> str:
+    """The flag the evaluation sizes come from: ``--eval-sizes``, else ``--val-size`` (given or the run's)."""
+    return "--eval-sizes" if args.eval_sizes else "--val-size"
 
 
 def _arch(args: argparse.Namespace) -> str:
@@ -558,6 +580,8 @@ class DetectTask:
         _check_categories(val, num_classes)
 
         model, criterion, postprocessor = _init_model(args, num_classes, ckpt, ctx)
+        _check_input_sides(model, args.train_scales or [], "--train-sizes")
+        _check_input_sides(model, args.eval_sizes or [args.val_size], _sizes_flag(args))
         model.to(ctx.device)
         criterion.to(ctx.device).train()
         loader, on_epoch_start = _train_loader(train_ds, batch, args, ctx)
@@ -602,6 +626,10 @@ class DetectTask:
             data_root, val_json = Path(run["data_root"]), val_json or run.get("val_json")
         label_map = recorded_label_map(ckpt, getattr(args, "labels", None), args.checkpoint)
         mode = getattr(args, "pos_interpolation", None)
+        pos_enc = (ckpt.get("model_config") or {}).get("pos_enc")
+        if mode is not None and pos_enc != "learned":  # only a learned table is resized
+            refuse_without_effect(args, ["pos_interpolation"], {"pos_interpolation": f"has no effect without a "
+                                  f"learned table (the checkpoint's pos_enc {pos_enc})"})  # fmt: skip
         loaded = load_model(ckpt, args.checkpoint, pos_interpolation=mode)
         model, postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
         val_size = args.val_size or int(meta.get("val_size") or 800)
@@ -610,6 +638,7 @@ class DetectTask:
             getattr(args, "coco_eval_backend", "faster"), loaded.config.get("arch", "detr"), label_map,
         )  # fmt: skip
         _check_categories(val, int(ckpt["model_config"]["num_classes"]))
+        _check_input_sides(model, args.eval_sizes or [val_size], _sizes_flag(args))
         model.to(ctx.device)
         batch = args.batch_size or int(meta.get("batch_size") or 1)
         return EvalParts(

@@ -1,4 +1,4 @@
-"""``python -m peg_video make-data|train|eval|predict|export|export-hf ...``
+"""``python -m peg_video make-data|train|eval|predict|configs|prepare|export|export-hf ...``
 
     python -m peg_video make-data data/synthetic_kinetics --num-train 120 --num-val 60
     python -m peg_video train --train-ann data/synthetic_kinetics/train.csv \\

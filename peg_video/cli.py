@@ -27,6 +27,7 @@ from peg_core.engine import (
     add_layer_decay_arg,
     add_make_data_counts,
     add_num_heads_arg,
+    add_overwrite_arg,
     add_pos_args,
     add_train_args,
     configs_command,
@@ -37,6 +38,7 @@ from peg_core.engine import (
     fit,
     image_side,
     image_side_list,
+    int_in,
     new_parser,
     nonnegative_float,
     nonnegative_int,
@@ -47,6 +49,12 @@ from peg_core.engine import (
     print_closing,
     run_reported,
     unit_fraction,
+)
+from peg_core.engine.predict_cli import (
+    add_predict_args,
+    check_predict_outputs,
+    finish_predict,
+    predict_device,
 )
 from peg_core.engine.recipes import add_recipe_args
 from peg_core.errors import InputError
@@ -123,6 +131,8 @@ not ``--train-sizes`` (the multi-scale recipe's input sizes).
 """
 
 BACKENDS = ("peg", "pytorchvideo")
+#: what ``export-hf`` writes (and what a Hugging Face folder holds: refused there without --overwrite)
+HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
 #: the closing lines' metrics: video-level top-1 / top-5 of the multi-view protocol
 SUMMARY = Summary(("top1", "top5"), at="{num_frames} frames, {crop} px")
 SAMPLINGS = ("stride", "segment")
@@ -133,6 +143,23 @@ _PEG_DESTS = ("peg_at", "peg_kernel_size", "peg_separable", "peg_padding", "peg_
 
 
 # ------------------------------------------------------------------------------------ argparse types
+
+
+#: the most frames a clip (``--num-frames``) may have: V-JEPA 2 samples 64; a ViT over 256 frames of
+#: 224 px already attends over 25k tokens, and a typo such as 100000 would exhaust memory
+MAX_CLIP_FRAMES = 256
+#: the most frames of a generated video (``make-data --frames``)
+MAX_VIDEO_FRAMES = 4096
+#: the most test clips per video (``--num-clips``; VideoMAE uses 5, SlowFast 10)
+MAX_TEST_CLIPS = 64
+#: the most augmented clips per video and visit (``--repeated-aug``; VideoMAE: 2): a step holds
+#: K x --batch-size clips, so 100000 would never finish a step
+MAX_REPEATED_AUG = 16
+
+clip_frames = int_in(1, MAX_CLIP_FRAMES, "a frame count")
+video_frames = int_in(1, MAX_VIDEO_FRAMES, "a frame count")
+test_clips = int_in(1, MAX_TEST_CLIPS, "a clip count")
+repeats = int_in(1, MAX_REPEATED_AUG, "a repeat count")
 
 
 def even_size(text: str) -> int:
@@ -264,7 +291,9 @@ def build_make_data_parser() -> argparse.ArgumentParser:
     add_make_data_counts(p, num_train=d.num_train, num_val=d.num_val)
     p.add_argument("--width", type=even_size, default=d.width, help="frame width (even)")
     p.add_argument("--height", type=even_size, default=d.height, help="frame height (even)")
-    p.add_argument("--frames", type=positive_int, default=d.frames, help="frames per video")
+    p.add_argument(
+        "--frames", type=video_frames, default=d.frames, help=f"frames per video (1..{MAX_VIDEO_FRAMES})"
+    )
     p.add_argument("--fps", type=positive_int, default=d.fps)
     p.add_argument(
         "--codec", default=d.codec, choices=("libx264", "mpeg4"), help="mp4 codec (kinetics, folder)"
@@ -296,11 +325,11 @@ def _add_view_args(g: argparse._ArgumentGroup) -> None:
         choices=BACKENDS,
         help="peg: this project's decord dataset; pytorchvideo: its labeled_video_dataset (decord)",
     )
-    g.add_argument("--num-frames", type=positive_int, help="frames per clip")
+    g.add_argument("--num-frames", type=clip_frames, help=f"frames per clip (1..{MAX_CLIP_FRAMES})")
     g.add_argument("--stride", type=positive_int, help="step between the frames of a clip")
     g.add_argument("--crop", type=image_side, help="crop side in pixels")
     g.add_argument("--test-scale", type=image_side, help="short side before the test crops")
-    g.add_argument("--num-clips", type=positive_int, help="test clips per video")
+    g.add_argument("--num-clips", type=test_clips, help=f"test clips per video (1..{MAX_TEST_CLIPS})")
     g.add_argument("--num-crops", type=int, choices=(1, 3), help="test crops per clip")
     g.add_argument("--reduction", choices=REDUCTIONS, help="fusion of a video's views")
 
@@ -360,9 +389,9 @@ def _add_augment_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--random-erasing", type=unit_fraction, default=0.0, metavar="P",
                    help="erase one box of normal noise, the same in every frame, with probability P "
                    "(after normalisation; VideoMAE: 0.25); 0: off")  # fmt: skip
-    g.add_argument("--repeated-aug", type=positive_int, default=1, metavar="K",
+    g.add_argument("--repeated-aug", type=repeats, default=1, metavar="K",
                    help="K augmented clips of each training video per visit (VideoMAE's num_sample): a step "
-                   "holds K x --batch-size clips, an epoch keeps its steps; 1: off")  # fmt: skip
+                   f"holds K x --batch-size clips, an epoch keeps its steps; 1: off (1..{MAX_REPEATED_AUG})")  # fmt: skip
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -441,15 +470,12 @@ def build_predict_parser() -> argparse.ArgumentParser:
     from . import predict as predict_module
 
     p = new_parser("python -m peg_video predict", predict_module.__doc__)
-    p.add_argument("videos", type=Path, nargs="+", help="video files")
-    p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pth written by train")
+    add_predict_args(p, noun="videos")  # VIDEO..., --checkpoint, --output, --overwrite, --json, --debug
     p.add_argument("--top-k", type=positive_int, default=5, help="classes listed per video")
-    p.add_argument("--num-frames", type=positive_int, help="frames per clip (default: the training run's)")
-    p.add_argument("--num-clips", type=positive_int, help="clips per video (default: the training run's)")
+    p.add_argument("--num-frames", type=clip_frames, help="frames per clip (default: the training run's)")
+    p.add_argument("--num-clips", type=test_clips, help="clips per video (default: the training run's)")
     p.add_argument("--num-crops", type=int, choices=(1, 3), help="crops per clip (default: the run's)")
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-    add_json_arg(p)
     return p
 
 
@@ -462,7 +488,7 @@ def build_prepare_parser() -> argparse.ArgumentParser:
     p.add_argument("src", type=Path, help="Kinetics tree (videos and annotation files)")
     p.add_argument("dst", type=Path, help="where the prepared copy goes (created)")
     p.add_argument(
-        "--short-side", type=positive_int, default=320, help="short side of the copies (default 320)"
+        "--short-side", type=image_side, default=320, help="short side of the copies (default 320)"
     )
     p.add_argument("--workers", type=positive_int, default=max(1, (os.cpu_count() or 2) - 1))
     p.add_argument("--crf", type=nonnegative_int, default=20, help="x264 quality (lower: better, larger)")
@@ -471,11 +497,8 @@ def build_prepare_parser() -> argparse.ArgumentParser:
         default="veryfast",
         choices=("ultrafast", "superfast", "veryfast", "faster", "fast", "medium"),
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="when DST was prepared with other settings, prepare every video again (default: refuse)",
-    )
+    add_overwrite_arg(p, help="when DST was prepared with other settings, prepare every video again (default: "
+                      "refuse)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -752,17 +775,16 @@ def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def predict(argv: Sequence[str] | None = None) -> int:
-    """``predict --checkpoint CKPT VIDEO...``: one line per video with its top classes, then a closing line."""
+    """``predict --checkpoint CKPT VIDEO...``: one line per video with its top classes, then a closing line.
+
+    The flags, outputs and exit status every ``predict`` shares are :mod:`peg_core.engine.predict_cli`'s.
+    """
     from .predict import predict as run
 
     args = build_predict_parser().parse_args(argv)
-    preds = run(args)
-    if not args.json:
-        for pred in preds:
-            print(pred.line(), flush=True)
-    skipped = sum(p.skipped is not None for p in preds)
-    line = done_line("predict", f"{len(preds) - skipped} videos, {skipped} skipped", args.checkpoint)
-    print_closing(line, {"command": "predict", "predictions": [p.to_json() for p in preds]}, args.json)
+    args.device = predict_device(args.device)
+    check_predict_outputs(args)  # before the model is read: nothing the user owns is overwritten
+    finish_predict(args, run(args), task="video", noun="videos")
     return 0
 
 
@@ -806,7 +828,10 @@ def build_export_hf_parser() -> argparse.ArgumentParser:
         "VideoMAEForVideoClassification.from_pretrained.  A PEG3d model has no table to write.",
     )
     p.add_argument("checkpoint", type=Path, help="checkpoint.pth written by train")
-    p.add_argument("out_dir", type=Path, help="the folder to write (created)")
+    p.add_argument(
+        "out_dir", type=Path, help="the folder to write (created; a Hugging Face model there is refused)"
+    )
+    add_overwrite_arg(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     add_json_arg(p)
     return p
@@ -814,12 +839,15 @@ def build_export_hf_parser() -> argparse.ArgumentParser:
 
 def export_hf(argv: Sequence[str] | None = None) -> int:
     """``export-hf CKPT OUT_DIR``: the checkpoint as a VideoMAE-layout folder (:func:`peg_video.hf.export_hf`)."""
-    from peg_core.engine import UserError, read_checkpoint
+    from peg_core.engine import UserError, check_output_folder, read_checkpoint
 
     from .hf import export_hf as write
     from .model import checkpoint_run
 
     args = build_export_hf_parser().parse_args(argv)
+    # an existing Hugging Face folder (its config.json and weights) is the user's: refused, before any work
+    check_output_folder(args.out_dir, HF_FILES, command="export-hf", inputs=[args.checkpoint],
+                        overwrite=args.overwrite, create=False)  # fmt: skip
     config, _, _ = checkpoint_run(read_checkpoint(args.checkpoint, "video"), args.checkpoint)
     pos_enc = str(config.get("pos_enc"))
     if pos_enc.startswith("peg3d") or pos_enc == "none":

@@ -21,10 +21,20 @@ from typing import Any
 
 import torch
 
+from peg_core.jsonfile import JsonError, read_json
+
 from . import cli
 from .data.synthetic import GENERATOR_VERSION, SyntheticSpec, make_synthetic_kinetics
 
 __all__ = ["demo_data", "run_demo"]
+
+
+def _read_stamp(stamp: Path) -> Any:
+    """What the stamp file records; ``None`` when it is missing or not JSON (read by the one JSON reader)."""
+    try:
+        return read_json(stamp, "demo data stamp")
+    except JsonError:
+        return None
 
 
 def demo_data(root: Path, spec: SyntheticSpec) -> Path:
@@ -36,7 +46,7 @@ def demo_data(root: Path, spec: SyntheticSpec) -> Path:
     stamp = root / "spec.json"
     # through JSON once, so that tuples compare as the lists the stamp reads back
     wanted = json.loads(json.dumps({"generator_version": GENERATOR_VERSION, **dataclasses.asdict(spec)}))
-    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+    if _read_stamp(stamp) == wanted:  # none, another spec or a damaged stamp: generated anew
         return root
     shutil.rmtree(root, ignore_errors=True)
     make_synthetic_kinetics(root, spec)
@@ -62,8 +72,9 @@ def run_demo(out_dir: Path, quick: bool = False, seed: int = 0) -> dict[str, Any
     torch.set_num_threads(1)
     try:
         flags = ["--train-ann", str(data / "train.csv"), "--val-ann", str(data / "val.csv")]
+        # --overwrite: a demo run replaces the one an earlier `make demo` left there
         flags += ["--config", "synthetic_tiny", "--output-dir", str(out_dir / "run"), "--workers", "1"]
-        flags += ["--seed", str(seed)]
+        flags += ["--seed", str(seed), "--overwrite"]
         if quick:
             flags += ["--epochs", "1", "--no-progress"]
         report = cli.train(flags)

@@ -16,6 +16,9 @@ the views of each video and reports
 Fusion (``reduction``): ``"mean"`` of softmax probabilities (the usual protocol), ``"sum"``
 of probabilities, element-wise ``"max"`` of probabilities, or ``"logits"`` (mean of the raw
 logits).
+
+NaN/inf scores (a diverged model) are a :class:`~peg_core.errors.NonFiniteError`, not numbers:
+ranking them would give an accuracy that looks like one.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch import nn
 
 from peg_core.engine import RunContext
 from peg_core.engine.distributed import all_gather_object
+from peg_core.errors import NonFiniteError
 
 __all__ = ["REDUCTIONS", "KineticsEvaluator", "evaluate_views"]
 
@@ -75,6 +79,10 @@ class KineticsEvaluator:
             return result
         keys = sorted(views)
         scores = torch.stack([views[k][0] for k in keys])  # (V, K) logits
+        finite = torch.isfinite(scores).all(dim=1)
+        if not finite.all():  # the merged views: every rank raises alike
+            video, view = keys[int((~finite).nonzero()[0])]
+            raise NonFiniteError(f"the model's scores are not finite (video {video}, view {view})")
         view_labels = torch.tensor([views[k][1] for k in keys])
         video_ids = torch.tensor([k[0] for k in keys])
         videos, inverse = torch.unique(video_ids, return_inverse=True)

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    check_output_path(args.out)
+    check_output_path(args.out, args.checkpoint, args.overwrite)  # nothing the user owns
     loaded = load_model(args.checkpoint)
     model, classes = loaded.model, loaded.classes
     if not hasattr(model, "tubelet"):

@@ -84,7 +84,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg_core.interop.hf_folder import read_hf_config, read_hf_weights, read_json_object
+from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, read_json_object
 from peg_core.interop.io import LoadReport, WeightsError, write_state_file
 
 from .models.registry import build_video_model
@@ -101,45 +101,59 @@ PathLike = str | os.PathLike
 PREPROCESSOR_FILES = ("video_preprocessor_config.json", "preprocessor_config.json")
 
 
-def _pair(x: Any) -> tuple[int, int]:
-    return (int(x), int(x)) if isinstance(x, int | float) else (int(x[0]), int(x[1]))
-
-
 def _mean_std(folder: Path) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
-    """``image_mean`` / ``image_std`` of the folder's (video) preprocessor config, or ``(None, None)``."""
+    """``image_mean`` / ``image_std`` of the folder's (video) preprocessor config, or ``(None, None)``.
+
+    Each is a number (every channel, as transformers reads it) or 3 numbers; ``image_std`` must be
+    positive (it divides).  Anything else is a :class:`WeightsError` naming the file and the field.
+    """
     for name in PREPROCESSOR_FILES:
         if (folder / name).is_file():
-            pre = read_json_object(folder / name, name)
-            mean, std = pre.get("image_mean"), pre.get("image_std")
+            pre = ConfigFields(read_json_object(folder / name, name), folder / name)
+            mean, std = pre.per_channel("image_mean"), pre.per_channel("image_std", above=0.0)
             if mean is not None and std is not None:
-                return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+                return mean, std
     return None, None
 
 
-def _sizes(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
-    """The transformer's sizes and clip shape from a ``config.json`` of ``model_type``."""
-    dim, heads = int(cfg.get("hidden_size", 768)), int(cfg.get("num_attention_heads", 12))
-    patch = _pair(cfg.get("patch_size", 16))
+def _sizes(f: ConfigFields, model_type: str) -> dict[str, Any]:
+    """The transformer's sizes and clip shape from a ``config.json`` of ``model_type``, every field checked."""
+    dim = f.integer("hidden_size", 768)
+    heads = f.integer("num_attention_heads", 12, max=dim)
+    if dim % heads:
+        f.fail("num_attention_heads", f"a divisor of hidden_size {dim}")
+    if f.integer("num_channels", 3) != 3:
+        f.fail("num_channels", "3 (peg_video reads RGB clips)")
     if model_type == "vjepa2":
-        image = _pair(cfg.get("crop_size", 256))
-        frames, tub = int(cfg.get("frames_per_clip", 64)), int(cfg.get("tubelet_size", 2))
-        mlp_ratio = float(cfg.get("mlp_ratio", 4.0))
+        size_key, frames_key = "crop_size", "frames_per_clip"
+        image = f.pair(size_key, 256)
+        frames, tub = f.integer(frames_key, 64), f.integer("tubelet_size", 2)
+        mlp_ratio = f.number("mlp_ratio", 4.0, above=0.0, max=64.0)
+        if dim * mlp_ratio != round(dim * mlp_ratio):
+            f.fail("mlp_ratio", f"a ratio that gives a whole number of channels with hidden_size {dim}")
     else:
-        image = _pair(cfg.get("image_size", 224))
-        frames = int(cfg.get("num_frames", 16 if model_type == "videomae" else 8))
-        tub = int(cfg.get("tubelet_size", 2)) if model_type == "videomae" else 1
-        mlp_ratio = int(cfg.get("intermediate_size", 4 * dim)) / dim
+        size_key, frames_key = "image_size", "num_frames"
+        image = f.pair(size_key, 224)
+        frames = f.integer(frames_key, 16 if model_type == "videomae" else 8)
+        tub = f.integer("tubelet_size", 2) if model_type == "videomae" else 1
+        mlp_ratio = f.integer("intermediate_size", 4 * dim) / dim
+    patch = f.pair("patch_size", 16, max=min(image))
+    if frames % tub:
+        f.fail(frames_key, f"a multiple of tubelet_size {tub}")
+    for side, p in zip(image, patch, strict=True):
+        if side % p:
+            f.fail(size_key, f"a multiple of patch_size {list(patch)}")
     eps_default = 1e-12 if model_type == "videomae" else 1e-6
     return {
         "embed_dim": dim,
-        "depth": int(cfg.get("num_hidden_layers", 12)),
+        "depth": f.integer("num_hidden_layers", 12),
         "num_heads": heads,
         "mlp_ratio": mlp_ratio,
-        "norm_eps": float(cfg.get("layer_norm_eps", eps_default)),
+        "norm_eps": f.number("layer_norm_eps", eps_default, above=0.0, below=1.0),
         "num_frames": frames,
         "image_size": image,
         "tubelet": (tub, *patch),
-        "hidden_act": cfg.get("hidden_act", "gelu"),
+        "hidden_act": f.text("hidden_act", "gelu"),
     }
 
 
@@ -151,10 +165,12 @@ def read_hf_video_config(folder: PathLike) -> dict[str, Any]:
     ``norm_eps``, ``num_frames``, ``image_size`` ``(H, W)``, ``tubelet`` ``(t, p, p)``,
     ``num_classes`` (0 for an encoder), ``id2label`` (``{int: str}``), ``mean`` / ``std``
     (3-tuples from ``preprocessor_config.json`` / ``video_preprocessor_config.json``, else
-    ``None``) and ``config`` (the raw ``config.json``).
+    ``None``), ``config`` (the raw ``config.json``) and ``config_file`` (its path).
 
     Raises :class:`WeightsError` for a missing folder or ``config.json``, JSON that does not
-    parse, or a ``model_type`` outside :data:`HF_MODEL_TYPES`.
+    parse, a ``model_type`` outside :data:`HF_MODEL_TYPES`, or a field of the wrong type or range
+    (``hidden_size: 0``, ``patch_size: [16]``, ``id2label`` keys that are not labels,
+    ``image_std: 0``), naming the file and the field.
     """
     folder = Path(folder)
     cfg = read_hf_config(folder)
@@ -164,21 +180,29 @@ def read_hf_video_config(folder: PathLike) -> dict[str, Any]:
             f"model_type {model_type!r} is not a video encoder peg_video reads ({', '.join(HF_MODEL_TYPES)})",
             folder / "config.json",
         )
-    arch = (cfg.get("architectures") or [None])[0]
+    f = ConfigFields(cfg, folder / "config.json")
+    architectures = cfg.get("architectures") or [None]
+    if not isinstance(architectures, list) or not all(isinstance(a, str | None) for a in architectures):
+        f.fail("architectures", "a list of class names")
+    arch = architectures[0]
     classifier = isinstance(arch, str) and arch.endswith("ForVideoClassification")
-    id2label = {int(k): str(v) for k, v in (cfg.get("id2label") or {}).items()} if classifier else {}
+    names = f.id2label() if classifier else None
+    id2label = dict(enumerate(names or []))
     mean, std = _mean_std(folder)
-    return {
+    info = {
         "model_type": model_type,
         "architecture": arch,
         "classifier": classifier,
-        **_sizes(cfg, model_type),
+        **_sizes(f, model_type),
         "num_classes": len(id2label),
         "id2label": id2label,
         "mean": mean,
         "std": std,
         "config": cfg,
+        "config_file": folder / "config.json",
     }
+    _native(info)  # the remaining fields (pooling, biases, attention): named here, before any weights
+    return info
 
 
 def hf_model_config(
@@ -220,8 +244,9 @@ def from_hf(
     """
     info = read_hf_video_config(folder)
     config = _model_config(info, pos_enc, num_classes, options)
-    model = build_video_model(**config)
     state, where = read_hf_weights(folder)
+    _check_against_weights(info, state)  # before the model is built: a width the weights lack builds nothing
+    model = build_video_model(**config)
     report = LoadReport(source=str(where), args=info["config"])
     kind = info["model_type"]
     keep_table = any(k.startswith("pos_enc.") for k in model.state_dict())
@@ -274,36 +299,33 @@ _TORCH_LAYERNORM_EPS = 1e-5
 
 def _native(info: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`VideoTransformer` keywords that reproduce the folder's own model."""
-    cfg, kind = info["config"], info["model_type"]
-    where = "config.json"
+    kind = info["model_type"]
+    f = ConfigFields(info["config"], info.get("config_file", "config.json"))
     if info["hidden_act"] != "gelu":
-        raise WeightsError(
-            f"hidden_act {info['hidden_act']!r} is not supported (peg_video's MLP is gelu)", where
-        )
+        f.fail("hidden_act", '"gelu" (peg_video\'s MLP is gelu)')
     if kind == "videomae":
-        pooled = bool(cfg.get("use_mean_pooling", True))
+        pooled = f.flag("use_mean_pooling", True)
         head = (
             {"global_pool": "avg", "fc_norm_eps": _TORCH_LAYERNORM_EPS}
             if pooled
             else {"global_pool": "first"}
         )
-        return {"pos_enc": "sinusoid-1d", "qkv_bias": "qv" if cfg.get("qv_bias", True) else False, **head}
+        return {"pos_enc": "sinusoid-1d", "qkv_bias": "qv" if f.flag("qv_bias", True) else False, **head}
     if kind == "timesformer":
-        attention = cfg.get("attention_type", "divided_space_time")
-        if attention not in ("divided_space_time", "joint_space_time"):
-            raise WeightsError(f"TimeSformer attention_type {attention!r} is not supported "
-                               "(divided_space_time, joint_space_time)", where)  # fmt: skip
+        attention = f.choice(
+            "attention_type", "divided_space_time", ("divided_space_time", "joint_space_time")
+        )
         divided = attention == "divided_space_time"
-        return {"pos_enc": "learned", "qkv_bias": bool(cfg.get("qkv_bias", True)), "global_pool": "token",
+        return {"pos_enc": "learned", "qkv_bias": f.flag("qkv_bias", True), "global_pool": "token",
                 "attention": "divided" if divided else "joint", "temporal_fc": divided,
                 **_TIMESFORMER_RESIZE}  # fmt: skip
     # a classifier's attentive pooler: its MLPs are 4x wide whatever the encoder's mlp_ratio
     head = {
         "global_pool": "attentive",
-        "pool_depth": int(cfg.get("num_pooler_layers", 3)),
+        "pool_depth": f.integer("num_pooler_layers", 3, min=0),
         "pool_mlp_ratio": 4.0,
     }
-    return {"pos_enc": "rope-3d", "rope_layout": "vjepa2", "qkv_bias": bool(cfg.get("qkv_bias", True)),
+    return {"pos_enc": "rope-3d", "rope_layout": "vjepa2", "qkv_bias": f.flag("qkv_bias", True),
             **(head if info["classifier"] else {"global_pool": "avg"})}  # fmt: skip
 
 
@@ -337,7 +359,8 @@ def _model_config(
     dim, ratio = info["embed_dim"], info["mlp_ratio"]
     if int(dim * ratio) != round(dim * ratio):
         raise WeightsError(
-            f"intermediate size {dim * ratio:g} is not a whole number of channels", "config.json"
+            f"intermediate size {dim * ratio:g} is not a whole number of channels",
+            info.get("config_file", "config.json"),
         )
     return {
         "name": "vit_small",  # the registry's ViT; every size below overrides it
@@ -356,6 +379,38 @@ def _model_config(
 
 
 # --------------------------------------------------------------------------------------- weights
+
+#: the tubelet (VideoMAE, V-JEPA 2: Conv3d ``(D, 3, t, p, p)``) or per-frame (TimeSformer: Conv2d
+#: ``(D, 3, p, p)``) patch embedding's weight, after the classifier's ``<model_type>.`` prefix
+_PATCH_EMBED = {
+    "videomae": "embeddings.patch_embeddings.projection.weight",
+    "timesformer": "embeddings.patch_embeddings.projection.weight",
+    "vjepa2": "encoder.embeddings.patch_embeddings.proj.weight",
+}
+
+
+def _check_against_weights(info: Mapping[str, Any], state: Mapping[str, Tensor]) -> None:
+    """The sizes config.json gives against the tensors they describe: a :class:`WeightsError` naming
+    config.json, the field and the tensor (width, channels, tubelet, patch, layer count, MLP width)."""
+    kind, dim = info["model_type"], info["embed_dim"]
+    f = ConfigFields(info["config"], info.get("config_file", "config.json"))
+
+    def key(short: str) -> str:  # a classifier's keys carry the model type's prefix, an encoder's do not
+        return f"{kind}.{short}" if f"{kind}.{short}" in state else short
+
+    patch = key(_PATCH_EMBED[kind])
+    t, ph, pw = info["tubelet"]
+    spatial = 2 if kind == "timesformer" else 3  # the first patch axis: (D, C, [t,] p, p)
+    f.against("hidden_size", dim, state, patch, 0)
+    f.against("num_channels", 3, state, patch, 1)
+    if kind != "timesformer":
+        f.against("tubelet_size", t, state, patch, 2)
+    f.against("patch_size", ph, state, patch, spatial)
+    f.against("patch_size", pw, state, patch, spatial + 1)
+    f.count_against("num_hidden_layers", info["depth"], state, rf"(?:{kind}\.)?encoder\.layer\.(\d+)\.")
+    if kind != "vjepa2":
+        mlp = round(dim * info["mlp_ratio"])
+        f.against("intermediate_size", mlp, state, key("encoder.layer.0.intermediate.dense.weight"))
 
 
 #: a model key's source: (source key, tensor, how it was converted or None when copied as is)

@@ -3,8 +3,10 @@
     python -m peg_video predict --checkpoint runs/video/checkpoint.pth a.mp4 b.mp4 [--top-k 5]
 
 Each video is seen as the training run's test views (``--num-clips`` × ``--num-crops``); the
-softmax of the views is averaged.  Prints one line per video (``PATH: class p, ...``) and a
-closing line; ``--json`` prints ``{"command": "predict", "predictions": [...]}`` instead.
+softmax of the views is averaged.  Prints one line per video (``PATH: class p, ...``, or
+``PATH: skipped (<reason>)`` for a missing or unreadable one) and a closing line; ``--json`` prints
+the report (``{"command": "predict", "predictions": [...], ...}``) instead, and ``--output FILE``
+writes it.  Exit status 0 when a video was read, 1 when none could be.
 In Python::
 
     from peg_video.predict import Predictor
@@ -24,8 +26,9 @@ from typing import Any
 
 import torch
 
-from peg_core.engine import UserError
-from peg_core.engine.predictor import ClassPrediction, FilePredictor
+from peg_core.engine.predict_cli import predict_device, predict_paths
+from peg_core.engine.predictor import ClassPrediction, FilePredictor, check_int, resolve_device
+from peg_core.errors import InputError
 
 from .data import Annotations, KineticsVideoDataset, VideoRecord
 from .data.loaders import transform_config
@@ -44,8 +47,16 @@ class Predictor(FilePredictor):
 
     ``views``: ``num_frames``, ``num_clips``, ``num_crops`` (default: the training run's test views).
     A clip that does not split into the model's tubelets is a :class:`UserError` here, before
-    any video is decoded.
+    any video is decoded.  Bad options are a ``TypeError`` / ``ValueError`` naming them, and a
+    device this machine lacks one ``ValueError``, before the checkpoint is read.
+
+    In-memory inputs are float clips at the model's input, normalised as in training (``(pixels
+    in [0, 1] - mean) / std``): ``(C, T, H, W)`` or the views of one video ``(V, C, T, H, W)``,
+    checked by :func:`peg_core.engine.predictor.as_clip` (NaN, 0-255 pixels, other channel counts
+    and clips that do not split into the model's tubelets are a ``ValueError`` naming the argument).
     """
+
+    input_kind = "clip"
 
     def __init__(
         self, checkpoint: str | os.PathLike, device: str = "cpu", top_k: int = 5, **views: int | None
@@ -53,7 +64,11 @@ class Predictor(FilePredictor):
         unknown = sorted(set(views) - set(VIEW_OPTIONS))
         if unknown:
             raise TypeError(f"unknown view options {unknown}; expected some of {VIEW_OPTIONS}")
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
+        top_k = check_int(top_k, "top_k")
+        views = {k: v if v is None else check_int(v, k) for k, v in views.items()}
+        if views.get("num_crops") not in (None, 1, 3):
+            raise ValueError(f"num_crops must be 1 or 3, got {views['num_crops']}")
         loaded = load_model(checkpoint)
         self.model = loaded.model.to(self.device).eval()
         self.classes = loaded.classes
@@ -62,6 +77,12 @@ class Predictor(FilePredictor):
             **{**loaded.args, **{k: v for k, v in views.items() if v is not None}}
         )
         check_clip_fits(self.model, self.run_args)
+        spatial = transform_config(self.run_args)
+        # a normalised pixel lies in [(0 - mean) / std, (1 - mean) / std] of its channel
+        self.clip_range = (
+            min(-m / s for m, s in zip(spatial.mean, spatial.std)),
+            max((1 - m) / s for m, s in zip(spatial.mean, spatial.std)),
+        )
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: str = "cpu", **options: Any) -> Predictor:
@@ -78,7 +99,13 @@ class Predictor(FilePredictor):
         return ds[0]["video"]
 
     def prepare(self, item: torch.Tensor) -> torch.Tensor:
-        return item.unsqueeze(0) if item.dim() == 4 else item  # one clip: one view
+        """A checked clip or views (:meth:`normalise`'s) -> views ``(V, C, T, H, W)``."""
+        views = item.unsqueeze(0) if item.dim() == 4 else item  # one clip: one view
+        tubelet = getattr(self.model, "tubelet", None)  # transformers only (X3D has none)
+        if tubelet is not None and any(n % t for n, t in zip(views.shape[-3:], tubelet)):
+            raise InputError(f"a clip of (T, H, W) = {tuple(views.shape[-3:])} does not split into the "
+                             f"model's tubelets {tuple(tubelet)}")  # fmt: skip
+        return views
 
     def run(self, paths: list[str | None], items: list[torch.Tensor]) -> list[Prediction]:
         out = []
@@ -94,20 +121,12 @@ class Predictor(FilePredictor):
 
 
 def predict(args: argparse.Namespace) -> list[Prediction]:
-    """Top-k classes of each of ``args.videos`` (:func:`peg_video.cli.build_predict_parser`).
+    """Top-k classes of each of ``args.files`` (:func:`peg_video.cli.build_predict_parser`), in order.
 
-    Unreadable videos come back skipped; when none can be read that is a :class:`UserError`
-    naming the (first) video.
+    Unreadable videos come back skipped; the verb (:func:`peg_core.engine.predict_cli.finish_predict`)
+    lists them and says when none could be read.
     """
-    device = "cpu" if args.device == "auto" else args.device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("CUDA is not available on this machine", f"--device {args.device}")
+    device = predict_device(args.device)
     views = {k: getattr(args, k) for k in VIEW_OPTIONS}
     predictor = Predictor.from_checkpoint(args.checkpoint, device, top_k=args.top_k, **views)
-    preds = predictor.predict_files(args.videos)
-    if all(p.skipped is not None for p in preds):
-        first = preds[0]
-        what = f"cannot read the video ({first.skipped})" if len(preds) == 1 else "no video could be read"
-        raise UserError(what if len(preds) == 1 else f"{what} ({len(preds)} skipped; first: {first.skipped})",
-                        first.path)  # fmt: skip
-    return preds
+    return predict_paths(predictor, args.files)

@@ -27,7 +27,8 @@ Both Kinetics layouts (flat ``split/ID_start_end.mp4`` and ``split/<class>/ID...
 handled alike: the folder structure under SRC is reproduced under DST.  Outputs are written to
 a hidden temporary name and renamed when complete, so a killed run leaves no half file and a
 second run skips every finished one (temporary files of the killed run are removed).  SRC is
-only read.
+only read.  Ctrl-C stops the run with one line (``error: interrupted``, exit 130): the worker
+processes leave the signal to the main process, which ends them, so they print no traceback.
 
     python -m peg_video prepare k400 k400_320 --short-side 320 --workers 16
 
@@ -41,8 +42,11 @@ import io
 import json
 import os
 import shutil
+import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -50,6 +54,7 @@ from pathlib import Path
 from peg_core.engine import UserError, ensure_writable, progress
 from peg_core.engine.trainer import write_json
 from peg_core.errors import require
+from peg_core.jsonfile import JsonError, parse_json, read_json
 
 from .data.annotations import LIST_LINE, is_kinetics_csv
 
@@ -209,9 +214,9 @@ def _rewrite_list(text: str, mapped: _PathMap) -> str | None:
 
 def _rewrite_json(text: str, mapped: _PathMap) -> str | None:
     """JSON with every string value that is an absolute path into SRC mapped; ``None`` when none is."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
+    try:  # the one JSON reader: a file nested too deeply is copied as is, never a RecursionError
+        data = parse_json(text, "annotation file")
+    except JsonError:
         return None
     changed = False
 
@@ -281,10 +286,10 @@ def _recorded_settings(dst: Path) -> tuple[dict | None, Path]:
         path = dst / name
         if path.is_file():
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                data = read_json(path, "settings file")
+            except JsonError as e:
                 raise UserError(
-                    f"cannot read the settings of the earlier run ({e}); remove the file", path
+                    f"cannot read the settings of the earlier run ({e.what}); remove the file", path
                 ) from None
             if isinstance(data, dict) and all(k in data for k in SETTING_KEYS):
                 return {k: data[k] for k in SETTING_KEYS}, path
@@ -333,6 +338,33 @@ def _pool_context():
         return get_context("spawn")
 
 
+def _worker_ignores_sigint() -> None:
+    """Pool initializer: a worker ignores SIGINT, then lets signals through again.
+
+    Ctrl-C in a terminal reaches every process of the group; the main process alone turns it into
+    the one-line stop and ends the pool (``Pool.terminate``), so a worker must neither die with a
+    ``KeyboardInterrupt`` traceback nor stop on its own.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextmanager
+def _sigint_held() -> Iterator[None]:
+    """SIGINT blocked while the pool starts: a worker inherits the block, so no Ctrl-C reaches it
+    before :func:`_worker_ignores_sigint` runs; one that arrived meanwhile reaches the main process
+    when the block ends (a ``KeyboardInterrupt`` there, as usual)."""
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows: no signal masks
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def prepare_tree(
     src: str | Path,
     dst: str | Path,
@@ -371,7 +403,9 @@ def prepare_tree(
     if workers <= 1 or len(jobs) <= 1:
         results = [r for r in bar(map(_prepare_job, jobs))]
     else:
-        with _pool_context().Pool(min(workers, len(jobs))) as pool:
+        with _sigint_held():
+            pool = _pool_context().Pool(min(workers, len(jobs)), initializer=_worker_ignores_sigint)
+        with pool:  # on Ctrl-C (a KeyboardInterrupt here) the exit terminates the workers
             results = list(bar(pool.imap_unordered(_prepare_job, jobs, chunksize=1)))
     counts = Counter(r.action for r in results)
     broken = sorted(({"path": r.path, "reason": r.reason} for r in results if r.action == "broken"), key=str)

@@ -23,6 +23,14 @@ It prints a table last and writes every number to JSON::
     python tools/gpu_check.py                      # on a GPU, < 8 minutes
     python tools/gpu_check.py --device cpu --quick # seconds; what the tests run
 
+Without a GPU it measures nothing: on a machine where ``torch.cuda.is_available()`` is False (no
+GPU, a CPU-only torch, ``CUDA_VISIBLE_DEVICES=""``) it prints one line on stderr and exits with
+status 77 before any work, so a CI job on the wrong machine neither passes as if the GPU had been
+checked nor spends ten minutes running the full-size models on the CPU.  77 is the "skipped"
+status of the automake and meson test harnesses: a CI step that allows GPU-less runners can treat
+it as a skip, any other as a failure.  ``--device cpu`` is the smoke run of the code paths and
+needs ``--quick`` (a usage error, status 2, otherwise).
+
 The DETR step uses the Hungarian criterion when scipy is installed; without it
 the step's loss is a plain sum of the outputs (the timing of the model is the
 same; the table says which was used).
@@ -444,16 +452,34 @@ def _table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(lines)
 
 
+#: exit status without a GPU: nothing was measured (the automake / meson "skipped" status)
+EXIT_NO_GPU = 77
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument(
+        "--device", default="cuda", help="cuda (default), cuda:N, or cpu with --quick (the CPU smoke run)"
+    )
     ap.add_argument("--quick", action="store_true", help="tiny shapes, few steps (CPU smoke run)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile timings")
     ap.add_argument("--json", type=Path, default=Path("runs/gpu_check.json"))
     args = ap.parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        ap.error(f"--device {args.device}: not a torch device (cuda, cuda:N or cpu)")
     if device.type == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda but torch.cuda.is_available() is False; use --device cpu --quick")
+        print(
+            f"error: no CUDA GPU on this machine (torch.cuda.is_available() is False), nothing was measured "
+            f"(exit {EXIT_NO_GPU}: skipped); run it on a GPU, or --device cpu --quick for the CPU smoke run",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_NO_GPU)
+    if device.type == "cpu" and not args.quick:
+        ap.error(
+            "--device cpu runs only the smoke run (the full-size models take over ten minutes on a CPU): add --quick"
+        )
     amp_dtype = torch.bfloat16 if device.type == "cuda" else None
     bench_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     compile_modes = [False] if (args.no_compile or args.quick) else [False, True]

@@ -424,7 +424,7 @@ def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellR
     size = int(plan.train_label.split()[0])
     argv = [*common, "--seed", str(seed), "--epochs", str(plan.epochs), "--img-size", str(size),
             "--batch-size", str(plan.budget.batch_size), "--eval-every", "0", "--data-root", plan.data["root"],
-            "--pos-enc", spec.encoding, *spec.argv, "--output-dir", str(run_dir)]  # fmt: skip
+            "--pos-enc", spec.encoding, *spec.argv, "--output-dir", str(run_dir), "--overwrite"]  # fmt: skip
     if plan.data[
         "generated"
     ]:  # whole images in the scenes' own 2 rgb - 1 scaling; no flip (left/right classes)
@@ -573,7 +573,7 @@ def _detect_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellRes
 
     size, epochs, data = int(plan.train_label.split()[0]), plan.epochs, Path(plan.data["root"])
     argv = [
-        "--config", "demo_tiny", "--data-root", str(data), "--output-dir", str(run_dir),
+        "--config", "demo_tiny", "--data-root", str(data), "--output-dir", str(run_dir), "--overwrite",
         "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(epochs), "--lr-drop", str(max(1, epochs * 5 // 6)),
         "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
         # one training size (no multi-scale, no crop): every other test size is unseen
@@ -647,7 +647,7 @@ def _rtdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellRes
 
     size, data = int(plan.train_label.split()[0]), Path(plan.data["root"])
     argv = [
-        "--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(run_dir),
+        "--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(run_dir), "--overwrite",
         "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(plan.epochs),
         "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
         "--train-sizes", ",".join(map(str, plan.data["train_sides"])), "--val-size", str(size),
@@ -814,7 +814,7 @@ def _video_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResu
     argv = [
         "--config", "synthetic_tiny", "--train-ann", str(ann["train"]), "--val-ann", str(ann["val"]),
         "--pos-enc", spec.encoding, *spec.argv, *(["--init", plan.init] if spec.group == PRETRAINED_GROUP else []),
-        "--output-dir", str(run_dir), "--epochs", str(plan.epochs), "--batch-size", str(plan.budget.batch_size),
+        "--output-dir", str(run_dir), "--overwrite", "--epochs", str(plan.epochs), "--batch-size", str(plan.budget.batch_size),
         "--crop", str(crop), "--seed", str(seed), "--eval-every", "0", "--device", "cpu", "--no-progress",
     ]  # fmt: skip
     report = cli.train(argv)

@@ -14,7 +14,6 @@ under the one-line failure policy.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +43,7 @@ from ..engine import (
     fit,
     image_side,
     image_side_list,
+    int_in,
     new_parser,
     nonnegative_float,
     parse_with_config,
@@ -53,13 +53,20 @@ from ..engine import (
     run_reported,
     unit_fraction,
 )
+from ..engine.predict_cli import (
+    add_predict_args,
+    check_predict_outputs,
+    finish_predict,
+    predict_device,
+    predict_paths,
+)
 from ..engine.recipes import add_recipe_args
 from ..models.cpvt import GLOBAL_POOLS, POS_ENCODINGS
 from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS
 from .data import AUGMENTS, NORMALIZE, check_layout, require_torchvision
 from .make_data import FORMATS, write_shapes_folder
-from .model import ARCHS
-from .predict import Predictor, check_files_exist
+from .model import ARCHS, refuse_unused_pos_flags
+from .predict import Predictor
 from .shapes import CLASS_NAMES
 from .task import ClassifyTask
 
@@ -81,6 +88,8 @@ __all__ = [
 NUM_TRAIN, NUM_VAL = DEFAULTS["num_train"], DEFAULTS["num_val"]
 #: the closing lines' metrics: top-1 / top-5, at the training size
 SUMMARY = Summary(("top1", "top5"), size_key="train_size")
+#: the largest ``--patch-size``: ViTs use 8 to 32; a patch of 100000 would be a weight no memory holds
+MAX_PATCH_SIDE = 256
 
 
 def crop_ratio(text: str) -> float:
@@ -105,7 +114,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--embed-dim", type=positive_int, help="override the arch's width")
     g.add_argument("--depth", type=positive_int, help="override the arch's number of blocks")
     add_num_heads_arg(g)
-    g.add_argument("--patch-size", type=positive_int, help="override the arch's patch side")
+    g.add_argument("--patch-size", type=int_in(1, MAX_PATCH_SIDE, "a patch side"),
+                   help=f"override the arch's patch side (1..{MAX_PATCH_SIDE})")  # fmt: skip
     g.add_argument("--mlp-ratio", type=positive_float, help="override the arch's MLP width ratio")
     g.add_argument("--drop-path-rate", type=unit_fraction, help="stochastic depth (default 0)")
 
@@ -178,17 +188,16 @@ def build_eval_parser() -> argparse.ArgumentParser:
 
 
 def build_predict_parser() -> argparse.ArgumentParser:
-    p = new_parser("python -m peg_core predict", "Print the top-k classes of image files.")
-    p.add_argument("images", nargs="+", type=Path, help="image files")
-    p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pth written by train")
+    p = new_parser(
+        "python -m peg_core predict",
+        "Print the top-k classes of image files (the flags every predict shares: docs/cli.md).",
+    )
+    add_predict_args(p, noun="images")  # IMAGE..., --checkpoint, --output, --overwrite, --json, --debug
     p.add_argument("--top-k", type=positive_int, default=5, help="classes shown per image")
     p.add_argument("--img-size", type=image_side, help="input size (default: the training size)")
     p.add_argument("--batch-size", type=positive_int, default=32)
-    p.add_argument("--output", type=Path, help="also write the predictions as JSON here")
     p.add_argument("--device", type=device_arg, default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=positive_int, help="torch intra-op CPU threads")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-    add_json_arg(p)
     return p
 
 
@@ -228,12 +237,16 @@ def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
     ``cli_flags`` lists the destinations the command line itself set: a ``--init`` file that names
     its model keeps its architecture except for those (:func:`~.model.init_model_config`).
+    Position flags the model would ignore (``--peg-kernel-size`` without a PEG, ``--pos-interpolation``
+    without a learned table) are a :class:`UserError` (:func:`~.model.refuse_unused_pos_flags`).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_with_config(build_train_parser(), argv, CONFIGS)
     args.cli_flags = sorted(explicit_options(build_train_parser, argv))
     if args.init_timm is not None and args.init is None:
         build_train_parser().error("--init-timm needs --init FILE (the timm weights)")
+    if args.init is None:  # with --init FILE the model may be the file's: checked when it is read (task)
+        refuse_unused_pos_flags(args, vars(args), f"--pos-enc {args.pos_enc}")
     return args
 
 
@@ -259,37 +272,21 @@ def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def predict(argv: Sequence[str] | None = None) -> int:
-    """Print (and optionally write as JSON) the top-k classes of image files; 0, or a UserError."""
+    """Print (and with ``--output`` write) the top-k classes of image files (:mod:`peg_core.engine.predict_cli`).
+
+    Returns 0 when at least one image was read (unreadable ones are skipped and listed); none
+    read is a :class:`UserError` naming the first.
+    """
     args = build_predict_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("CUDA is not available on this machine", f"--device {args.device}")
     require_torchvision("predict")
-    check_files_exist(args.images)  # a mistyped path: one line before the model is read
+    device = predict_device(args.device)
+    check_predict_outputs(args)  # before the model is read: nothing the user owns is overwritten
     predictor = Predictor.from_checkpoint(
         args.checkpoint, device, top_k=args.top_k, img_size=args.img_size, batch_size=args.batch_size
     )
-    preds = predictor.predict_files(args.images)
-    if not args.json:
-        for pred in preds:
-            print(pred.line())
-    skipped = [p for p in preds if p.skipped is not None]
-    rows = [p.to_json() for p in preds]
-    if args.output is not None:
-        try:
-            args.output.write_text(json.dumps(rows, indent=1) + "\n")
-        except OSError as e:
-            raise UserError(f"cannot write predictions ({e.strerror or e})", args.output) from None
-    if len(skipped) == len(preds):
-        raise UserError(f"no file could be read as an image ({len(skipped)} skipped)", skipped[0].path)
-    line = done_line(
-        "predict", f"{len(preds) - len(skipped)} images, {len(skipped)} skipped", args.output or "stdout"
-    )
-    print_closing(line, {"command": "predict", "predictions": rows}, args.json)
+    finish_predict(args, predict_paths(predictor, args.files), task="classify", noun="images")
     return 0
 
 

@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from ..engine import BrokenSample, UserError
+from ..engine.predictor import rgb_image
 from ..errors import require
 from .shapes import ShapeScenes
 
@@ -86,12 +87,16 @@ class ShapeImages(Dataset):
 
 
 def load_image(path: str | os.PathLike) -> Any:
-    """torchvision's ImageFolder loader (PIL, RGB); an unreadable file raises :class:`BrokenSample`."""
+    """The image file as an 8-bit RGB PIL image; an unreadable file raises :class:`BrokenSample`.
+
+    As torchvision's ImageFolder loader, but 16-bit grey PNGs are scaled rather than clipped to
+    white (:func:`~peg_core.engine.predictor.rgb_image`, shared with ``predict``).
+    """
     from PIL import Image, UnidentifiedImageError
-    from torchvision.datasets.folder import default_loader
 
     try:
-        return default_loader(str(path))
+        with Image.open(path) as im:
+            return rgb_image(im)  # decodes now: a truncated file fails here
     except FileNotFoundError:
         raise BrokenSample(path, "file not found") from None
     except UnidentifiedImageError:

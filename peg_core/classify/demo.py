@@ -35,7 +35,9 @@ def run_demo(out_dir: str | os.PathLike, quick: bool = False, seed: int = 0) -> 
     config = "demo_quick" if quick else "demo"
     size = CONFIGS[config]["img_size"]
     sizes = ",".join(str(s) for s in scaled_sizes(size))
-    trained = train(["--config", config, "--output-dir", str(out_dir), "--workers", "0", "--seed", str(seed)])
+    # --overwrite: a demo run replaces the one an earlier `make demo` left in out_dir
+    trained = train(["--config", config, "--output-dir", str(out_dir), "--workers", "0", "--seed", str(seed),
+                     "--overwrite"])  # fmt: skip
     checked = evaluate([
         "--checkpoint", str(out_dir / "checkpoint.pth"), "--eval-sizes", sizes,
         "--output-dir", str(out_dir / "eval"), "--workers", "0",

@@ -19,14 +19,17 @@ from torch import Tensor
 
 from .. import models
 from ..engine import (
+    PEG_OPTIONS,
     LoadedModel,
     UserError,
     checkpoint_and_where,
     load_model_state,
     peg_kwargs,
+    refuse_without_effect,
 )
 from ..interop.from_timm import from_timm_file
 from ..interop.io import WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
+from ..models.cpvt import parse_pos_enc
 from ..resize import resize_pos_embed
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "model_config_from_args",
     "read_init",
     "read_weights",
+    "refuse_unused_pos_flags",
     "scaled_sizes",
     "stored_args",
 ]
@@ -113,6 +117,28 @@ def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[s
         if value is not None:
             cfg[name] = list(value) if isinstance(value, tuple | list) else value
     return cfg
+
+
+def refuse_unused_pos_flags(args: argparse.Namespace, config: Mapping[str, Any], source: str) -> None:
+    """Position flags the model of ``config`` would ignore: a :class:`UserError` when the command line gives one.
+
+    The PEG group without a PEG in ``pos_enc``, ``--peg-num-kernels`` without ``--peg-dynamic``
+    and ``--pos-interpolation`` without a learned table.  ``source`` says where ``pos_enc`` came
+    from (``--pos-enc sine``, or the ``--init`` file's model); the flags the command line gave are
+    ``args.cli_flags`` (:func:`peg_core.classify.cli.parse_train_args`).
+    """
+    try:
+        table, has_peg, _ = parse_pos_enc(str(config.get("pos_enc")))
+    except ValueError:
+        return  # not an encoding: building the model says so, naming it
+    reasons: dict[str, str] = {}
+    if not has_peg:
+        reasons |= dict.fromkeys(PEG_OPTIONS, f"has no effect without a PEG ({source})")
+    elif not config.get("peg_dynamic"):
+        reasons["peg_num_kernels"] = "sizes the kernel bank of --peg-dynamic, which is off"
+    if table != "learned":
+        reasons["pos_interpolation"] = f"has no effect without a learned table ({source})"
+    refuse_without_effect(args, getattr(args, "cli_flags", ()), reasons)
 
 
 def build_checked(config: Mapping[str, Any], where: str | os.PathLike) -> models.CPVT:

@@ -4,9 +4,9 @@
     predictor = Predictor.from_checkpoint("runs/classify/checkpoint.pth", device="cpu", top_k=3)
     print(predictor.predict_files(["a.png", "b.png"])[0].line())
 
-Inputs are image files, PIL images or image tensors ``(3, H, W)`` (uint8, or float in
-``[0, 1]``); each is resized and centre-cropped as in evaluation, at ``img_size`` or the
-training size.
+Inputs are image files, PIL images, numpy arrays ``(H, W, C)`` or tensors ``(C, H, W)`` (uint8,
+or float in ``[0, 1]``; grey, RGBA and 16-bit images converted: see :mod:`peg_core.engine.predictor`);
+each is resized and centre-cropped as in evaluation, at ``img_size`` or the training size.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ..engine import UserError
-from ..engine.predictor import ClassPrediction, FilePredictor
+from ..engine import MAX_IMAGE_SIDE, UserError
+from ..engine.predictor import ClassPrediction, FilePredictor, check_int, resolve_device
 from .data import folder_transform, load_image
 from .model import load_model
 
@@ -29,7 +29,13 @@ Prediction = ClassPrediction
 
 
 class Predictor(FilePredictor):
-    """A classifier restored from a ``peg_core train`` checkpoint; ``predictor(inputs) -> list[Prediction]``."""
+    """A classifier restored from a ``peg_core train`` checkpoint; ``predictor(inputs) -> list[Prediction]``.
+
+    Bad options are a ``TypeError`` / ``ValueError`` naming them, and a device this machine lacks
+    one ``ValueError``, before the checkpoint is read.
+    """
+
+    input_kind = "image"  # paths, PIL images, arrays and tensors: peg_core.engine.predictor.as_image
 
     def __init__(
         self,
@@ -39,12 +45,15 @@ class Predictor(FilePredictor):
         img_size: int | None = None,
         batch_size: int = 32,
     ) -> None:
+        self.device = resolve_device(device)
+        top_k = check_int(top_k, "top_k")
+        self.batch_size = check_int(batch_size, "batch_size")
+        if img_size is not None:
+            img_size = check_int(img_size, "img_size", 1, MAX_IMAGE_SIDE)
         loaded = load_model(checkpoint)
-        self.device = torch.device(device)
         self.model = loaded.model.to(self.device).eval()
         self.classes = loaded.classes
         self.top_k = min(top_k, len(self.classes))
-        self.batch_size = batch_size
         meta = loaded.meta
         self.img_size = img_size or int(meta["img_size"])
         self.transform = folder_transform(
@@ -63,6 +72,7 @@ class Predictor(FilePredictor):
         return load_image(path)
 
     def prepare(self, item: Any) -> torch.Tensor:
+        """An RGB PIL image or a ``(3, H, W)`` tensor (:meth:`normalise`'s) -> ``(3, S, S)`` normalised float32."""
         return self.transform(item)
 
     def run(self, paths: list[str | None], items: list[torch.Tensor]) -> list[Prediction]:

@@ -15,8 +15,17 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from ..engine import UserError, image_side, new_parser, positive_int, read_checkpoint
-from ..engine.trainer import ensure_writable
+from ..engine import (
+    UserError,
+    add_alias,
+    add_overwrite_arg,
+    check_output_file,
+    image_side,
+    new_parser,
+    positive_int,
+    read_checkpoint,
+)
+from ..engine.outputs import QUANTIZED
 from ..export.quantize import (
     QUANTIZED_SUFFIX,
     calibration_batches,
@@ -41,11 +50,13 @@ def build_parser():
     p.add_argument("checkpoint", type=Path, help="checkpoint.pth written by 'peg_core train'")
     p.add_argument("output", type=Path, help="quantized model to write (.pt2)")
     p.add_argument("--calib", type=positive_int, default=256, help="calibration images (default 256)")
-    p.add_argument("--calib-data", "--data", dest="calib_data", type=Path,
+    p.add_argument("--calib-data", type=Path,
                    help="ImageFolder root whose train/ images calibrate (default: the checkpoint's data)")  # fmt: skip
+    add_alias(p, "--data", dest="calib_data", type=Path)
     p.add_argument("--img-size", type=image_side, help="calibration size (default: the training size)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="calibration batch size")
     p.add_argument("--threads", type=positive_int, help="torch intra-op CPU threads")
+    add_overwrite_arg(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     return p
 
@@ -76,9 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.output.suffix != QUANTIZED_SUFFIX:
         raise UserError(f"the quantized model is a {QUANTIZED_SUFFIX} file", args.output)
+    # before any work: OUT is not the checkpoint, nor a file other than an earlier quantized model
+    check_output_file(args.output, QUANTIZED, inputs=[args.checkpoint], overwrite=args.overwrite)
     ckpt = read_checkpoint(args.checkpoint, "classify")
     model = load_model(ckpt, args.checkpoint).model
-    ensure_writable(args.output.parent)
     size = args.img_size or int(ckpt["meta"].get("img_size", model.img_size[0]))
     dataset = _calibration_set(ckpt, args.checkpoint, args.calib_data, args.calib, size)
     batches = calibration_batches(dataset, args.calib, args.batch_size)

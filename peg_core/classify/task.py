@@ -25,6 +25,7 @@ from ..engine import (
     TrainParts,
     UserError,
     param_groups_for_run,
+    refuse_without_effect,
     warmup_cosine,
 )
 from ..engine.broken import SkipBroken, skipping_collate
@@ -42,6 +43,7 @@ from .model import (
     load_model,
     model_config_from_args,
     read_init,
+    refuse_unused_pos_flags,
     scaled_sizes,
     stored_args,
 )
@@ -168,6 +170,12 @@ def _model_config(
     init = read_init(args.init, getattr(args, "init_timm", None))
     if init.config is not None:
         config = init_model_config(config, init.config, getattr(args, "cli_flags", ()))
+    # the file's encoding unless the file names no model or the command line picks the model / encoding
+    explicit = getattr(args, "cli_flags", ())
+    from_flags = init.config is None or "arch" in explicit or "pos_enc" in explicit
+    pos_enc = config.get("pos_enc")
+    source = f"--pos-enc {pos_enc}" if from_flags else f"pos_enc {pos_enc} of the --init file's model"
+    refuse_unused_pos_flags(args, config, source)  # before any weights are loaded
     return config, init
 
 
@@ -254,6 +262,15 @@ class ClassifyTask:
             model = ckpt["quantized"]
         else:
             model = load_model(ckpt, path, pos_interpolation=args.pos_interpolation).model.to(ctx.device)
+        without = None  # why --pos-interpolation would change nothing
+        if "quantized" in ckpt:
+            without = "a quantized model keeps the resize mode it was exported with"
+        elif model.pos_interpolation is None:  # only a learned table is resized
+            pos_enc = (ckpt.get("model_config") or {}).get("pos_enc")
+            without = f"has no effect without a learned table (the checkpoint's pos_enc {pos_enc})"
+        if without is not None:
+            given = [] if args.pos_interpolation is None else ["pos_interpolation"]
+            refuse_without_effect(args, given, {"pos_interpolation": without})
         meta = ckpt["meta"]
         train_size = int(meta["img_size"] if "img_size" in meta else model.img_size[0])
         sizes = args.eval_sizes or scaled_sizes(train_size)

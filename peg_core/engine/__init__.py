@@ -4,7 +4,9 @@ Opt-in (``import peg_core`` does not load it); torch-only (tqdm and TensorBoard 
 when installed).  :mod:`.distributed` holds the torch.distributed helpers (no-ops in one
 process), :mod:`.metric_log` the JSON-lines / TensorBoard :class:`MetricLogger`,
 :mod:`.checkpoint` the training checkpoints (atomic writes through
-:mod:`peg_core.interop.io`, RNG capture), :mod:`.progress` the one progress display.
+:mod:`peg_core.interop.io`, RNG capture), :mod:`.progress` the one progress display,
+:mod:`.outputs` the one rule that a command overwrites nothing the user owns (``--overwrite``),
+:mod:`.predict_cli` the ``predict`` verb's flags, outputs and wording shared by the three packages.
 
 This is the command line's layer: it raises :class:`UserError`, and converts the library's
 :class:`~peg_core.errors.InputError` s (e.g. :class:`~peg_core.interop.WeightsError`) into
@@ -41,6 +43,7 @@ from .cli import (
     add_layer_decay_arg,
     add_make_data_counts,
     add_num_heads_arg,
+    add_overwrite_arg,
     add_pos_args,
     add_train_args,
     configs_command,
@@ -50,6 +53,7 @@ from .cli import (
     grid_arg,
     image_side,
     image_side_list,
+    int_in,
     int_list,
     json_safe,
     layer_decay_value,
@@ -77,6 +81,7 @@ from .errors import (
     UserError,
     run_command,
 )
+from .flag_checks import flag_text, refuse_changed_on_resume, refuse_resume_changes, refuse_without_effect
 from .metric_log import MetricLogger
 from .optim import (
     LayerDecayModel,
@@ -86,6 +91,13 @@ from .optim import (
     param_groups,
     param_groups_for_run,
     warmup_cosine,
+)
+from .outputs import (
+    check_output_file,
+    check_output_folder,
+    check_run_folder,
+    file_kind,
+    output_names,
 )
 from .progress import Progress, progress
 from .summary import METRIC_NAMES, Summary, done_line, print_closing, run_reported, summary_line
@@ -144,9 +156,13 @@ __all__ = [
     "add_layer_decay_arg",
     "add_make_data_counts",
     "add_num_heads_arg",
+    "add_overwrite_arg",
     "add_pos_args",
     "add_train_args",
     "check_layer_decay",
+    "check_output_file",
+    "check_output_folder",
+    "check_run_folder",
     "checkpoint_and_where",
     "configs_command",
     "device_arg",
@@ -156,11 +172,14 @@ __all__ = [
     "eval_output_dir",
     "evaluate_checkpoint",
     "explicit_options",
+    "file_kind",
     "fit",
+    "flag_text",
     "grid_arg",
     "image_side",
     "image_side_list",
     "init_distributed",
+    "int_in",
     "int_list",
     "is_main_process",
     "json_safe",
@@ -172,6 +191,7 @@ __all__ = [
     "nonnegative_float",
     "nonnegative_int",
     "odd_kernel",
+    "output_names",
     "param_groups",
     "param_groups_for_run",
     "parse_with_config",
@@ -184,6 +204,9 @@ __all__ = [
     "progress",
     "read_checkpoint",
     "read_state_file",
+    "refuse_changed_on_resume",
+    "refuse_resume_changes",
+    "refuse_without_effect",
     "remove_stale_temp_files",
     "run_command",
     "run_reported",

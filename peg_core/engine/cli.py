@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ArgumentParser, run_command
+from .helptext import plain_text
 
 __all__ = [
     "AMP_CHOICES",
@@ -30,6 +31,7 @@ __all__ = [
     "add_layer_decay_arg",
     "add_make_data_counts",
     "add_num_heads_arg",
+    "add_overwrite_arg",
     "add_pos_args",
     "add_train_args",
     "device_arg",
@@ -38,6 +40,7 @@ __all__ = [
     "grid_arg",
     "image_side",
     "image_side_list",
+    "int_in",
     "int_list",
     "json_safe",
     "layer_decay_value",
@@ -130,6 +133,12 @@ MAX_IMAGE_SIDE = 4096
 def image_side(text: str) -> int:
     """``argparse`` type: an image side in pixels, ``1..MAX_IMAGE_SIDE``."""
     return _number(text, int, f"an image side in 1..{MAX_IMAGE_SIDE}", lambda v: 1 <= v <= MAX_IMAGE_SIDE)
+
+
+def int_in(lo: int, hi: int, what: str = "an integer") -> Callable[[str], int]:
+    """``argparse`` type: an integer in ``lo..hi``; ``what`` names it in the usage error
+    (``"expected a repeat count in 1..16, got '100000'"``)."""
+    return lambda text: _number(text, int, f"{what} in {lo}..{hi}", lambda v: lo <= v <= hi)
 
 
 def image_side_list(text: str) -> list[int]:
@@ -336,6 +345,7 @@ def add_train_args(
         help="'auto': continue from OUTPUT_DIR/checkpoint.pth when there is one (the previous checkpoint "
         "if the newest is unreadable); or a checkpoint path",
     )
+    add_overwrite_arg(g, help=TRAIN_OVERWRITE_HELP)
     g.add_argument("--epochs", type=positive_int, help="epochs in the schedule")
     g.add_argument("--batch-size", type=positive_int, help="samples per process and step")
     g.add_argument("--lr", type=positive_float, help="peak learning rate")
@@ -380,6 +390,27 @@ def add_train_args(
     add_json_arg(g)
 
 
+#: ``--overwrite``'s help where a command writes files (``train`` says what it means for a run)
+OVERWRITE_HELP = (
+    "replace what the outputs would overwrite: an input, or an existing file of another kind (a checkpoint, "
+    "a training report, a Hugging Face folder's files) (default: refuse with one line)"
+)
+#: ``train --overwrite``
+TRAIN_OVERWRITE_HELP = (
+    "start a new run in an --output-dir that holds one (its checkpoints, report and log are removed "
+    "when training starts; default: refuse, and --resume auto continues it)"
+)
+
+
+def add_overwrite_arg(group: argparse._ActionsContainer, *, help: str = OVERWRITE_HELP) -> None:
+    """``--overwrite``: the one flag that lets a command replace what it would otherwise refuse to.
+
+    Every verb that writes checks its outputs with :mod:`peg_core.engine.outputs` before any
+    long work; this flag is what those checks' refusals point to.
+    """
+    group.add_argument("--overwrite", action="store_true", help=help)
+
+
 def add_json_arg(group: argparse._ActionsContainer) -> None:
     """``--json``: the command's report as the only stdout line (:mod:`peg_core.engine.summary`)."""
     group.add_argument(
@@ -396,9 +427,10 @@ def add_eval_args(p: argparse.ArgumentParser, *, batch_size: int | None = None) 
     g.add_argument(
         "--output-dir",
         type=Path,
-        help="where report.json goes (default: eval/ beside the checkpoint; a training report is never "
-        "overwritten)",
+        help="where report.json goes (default: eval/ beside the checkpoint; a report of another command "
+        "there is refused)",
     )
+    add_overwrite_arg(g)
     g.add_argument("--batch-size", type=positive_int, default=batch_size, help="samples per process")
     g.add_argument("--workers", type=nonnegative_int, default=2, help="DataLoader worker processes")
     g.add_argument("--amp", choices=AMP_CHOICES, default="off", help="autocast dtype on CUDA (off on CPU)")
@@ -477,7 +509,7 @@ def dispatch(
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(doc.strip())
+        print(plain_text(doc).strip())
         print(f"\ncommands: {', '.join(commands)} (add -h for the options of each)")
         if version is not None:
             print("--version: print the version and exit")
@@ -502,11 +534,15 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     repeat: a ``None`` default (the recipe's or the checkpoint's value, which the help says), a
     ``SUPPRESS`` one (hidden aliases), the on/off state of a switch (``store_true`` /
     ``store_false``), or a help that already names its default.  Lists print as they are typed
-    (``0,1``), paths as paths.
+    (``0,1``), paths as paths.  Descriptions, epilogs and option help are docstring text: their
+    reStructuredText markup is removed (:func:`~peg_core.engine.helptext.plain_text`).
     """
 
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return super()._fill_text(plain_text(text), width, indent)
+
     def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
+        text = plain_text(action.help or "") if action.help is not argparse.SUPPRESS else action.help
         default = action.default
         if (
             text == argparse.SUPPRESS

@@ -10,8 +10,9 @@
   into the same one line, exactly like a :class:`UserError`.
 * A bad option value is caught by argparse (:class:`ArgumentParser` prints one
   line too) and exits with :data:`EXIT_USAGE`.
-* A NaN/inf loss stops training with :data:`EXIT_DIVERGED`; the last good
-  checkpoint stays.
+* A NaN/inf loss, NaN/inf predictions (a :class:`~peg_core.errors.NonFiniteError` raised in
+  the step or the evaluation) or NaN/inf weights after an epoch stop training with
+  :data:`EXIT_DIVERGED`; the last good checkpoint stays.
 * Anything else is a bug and keeps its traceback.
 """
 
@@ -40,7 +41,7 @@ __all__ = [
 EXIT_OK = 0
 EXIT_ERROR = 1  #: a user error: bad path, file, key or value; too many broken samples
 EXIT_USAGE = 2  #: argparse: unknown flag or bad option value
-EXIT_DIVERGED = 3  #: NaN/inf loss; the last good checkpoint is kept
+EXIT_DIVERGED = 3  #: NaN/inf loss, predictions or weights; the last good checkpoint is kept
 EXIT_INTERRUPTED = 130  #: Ctrl-C
 
 
@@ -63,7 +64,7 @@ class UserError(Exception):
 
 
 class TrainingDiverged(FloatingPointError):
-    """The loss became NaN/inf; raised on every rank at the same step."""
+    """The loss, the predictions or the weights became NaN/inf; raised on every rank at the same step."""
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -10,7 +10,9 @@ optimizer, data, one ``step`` that returns the loss, ``evaluate``) or an
   when the newest is unreadable;
 * DDP wrapping, one AMP path (``torch.autocast`` + ``GradScaler``, both disabled
   by ``--amp off`` or on CPU), gradient clipping, a NaN/inf stop that keeps the
-  last good checkpoint (exit code 3);
+  last good checkpoint (exit code 3): a non-finite loss, a :class:`~peg_core.errors.NonFiniteError`
+  raised in the step (the DETR matcher's NaN/inf cost), non-finite weights at the end of an epoch or
+  NaN/inf predictions or metrics in the evaluation after it;
 * an atomic ``checkpoint.pth`` every epoch, JSONL + TensorBoard logs, progress;
 * broken samples skipped, counted and listed in ``report.json``, with a stop
   above ``--max-broken``.
@@ -32,6 +34,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from ..errors import NonFiniteError
 from .broken import BrokenLog, SampleBatch
 from .checkpoint import (
     CHECKPOINT_FORMAT,
@@ -53,7 +56,9 @@ from .distributed import (
     seed_everything,
 )
 from .errors import TrainingDiverged, UserError
+from .flag_checks import refuse_resume_changes
 from .metric_log import MetricLogger
+from .outputs import REPORT_NAME, check_output_folder, check_run_folder, clear_run_files, ensure_writable
 from .progress import Progress
 from .recipes import check_recipe_args, size_for_step, uses_sizes
 
@@ -63,14 +68,13 @@ __all__ = [
     "StepOutput",
     "Task",
     "TrainParts",
+    "ensure_writable",
     "eval_output_dir",
     "evaluate_checkpoint",
     "fit",
     "write_json",
 ]
 
-#: the run's summary, in OUTPUT_DIR (train) or the eval folder (eval)
-REPORT_NAME = "report.json"
 #: ``eval``'s default output folder, beside the checkpoint (the training run's report stays)
 EVAL_DIR_NAME = "eval"
 #: ``--amp`` values -> autocast dtype (CUDA only; CPU autocast is slower here)
@@ -233,17 +237,6 @@ def _check_device(device: str) -> None:
             raise UserError(f"only {torch.cuda.device_count()} CUDA devices", f"--device {device}")
 
 
-def ensure_writable(folder: Path) -> None:
-    """Create ``folder`` and check that files can be written there (before any long work)."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"output folder is not writable ({e.strerror or e})", folder) from None
-
-
 def write_json(path: Path, obj: Any) -> None:
     """Write ``obj`` as JSON through a temporary file and a rename."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -275,6 +268,10 @@ def _start(args: argparse.Namespace, out_dir: Path) -> RunContext:
 def fit(task: Task, args: argparse.Namespace) -> dict[str, Any]:
     """Train ``task`` as ``args`` say; returns the run's report (also written to ``report.json``)."""
     out = Path(args.output_dir)
+    # before any work: a new run never replaces another run's checkpoints or another command's report
+    check_run_folder(
+        out, resume=bool(getattr(args, "resume", None)), overwrite=bool(getattr(args, "overwrite", False))
+    )
     ctx = _start(args, out)
     try:
         return _Fit(task, args, ctx).run()
@@ -312,6 +309,7 @@ class _Fit:
         check_recipe_args(args)
         seed_everything(args.seed, ctx.dist.rank)
         ckpt, ckpt_path = self._resume()
+        refuse_resume_changes(args, ckpt)  # --layer-decay: the checkpoint's optimiser groups
         parts = self.task.setup_train(args, ctx, ckpt)
         self.parts = parts
         if uses_sizes(args) and parts.resize_batch is None:
@@ -329,6 +327,11 @@ class _Fit:
                 find_unused_parameters=getattr(args, "find_unused_parameters", False),
             )
         if ctx.is_main:
+            if getattr(args, "overwrite", False) and ckpt is None:
+                # --overwrite starts a new run: the earlier run's checkpoints (which --resume auto could
+                # fall back to) and its appended log go, now that the data and the model are ready
+                for f in clear_run_files(self.out):
+                    print(f"--overwrite: removed the earlier run's {f.relative_to(self.out)}", flush=True)
             write_json(self.out / "args.json", json_safe(args))
         logger = MetricLogger(self.out, enabled=ctx.is_main)
         epochs = args.epochs
@@ -341,6 +344,7 @@ class _Fit:
                 if parts.on_epoch_start is not None:
                     parts.on_epoch_start(epoch)
                 train_stats, step = self._train_epoch(net, epoch, step, logger)
+                self._check_finite_weights(step, epoch)
                 if parts.scheduler is not None and parts.scheduler_interval == "epoch":
                     parts.scheduler.step()
                 logger.log(epoch, "train", **train_stats, lr=parts.optimizer.param_groups[0]["lr"])
@@ -352,7 +356,12 @@ class _Fit:
                 last = epoch + 1 == epochs
                 every = getattr(args, "eval_every", 1)
                 if parts.evaluate is not None and (last or (every > 0 and (epoch + 1) % every == 0)):
-                    metrics = parts.evaluate(parts.model, ctx)
+                    try:
+                        metrics = _evaluate_finite(parts.evaluate, parts.model, ctx)
+                    except NonFiniteError as e:  # finite weights whose predictions overflow
+                        raise TrainingDiverged(
+                            self._diverged_message(f"{e} in the evaluation", step, epoch)
+                        ) from None
                     self._log_metrics(logger, epoch, metrics)
                     if parts.summary is not None:
                         ctx.print(f"epoch {epoch + 1}/{epochs}: {parts.summary(metrics)}")
@@ -413,7 +422,12 @@ class _Fit:
             if size is not None and parts.resize_batch is not None:
                 data = parts.resize_batch(data, size)
                 drawn.append(size)
-            out = parts.step(net, data, ctx)
+            try:
+                out = parts.step(net, data, ctx)
+            except NonFiniteError as e:
+                # NaN/inf predictions met inside the step (the DETR matcher), before any loss.  Weights
+                # are the same on every rank, so a diverged model raises this on all ranks at this step.
+                raise TrainingDiverged(self._diverged_message(str(e), step + 1, epoch)) from None
             names = ["loss", *out.logs]
             values = [out.loss.detach().float()] + [
                 torch.as_tensor(v, dtype=torch.float32, device=ctx.device).detach().reshape(())
@@ -422,7 +436,7 @@ class _Fit:
             # One collective for every logged value; the loss check uses the rank mean so all ranks stop together.
             means = reduce_mean(torch.stack([v.to(ctx.device) for v in values])).tolist()
             if not math.isfinite(means[0]):
-                raise TrainingDiverged(self._diverged_message(means[0], step + 1, epoch))
+                raise TrainingDiverged(self._diverged_message(f"loss is {means[0]}", step + 1, epoch))
             parts.optimizer.zero_grad(set_to_none=True)
             ctx.scaler.scale(out.loss).backward()
             if clip > 0:
@@ -446,13 +460,31 @@ class _Fit:
             stats["size"] = drawn[0] if len(set(drawn)) == 1 else sum(drawn) / len(drawn)
         return stats, step
 
-    def _diverged_message(self, value: float, step: int, epoch: int) -> str:
+    def _diverged_message(self, what: str, step: int, epoch: int) -> str:
+        """The NaN policy's line: ``<what> at step S (epoch E); training stopped and <checkpoint kept>: <advice>``."""
         kept = self.store.path
         where = f"the last good checkpoint is {kept}" if kept.is_file() else "no checkpoint was written yet"
         return (
-            f"loss is {value} at step {step} (epoch {epoch + 1}); training stopped and {where}: "
+            f"{what} at step {step} (epoch {epoch + 1}); training stopped and {where}: "
             "lower the learning rate or check the data, then resume with --resume auto"
         )
+
+    def _check_finite_weights(self, step: int, epoch: int) -> None:
+        """Stop before evaluating or saving an epoch whose last optimiser step left NaN/inf weights.
+
+        The loss check runs before each update, so the update of an epoch's last step is seen by
+        nothing else: without this check such weights would be evaluated and saved over the last
+        good checkpoint.  One device-to-host read per epoch; the flag is summed over ranks (buffers,
+        e.g. batch-norm statistics, may differ between them) so that every rank stops together.
+        """
+        tensors = [
+            t for t in (*self.parts.model.parameters(), *self.parts.model.buffers()) if t.is_floating_point()
+        ]
+        if not tensors:
+            return
+        bad = torch.stack([~torch.isfinite(t.detach()).all() for t in tensors]).any().float()
+        if float(reduce_mean(bad.to(self.ctx.device))) > 0:
+            raise TrainingDiverged(self._diverged_message("the weights are not finite", step, epoch))
 
     def _log_metrics(
         self, logger: MetricLogger, epoch: int, metrics: Mapping[str, Any], tag: str = "val"
@@ -508,6 +540,35 @@ class _Fit:
         }
 
 
+def _non_finite_metric(metrics: Mapping[str, Any], prefix: str = "") -> tuple[str, float] | None:
+    """The first ``(dotted key, value)`` of ``metrics`` (nested mappings too) that is a NaN/inf float."""
+    for key, value in metrics.items():
+        if isinstance(value, Mapping):
+            found = _non_finite_metric(value, f"{prefix}{key}.")
+            if found is not None:
+                return found
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"{prefix}{key}", value
+    return None
+
+
+def _evaluate_finite(
+    evaluate: Callable[[nn.Module, RunContext], dict[str, Any]], model: nn.Module, ctx: RunContext
+) -> dict[str, Any]:
+    """``evaluate(model, ctx)``; a NaN/inf metric (a validation loss, an accuracy of NaN logits) is a
+    :class:`~peg_core.errors.NonFiniteError`, like one the evaluation raises itself.
+
+    A split where nothing could be read is an error before this point (:class:`BatchStream`), so a
+    non-finite number here means the model's outputs are not finite; the metrics are the same on
+    every rank, so every rank raises.
+    """
+    metrics = evaluate(model, ctx)
+    found = _non_finite_metric(metrics)
+    if found is not None:
+        raise NonFiniteError(f"the metric {found[0]!r} is {found[1]}")
+    return metrics
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.4f}" if isinstance(v, float) else str(v)
 
@@ -520,34 +581,20 @@ def _json_roundtrip(obj: Any) -> Any:
 # --------------------------------------------------------------------------------------- evaluate
 
 
-def _report_command(path: Path) -> str | None:
-    """The ``command`` of the ``report.json`` at ``path`` (None: no file); ``"?"`` for one not ours."""
-    if not path.is_file():
-        return None
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return "?"
-    return str(report.get("command", "?")) if isinstance(report, dict) else "?"
-
-
-def eval_output_dir(checkpoint: Path, output_dir: str | os.PathLike | None) -> Path:
+def eval_output_dir(checkpoint: Path, output_dir: str | os.PathLike | None, overwrite: bool = False) -> Path:
     """Where ``eval`` writes its ``report.json``: ``--output-dir``, by default ``<checkpoint folder>/eval``.
 
     The training run's ``report.json`` sits beside its checkpoint, so ``eval`` never writes
     there by default; an ``--output-dir`` whose ``report.json`` is not an earlier eval's (a
-    training report, ``predict``'s, a file of someone else) is refused rather than overwritten.
+    training report, ``predict``'s, a file of someone else) is refused rather than overwritten,
+    unless ``overwrite`` (:func:`~peg_core.engine.outputs.check_output_folder`).
     """
-    out = Path(output_dir) if output_dir else checkpoint.parent / EVAL_DIR_NAME
-    held = _report_command(out / REPORT_NAME)
-    if held not in (None, "eval"):
-        whose = "a training run's" if held == "train" else f"another command's ({held})"
-        raise UserError(
-            f"--output-dir holds {whose} report.json, which eval would overwrite; choose another folder "
-            f"(default: {checkpoint.parent / EVAL_DIR_NAME})",
-            out,
-        )
-    return out
+    default = checkpoint.parent / EVAL_DIR_NAME
+    out = Path(output_dir) if output_dir else default
+    hint = f", or choose another folder (default: {default})"
+    return check_output_folder(
+        out, [REPORT_NAME], command="eval", inputs=[checkpoint], overwrite=overwrite, hint=hint, create=False
+    )
 
 
 def evaluate_checkpoint(task: Task, args: argparse.Namespace) -> dict[str, Any]:
@@ -559,7 +606,7 @@ def evaluate_checkpoint(task: Task, args: argparse.Namespace) -> dict[str, Any]:
     the whole evaluation.
     """
     ckpt_path = Path(args.checkpoint)
-    out = eval_output_dir(ckpt_path, getattr(args, "output_dir", None))
+    out = eval_output_dir(ckpt_path, getattr(args, "output_dir", None), getattr(args, "overwrite", False))
     args.output_dir = out
     t0 = time.time()
     ctx = _start(args, out)
@@ -569,7 +616,10 @@ def evaluate_checkpoint(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         ckpt = reader(ckpt_path) if reader is not None else read_checkpoint(ckpt_path, task.name)
         parts = task.setup_eval(args, ctx, ckpt)
         parts.model.eval()
-        metrics = parts.evaluate(parts.model, ctx)
+        try:
+            metrics = _evaluate_finite(parts.evaluate, parts.model, ctx)
+        except NonFiniteError as e:  # a diverged run's weights: nothing to score
+            raise UserError(f"{e}; the checkpoint's weights are not usable", ckpt_path) from None
         report = {
             "task": task.name,
             "command": "eval",

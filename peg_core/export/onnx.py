@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..engine.cli import positive_int
+from ..engine.cli import add_overwrite_arg, positive_int
 from ..engine.errors import UserError
-from ..engine.trainer import ensure_writable
+from ..engine.outputs import ONNX, check_output_file
 from ..errors import InputError, require
 
 __all__ = [
@@ -57,21 +57,27 @@ def opset_arg(text: str) -> int:
 
 
 def add_export_args(p: argparse.ArgumentParser) -> None:
-    """The flags every ``export`` command takes: ``CKPT OUT --opset --check --debug``."""
+    """The flags every ``export`` command takes: ``CKPT OUT --opset --check --overwrite --debug``."""
     p.add_argument("checkpoint", type=Path, help="checkpoint.pth written by train")
     p.add_argument("out", type=Path, help="the .onnx file to write")
     p.add_argument(
         "--opset", type=opset_arg, default=MAX_OPSET - 3, help=f"ONNX opset ({MIN_OPSET}..{MAX_OPSET})"
     )
     p.add_argument("--check", action="store_true", help="run onnxruntime on the example and compare")
+    add_overwrite_arg(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
 
 
-def check_output_path(out: Path) -> None:
-    """The output must be a file in a writable folder (a :class:`UserError` before any tracing)."""
+def check_output_path(out: Path, checkpoint: Path | None = None, overwrite: bool = False) -> None:
+    """The output must be a file in a writable folder (a :class:`UserError` before any tracing).
+
+    Nor may it replace its own ``checkpoint`` or an existing file other than an ONNX model
+    (:func:`peg_core.engine.outputs.check_output_file`), unless ``overwrite``.
+    """
     if out.is_dir():
         raise UserError("output is a folder, expected an .onnx file path", out)
-    ensure_writable(out.parent if str(out.parent) else Path("."))
+    inputs = [checkpoint] if checkpoint is not None else []
+    check_output_file(out, ONNX, inputs=inputs, overwrite=overwrite)
 
 
 def export_onnx(

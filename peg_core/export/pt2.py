@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ast
 import io
-import json
 import os
 import pickle
 import re
@@ -41,6 +40,7 @@ from typing import Any
 import torch
 
 from ..interop.io import WeightsError
+from ..jsonfile import JsonError, parse_json
 
 __all__ = ["MEMBERS", "UnsafeArchiveError", "check_pt2_archive", "read_extra_file"]
 
@@ -170,11 +170,17 @@ def _check_archive(zf: zipfile.ZipFile) -> None:
     _check_program(members[PROGRAM], read(PROGRAM))
 
 
+#: the deepest nesting of a JSON member (what torch.export.save writes is far shallower; a
+#: hostile member is refused here, never a RecursionError)
+_MAX_JSON_DEPTH = 128
+
+
 def _json(member: str, data: bytes) -> Any:
+    """A JSON member, parsed by :func:`peg_core.jsonfile.parse_json` (nesting limit, no NaN)."""
     try:
-        return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _Refused(member, f"not valid JSON ({e})") from None
+        return parse_json(data, member, "the member", max_depth=_MAX_JSON_DEPTH)
+    except JsonError as e:
+        raise _Refused(member, e.what.removeprefix("the member is ")) from None
 
 
 def _check_payloads(member: str, data: bytes, prefix: str, folder: str, members: dict[str, str]) -> None:
@@ -300,8 +306,8 @@ def _is_safe_sym_expr(text: str) -> bool:
 def _is_safe_treespec(text: str) -> bool:
     """A serialized input / output tree: builtin containers keyed by plain names."""
     try:
-        spec = json.loads(text)
-    except json.JSONDecodeError:
+        spec = parse_json(text, "in_spec / out_spec", max_depth=_MAX_JSON_DEPTH)
+    except JsonError:
         return False
 
     def ok(node: Any) -> bool:
@@ -313,9 +319,11 @@ def _is_safe_treespec(text: str) -> bool:
             return False
         context = node.get("context")
         if context is not None:
+            if not isinstance(context, str):
+                return False
             try:
-                keys = json.loads(context)
-            except (TypeError, json.JSONDecodeError):
+                keys = parse_json(context, "treespec context", max_depth=_MAX_JSON_DEPTH)
+            except JsonError:
                 return False
             if keys is not None and not (
                 isinstance(keys, list) and all(isinstance(k, str) and _IDENTIFIER.fullmatch(k) for k in keys)

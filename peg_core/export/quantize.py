@@ -40,6 +40,7 @@ from torch.utils.data import Dataset
 
 from ..errors import InputError, require
 from ..interop.io import WeightsError
+from ..jsonfile import JsonError, parse_json
 from .pt2 import check_pt2_archive, read_extra_file
 
 __all__ = [
@@ -303,9 +304,9 @@ def check_meta(text: str | None, path: str | os.PathLike) -> dict[str, Any]:
     if not text.strip():
         raise WeightsError("the metadata is empty", where)
     try:
-        meta = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise WeightsError(f"the metadata is not valid JSON ({e})", where) from None
+        meta = parse_json(text, where, "the metadata")  # nesting limit: one line, never a RecursionError
+    except JsonError as e:
+        raise WeightsError(e.what, where) from None
     if not isinstance(meta, dict):
         raise WeightsError(f"the metadata is not a JSON object (got {type(meta).__name__})", where)
     for key, (required, want, ok) in META_SCHEMA.items():

@@ -10,6 +10,7 @@ imported when a ``.safetensors`` file is used, timm by ``import peg_core.interop
 * :mod:`.convert`: turn a live timm / torchvision ViT into a CPVT (PEGs instead of its table);
 * :mod:`.from_timm`: today's timm backbones (DeiT / ViT, the rope ViTs, DINOv3) as a CPVT, same outputs;
 * :mod:`.hf_folder`: a local Hugging Face folder's `config.json` and weights (one file or shards), read safely;
+  :class:`ConfigFields` checks its fields one by one (type, range, against the weights);
 * :mod:`.timm` (needs timm): this project's CPVT in timm's model registry.
 
 Errors: library functions here raise :class:`WeightsError` (a ``ValueError``) or
@@ -19,7 +20,7 @@ Errors: library functions here raise :class:`WeightsError` (a ``ValueError``) or
 
 from .convert import convert_to_cpvt
 from .from_timm import from_timm, from_timm_file
-from .hf_folder import HF_WEIGHT_FILES, read_hf_config, read_hf_weights, read_json_object
+from .hf_folder import HF_WEIGHT_FILES, ConfigFields, read_hf_config, read_hf_weights, read_json_object
 from .io import (
     LoadReport,
     WeightsError,
@@ -43,6 +44,7 @@ from .surgery import (
 
 __all__ = [
     "HF_WEIGHT_FILES",
+    "ConfigFields",
     "ConversionReport",
     "LoadReport",
     "TableChange",

@@ -6,7 +6,7 @@ has ``max(category id) + 1`` outputs (91 for COCO) unless ``--num-classes`` says
 otherwise; with a ``contiguous`` :class:`~peg_detr.labels.LabelMap` (``--labels
 contiguous``, RT-DETR's) label ``k`` is the ``k``-th category by id (80 for COCO).  An
 image that cannot be used (missing or truncated file, not an image, a malformed
-annotation) raises :class:`~peg_core.engine.BrokenSample`.
+annotation, a box outside the decoded image) raises :class:`~peg_core.engine.BrokenSample`.
 """
 
 from __future__ import annotations
@@ -22,20 +22,24 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from peg_core.engine import BrokenSample, UserError, sample_seed, seeded
+from peg_core.engine.predictor import rgb_image
 
-from ..structures import ImageBatch, pad_images
-from .annotations import CocoAnnotations, load_coco_annotations
 from ..labels import LabelMap
+from ..structures import ImageBatch, pad_images
+from .annotations import CocoAnnotations, box_outside_image, load_coco_annotations
 from .transforms import make_boxes, to_detr_target
 
 __all__ = ["CocoDetr", "collate_detr", "infer_num_classes", "read_rgb", "resolve_coco_paths"]
 
 
 def read_rgb(path: str | os.PathLike) -> Image.Image:
-    """Decode an image file to RGB; :class:`BrokenSample` when it is missing, truncated or not an image."""
+    """Decode an image file to 8-bit RGB; :class:`BrokenSample` when it is missing, truncated or not an image.
+
+    16-bit grey PNGs are scaled, not clipped to white (:func:`peg_core.engine.predictor.rgb_image`).
+    """
     try:
         with Image.open(path) as im:
-            return im.convert("RGB")  # decodes now: a truncated file fails here, not in a transform
+            return rgb_image(im)  # decodes now: a truncated file fails here, not in a transform
     except FileNotFoundError:
         raise BrokenSample(path, "image file not found") from None
     except UnidentifiedImageError:
@@ -112,6 +116,11 @@ class CocoDetr(Dataset):
             raise BrokenSample(path, self.annotations.broken[image_id])
         image = read_rgb(path)
         w, h = image.size
+        for a in self.coco.imgToAnns[image_id]:  # the file's width / height may not be the picture's
+            if box_outside_image(a["bbox"], w, h):
+                raise BrokenSample(
+                    path, f"annotation {a['id']} has bbox {a['bbox']} outside its {w}x{h} image"
+                )
         kept = [a for a in self.coco.imgToAnns[image_id] if not a.get("iscrowd", 0)]
         xywh = torch.tensor([a["bbox"] for a in kept], dtype=torch.float32).reshape(-1, 4)
         xyxy = torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], dim=1)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import box_convert, generalized_box_iou
 
-from peg_core.errors import require
+from peg_core.errors import NonFiniteError, require
 
 __all__ = ["HungarianMatcher", "focal_class_cost", "match_cost"]
 
@@ -109,6 +109,11 @@ class HungarianMatcher(nn.Module):
         ``num_classes``, the concatenated target labels, to check their range
         on the host) travel in a single transfer: the only synchronisation of a
         DETR training step.  Returns ``L`` lists of per-image ``(query_idx, target_idx)``.
+
+        Raises:
+            ValueError: targets that do not fit the batch, labels outside ``[0, num_classes)``.
+            peg_core.errors.NonFiniteError: a NaN/inf cost (predictions of a diverged model); a
+                ``ValueError`` too, which :func:`peg_core.engine.fit` turns into its NaN/inf stop.
         """
         logits = layers[0]["pred_logits"]
         if len(targets) != logits.shape[0]:
@@ -145,7 +150,11 @@ class HungarianMatcher(nn.Module):
                         f"target {i}: labels {lab.tolist()} outside [0, num_classes={num_classes})"
                     )
         if not torch.isfinite(cost).all():
-            raise ValueError("matching cost has NaN/inf entries: check pred_boxes and the target boxes")
+            # A diverged model's predictions (the targets are checked finite where they are read):
+            # no assignment exists; the training engine stops the run on this error.
+            raise NonFiniteError(
+                "the matching cost has NaN/inf entries (non-finite pred_logits or pred_boxes)"
+            )
         # Imported here so that building a model needs no scipy (tools/gpu_check.py runs with torch alone).
         linear_sum_assignment = require(
             "scipy.optimize", None, "scipy", what="matching"

@@ -23,8 +23,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from peg_core.errors import InputError
+from peg_core.jsonfile import JsonError, read_json
 
 __all__ = [
     "LIST_LINE",
@@ -37,6 +39,7 @@ __all__ = [
     "load_annotations",
     "normalize_label",
     "read_class_map",
+    "read_json_file",
     "read_kinetics_csv",
     "read_path_label_list",
     "read_text",
@@ -248,12 +251,21 @@ def write_class_map(classes: list[str], path: str | Path) -> Path:
     return path
 
 
+def read_json_file(path: str | Path, what: str = "annotation file") -> Any:
+    """The parsed JSON of ``path`` (:func:`peg_core.jsonfile.read_json`: size and nesting limits, no NaN).
+
+    Missing, unreadable, not UTF-8, not JSON or nested too deeply is an :class:`AnnotationError`
+    naming the file, never a ``RecursionError``.
+    """
+    try:
+        return read_json(path, what)
+    except JsonError as e:
+        raise AnnotationError(e.what, e.where) from None
+
+
 def read_class_map(path: str | Path) -> list[str]:
     """Class names from :func:`write_class_map` output or a plain JSON list."""
-    try:
-        data = json.loads(read_text(Path(path), "class file"))
-    except json.JSONDecodeError as e:
-        raise AnnotationError(f"class file is not JSON ({e.msg} at line {e.lineno})", path) from None
+    data = read_json_file(path, "class file")
     names = data.get("classes") if isinstance(data, dict) else data
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise AnnotationError('class file must hold a list of names or {"classes": [...]}', path)

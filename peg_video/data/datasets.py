@@ -37,13 +37,20 @@ from each, at a random place in training and at the centre in testing.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import numpy as np
 
-from .annotations import VIDEO_EXTS, AnnotationError, Annotations, VideoRecord, check_class_names, read_text
+from .annotations import (
+    VIDEO_EXTS,
+    AnnotationError,
+    Annotations,
+    VideoRecord,
+    check_class_names,
+    read_json_file,
+    read_text,
+)
 
 __all__ = [
     "DATASETS",
@@ -106,10 +113,7 @@ def _ssv2_file(root: Path, name: str) -> Path:
 
 
 def _load_json(path: Path) -> object:
-    try:
-        return json.loads(read_text(path))
-    except json.JSONDecodeError as e:
-        raise AnnotationError(f"not JSON ({e.msg})", f"{path}:{e.lineno}") from None
+    return read_json_file(path)  # an AnnotationError naming the file (limits: peg_core.jsonfile)
 
 
 def read_ssv2(root: str | Path, subset: str = "train", classes: list[str] | None = None) -> Annotations:

@@ -17,6 +17,15 @@ def tiny(num_train: int, num_val: int, *extra: str) -> list[str]:
     return [*TINY_MODEL, "--num-train", str(num_train), "--num-val", str(num_val), *extra]
 
 
+def no_peg(argv: list[str]) -> list[str]:
+    """``argv`` without :data:`TINY_MODEL`'s ``--peg-at 0``, for a model without a PEG (``--pos-enc learned``).
+
+    ``train`` refuses a PEG flag that would change nothing (``error: has no effect without a PEG``).
+    """
+    i = argv.index("--peg-at")
+    return [*argv[:i], *argv[i + 2 :]]
+
+
 def one_line_error(capsys: pytest.CaptureFixture, code: int, expected_code: int = 1) -> str:
     """The stderr of a command that failed with ``expected_code``: one ``error: ...`` line, no traceback."""
     err = capsys.readouterr().err

@@ -13,6 +13,7 @@ from peg_core.classify.cli import CONFIGS, build_eval_parser, build_train_parser
 from peg_core.engine import CHECKPOINT_KEYS, read_checkpoint
 from tests.core.classify_runs import (
     keep_threads,  # noqa: F401 (autouse: restores torch's threads)
+    no_peg,
     one_line_error,
     tiny,
 )
@@ -45,12 +46,13 @@ def test_resume_is_exact(tmp_path):
 
 def test_train_eval_predict_on_generated_shapes(tmp_path, capsys):
     run = tmp_path / "run"
-    assert _train(run, "--epochs", "1", "--pos-enc", "learned", "--mode", "nearest") == 0
+    learned = ["train", *no_peg(TINY), "--output-dir", str(run), "--pos-enc", "learned", "--mode", "nearest"]
+    assert main([*learned, "--epochs", "1"]) == 0
     ckpt = read_checkpoint(run / "checkpoint.pth", "classify")
     assert set(CHECKPOINT_KEYS) <= set(ckpt)
     assert ckpt["model_config"] == {
         "arch": "demo", "pos_enc": "learned", "img_size": 16, "num_classes": 12, "pos_interpolation": "nearest",
-        "embed_dim": 16, "depth": 1, "num_heads": 2, "peg_at": [0],
+        "embed_dim": 16, "depth": 1, "num_heads": 2,
     }  # fmt: skip
     assert ckpt["meta"]["classes"][:2] == ["square_top_left", "square_top_right"]
     trained = json.loads((run / "report.json").read_text())
@@ -90,7 +92,7 @@ def test_train_eval_predict_on_generated_shapes(tmp_path, capsys):
     assert len(lines) == 4 and lines[0].startswith(f"{images[0]}: ") and lines[0].count(",") == 2
     assert lines[2] == f"{tmp_path / 'notes.jpg'}: skipped (not an image (no image format recognised))"
     assert lines[3] == f"predict done: 2 images, 1 skipped ({tmp_path / 'p.json'})"
-    rows = json.loads((tmp_path / "p.json").read_text())
+    rows = json.loads((tmp_path / "p.json").read_text())["predictions"]  # the --json report
     assert [len(r["top"]) for r in rows] == [3, 3, 0] and rows[2]["skipped"]
     assert all(r["top"][0]["class"] in ckpt["meta"]["classes"] for r in rows[:2])
     probs = [t["p"] for t in rows[0]["top"]]
@@ -98,7 +100,10 @@ def test_train_eval_predict_on_generated_shapes(tmp_path, capsys):
     # nothing readable: one line, exit 1
     code = main(["predict", "--checkpoint", str(run / "checkpoint.pth"), str(tmp_path / "notes.jpg")])
     err = one_line_error(capsys, code)
-    assert err == f"error: no file could be read as an image (1 skipped): {tmp_path / 'notes.jpg'}"
+    assert (
+        err
+        == f"error: cannot read the image (not an image (no image format recognised)): {tmp_path / 'notes.jpg'}"
+    )
 
 
 def test_image_folder_from_make_data_with_broken_files(tmp_path, capsys):
@@ -238,8 +243,9 @@ def test_usage_and_checkpoint_errors(tmp_path, capsys):
     capsys.readouterr()
     err = one_line_error(capsys, main(["eval", "--checkpoint", str(cut), "--no-progress"]))
     assert err.startswith("error: checkpoint is truncated") and err.endswith(str(cut))
+    # the checkpoint is read before the images (a missing image is only skipped, as in every predict)
     err = one_line_error(capsys, main(["predict", "--checkpoint", str(cut), str(tmp_path / "nope.png")]))
-    assert err == f"error: image not found: {tmp_path / 'nope.png'}"
+    assert err.startswith("error: checkpoint is truncated") and err.endswith(str(cut))
 
 
 def test_make_data_refuses_a_used_folder(tmp_path, capsys):
@@ -263,8 +269,8 @@ def test_eval_never_overwrites_the_training_report(tmp_path, capsys):
         capsys, main(["eval", "--checkpoint", ckpt, "--output-dir", str(run), "--no-progress"])
     )
     assert err == (
-        "error: --output-dir holds a training run's report.json, which eval would overwrite; choose another "
-        f"folder (default: {run / 'eval'}): {run}"
+        "error: output folder holds a training report (report.json); pass --overwrite to replace it, or choose "
+        f"another folder (default: {run / 'eval'}): {run}"
     )
     assert (run / "report.json").read_text() == trained
     assert main(["eval", "--checkpoint", ckpt, "--no-progress"]) == 0
@@ -373,3 +379,52 @@ def test_predictor_api(tmp_path):
         assert p.path is None and [c for c, _ in p.top] == [c for c, _ in by_path[0].top]
         assert [v for _, v in p.top] == pytest.approx([v for _, v in by_path[0].top], abs=1e-5)
     assert by_path[0].line().startswith(f"{image}: {by_path[0].top[0][0]} ")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--pos-enc", "sine", "--peg-kernel-size", "5"], "has no effect without a PEG (--pos-enc sine): --peg-kernel-size 5"),
+        (["--pos-enc", "rope-mixed", "--peg-padding", "circular"],
+         "has no effect without a PEG (--pos-enc rope-mixed): --peg-padding circular"),
+        (["--pos-enc", "learned", "--peg-at", "0,1"], "has no effect without a PEG (--pos-enc learned): --peg-at 0,1"),
+        (["--pos-enc", "none", "--peg-dynamic"], "has no effect without a PEG (--pos-enc none): --peg-dynamic"),
+        (["--pos-interpolation", "nearest"], "has no effect without a learned table (--pos-enc peg): --pos-interpolation nearest"),
+        (["--pos-enc", "peg+rope-axial", "--mode", "area"],
+         "has no effect without a learned table (--pos-enc peg+rope-axial): --pos-interpolation area"),
+        (["--peg-num-kernels", "2"], "sizes the kernel bank of --peg-dynamic, which is off: --peg-num-kernels 2"),
+    ],
+)  # fmt: skip
+def test_train_refuses_flags_without_effect(tmp_path, capsys, flags, message):
+    out = tmp_path / "run"
+    code = main(["train", *no_peg(TINY), "--output-dir", str(out), *flags, "--print-config"])
+    assert one_line_error(capsys, code) == f"error: {message}"
+    assert not out.exists()
+
+
+def test_flags_without_effect_on_an_init_files_model_and_in_eval(tmp_path, capsys):
+    learned, peg = tmp_path / "learned", tmp_path / "peg"
+    no_table = [*no_peg(TINY), "--epochs", "1"]
+    assert main(["train", *no_table, "--output-dir", str(learned), "--pos-enc", "learned"]) == 0
+    assert _train(peg, "--epochs", "1") == 0
+    capsys.readouterr()
+    # --init FILE naming its model: the file's encoding decides (a learned table: no PEG to size)
+    out = tmp_path / "ft"
+    init = [*no_table, "--init", str(learned / "checkpoint.pth"), "--output-dir", str(out)]
+    err = one_line_error(capsys, main(["train", *init, "--peg-kernel-size", "5"]))
+    without_peg = "has no effect without a PEG (pos_enc learned of the --init file's model)"
+    assert err == f"error: {without_peg}: --peg-kernel-size 5"
+    assert not (out / "checkpoint.pth").exists()
+    # ... whose learned table --pos-interpolation does resize (without --pos-enc on the command line)
+    assert main(["train", *init, "--pos-interpolation", "nearest", "--lr", "1e-9"]) == 0
+    assert (
+        read_checkpoint(out / "checkpoint.pth", "classify")["model_config"]["pos_interpolation"] == "nearest"
+    )
+    capsys.readouterr()
+    # eval: only a learned table is resized
+    ev = ["eval", "--eval-sizes", "16", "--no-progress", "--device", "cpu", "--pos-interpolation", "nearest"]
+    code = main([*ev, "--checkpoint", str(peg / "checkpoint.pth"), "--output-dir", str(tmp_path / "e1")])
+    without_table = "has no effect without a learned table (the checkpoint's pos_enc peg)"
+    assert one_line_error(capsys, code) == f"error: {without_table}: --pos-interpolation nearest"
+    code = main([*ev, "--checkpoint", str(learned / "checkpoint.pth"), "--output-dir", str(tmp_path / "e2")])
+    assert code == 0

@@ -26,6 +26,7 @@ from peg_core.classify.model import (
 from peg_core.engine import UserError, read_checkpoint
 from tests.core.classify_runs import (
     keep_threads,  # noqa: F401 (autouse: restores torch's threads)
+    no_peg,
     one_line_error,
     tiny,
 )
@@ -39,7 +40,7 @@ SMALL = {"arch": "demo", "embed_dim": 16, "depth": 1, "num_heads": 2, "num_class
 def trained(tmp_path_factory) -> Path:
     """The checkpoint of one tiny training run (learned table, so ``--init`` has a table to resize)."""
     out = tmp_path_factory.mktemp("run")
-    assert main(["train", *TINY, "--pos-enc", "learned", "--output-dir", str(out)]) == 0
+    assert main(["train", *no_peg(TINY), "--pos-enc", "learned", "--output-dir", str(out)]) == 0
     return out / "checkpoint.pth"
 
 
@@ -47,10 +48,11 @@ def trained(tmp_path_factory) -> Path:
 
 
 def test_old_train_spellings_parse_to_the_same_namespace_and_model():
+    # --pos-enc learned: --pos-interpolation (old: --mode) resizes its table (without one it is refused)
     new = ["--data-root", "d", "--num-train", "40", "--num-val", "20", "--pos-interpolation", "nearest",
-           "--arch", "demo", "--num-heads", "2", "--peg-at", "0,1", "--peg-kernel-size", "5"]  # fmt: skip
+           "--arch", "demo", "--num-heads", "2", "--pos-enc", "learned"]  # fmt: skip
     old = ["--data", "d", "--n-train", "40", "--n-val", "20", "--mode", "nearest",
-           "--arch", "demo", "--num-heads", "2", "--peg-at", "0,1", "--peg-kernel-size", "5"]  # fmt: skip
+           "--arch", "demo", "--num-heads", "2", "--pos-enc", "learned"]  # fmt: skip
     a, b = parse_train_args(new), parse_train_args(old)
     assert vars(a) == vars(b)
     assert (a.data_root, a.num_train, a.num_val, a.pos_interpolation) == (Path("d"), 40, 20, "nearest")
@@ -121,7 +123,7 @@ def test_init_from_a_checkpoint_a_bare_pth_and_safetensors(trained, tmp_path):
 
 def test_init_in_train_prints_the_report_and_starts_from_the_weights(trained, tmp_path, capsys):
     out = tmp_path / "ft"
-    assert main(["train", *TINY, "--pos-enc", "learned", "--init", str(trained), "--lr", "1e-9",
+    assert main(["train", *no_peg(TINY), "--pos-enc", "learned", "--init", str(trained), "--lr", "1e-9",
                  "--output-dir", str(out)]) == 0  # fmt: skip
     n = len(read_checkpoint(trained, "classify")["model"])
     assert f"--init {trained}: loaded {n} tensors, 0 missing, 0 unexpected" in capsys.readouterr().out

@@ -11,7 +11,7 @@ from peg_core.__main__ import main as classify_main
 from peg_core.classify.cli import build_train_parser
 from peg_core.models import CPVT
 from peg_core.models.cpvt import POS_ENCODINGS, parse_pos_enc
-from tests.core.classify_runs import keep_threads, tiny  # noqa: F401 (autouse: restores torch's threads)
+from tests.core.classify_runs import keep_threads, no_peg, tiny  # noqa: F401 (autouse: restores torch's threads)
 
 SMALL = {"embed_dim": 64, "depth": 2, "num_heads": 4, "num_classes": 5, "img_size": 32, "patch_size": 8}
 ROPE_VALUES = [p for p in POS_ENCODINGS if "rope" in p]
@@ -99,6 +99,11 @@ def test_export_cpvt_rope_at_a_second_size():
     torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
 
 
+def _tiny_for(pos_enc: str) -> list[str]:
+    """The tiny model's flags; its ``--peg-at 0`` only where there is a PEG (train refuses it otherwise)."""
+    return tiny(24, 12) if pos_enc.startswith("peg") else no_peg(tiny(24, 12))
+
+
 @pytest.mark.parametrize(
     "pos_enc",
     ["rope-axial", "rope-mixed", "rope-dinov3", "peg+rope-mixed", "learned+rope-mixed", "peg+rope-axial"],
@@ -106,7 +111,7 @@ def test_export_cpvt_rope_at_a_second_size():
 def test_cli_train_and_eval_at_several_sizes(tmp_path, pos_enc):
     run = tmp_path / "run"
     code = classify_main(
-        ["train", *tiny(24, 12), "--epochs", "1", "--pos-enc", pos_enc, "--output-dir", str(run)]
+        ["train", *_tiny_for(pos_enc), "--epochs", "1", "--pos-enc", pos_enc, "--output-dir", str(run)]
     )
     assert code == 0
     code = classify_main(["eval", "--checkpoint", str(run / "checkpoint.pth"), "--eval-sizes", "16,24,32",

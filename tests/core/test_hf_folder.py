@@ -47,7 +47,7 @@ def test_errors_name_the_problem(tmp_path):
     with pytest.raises(WeightsError, match="not a JSON object"):
         read_hf_config(tmp_path)
     (tmp_path / "config.json").write_text("{oops")
-    with pytest.raises(WeightsError, match="not valid json"):
+    with pytest.raises(WeightsError, match="not valid JSON"):
         read_hf_config(tmp_path)
     with pytest.raises(WeightsError, match=r"neither model\.safetensors nor pytorch_model\.bin"):
         read_hf_weights(tmp_path)

@@ -224,7 +224,7 @@ def _classify(out, *extra: str) -> int:
 
 def test_classify_train_with_layer_decay(tmp_path, capsys):
     """One CLI epoch with --layer-decay 0.7: the checkpoint's groups decay by layer; resuming without
-    the flag is a one-line error (the optimiser state does not fit), with it the run continues."""
+    the flag or with another value is a one-line error naming both, with it the run continues."""
     run = tmp_path / "run"
     assert _classify(run, "--epochs", "2", "--layer-decay", "0.7", "--stop-after-epoch", "1") == 0
     ckpt = read_checkpoint(run / "checkpoint.pth", "classify")
@@ -237,8 +237,15 @@ def test_classify_train_with_layer_decay(tmp_path, capsys):
     )
     assert [g["lr"] / g["initial_lr"] for g in groups] == pytest.approx([groups[0]["lr"] / lr] * 8, rel=1e-12)
     capsys.readouterr()
+    refused = (
+        "error: --resume continues a run trained with --layer-decay 0.7; another value would change its "
+        "recipe (give the run's value, or start a new run)"
+    )
     err = one_line_error(capsys, _classify(run, "--epochs", "2", "--resume", "auto"))
-    assert "optimizer state does not fit this run" in err
+    assert err == f"{refused}: no --layer-decay"
+    err = one_line_error(capsys, _classify(run, "--epochs", "2", "--layer-decay", "0.5", "--resume", "auto"))
+    assert err == f"{refused}: --layer-decay 0.5"
+    assert read_checkpoint(run / "checkpoint.pth", "classify")["epoch"] == 0  # nothing trained
     assert _classify(run, "--epochs", "2", "--layer-decay", "0.7", "--resume", "auto") == 0
     assert read_checkpoint(run / "checkpoint.pth", "classify")["epoch"] == 1
 

@@ -247,14 +247,15 @@ def test_classify_cli_runs_the_recipes_and_refuses_bad_values(tmp_path, capsys):
         == 0
     )
     assert [r["size"] for r in _train_log(tmp_path / "p")] == [12, 16]
+    bad = [*argv, "--output-dir", str(tmp_path / "bad")]  # a fresh folder: the run above finished in out
     capsys.readouterr()
-    err = one_line_error(capsys, main([*argv, "--progressive-sizes", "12,16", "--progressive-epochs", "1,2"]))
+    err = one_line_error(capsys, main([*bad, "--progressive-sizes", "12,16", "--progressive-epochs", "1,2"]))
     assert err == "error: stages sum to 3, not --epochs 2: --progressive-epochs 1,2"
-    err = one_line_error(capsys, main([*argv, "--train-sizes", "12", "--progressive-sizes", "12,16"]))
+    err = one_line_error(capsys, main([*bad, "--train-sizes", "12", "--progressive-sizes", "12,16"]))
     assert err == "error: choose one of --train-sizes and --progressive-sizes: --train-sizes"
-    err = one_line_error(capsys, main([*argv, "--train-sizes", "12,x"]), 2)
+    err = one_line_error(capsys, main([*bad, "--train-sizes", "12,x"]), 2)
     assert "argument --train-sizes: expected comma-separated image sides in 1..4096, got '12,x'" in err
-    err = one_line_error(capsys, main([*argv, "--pos-lr-scale", "0"]), 2)
+    err = one_line_error(capsys, main([*bad, "--pos-lr-scale", "0"]), 2)
     assert "argument --pos-lr-scale: expected a number > 0" in err
 
 

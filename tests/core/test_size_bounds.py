@@ -19,6 +19,8 @@ CASES = [
     ("peg_video", ["train", "--scale-jitter", "32,100000"], "--scale-jitter"),
     ("peg_video", ["make-data", "out", "--width", "100000"], "--width"),
     ("peg_video", ["export", "x.pth", "o.onnx", "--width", "100000"], "--width"),
+    ("peg_detr", ["predict", "x.png", "--checkpoint", "c.pth", "--size", "100000"], "--size"),
+    ("peg_video", ["prepare", "src", "dst", "--short-side", "100000"], "--short-side"),
 ]
 
 
@@ -31,3 +33,30 @@ def test_size_flags_are_bounded(package, argv, flag, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"argument {flag}" in err[0] and f"1..{MAX_IMAGE_SIDE}" in err[0], err
     assert "Traceback" not in err[0]
+
+
+#: counts that size a step or a clip: (package, argv, flag, the bound the usage line names)
+COUNTS = [
+    ("peg_video", ["train", "--repeated-aug", "100000"], "--repeated-aug", "a repeat count in 1..16"),
+    ("peg_video", ["train", "--num-frames", "100000"], "--num-frames", "a frame count in 1..256"),
+    ("peg_video", ["eval", "--checkpoint", "x.pth", "--num-clips", "100000"], "--num-clips", "a clip count in 1..64"),
+    ("peg_video", ["predict", "v.mp4", "--checkpoint", "x.pth", "--num-frames", "0"], "--num-frames",
+     "a frame count in 1..256"),
+    ("peg_video", ["make-data", "out", "--frames", "100000"], "--frames", "a frame count in 1..4096"),
+    ("peg_core", ["train", "--patch-size", "100000"], "--patch-size", "a patch side in 1..256"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("package", "argv", "flag", "bound"), COUNTS, ids=[f"{c[0]} {c[1][0]} {c[2]}" for c in COUNTS]
+)
+def test_count_flags_are_bounded(package, argv, flag, bound, capsys):
+    """``--repeated-aug 100000`` used to hang building its first step; now argparse refuses it."""
+    main = __import__(f"{package}.__main__", fromlist=["main"]).main
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse's usage error (peg_core's dispatcher returns the code)
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"argument {flag}: expected {bound}, got " in err[0], err

@@ -75,13 +75,16 @@ def test_eval_output_dir_beside_the_checkpoint_and_never_over_a_training_report(
     assert eval_output_dir(ckpt, None) == tmp_path / "run" / "eval"
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "report.json").write_text(json.dumps({"command": "train"}))
-    with pytest.raises(UserError, match=r"holds a training run's report\.json") as e:
+    with pytest.raises(
+        UserError, match=r"^output folder holds a training report \(report\.json\); pass --overwrite"
+    ) as e:
         eval_output_dir(ckpt, tmp_path / "run")
     assert e.value.where == str(tmp_path / "run")
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "report.json").write_text("not json")
-    with pytest.raises(UserError, match=r"another command's \(\?\) report.json"):
+    with pytest.raises(UserError, match=r"holds a JSON file \(report\.json\)"):
         eval_output_dir(ckpt, tmp_path / "odd")
+    assert eval_output_dir(ckpt, tmp_path / "odd", overwrite=True) == tmp_path / "odd"
     (tmp_path / "ev").mkdir()
     (tmp_path / "ev" / "report.json").write_text(json.dumps({"command": "eval"}))
     assert eval_output_dir(ckpt, tmp_path / "ev") == tmp_path / "ev"  # an earlier eval: replaced

@@ -79,16 +79,37 @@ def _bad_category(doc):
     return doc
 
 
+def _repeated_annotation_id(doc):
+    """COCO's index would keep one of the two: scored against itself, the ground truth gives AP 0.04."""
+    doc["annotations"][1]["id"] = doc["annotations"][0]["id"]
+    return doc
+
+
+def _category_id(new):
+    def edit(doc):
+        doc["categories"][0]["id"] = new
+        return doc
+
+    return edit
+
+
 @pytest.mark.parametrize(
     ("split", "edit", "message"),
     [
-        ("train", lambda d: "{not json", "annotation file is not JSON (Expecting property name enclosed in double "
-                                         "quotes at line 1 column 2)"),
+        ("train", lambda d: "{not json", "annotation file is not valid JSON (Expecting property name enclosed in "
+                                         "double quotes: line 1 column 2 (char 1))"),
         ("train", _drop("images"), "annotation file has no 'images' key"),
         ("val", _drop("categories"), "annotation file has no 'categories' key"),
         ("train", lambda d: {**d, "images": []}, "annotation file lists no images ('images' is empty)"),
         ("val", _bad_category, "annotation 1 (image 1000001) has category_id 9, which is not in 'categories' "
                                "(ids [1, 2, 3])"),
+        ("val", _repeated_annotation_id, "annotation id 1 is listed twice in 'annotations'"),
+        ("train", _category_id(-1), "category entry 0 has id -1, outside 0..100000 (labels index a classifier by "
+                                    "category id)"),
+        ("train", _category_id(10**9), "category entry 0 has id 1000000000, outside 0..100000 (labels index a "
+                                       "classifier by category id)"),
+        ("train", _category_id(2), "category id 2 is listed twice in 'categories'"),
+        ("val", lambda d: "[" * 100_000 + "]" * 100_000, "annotation file is nested deeper than 64 levels"),
     ],
 )  # fmt: skip
 def test_bad_annotation_files_train(data, tmp_path, capsys, split, edit, message):
@@ -236,11 +257,12 @@ def test_predict_errors(data, ckpt, tmp_path, capsys):
     text = tmp_path / "notes.jpg"
     text.write_text("not an image")
     out = tmp_path / "p"
+    # one file that cannot be read: the one line every predict prints (its report lists it)
     assert run(["predict", str(text), "--checkpoint", str(ckpt), "--out", str(out)], capsys) == (
-        1, [f"error: not an image file (PIL cannot identify it): {text}"],
+        1, [f"error: cannot read the image (not an image file (PIL cannot identify it)): {text}"],
     )  # fmt: skip
     assert run(["predict", str(tmp_path / "missing.jpg"), "--checkpoint", str(ckpt), "--out", str(out)], capsys) == (
-        1, [f"error: image file not found: {tmp_path / 'missing.jpg'}"],
+        1, [f"error: cannot read the image (file not found): {tmp_path / 'missing.jpg'}"],
     )  # fmt: skip
     # Among several images an unreadable one is skipped and reported.
     image = data / "val2017" / "000001000001.jpg"
@@ -271,3 +293,58 @@ def test_subprocess_exit_code_and_no_traceback(argv, code, start, tmp_path):
     )  # fmt: skip
     assert proc.returncode == code and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(start)
+
+
+# ------------------------------------------------ flags that would change nothing, resumes that change the recipe
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--pos-enc", "sine", "--peg-kernel-size", "5"], "has no effect without a PEG (--pos-enc sine): --peg-kernel-size 5"),
+        (["--pos-enc", "learned", "--peg-at", "0,1"], "has no effect without a PEG (--pos-enc learned): --peg-at 0,1"),
+        (["--pos-enc", "none", "--no-peg-separable"], "has no effect without a PEG (--pos-enc none): --no-peg-separable"),
+        (["--peg-num-kernels", "3"], "sizes the kernel bank of --peg-dynamic, which is off: --peg-num-kernels 3"),
+        (["--pos-interpolation", "nearest"], "has no effect without a learned table (--pos-enc peg): --pos-interpolation nearest"),
+        (["--learned-grid", "5x7"], "has no effect without a learned table (--pos-enc peg): --learned-grid 5x7"),
+        (["--arch", "rtdetr", "--peg-kernel-size", "5"], "has no effect without a PEG (--pos-enc sincos): --peg-kernel-size 5"),
+        (["--arch", "rtdetr", "--pos-enc", "rope-mixed", "--pos-interpolation", "area"],
+         "has no effect without a learned table (--pos-enc rope-mixed): --pos-interpolation area"),
+    ],
+)  # fmt: skip
+def test_flags_without_effect_are_refused_before_any_work(data, tmp_path, capsys, flags, message):
+    out = tmp_path / "out"
+    assert run(_train(data, out, *flags), capsys) == (1, [f"error: {message}"])
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--hidden-dim", "32"), ("--backbone", "r18vd"), ("--num-queries", "10"), ("--num-heads", "4"),
+     ("--peg-kernel-size", "5"), ("--no-aux-loss", None)],
+)  # fmt: skip
+def test_rtdetr_init_folder_refuses_the_model_flags_it_overrides(data, tmp_path, capsys, flag, value):
+    """The folder's config.json builds the model: a flag for its shape would be recorded, not used."""
+    folder = tmp_path / "hf"  # refused from the command line alone: the folder is not read
+    folder.mkdir()
+    out = tmp_path / "out"
+    argv = ["train", "--arch", "rtdetr", "--data-root", str(data), "--output-dir", str(out), "--init", str(folder),
+            "--pos-enc", "peg", flag, *([value] if value else [])]  # fmt: skip
+    shown = f"{flag} {value}" if value else flag
+    why = f"the model comes from the Hugging Face folder --init {folder} (only --pos-enc applies)"
+    assert run(argv, capsys) == (1, [f"error: {why}: {shown}"])
+    assert not out.exists()
+
+
+def test_resume_with_other_labels_and_eval_interpolation_without_a_table(data, ckpt, tmp_path, capsys):
+    out = tmp_path / "resumed"
+    argv = _train(data, out, "--resume", str(ckpt), "--labels", "contiguous", "--epochs", "2")
+    assert run(argv, capsys) == (1, [
+        "error: --resume continues a run trained with --labels ids; another value would change its recipe "
+        "(give the run's value, or start a new run): --labels contiguous"
+    ])  # fmt: skip
+    assert not (out / "checkpoint.pth").exists()
+    argv = ["eval", "--checkpoint", str(ckpt), "--pos-interpolation", "nearest", "--output-dir", str(tmp_path / "e")]  # fmt: skip
+    assert run(argv, capsys) == (1, [
+        "error: has no effect without a learned table (the checkpoint's pos_enc peg): --pos-interpolation nearest"
+    ])  # fmt: skip

@@ -154,3 +154,55 @@ def test_predict_on_an_rtdetr_checkpoint_uses_its_square_unit_range_input(checkp
     with torch.no_grad():
         (other,) = loaded.postprocess(loaded.model(detr_x[None]), torch.tensor([[48, 80]]))
     assert not torch.allclose(other["scores"].sort().values, want["scores"].sort().values)
+
+
+def test_a_thin_image_is_one_skipped_file_and_the_others_are_kept(checkpoint, tmp_path):
+    """A 1 x 400 px strip has no pixel left on its short side after DETR's resize: skipped, not a crash."""
+    from peg_core.engine import BrokenSample
+
+    data, ckpt = checkpoint
+    good = sorted((data / "val2017").glob("*.jpg"))[0]
+    thin, tall = tmp_path / "thin.png", tmp_path / "tall.png"
+    Image.new("RGB", (400, 1), (90, 90, 90)).save(thin)
+    Image.new("RGB", (1, 400), (90, 90, 90)).save(tall)
+    predictor = Predictor.from_checkpoint(ckpt, threshold=0.0)
+    preds = predictor.predict_files([thin, good, tall])
+    reason = "a 400 x 1 px image is too elongated for the model's input: its short side would be 0 px at size 64 (long side at most 107)"  # fmt: skip
+    assert [p.path for p in preds] == [str(thin), str(good), str(tall)]
+    assert preds[0].skipped == reason and preds[0].line() == f"{thin}: skipped ({reason})"
+    assert preds[1].skipped is None and len(preds[1].detections) == 5
+    assert preds[2].skipped.startswith("a 1 x 400 px image is too elongated")
+    with pytest.raises(BrokenSample, match="too elongated"):  # what the predict verb reads files with
+        predictor.load(thin)
+    with pytest.raises(ValueError, match=r"a 400 x 1 px image is too elongated .*: inputs\[1\]"):
+        predictor([_read(good), _read(thin)])  # in memory: the caller's error, naming the argument
+
+
+def test_detr_predictor_takes_pil_numpy_and_float_images_and_checks_its_options(checkpoint, monkeypatch):
+    data, ckpt = checkpoint
+    path = sorted((data / "val2017").glob("*.jpg"))[0]
+    predictor = Predictor.from_checkpoint(ckpt, threshold=0.0)
+    image = _read(path)  # uint8 (3, H, W)
+    (want,) = predictor(image)
+    with Image.open(path) as im:
+        pil = im.convert("RGB")
+    inputs = [pil, image.permute(1, 2, 0).numpy(), image / 255.0, pil.convert("RGBA"), str(path)]
+    for pred in predictor(inputs):
+        assert [d.label for d in pred.detections] == [d.label for d in want.detections]
+        scores = [d.score for d in pred.detections]
+        assert scores == pytest.approx([d.score for d in want.detections], abs=1e-3)
+    for options, error, message in (
+        ({"threshold": "0.5"}, TypeError, "threshold must be a number in [0, 1], got str '0.5'"),
+        ({"threshold": 1.5}, ValueError, "threshold must be a number in [0, 1], got 1.5"),
+        ({"threshold": float("nan")}, ValueError, "threshold must be a number in [0, 1], got nan"),
+        ({"size": "64"}, TypeError, "size must be an int, got str '64'"),
+        ({"size": 0}, ValueError, "size must be an int in 1..4096, got 0"),
+    ):
+        with pytest.raises(error) as e:
+            Predictor.from_checkpoint("never_read.pth", **options)
+        assert str(e.value) == message
+    with pytest.raises(TypeError, match="threshold must be a number"):
+        predictor.detect(image, threshold="0.1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^CUDA is not available on this machine: device='cuda'$"):
+        Predictor.from_checkpoint(ckpt, device="cuda")

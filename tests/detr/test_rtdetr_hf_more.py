@@ -35,9 +35,9 @@ def test_hf_num_labels_follows_transformers():
     assert hf_num_labels({"num_labels": 5}) == 5
     # id2label wins over num_labels (transformers only warns about the conflict)
     assert hf_num_labels({"num_labels": 5, "id2label": {"0": "a", "1": "b", "2": "c"}}) == 3
-    with pytest.raises(ValueError, match="num_labels must be a positive integer"):
+    with pytest.raises(WeightsError, match=r"key 'num_labels' must be a positive int; got \"80\""):
         hf_num_labels({"num_labels": "80"})
-    with pytest.raises(ValueError, match="id2label must be a non-empty object"):
+    with pytest.raises(WeightsError, match="key 'id2label' must be a non-empty object"):
         hf_num_labels({"id2label": []})
 
 
@@ -82,4 +82,4 @@ def test_from_hf_class_count_disagrees_with_weights(tmp_path):
             from_hf(tmp_path)
         message = str(err.value)
         assert "\n" not in message and "model.enc_score_head.weight has shape (2, 64)" in message
-        assert f"config.json's {source} gives {len(extra.get('id2label', [])) or 80} classes" in message
+        assert f"config.json key '{source}' gives {len(extra.get('id2label', [])) or 80} classes" in message

@@ -216,13 +216,13 @@ def test_common_flags_accepted():
          "--batch-size", "3", "--lr", "0.01", "--workers", "1", "--amp", "bf16", "--clip-max-norm", "0",
          "--device", "cpu", "--seed", "5", "--eval-every", "2", "--save-every", "1", "--stop-after-epoch", "1",
          "--max-broken", "5%", "--threads", "1", "--find-unused-parameters", "--no-progress", "--debug",
-         "--eval-sizes", "60,80,100", "--peg-at", "0,1", "--learned-grid", "5x7"]
+         "--eval-sizes", "60,80,100", "--peg-at", "0,1"]
     )  # fmt: skip
+    # (--learned-grid needs --pos-enc learned: test_learned_grid_flag_reaches_the_model)
     expected = dict(
         resume="auto", epochs=2, batch_size=3, lr=0.01, workers=1, amp="bf16", clip_max_norm=0.0, device="cpu",
         seed=5, eval_every=2, save_every=1, stop_after_epoch=1, max_broken=0.05, threads=1,
         find_unused_parameters=True, progress=False, debug=True, eval_sizes=[60, 80, 100], peg_at=[0, 1],
-        learned_grid=[5, 7],
     )  # fmt: skip
     assert {k: getattr(a, k) for k in expected} == expected
 

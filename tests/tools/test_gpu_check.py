@@ -95,3 +95,24 @@ def test_gpu_check_runs_with_torch_and_torchvision_only(tmp_path: Path) -> None:
     assert result["all_correct"] is True
     assert {r["loss"] for r in result["detr"] + result["rtdetr"]} == {"sum (no scipy)"}
     assert all(r["img_per_s"] > 0 for r in result["detr"]) and result["video"][0]["clips_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_without_a_gpu_it_says_so_in_one_line_and_stops(tmp_path: Path) -> None:
+    """No GPU: exit 77 ("skipped") with one line at once, not the full-size models on the CPU for ten minutes."""
+    out = tmp_path / "gpu_check.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    script = str(REPO / "tools" / "gpu_check.py")
+    for argv in ([], ["--device", "cuda:0", "--quick"]):
+        proc = subprocess.run([sys.executable, script, *argv, "--json", str(out)],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 77, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.stdout == "" and proc.stderr == (
+            "error: no CUDA GPU on this machine (torch.cuda.is_available() is False), nothing was measured "
+            "(exit 77: skipped); run it on a GPU, or --device cpu --quick for the CPU smoke run\n"
+        )
+        assert not out.exists()
+    # the CPU runs the smoke run only
+    proc = subprocess.run([sys.executable, script, "--device", "cpu", "--json", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.rstrip().endswith("add --quick") and not out.exists()

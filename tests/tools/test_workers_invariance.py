@@ -28,7 +28,10 @@ def losses(monkeypatch):
 
     def recording(values):
         out = reduce(values)
-        seen.append(float(out[0]))
+        if (
+            values.dim() == 1
+        ):  # the step's logged values (the loss first); a 0-dim one is the epoch's weights check
+            seen.append(float(out[0]))
         return out
 
     monkeypatch.setattr(trainer, "reduce_mean", recording)

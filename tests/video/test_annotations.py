@@ -123,7 +123,7 @@ def test_annotation_errors_are_one_line_user_errors(tmp_path):
         == f"error: video folder not found: {tmp_path / 'missing'}"
     )
     (tmp_path / "c.json").write_text("{broken")
-    with pytest.raises(AnnotationError, match=r"^class file is not JSON \(.*\): .*c\.json$"):
+    with pytest.raises(AnnotationError, match=r"^class file is not valid JSON \(.*\): .*c\.json$"):
         read_class_map(tmp_path / "c.json")
     (tmp_path / "c.json").write_text('{"names": 3}')
     with pytest.raises(AnnotationError, match="class file must hold a list of names"):

@@ -275,7 +275,7 @@ BAD = {
     "got 'm12-n2'",
     "--random-erasing 1.5": "argument --random-erasing: expected a fraction in [0, 1] (or a percentage like "
     "1%), got '1.5'",
-    "--repeated-aug 0": "argument --repeated-aug: expected a positive integer, got '0'",
+    "--repeated-aug 0": "argument --repeated-aug: expected a repeat count in 1..16, got '0'",
     "--repeated-aug 2 --data-backend pytorchvideo": "argument --repeated-aug: needs --data-backend peg "
     "(pytorchvideo has its own pipeline)",
 }

@@ -219,3 +219,59 @@ def test_init_takes_a_2d_checkpoint(tmp_path):
     assert said.startswith("2D init: ") and said.endswith(f" from {path}")
     assert torch.equal(model.blocks[1].attn.qkv.weight, image.blocks[1].attn.qkv.weight)
     assert model.pos_blocks["0"].proj.weight.shape == (16, 1, 3, 3, 3)
+
+
+@pytest.fixture
+def video_predictor(tmp_path):
+    """A Predictor on an untrained tiny ViT saved as a checkpoint (4-frame clips of 32 px, tubelet 2x8x8)."""
+    from peg_core.engine import CHECKPOINT_FORMAT, json_safe
+    from peg_video.predict import Predictor
+    from tests.video.runs import TINY
+
+    args = _args(*TINY)
+    config = model_config_from_args(args, 3)
+    path = tmp_path / "checkpoint.pth"
+    torch.save({"format": CHECKPOINT_FORMAT, "task": "video", "model": build_model(config).state_dict(),
+                "model_config": config, "meta": {"classes": ["a", "b", "c"]}, "args": json_safe(args),
+                "epoch": 0}, path)  # fmt: skip
+    return Predictor, path
+
+
+def test_predictor_takes_clips_and_refuses_what_is_not_one(video_predictor, tmp_path, monkeypatch):
+    import numpy as np
+
+    Predictor, path = video_predictor
+    predictor = Predictor.from_checkpoint(path, top_k=2)
+    clip = torch.rand(3, 4, 32, 32) * 4 - 2  # normalised pixels: (x - 0.45) / 0.225 lies in [-2, 2.44]
+    (want,) = predictor(clip)
+    assert want.path is None and len(want.top) == 2
+    for same in (clip[None], clip[None].repeat(2, 1, 1, 1, 1), clip.numpy(), clip.double()):
+        assert predictor(same)[0].top == want.top
+    assert len(predictor([clip, clip])) == 2
+    for item, error, message in (
+        (clip * 100, ValueError, "clip values span"),
+        (clip * float("nan"), ValueError, "clip values are not all finite (NaN or inf): inputs"),
+        ((clip * 50).to(torch.uint8), TypeError, "inputs: a tensor of dtype torch.uint8: clips are floats"),
+        (clip[:2], ValueError, "has 2 channels at dim -4; the model takes 3: inputs"),
+        (clip[:, :0], ValueError, "an empty clip (shape (3, 0, 32, 32)): it has no pixels: inputs"),
+        (clip[:, :3], ValueError, "a clip of (T, H, W) = (3, 32, 32) does not split into the model's tubelets (2, 8, 8): inputs"),
+        (clip[0], ValueError, "a tensor of shape (4, 32, 32): expected a clip (C, T, H, W) or views (V, C, T, H, W)"),
+        ([clip, b"a.mp4"], TypeError, "inputs[1]: a bytes path"),
+        ([clip, np.zeros((3, 4, 32, 32), np.int64)], TypeError, "inputs[1]: a numpy array of dtype int64"),
+        (object(), TypeError, "inputs: expected a video path"),
+    ):  # fmt: skip
+        with pytest.raises(error) as e:
+            predictor(item)
+        assert message in str(e.value), item
+    for options, error, message in (
+        ({"top_k": "2"}, TypeError, "top_k must be an int, got str '2'"),
+        ({"num_crops": 2}, ValueError, "num_crops must be 1 or 3, got 2"),
+        ({"num_frames": 0}, ValueError, "num_frames must be an int >= 1, got 0"),
+        ({"num_clips": 1.5}, TypeError, "num_clips must be an int, got float 1.5"),
+    ):
+        with pytest.raises(error) as e:
+            Predictor.from_checkpoint("never_read.pth", **options)
+        assert str(e.value) == message
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^CUDA is not available on this machine: device='cuda'$"):
+        Predictor.from_checkpoint(path, device="cuda")

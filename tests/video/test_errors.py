@@ -231,6 +231,6 @@ def test_eval_and_predict_check_clip_and_video_before_work(run, tmp_path, capsys
     assert err == "error: must be a multiple of the model's tubelet (2, 8, 8): --num-frames 5"
     missing = tmp_path / "gone.mp4"
     err = _fails(capsys, ["predict", "--checkpoint", ckpt, str(missing)])
-    assert err == f"error: cannot read the video (missing file): {missing}"
+    assert err == f"error: cannot read the video (file not found): {missing}"
     err = _fails(capsys, ["predict", "--checkpoint", str(tmp_path / "none.pth"), str(missing)])
     assert err == f"error: checkpoint not found: {tmp_path / 'none.pth'}"

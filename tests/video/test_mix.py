@@ -132,12 +132,22 @@ def _losses(out):
 MIXED = ("--mixup", "0.8", "--cutmix", "1.0", "--layer-decay", "0.7", "--label-smoothing", "0.1")
 
 
-def test_train_with_mix_and_layer_decay_resumes_exactly(data, tmp_path):
-    """Two epochs straight == one epoch, stop, resume: the mixes and the per-layer lrs continue."""
+def test_train_with_mix_and_layer_decay_resumes_exactly(data, tmp_path, capsys):
+    """Two epochs straight == one epoch, stop, resume: the mixes and the per-layer lrs continue.
+
+    A resume with another --layer-decay (the checkpoint's optimiser groups are the first run's) is
+    one line naming both values, and trains nothing."""
     common = ("--epochs", "2", "--eval-every", "2", *MIXED)
     assert _train(data, tmp_path / "straight", *common) == 0
     cut = tmp_path / "cut"
     assert _train(data, cut, *common, "--stop-after-epoch", "1") == 0
+    capsys.readouterr()
+    assert _train(data, cut, *common, "--layer-decay", "0.5", "--resume", "auto") == 1
+    assert capsys.readouterr().err == (
+        "error: --resume continues a run trained with --layer-decay 0.7; another value would change its recipe "
+        "(give the run's value, or start a new run): --layer-decay 0.5\n"
+    )
+    assert read_checkpoint(cut / "checkpoint.pth", "video")["epoch"] == 0
     assert _train(data, cut, *common, "--resume", "auto") == 0
     a = read_checkpoint(tmp_path / "straight" / "checkpoint.pth", "video")
     b = read_checkpoint(cut / "checkpoint.pth", "video")

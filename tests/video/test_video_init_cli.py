@@ -204,6 +204,30 @@ def test_bad_init_folders_are_one_line_errors(data, videomae, tmp_path, capsys):
     assert not (tmp_path / "o" / "checkpoint.pth").exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "change", "message"),
+    [
+        ("config.json", {"tubelet_size": 0}, "config.json key 'tubelet_size' must be a positive int; got 0"),
+        ("config.json", {"patch_size": [8]}, "config.json key 'patch_size' must be a positive int or a list "
+                                             "[height, width] of two, each up to 32; got [8]"),
+        ("preprocessor_config.json", {"image_std": 0}, "preprocessor_config.json key 'image_std' must be a number "
+                                                       "or a list of 3 numbers, each > 0; got 0"),
+    ],
+)  # fmt: skip
+def test_bad_folder_fields_are_one_line_before_any_video(
+    data, videomae, tmp_path, capsys, name, change, message
+):
+    """``image_std: 0`` is named here, not met later as a training that reports ``loss is nan``."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for file in ("config.json", "preprocessor_config.json", "model.safetensors"):
+        (folder / file).write_bytes((videomae / file).read_bytes())
+    (folder / name).write_text(json.dumps({**json.loads((videomae / name).read_text()), **change}))
+    err = _fails(capsys, _train(data, tmp_path / "o", "--init", str(folder)))
+    assert err == f"error: {message}: {folder / name}"
+    assert not (tmp_path / "o").exists()
+
+
 def test_shape_flags_are_refused_with_a_folder(data, videomae, tmp_path, capsys):
     base = _train(data, tmp_path / "o", "--init", str(videomae))
     for extra, message in (

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from peg_core.errors import InputError
+from peg_core.resize import is_tracing
 
 from ...structures import ImageBatch
 from ..detr import to_image_batch
@@ -43,6 +47,12 @@ class RTDETR(nn.Module):
       (:attr:`DenoisingGroup.meta`).
 
     ``targets``: list of ``{"labels": (N,) int64, "boxes": (N, 4) normalised cxcywh}``.
+
+    The ``Q`` queries are the top-``Q`` cells of the encoder's maps (strides 8, 16, 32), so an
+    input needs at least ``Q`` cells: :meth:`min_input_side` (RT-DETR's 300 queries: 113 px).  A
+    smaller input is an :class:`~peg_core.errors.InputError` naming its size and that minimum, as
+    the reference implementations have no smaller selection either (lyuwenyu/RT-DETR and
+    transformers' ``RTDetrModel`` call ``topk(num_queries)`` on the cells, which fails there).
     """
 
     def __init__(
@@ -81,6 +91,40 @@ class RTDETR(nn.Module):
         if self.denoising_class_embed is not None:
             nn.init.xavier_uniform_(self.denoising_class_embed.weight)
 
+    @property
+    def feature_strides(self) -> list[int]:
+        """Strides of the backbone maps the encoder and the query selection work on (RT-DETR: 8, 16, 32)."""
+        return list(self.backbone.out_strides)
+
+    def encoder_cells(self, height: int, width: int) -> int:
+        """Cells of the encoder's maps for a ``height`` x ``width`` px input: the queries' candidates.
+
+        Each backbone map is ``ceil(H / s) x ceil(W / s)`` (:class:`ResNetVd`), and the hybrid encoder
+        keeps those shapes.
+        """
+        return sum(math.ceil(height / s) * math.ceil(width / s) for s in self.feature_strides)
+
+    def min_input_side(self) -> int:
+        """The smallest side ``n`` of an ``n`` x ``n`` input with at least :attr:`num_queries` encoder cells."""
+        side = 1
+        while self.encoder_cells(side, side) < self.num_queries:  # cells grow with the side
+            side += 1
+        return side
+
+    def check_input_size(self, height: int, width: int, where: Any = None) -> None:
+        """An :class:`~peg_core.errors.InputError` when a ``height`` x ``width`` input has fewer cells than queries.
+
+        ``where`` names the setting the size comes from (default: the size itself).
+        """
+        cells = self.encoder_cells(height, width)
+        if cells < self.num_queries:
+            side = self.min_input_side()
+            raise InputError(
+                f"input too small for RT-DETR's {self.num_queries} queries, chosen among the encoder's "
+                f"cells ({height} x {width} px gives {cells} cells; at least {side} x {side} px needed)",
+                f"{height} x {width} px" if where is None else where,
+            )
+
     def denoising_group(self, targets: list[dict[str, Any]] | None) -> DenoisingGroup | None:
         """The contrastive denoising queries of a training batch, or None (eval, no targets, none wanted)."""
         if not self.training or targets is None or self.denoising_class_embed is None:
@@ -99,6 +143,10 @@ class RTDETR(nn.Module):
         self, samples: ImageBatch | Tensor | Sequence[Tensor], targets: list[dict[str, Any]] | None = None
     ) -> dict[str, Any]:
         images = to_image_batch(samples).tensors
+        size = images.shape[-2:]
+        # Eager only: an exported graph keeps the size symbolic (no Python branch on it).
+        if not (is_tracing(size) or torch.compiler.is_exporting() or torch.jit.is_tracing()):
+            self.check_input_size(int(size[0]), int(size[1]))
         feats = self.encoder(self.backbone(images))
         dn = self.denoising_group(targets)
         dec = self.decoder(feats, dn)
