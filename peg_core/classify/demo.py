@@ -25,7 +25,7 @@ __all__ = ["run_demo"]
 def run_demo(out_dir: str | os.PathLike, quick: bool = False, seed: int = 0) -> dict[str, Any]:
     """Train the small CPVT-PEG on the generated shapes; evaluate it at 0.75x..2x the training size.
 
-    6 epochs of 2048 images at 48 px (384 steps; ``quick``: 2 epochs of 512, near chance); ``seed``
+    6 epochs of 2048 images at 48 px (768 steps of batch 16; ``quick``: 2 epochs of 512, near chance); ``seed``
     is the training run's ``--seed`` (initialisation and data order; the data are the same).
     Writes ``classify.json`` to ``out_dir`` (the run's checkpoint, logs and report.json too) and returns
     ``{"top1", "top5", "top1_by_size", "train_size", "chance", "epochs", "final_loss", "seconds"}``.
