@@ -180,7 +180,7 @@ def test_common_and_task_flags_parse():
     plain = build_train_parser().parse_args([])
     assert (plain.epochs, plain.batch_size, plain.lr, plain.weight_decay, plain.clip_max_norm) == (
         6,
-        32,
+        16,
         2e-3,
         0.05,
         1.0,
