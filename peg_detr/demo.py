@@ -12,7 +12,7 @@ numbers move with the data order: seeds 0 / 1 / 2 / 42 gave AP50 0.716 / 0.699 /
 
 Then RT-DETR-PEG (:func:`run_rtdetr_demo`) on the same data: one epoch (256 steps of batch 4) at
 80 px with the plain augmentation (flip and resize: ``--no-aug-epochs 1``), evaluated at 60 / 80 /
-120 / 160 px.  The measured numbers, as ranges over seeds and CPU paths, are the README's demo
+120 / 160 px.  The bars every measured seed and CPU path clears are the README's demo
 table (``python -m tools.demo_spread``).  Why the plain augmentation: with RT-DETR's strong one
 (photometric distortion, zoom-out, IoU crop) and multi-scale, one epoch is a coin flip (2026-12-03,
 AVX-512 / AVX2 kernels, seeds 0-2: AP50 0.02-0.44); with the plain one, seeds 0 / 1 / 2 gave

@@ -4,11 +4,14 @@
 
 Each (path, seed) is one ``python -m tools.demo --seed S`` in its own process under that path's
 environment (:data:`PATHS`), two at a time by default; the summaries land in
-``OUT/<path>_s<seed>/summary.json`` and the README's table then quotes, for every metric, the
-range they span (:mod:`tools.readme_numbers`).  A run already done (its summary exists) is reused
-unless ``--fresh``.  ``default`` is the CPU's own best path (AVX-512 where it has it); ``avx2``
-makes ATen, MKL and oneDNN take their AVX2 kernels, which is what a machine without AVX-512 runs.
-Six runs of about 150 s take about 8 minutes two at a time on two cores.
+``OUT/<path>_s<seed>/summary.json`` and the README's table is then rewritten with, for every
+metric, the bar these runs clear (85% of their lowest value, rounded down to 0.05), merged with the
+bar the README quotes already: ``readme_numbers --write`` keeps the lower of the two, so measuring on
+a new machine only ever lowers a bar (:mod:`tools.readme_numbers`).  A run already done (its summary
+exists) is reused unless ``--fresh`` (which reruns the demos; the README's bars are merged all the
+same).  ``default`` is the CPU's own best path (AVX-512 where it has it); ``avx2`` makes ATen, MKL
+and oneDNN take their AVX2 kernels, which is what a machine without AVX-512 runs.  Six runs of about
+150 s take about 8 minutes two at a time on two cores.
 """
 
 from __future__ import annotations

@@ -69,8 +69,8 @@ def test_demo_quick_writes_summary(default_run) -> None:
 def test_demo_fast_path_under_two_cpu_capabilities(default_run, tmp_path: Path) -> None:
     """The AVX2 kernels (what a machine without AVX-512 runs) and the machine's own both run the demo.
 
-    The two paths may round differently (that is why the README quotes ranges), but each gives a
-    whole, well-formed summary and records the path it ran.
+    The two paths may round differently (that is why the README quotes bars with a margin, not
+    exact values), but each gives a whole, well-formed summary and records the path it ran.
     """
     runs = {"default": default_run[1], "avx2": _quick_demo(tmp_path / "avx2", tmp_path, "avx2")[1]}
     assert runs["avx2"]["cpu"] == {"capability": "AVX2", **PATHS["avx2"]}
