@@ -8,7 +8,9 @@ Class indices follow the sorted ``train/`` folder names; ``val/`` may hold a sub
 torchvision (transforms.v2, folder scanning, the PIL loader) is imported only when a
 folder is used, so ``import peg_core`` stays torch-only.  An image that cannot be
 decoded (truncated, not an image) raises :class:`~peg_core.engine.BrokenSample`:
-the engine skips, counts and lists it.
+the engine skips, counts and lists it.  A tree that cannot be used at all (no ``train/``,
+no class folders, an unreadable folder) is an :class:`ImageFolderError`, an
+:class:`~peg_core.errors.InputError` naming the folder.
 """
 
 from __future__ import annotations
@@ -24,15 +26,16 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from ..engine import BrokenSample, UserError
+from ..engine import BrokenSample
 from ..engine.predictor import rgb_image
-from ..errors import require
+from ..errors import InputError, require
 from .shapes import ShapeScenes
 
 __all__ = [
     "NORMALIZE",
     "FolderImages",
     "ImageFolderData",
+    "ImageFolderError",
     "ShapeImages",
     "check_layout",
     "folder_transform",
@@ -49,6 +52,10 @@ HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # x -> 2x - 1: what the generated sce
 NORMALIZE = {"imagenet": IMAGENET, "half": HALF}
 AUGMENTS = ("flip-crop", "none")
 LAYOUT = "expected PATH/train/<class>/*.jpg and PATH/val/<class>/*.jpg"
+
+
+class ImageFolderError(InputError):
+    """An ImageFolder tree that cannot be used: ``what`` says why, ``where`` names the folder."""
 
 
 class ShapeImages(Dataset):
@@ -165,7 +172,7 @@ def _subfolders(path: Path) -> list[str]:
     try:
         return sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
     except OSError as e:
-        raise UserError(f"cannot read folder ({e.strerror or e})", path) from None
+        raise ImageFolderError(f"cannot read folder ({e.strerror or e})", path) from None
 
 
 def scan_split(
@@ -179,14 +186,14 @@ def scan_split(
     folder = _torchvision_folder()
     found = _subfolders(split_dir)
     if not found:
-        raise UserError(f"no class folders ({LAYOUT})", split_dir)
+        raise ImageFolderError(f"no class folders ({LAYOUT})", split_dir)
     training = classes is None
     if classes is None:
         classes = found
     else:
         unknown = [c for c in found if c not in classes]
         if unknown:
-            raise UserError(
+            raise ImageFolderError(
                 f"class folder {unknown[0]!r} is not one of the model's {len(classes)} classes",
                 split_dir / unknown[0],
             )
@@ -200,13 +207,13 @@ def scan_split(
                 str(split_dir), {name: index[name]}, extensions=folder.IMG_EXTENSIONS, allow_empty=True
             )
         except OSError as e:
-            raise UserError(f"cannot read folder ({e.strerror or e})", split_dir / name) from None
+            raise ImageFolderError(f"cannot read folder ({e.strerror or e})", split_dir / name) from None
         if not files and training:
-            raise UserError(f"class folder holds no images ({', '.join(folder.IMG_EXTENSIONS[:4])}, ...)",
+            raise ImageFolderError(f"class folder holds no images ({', '.join(folder.IMG_EXTENSIONS[:4])}, ...)",
                             split_dir / name)  # fmt: skip
         samples += files
     if not samples:
-        raise UserError(f"no images ({LAYOUT})", split_dir)
+        raise ImageFolderError(f"no images ({LAYOUT})", split_dir)
     return samples, list(classes)
 
 
@@ -222,11 +229,11 @@ class ImageFolderData:
 
 def _split_dir(root: Path, split: str) -> Path:
     if not root.exists():
-        raise UserError("data folder not found", root)
+        raise ImageFolderError("data folder not found", root)
     if not root.is_dir():
-        raise UserError("data path is not a folder", root)
+        raise ImageFolderError("data path is not a folder", root)
     if not (root / split).is_dir():
-        raise UserError(f"data folder has no {split}/ folder ({LAYOUT})", root)
+        raise ImageFolderError(f"data folder has no {split}/ folder ({LAYOUT})", root)
     return root / split
 
 
@@ -237,7 +244,7 @@ def check_layout(root: str | os.PathLike) -> None:
 
 
 def open_image_folder(root: str | os.PathLike) -> ImageFolderData:
-    """Check and scan an ImageFolder root; every problem is a one-line :class:`UserError` naming the path."""
+    """Check and scan an ImageFolder root; every problem is an :class:`ImageFolderError` naming the path."""
     root = Path(root)
     train_dir, val_dir = _split_dir(root, "train"), _split_dir(root, "val")
     train, classes = scan_split(train_dir)

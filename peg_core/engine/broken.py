@@ -17,7 +17,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from .errors import UserError
+from .command import UserError
 
 __all__ = ["BrokenLog", "BrokenSample", "SampleBatch", "SkipBroken", "skipping_collate"]
 

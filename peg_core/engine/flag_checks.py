@@ -19,7 +19,7 @@ import argparse
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from .errors import UserError
+from .command import UserError
 
 __all__ = [
     "RESUME_FIXED",

@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from .errors import UserError
+from .command import UserError
 
 __all__ = [
     "LayerDecayModel",

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ..jsonfile import JsonError, read_json
 from .checkpoint import CHECKPOINT_NAME, PREVIOUS_NAME
-from .errors import UserError
+from .command import UserError
 
 __all__ = [
     "CHECKPOINT",

@@ -35,7 +35,7 @@ import torch
 
 from .broken import BrokenLog
 from .cli import add_json_arg, add_overwrite_arg
-from .errors import UserError
+from .command import UserError
 from .outputs import check_output_file, check_output_folder, report_kind
 from .predictor import FilePredictor, Prediction
 from .summary import done_line, print_closing, stdout_to_stderr

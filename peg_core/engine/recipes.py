@@ -24,7 +24,7 @@ from torch import nn
 
 from ..base import PositionEncoding
 from .cli import image_side_list, positive_float, positive_int_list
-from .errors import UserError
+from .command import UserError
 
 __all__ = [
     "add_recipe_args",

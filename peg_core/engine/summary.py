@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .cli import json_safe
+
 __all__ = [
     "LEGACY_METRIC_NAMES",
     "METRIC_NAMES",
@@ -153,8 +155,6 @@ def run_reported(
     ``work`` prints to stderr and prints the report as the only stdout line.
     """
     if verb == "train" and getattr(args, "print_config", False):
-        from .cli import json_safe
-
         settings = {k: v for k, v in json_safe(args).items() if k not in ("print_config", "json")}
         print(json.dumps(settings, indent=1, sort_keys=True), flush=True)
         return {"command": "train", "status": "print-config", "settings": settings}

@@ -41,11 +41,13 @@ from .checkpoint import (
     CHECKPOINT_NAME,
     CheckpointStore,
     capture_rng_state,
+    load_model_state,
     read_checkpoint,
     remove_stale_temp_files,
     restore_rank_rng,
 )
 from .cli import json_safe
+from .command import TrainingDiverged, UserError
 from .distributed import (
     DistInfo,
     all_gather_object,
@@ -55,7 +57,6 @@ from .distributed import (
     reduce_mean,
     seed_everything,
 )
-from .errors import TrainingDiverged, UserError
 from .flag_checks import refuse_resume_changes
 from .metric_log import MetricLogger
 from .outputs import REPORT_NAME, check_output_folder, check_run_folder, clear_run_files, ensure_writable
@@ -385,8 +386,6 @@ class _Fit:
         return report
 
     def _restore(self, ckpt: dict[str, Any], path: Path | None) -> tuple[int, int, dict[str, Any]]:
-        from .checkpoint import load_model_state
-
         parts, ctx = self.parts, self.ctx
         load_model_state(parts.model, ckpt["model"], path)
         try:

@@ -1,7 +1,9 @@
 """Deployment of any model of the suite, model-agnostic; opt-in (``import peg_core`` does not load it).
 
-* :mod:`peg_core.export.onnx`: the ONNX exporter of every ``export`` command (opset flag,
-  dynamo export with metadata, the onnxruntime check);
+* :mod:`peg_core.export.onnx`: the ONNX exporter of every ``export`` command (dynamo export
+  with metadata, the onnxruntime check; :class:`~peg_core.export.onnx.ExportError` for a bad input);
+* :mod:`peg_core.export.cli`: the ``export`` commands' flags (``--opset``, ``--check``) and
+  output check, the one module here of the command line's layer;
 * :mod:`peg_core.export.quantize`: int8 post-training quantization with PT2E (torchao).
 
 The submodules are imported by name (``from peg_core.export.onnx import export_onnx``):

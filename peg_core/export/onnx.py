@@ -1,18 +1,18 @@
-"""ONNX export shared by the packages' ``export`` commands: flags, the dynamo export, the onnxruntime check.
+"""ONNX export of any model of the suite: the dynamo export with metadata, the onnxruntime check.
 
 Model-agnostic: a task's ``export.py`` supplies its wrapper module, example input and
 dynamic axes.  ``onnx`` and ``onnxruntime`` are imported only when a function needs them.
-:func:`add_export_args` / :func:`check_output_path` are the commands' side (argparse types,
-:class:`~peg_core.engine.UserError`); :func:`compare_onnxruntime` raises
-:class:`OnnxCheckError`, an :class:`~peg_core.errors.InputError` the command line prints
-as one line.
+This is library code: a bad input is an :class:`ExportError` (an
+:class:`~peg_core.errors.InputError` naming the file or value), onnxruntime's disagreement an
+:class:`OnnxCheckError`; the command line prints either as one line.  The ``export``
+commands' flags and output checks are in :mod:`peg_core.export.cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
+import os
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -22,20 +22,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..engine.cli import add_overwrite_arg, positive_int
-from ..engine.errors import UserError
-from ..engine.outputs import ONNX, check_output_file
 from ..errors import InputError, require
 
 __all__ = [
+    "CHECK_TOLERANCE",
     "MAX_OPSET",
     "MIN_OPSET",
+    "ExportError",
     "OnnxCheckError",
-    "add_export_args",
-    "check_output_path",
     "compare_onnxruntime",
     "export_onnx",
-    "opset_arg",
 ]
 
 #: opsets the dynamo exporter of torch 2.x writes
@@ -44,46 +40,18 @@ MIN_OPSET, MAX_OPSET = 18, 23
 CHECK_TOLERANCE = 1e-4
 
 
-class OnnxCheckError(InputError):
+class ExportError(InputError):
+    """An export that cannot be made from its input: ``what`` says why, ``where`` names the file or value."""
+
+
+class OnnxCheckError(ExportError):
     """onnxruntime's outputs for the example differ from PyTorch's (shape, or values beyond the tolerance)."""
-
-
-def opset_arg(text: str) -> int:
-    """``argparse`` type: an ONNX opset the dynamo exporter writes."""
-    value = positive_int(text)
-    if not MIN_OPSET <= value <= MAX_OPSET:
-        raise argparse.ArgumentTypeError(f"expected an opset in {MIN_OPSET}..{MAX_OPSET}, got {text!r}")
-    return value
-
-
-def add_export_args(p: argparse.ArgumentParser) -> None:
-    """The flags every ``export`` command takes: ``CKPT OUT --opset --check --overwrite --debug``."""
-    p.add_argument("checkpoint", type=Path, help="checkpoint.pth written by train")
-    p.add_argument("out", type=Path, help="the .onnx file to write")
-    p.add_argument(
-        "--opset", type=opset_arg, default=MAX_OPSET - 3, help=f"ONNX opset ({MIN_OPSET}..{MAX_OPSET})"
-    )
-    p.add_argument("--check", action="store_true", help="run onnxruntime on the example and compare")
-    add_overwrite_arg(p)
-    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-
-
-def check_output_path(out: Path, checkpoint: Path | None = None, overwrite: bool = False) -> None:
-    """The output must be a file in a writable folder (a :class:`UserError` before any tracing).
-
-    Nor may it replace its own ``checkpoint`` or an existing file other than an ONNX model
-    (:func:`peg_core.engine.outputs.check_output_file`), unless ``overwrite``.
-    """
-    if out.is_dir():
-        raise UserError("output is a folder, expected an .onnx file path", out)
-    inputs = [checkpoint] if checkpoint is not None else []
-    check_output_file(out, ONNX, inputs=inputs, overwrite=overwrite)
 
 
 def export_onnx(
     model: nn.Module,
     example: Tensor,
-    out: Path,
+    out: str | os.PathLike,
     dynamic_shapes: tuple[dict[int, Any], ...],
     input_name: str,
     output_names: Sequence[str],
@@ -94,8 +62,24 @@ def export_onnx(
 
     The exporter's progress lines are kept off the console (shown only if it fails).
     A missing ``onnx`` / ``onnxscript`` (the dynamo exporter's) is a one-line
-    :class:`~peg_core.errors.MissingDependency` before any tracing.
+    :class:`~peg_core.errors.MissingDependency` before any tracing; so is an :class:`ExportError`
+    for an ``out`` that is a folder or an ``opset`` outside ``MIN_OPSET..MAX_OPSET``.
+
+    Args:
+        model: the module to trace; called as ``model(example)``.
+        example: the example input, e.g. images ``(B, 3, H, W)`` (B >= 2: a size of 1 is traced
+            as a constant).
+        out: the ``.onnx`` file to write (replaced if it exists).
+        dynamic_shapes: per input, ``{dim: torch.export.Dim}`` of the sizes left free.
+        input_name, output_names: the graph's input and output names.
+        opset: the ONNX opset to write.
+        metadata: ``{key: value}`` strings stored in the model's ``metadata_props``.
     """
+    out = Path(out)
+    if out.is_dir():
+        raise ExportError("output is a folder, expected an .onnx file path", out)
+    if not (isinstance(opset, int) and MIN_OPSET <= opset <= MAX_OPSET):
+        raise ExportError(f"opset must be an integer in {MIN_OPSET}..{MAX_OPSET}", f"opset={opset!r}")
     onnx = require("onnx", "onnx", what="export")
     require("onnxscript", "onnx", what="export")
 

@@ -1,8 +1,8 @@
 """Data for DETR: checked COCO-format datasets, DETR's v2 augmentation, and a synthetic shapes generator."""
 
-from .annotations import CocoAnnotations, load_coco_annotations
-from .coco import CocoDetr, collate_detr, infer_num_classes, read_rgb, resolve_coco_paths
 from ..labels import LABEL_MODES, LabelMap, match_label_names
+from .annotations import CocoAnnotationError, CocoAnnotations, CocoDataError, load_coco_annotations
+from .coco import CocoDetr, collate_detr, infer_num_classes, read_rgb, resolve_coco_paths
 from .synthetic import SHAPES, SyntheticSpec, make_synthetic_coco
 from .transforms import (
     IMAGENET_MEAN,
@@ -27,7 +27,9 @@ __all__ = [
     "RTDETR_SIZE",
     "RTDETR_TRAIN_SIZES",
     "SHAPES",
+    "CocoAnnotationError",
     "CocoAnnotations",
+    "CocoDataError",
     "CocoDetr",
     "LabelMap",
     "MultiScaleCollate",

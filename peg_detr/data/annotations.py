@@ -47,6 +47,7 @@ __all__ = [
     "MAX_CATEGORY_ID",
     "CocoAnnotationError",
     "CocoAnnotations",
+    "CocoDataError",
     "box_outside_image",
     "load_coco_annotations",
 ]
@@ -59,7 +60,11 @@ MAX_CATEGORY_ID = 100_000
 BOX_TOLERANCE = 1.0
 
 
-class CocoAnnotationError(InputError):
+class CocoDataError(InputError):
+    """A COCO-format data set that cannot be used: ``what`` says why, ``where`` names the file or folder."""
+
+
+class CocoAnnotationError(CocoDataError):
     """A COCO annotation file that cannot be used: ``what`` says why, ``where`` names the file."""
 
 

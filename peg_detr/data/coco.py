@@ -7,6 +7,8 @@ otherwise; with a ``contiguous`` :class:`~peg_detr.labels.LabelMap` (``--labels
 contiguous``, RT-DETR's) label ``k`` is the ``k``-th category by id (80 for COCO).  An
 image that cannot be used (missing or truncated file, not an image, a malformed
 annotation, a box outside the decoded image) raises :class:`~peg_core.engine.BrokenSample`.
+A data set that cannot be used at all (no image folder, categories the labels do not map) is a
+:class:`~peg_detr.data.annotations.CocoDataError`, an :class:`~peg_core.errors.InputError`.
 """
 
 from __future__ import annotations
@@ -21,12 +23,18 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from peg_core.engine import BrokenSample, UserError, sample_seed, seeded
+from peg_core.engine import BrokenSample, sample_seed, seeded
 from peg_core.engine.predictor import rgb_image
 
 from ..labels import LabelMap
 from ..structures import ImageBatch, pad_images
-from .annotations import CocoAnnotations, box_outside_image, load_coco_annotations
+from .annotations import (
+    CocoAnnotationError,
+    CocoAnnotations,
+    CocoDataError,
+    box_outside_image,
+    load_coco_annotations,
+)
 from .transforms import make_boxes, to_detr_target
 
 __all__ = ["CocoDetr", "collate_detr", "infer_num_classes", "read_rgb", "resolve_coco_paths"]
@@ -84,7 +92,7 @@ class CocoDetr(Dataset):
         self.root = Path(root)
         self.seed, self.epoch = seed, 0
         if not self.root.is_dir():
-            raise UserError("image folder not found", self.root)
+            raise CocoDataError("image folder not found", self.root)
         if not isinstance(annotations, CocoAnnotations):
             annotations = load_coco_annotations(annotations)
         self.annotations = annotations
@@ -96,7 +104,7 @@ class CocoDetr(Dataset):
             {int(c["id"]) for c in annotations.categories} - {c for c, _ in self.label_map.categories}
         )
         if self.label_map.mode == "contiguous" and unmapped:
-            raise UserError(
+            raise CocoDataError(
                 f"categories {unmapped[:5]} are not among the {len(self.label_map.categories)} the labels map "
                 "(--labels contiguous maps the training categories)",
                 annotations.path,
@@ -150,7 +158,7 @@ class CocoDetr(Dataset):
 def infer_num_classes(categories: list[dict[str, Any]], source: Any = None, labels: str = "ids") -> int:
     """The classifier size of ``categories``: ``max id + 1`` (``labels="ids"``, DETR's) or their count (``contiguous``)."""
     if not categories:
-        raise UserError("the annotation file lists no categories; pass --num-classes", source)
+        raise CocoAnnotationError("the annotation file lists no categories; pass --num-classes", source)
     return LabelMap.from_categories(categories, labels).num_labels
 
 

@@ -177,7 +177,9 @@ def _to_unit_range() -> list[v2.Transform]:
     return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
 
 
-def make_rtdetr_train_transforms(size: int = RTDETR_SIZE, hflip: float = 0.5, *, strong: bool = True) -> v2.Compose:
+def make_rtdetr_train_transforms(
+    size: int = RTDETR_SIZE, hflip: float = 0.5, *, strong: bool = True
+) -> v2.Compose:
     """RT-DETR's training augmentation, ending in a ``size`` × ``size`` image in ``[0, 1]``.
 
     Photometric distortion (p 0.5), zoom-out onto a black canvas (p 0.5), IoU crop (p 0.8),
@@ -249,7 +251,9 @@ class MultiScaleCollate:
     ``(ImageBatch (B, 3, S, S), targets)`` with each target's ``size`` set to ``(S, S)``.
     """
 
-    def __init__(self, sizes: Sequence[int] = (), stop_epoch: int | None = None, seed: int | None = None) -> None:
+    def __init__(
+        self, sizes: Sequence[int] = (), stop_epoch: int | None = None, seed: int | None = None
+    ) -> None:
         if any(int(s) < 1 for s in sizes):
             raise ValueError(f"multi-scale sizes must be positive, got {list(sizes)}")
         self.sizes = [int(s) for s in sizes]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from peg_core.classify import DEMO_CONFIG, build_model, scaled_sizes
-from peg_core.classify.data import ShapeImages, load_image, open_image_folder
+from peg_core.classify.data import ImageFolderError, ShapeImages, load_image, open_image_folder
 from peg_core.classify.metrics import accuracy
 from peg_core.classify.shapes import (
     CLASS_NAMES,
@@ -20,7 +20,7 @@ from peg_core.classify.shapes import (
     render_scenes,
     sample_scenes,
 )
-from peg_core.engine import BrokenSample, RunContext, UserError, param_groups, warmup_cosine
+from peg_core.engine import BrokenSample, RunContext, param_groups, warmup_cosine
 from peg_core.engine.distributed import DistInfo
 
 
@@ -168,8 +168,8 @@ def test_open_image_folder_classes_and_errors(tmp_path):
     assert data.classes == ["cat", "dog"] and len(data.train) == 2
     assert data.val == [(str(tmp_path / "val" / "dog" / "a.png"), 1)]  # indices follow train/
     _png(tmp_path / "val" / "cow" / "a.png")
-    with pytest.raises(UserError, match="class folder 'cow' is not one of the model's 2 classes"):
+    with pytest.raises(ImageFolderError, match="class folder 'cow' is not one of the model's 2 classes"):
         open_image_folder(tmp_path)
     (tmp_path / "train" / "eel").mkdir()
-    with pytest.raises(UserError, match=r"class folder holds no images .*: .*train/eel$"):
+    with pytest.raises(ImageFolderError, match=r"class folder holds no images .*: .*train/eel$"):
         open_image_folder(tmp_path)

@@ -10,13 +10,14 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from peg_core.engine import UserError
 from peg_core.errors import InputError
 from peg_detr.__main__ import main as cli
 from peg_detr.data import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     SHAPES,
+    CocoAnnotationError,
+    CocoDataError,
     CocoDetr,
     RandomSizeCrop,
     SyntheticSpec,
@@ -235,14 +236,14 @@ def test_collate_pads_with_mask():
 def test_num_classes_and_paths(tmp_path, shapes_root):
     assert infer_num_classes(_json(shapes_root, "train")["categories"]) == 4
     assert infer_num_classes([{"id": 90}, {"id": 1}]) == 91
-    with pytest.raises(UserError, match="num-classes"):
+    with pytest.raises(CocoAnnotationError, match="num-classes"):
         infer_num_classes([])
     img_dir, ann = resolve_coco_paths(tmp_path, "val", "x/y.json")
     assert img_dir == tmp_path / "val2017" and ann == tmp_path / "x" / "y.json"
     img_dir.mkdir()
     with pytest.raises(InputError, match=r"annotation file not found: .*y\.json"):
         CocoDetr(img_dir, ann)
-    with pytest.raises(UserError, match="image folder not found"):
+    with pytest.raises(CocoDataError, match="image folder not found"):
         CocoDetr(tmp_path / "nope", ann)
 
 

@@ -15,6 +15,7 @@ import torch
 
 from peg_detr.cli import parse_train_args
 from peg_detr.data import (
+    CocoDataError,
     CocoDetr,
     LabelMap,
     load_coco_annotations,
@@ -119,9 +120,7 @@ def test_dataset_gives_contiguous_labels_of_the_annotations(data):
 def test_a_category_outside_the_map_is_refused(data, tmp_path):
     annotations = load_coco_annotations(data / "annotations" / "instances_val2017.json")
     only_two = LabelMap.from_categories(annotations.categories[:2], "contiguous")
-    from peg_core.engine import UserError
-
-    with pytest.raises(UserError, match=r"categories \[7\] are not among the 2"):
+    with pytest.raises(CocoDataError, match=r"categories \[7\] are not among the 2"):
         CocoDetr(data / "val2017", annotations, None, only_two)
 
 

@@ -1,4 +1,10 @@
-"""The failure policy of every ``python -m peg_*`` command.
+"""How every ``python -m peg_*`` command runs and fails: :func:`run_command`, its exit codes, its parser.
+
+:func:`run_command` runs a verb under the failure policy below; :class:`ArgumentParser` is
+argparse with the same one-line error; :class:`UserError` and :class:`TrainingDiverged` are
+the command line's own exceptions.  (The library's errors live in :mod:`peg_core.errors`.)
+
+The failure policy:
 
 * A user error (a missing or unreadable path, malformed JSON/CSV, a missing key,
   a corrupt, wrong-model or refused checkpoint, a bad option value, ...) is a
