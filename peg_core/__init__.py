@@ -23,11 +23,21 @@ from .encodings import (
     SinCosPositionEncoding2d,
     SinCosPositionEncoding3d,
     SinePositionEncoding2d,
-    build_position_encoding,
     sincos_1d,
     sincos_2d,
 )
 from .peg import PEG2d, PEG3d, PEGNd, check_mask, check_size, check_tokens, grid_to_tokens, tokens_to_grid
+from .registry import (
+    Encoding,
+    EncodingContext,
+    EncodingSpec,
+    EncodingSupport,
+    PosEncError,
+    build_position_encoding,
+    encoding_names,
+    parse_pos_enc,
+    register_encoding,
+)
 from .resize import (
     infer_grid,
     is_tracing,
@@ -51,12 +61,17 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ROPE_KINDS",
+    "Encoding",
+    "EncodingContext",
+    "EncodingSpec",
+    "EncodingSupport",
     "LearnedPositionEncoding2d",
     "LearnedPositionEncoding3d",
     "NoPositionEncoding",
     "PEG2d",
     "PEG3d",
     "PEGNd",
+    "PosEncError",
     "PositionEncoding",
     "RoPEAxial",
     "RoPEDinoV3",
@@ -71,9 +86,12 @@ __all__ = [
     "check_mask",
     "check_size",
     "check_tokens",
+    "encoding_names",
     "grid_to_tokens",
     "infer_grid",
     "is_tracing",
+    "parse_pos_enc",
+    "register_encoding",
     "resize_pos_embed",
     "resize_pos_embed_1d",
     "resize_pos_embed_3d",

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import PositionEncoding
-from .peg import PEG2d, check_mask, check_tokens
+from .peg import check_mask, check_tokens
 from .resize import (
     INTERPOLATION_MODES,
     is_tracing,
@@ -34,14 +34,12 @@ from .resize import (
 )
 
 __all__ = [
-    "ENCODINGS",
     "LearnedPositionEncoding2d",
     "LearnedPositionEncoding3d",
     "NoPositionEncoding",
     "SinCosPositionEncoding2d",
     "SinCosPositionEncoding3d",
     "SinePositionEncoding2d",
-    "build_position_encoding",
     "sincos_1d",
     "sincos_2d",
 ]
@@ -437,35 +435,3 @@ class LearnedPositionEncoding3d(PositionEncoding):
         spatial, temporal = self.tables((t, h, w))
         pos = _space_plus_time(spatial[0], temporal[0]).to(x.dtype)
         return _with_prefix(pos, self.num_prefix_tokens)
-
-
-ENCODINGS: dict[str, type[PositionEncoding]] = {
-    "peg": PEG2d,
-    "sine": SinePositionEncoding2d,
-    "sincos": SinCosPositionEncoding2d,
-    "learned": LearnedPositionEncoding2d,
-    "none": NoPositionEncoding,
-}
-
-
-def build_position_encoding(kind: str, dim: int, **options) -> PositionEncoding:
-    """Build a 2D position encoding by name.
-
-    Args:
-        kind: ``"peg"`` (:class:`PEG2d`), ``"sine"`` (DETR), ``"sincos"`` (MAE),
-            ``"learned"`` (table), ``"none"``.
-        dim: channels ``C``.
-        **options: passed to the class (``kernel_size``, ``num_prefix_tokens``,
-            ``grid_size``, ``interpolation``, ``temperature``, ``apply_to``...).
-
-    The result's ``apply_to`` says whether a model adds it to the tokens or
-    only to attention queries/keys.
-    """
-    try:
-        cls = ENCODINGS[kind]
-    except KeyError:
-        raise ValueError(f"unknown position encoding {kind!r}; choose from {sorted(ENCODINGS)}") from None
-    try:
-        return cls(dim, **options)
-    except TypeError as e:
-        raise TypeError(f"build_position_encoding({kind!r}, ...): {e}") from None

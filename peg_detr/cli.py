@@ -4,7 +4,7 @@
 * ``train``: train on a COCO-format set (works under ``torchrun``); returns the run report.
 * ``eval --checkpoint CKPT``: COCO box AP of a checkpoint, at one or several ``--eval-sizes``.
 * ``predict IMAGE... --checkpoint CKPT``: draw detections on image files (:mod:`peg_detr.predict`).
-* ``export`` / ``export-hf``: ONNX graph / Hugging Face DETR folder (:mod:`peg_detr.export`, :mod:`peg_detr.hf`).
+* ``export`` / ``export-hf``: ONNX graph / Hugging Face DETR or RT-DETR folder (:mod:`peg_detr.export`).
 
 The run flags (``--output-dir --resume --epochs --batch-size --lr --init`` ...) and the knob
 vocabulary (``--data-root``, ``--arch``, ``--num-heads``, the PEG group) come from
@@ -54,6 +54,7 @@ from peg_core.engine import (
     refuse_without_effect,
     run_reported,
     unit_fraction,
+    unused_pos_flags,
 )
 from peg_core.engine.predict_cli import (
     add_predict_args,
@@ -61,13 +62,15 @@ from peg_core.engine.predict_cli import (
     finish_predict,
     predict_device,
 )
+from peg_core.registry import PosEncError, parse_pos_enc
 
 from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, RTDETR_DEFAULTS
 from .data import LABEL_MODES, SHAPES
 from .evaluation import BACKENDS
 from .make_data import write_shapes_coco
 from .model import ARCHS
-from .models import BACKBONES, DECODER_KEY_POS, POS_ENCODINGS
+from .models import BACKBONES, DECODER_KEY_POS, DETR_ENCODINGS
+from .models.rtdetr import AIFI_ENCODINGS
 from .models.rtdetr.build import RTDETR_BACKBONES
 from .task import DetectTask
 
@@ -254,7 +257,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--dilation", action="store_true", help="DC5: dilate the last ResNet stage")
     add_pos_args(
         m,
-        POS_ENCODINGS,
+        DETR_ENCODINGS,
+        note="--arch rtdetr takes the same but sine, and its sincos is RT-DETR's layout",
         peg_at_help="encoder layers followed by a PEG, e.g. 0 or 0,1; -1: on the encoder input; all: after every layer",
     )
     m.add_argument("--decoder-key-pos", choices=DECODER_KEY_POS, help="cross-attention key positions")
@@ -354,7 +358,7 @@ def build_predict_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: what ``--arch rtdetr --init FOLDER`` takes from the Hugging Face folder (``hf_rtdetr.from_hf``):
+#: what ``--arch rtdetr --init FOLDER`` takes from the Hugging Face folder (``peg_detr.interop.from_hf``):
 #: everything of the model but ``--pos-enc``, so a flag for any of it would change nothing
 _FOLDER_FIXED = (
     "backbone", "backbone_weights", "hidden_dim", "num_heads", "enc_layers", "dec_layers", "dim_feedforward",
@@ -377,14 +381,8 @@ def refuse_unused_model_flags(args: argparse.Namespace) -> None:
     if (args.arch or "detr") == "rtdetr" and args.init is not None and Path(args.init).is_dir():
         why = f"the model comes from the Hugging Face folder --init {args.init} (only --pos-enc applies)"
         reasons |= dict.fromkeys(_FOLDER_FIXED, why)
-    if not pos_enc.startswith("peg"):
-        for dest in PEG_OPTIONS:
-            reasons.setdefault(dest, f"has no effect without a PEG (--pos-enc {pos_enc})")
-    elif not args.peg_dynamic:
-        reasons.setdefault("peg_num_kernels", "sizes the kernel bank of --peg-dynamic, which is off")
-    if pos_enc != "learned":
-        for dest in ("pos_interpolation", "learned_grid"):
-            reasons.setdefault(dest, f"has no effect without a learned table (--pos-enc {pos_enc})")
+    for dest, why in unused_pos_flags(pos_enc, args.peg_dynamic, f"--pos-enc {pos_enc}").items():
+        reasons.setdefault(dest, why)
     refuse_without_effect(args, args.cli_flags, reasons)
 
 
@@ -402,6 +400,11 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parse_with_config(parser, argv, CONFIGS)
     if args.data_root is None:
         parser.error("the following arguments are required: --data-root")
+    if args.pos_enc is not None and (args.arch or "detr") == "rtdetr":
+        try:  # --pos-enc was checked against DETR's encoder; --arch rtdetr has its own rule
+            parse_pos_enc(args.pos_enc, AIFI_ENCODINGS)
+        except PosEncError as e:
+            parser.error(f"argument --pos-enc: {e}")
     args.cli_flags = sorted(explicit_options(build_train_parser, argv))
     refuse_unused_model_flags(args)
     return args
@@ -494,6 +497,6 @@ def export(argv: list[str] | None = None) -> int:
 
 def export_hf(argv: list[str] | None = None) -> Path:
     """``export-hf CKPT DIR``: a ``sine`` checkpoint as a Hugging Face DETR folder."""
-    from .hf import main as hf_main
+    from .export import main_hf  # imports the export machinery only when asked
 
-    return hf_main(argv)
+    return main_hf(argv)

@@ -61,7 +61,7 @@ from ..engine.predict_cli import (
     predict_paths,
 )
 from ..engine.recipes import add_recipe_args
-from ..models.cpvt import GLOBAL_POOLS, POS_ENCODINGS
+from ..models.cpvt import CPVT_ENCODINGS, GLOBAL_POOLS
 from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS
 from .data import AUGMENTS, NORMALIZE, check_layout, require_torchvision
 from .make_data import FORMATS, write_shapes_folder
@@ -108,7 +108,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="--init FILE holds the weights of this timm model in timm's layout (e.g. "
                    "vit_small_patch16_rope_mixed_224, vit_small_patch16_dinov3): converted with "
                    "peg_core.from_timm, its architecture kept (needs timm)")  # fmt: skip
-    add_pos_args(g, POS_ENCODINGS)  # --pos-enc, the PEG group (peg: CPVT), --pos-interpolation
+    add_pos_args(g, CPVT_ENCODINGS)  # --pos-enc, the PEG group (peg: CPVT), --pos-interpolation
     add_alias(g, "--mode", dest="pos_interpolation", choices=RESIZE_MODES)
     g.add_argument("--global-pool", choices=GLOBAL_POOLS, help="token (class token) or avg (default: arch's)")
     g.add_argument("--embed-dim", type=positive_int, help="override the arch's width")

@@ -64,13 +64,14 @@ from .cli import (
     parse_with_config,
     peg_at_arg,
     peg_kwargs,
+    pos_enc_arg,
     positive_float,
     positive_int,
     positive_int_list,
     unit_fraction,
+    unused_pos_flags,
 )
-from .distributed import DistInfo, init_distributed, is_main_process, sample_seed, seed_everything, seeded
-from .errors import (
+from .command import (
     EXIT_DIVERGED,
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -81,6 +82,7 @@ from .errors import (
     UserError,
     run_command,
 )
+from .distributed import DistInfo, init_distributed, is_main_process, sample_seed, seed_everything, seeded
 from .flag_checks import flag_text, refuse_changed_on_resume, refuse_resume_changes, refuse_without_effect
 from .metric_log import MetricLogger
 from .optim import (
@@ -197,6 +199,7 @@ __all__ = [
     "parse_with_config",
     "peg_at_arg",
     "peg_kwargs",
+    "pos_enc_arg",
     "positive_float",
     "positive_int",
     "positive_int_list",
@@ -216,6 +219,7 @@ __all__ = [
     "skipping_collate",
     "summary_line",
     "unit_fraction",
+    "unused_pos_flags",
     "warmup_cosine",
     "write_json",
 ]

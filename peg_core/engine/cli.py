@@ -18,7 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import ArgumentParser, run_command
+from ..peg import PADDING_MODES
+from ..registry import EncodingSupport, PosEncError, parse_pos_enc
+from ..resize import INTERPOLATION_MODES
+from .command import ArgumentParser, run_command
 from .helptext import plain_text
 
 __all__ = [
@@ -49,17 +52,19 @@ __all__ = [
     "odd_kernel",
     "parse_with_config",
     "peg_at_arg",
+    "pos_enc_arg",
     "positive_float",
     "positive_int",
     "positive_int_list",
     "unit_fraction",
+    "unused_pos_flags",
 ]
 
 AMP_CHOICES = ("off", "bf16", "fp16")
-#: how a learned table is resized to another grid (``--pos-interpolation``; peg_core.resize_pos_embed modes)
-RESIZE_MODES = ("nearest", "bilinear", "bicubic", "area")
-#: PEG conv borders (``--peg-padding``), as :data:`peg_core.peg.PADDING_MODES`
-PEG_PADDINGS = ("zeros", "circular", "replicate")
+#: how a learned table is resized to another grid (``--pos-interpolation``): the library's 2-D modes
+RESIZE_MODES = tuple(INTERPOLATION_MODES[2])
+#: PEG conv borders (``--peg-padding``): the library's own list
+PEG_PADDINGS = PADDING_MODES
 
 
 def _number(text: str, kind: type, what: str, ok: Callable[[Any], bool]) -> Any:
@@ -254,22 +259,52 @@ def add_num_heads_arg(group: argparse._ActionsContainer, *, aliases: Sequence[st
         add_alias(group, *aliases, dest="num_heads", type=positive_int)
 
 
+def pos_enc_arg(support: EncodingSupport, extra: Sequence[str] = ()) -> Callable[[str], str]:
+    """An argparse ``type`` for ``--pos-enc``: the value if ``support``'s family can build it.
+
+    The registry (:mod:`peg_core.registry`) decides, so a plugin's encoding is accepted and a
+    wrong pair is refused in one line while the arguments are parsed.  ``extra``: the task's own
+    words that are not encodings (peg_video's ``table``: keep an ``--init`` folder's encoding).
+    """
+
+    def parse(text: str) -> str:
+        if text in extra:
+            return text
+        try:
+            parse_pos_enc(text, support)
+        except (PosEncError, TypeError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+
+    parse.__name__ = "pos_enc"
+    return parse
+
+
 def add_pos_args(
     group: argparse._ActionsContainer,
-    choices: Sequence[str],
+    support: EncodingSupport,
     *,
     peg_at_help: str = "blocks followed by a PEG, e.g. 0 or 0,1,2; -1: before block 0; all: after every block",
     dynamic: bool = True,
     interpolation: bool = True,
+    extra: Mapping[str, str] | None = None,
+    note: str = "",
 ) -> None:
     """``--pos-enc`` and the PEG group, the same flags and meanings in every package.
 
-    ``--pos-enc`` (one of ``choices``), ``--peg-at`` (:func:`peg_at_arg`), ``--peg-kernel-size``,
+    ``--pos-enc`` (what ``support`` accepts, from the registry: its ``-h`` lists the registered
+    names, so a plugin's encoding shows), ``--peg-at`` (:func:`peg_at_arg`), ``--peg-kernel-size``,
     ``--peg-separable``, ``--peg-padding``, ``--peg-dynamic`` with ``--peg-num-kernels`` (when the
     task's PEG supports it) and ``--pos-interpolation`` (how a learned table is resized).  Every
-    default is ``None``: the recipe's or the model's value.
+    default is ``None``: the recipe's or the model's value.  ``extra``: task words that are not
+    encodings -> their help; ``note``: a sentence appended to the help.
     """
-    group.add_argument("--pos-enc", choices=list(choices), help="position encoding")
+    extra = dict(extra or {})
+    words = "".join(f"; {k}: {v}" for k, v in extra.items())
+    group.add_argument(
+        "--pos-enc", type=pos_enc_arg(support, tuple(extra)), metavar="NAME",
+        help=support.help() + words + (f"; {note}" if note else ""),
+    )  # fmt: skip
     group.add_argument("--peg-at", type=peg_at_arg, help=peg_at_help + " (default: the arch's)")
     group.add_argument("--peg-kernel-size", type=odd_kernel, help="PEG depthwise kernel side (default 3)")
     group.add_argument(
@@ -297,6 +332,29 @@ def add_pos_args(
             choices=RESIZE_MODES,
             help="how a learned table is resized for other input sizes",
         )
+
+
+def unused_pos_flags(pos_enc: str, peg_dynamic: bool | None, source: str) -> dict[str, str]:
+    """The position flags a model with ``pos_enc`` ignores -> why (for :func:`refuse_without_effect`).
+
+    The PEG group without a conditional encoding, ``--peg-num-kernels`` without ``--peg-dynamic``,
+    ``--pos-interpolation`` (and DETR's ``--learned-grid``) without a learned table.  ``source``
+    says where ``pos_enc`` came from (``--pos-enc sine``, an ``--init`` file).  A value that names
+    no encoding gives no reasons: building the model refuses it, naming it.
+    """
+    try:
+        spec = parse_pos_enc(str(pos_enc))
+    except (PosEncError, TypeError):
+        return {}
+    reasons: dict[str, str] = {}
+    if spec.conditional is None:
+        reasons |= dict.fromkeys(PEG_OPTIONS, f"has no effect without a PEG ({source})")
+    elif not peg_dynamic:
+        reasons["peg_num_kernels"] = "sizes the kernel bank of --peg-dynamic, which is off"
+    if spec.table is None or spec.table.name != "learned":
+        reasons |= dict.fromkeys(("pos_interpolation", "learned_grid"),
+                                 f"has no effect without a learned table ({source})")  # fmt: skip
+    return reasons
 
 
 #: argparse dests of :func:`add_pos_args`'s PEG group -> the keyword every model builder takes
@@ -558,7 +616,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def new_parser(prog: str, description: str | None = None) -> ArgumentParser:
-    """An :class:`~peg_core.engine.errors.ArgumentParser` whose ``-h`` shows the defaults (:class:`HelpFormatter`)."""
+    """An :class:`~peg_core.engine.command.ArgumentParser` whose ``-h`` shows the defaults (:class:`HelpFormatter`)."""
     return ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
 
 

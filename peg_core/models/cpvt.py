@@ -20,51 +20,31 @@ indices for axial / mixed, coordinates normalised to [-1, 1] for DINOv3).
 ``pos_enc`` combines parts with ``+``: at most one additive table (``learned``,
 ``sincos``, ``sine``), ``peg`` (PEGs after the blocks in ``peg_at``) and at most one
 rotary encoding (``rope-axial``, ``rope-mixed``, ``rope-dinov3``), e.g. ``peg+rope-mixed``;
-:data:`POS_ENCODINGS` lists the named variants the command line offers.
+:data:`CPVT_ENCODINGS` states the rule against the registry (:mod:`peg_core.registry`), so an
+encoding registered there (built-in or a plugin's) runs in CPVT by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..encodings import build_position_encoding
-from ..peg import PEG2d, resolve_peg_at
-from ..rope import build_rope
+from ..peg import resolve_peg_at
+from ..registry import EncodingContext, EncodingSupport, parse_pos_enc
 from .layers import Block, PatchEmbed, init_vit_weights, vit_lr_layer_id
 
-__all__ = ["CPVT", "POS_ENCODINGS", "cpvt_base", "cpvt_small", "cpvt_tiny", "parse_pos_enc"]
+__all__ = ["CPVT", "CPVT_ENCODINGS", "cpvt_base", "cpvt_small", "cpvt_tiny"]
 
-ROTARY = ("rope-axial", "rope-mixed", "rope-dinov3")
-ADDITIVE = ("learned", "sincos", "sine")
-POS_ENCODINGS = (
-    "peg", "learned", "sincos", "sine", "none", *ROTARY, *(f"{a}+{r}" for a in ("peg", "learned") for r in ROTARY)
-)  # fmt: skip
-
-
-def parse_pos_enc(pos_enc: str) -> tuple[str | None, bool, str | None]:
-    """``"peg+learned+rope-mixed"`` -> ``(table, peg, rotary)`` = ``("learned", True, "rope-mixed")``.
-
-    Raises ``ValueError`` for an unknown part, a repeated kind or ``none`` combined with anything.
-    """
-    if not isinstance(pos_enc, str):
-        raise TypeError(f"pos_enc must be a string; got {type(pos_enc).__name__}")
-    parts = pos_enc.split("+")
-    bad = [q for q in parts if q not in ("peg", "none", *ADDITIVE, *ROTARY)]
-    if bad or len(set(parts)) != len(parts) or ("none" in parts and len(parts) > 1):
-        raise ValueError(
-            f"pos_enc must be one of {POS_ENCODINGS} or a '+' combination of one table {ADDITIVE}, "
-            f"'peg' and one rotary encoding {ROTARY}; got {pos_enc!r}"
-        )
-    tables = [q for q in parts if q in ADDITIVE]
-    rotary = [q for q in parts if q in ROTARY]
-    if len(tables) > 1 or len(rotary) > 1:
-        raise ValueError(f"pos_enc {pos_enc!r} combines two tables or two rotary encodings; keep one of each")
-    return (tables[0] if tables else None), "peg" in parts, (rotary[0] if rotary else None)
-
+#: What CPVT builds from a ``pos_enc`` (:mod:`peg_core.registry`): a table added once at the input,
+#: PEGs (or another conditional encoding) after the blocks of ``peg_at`` and a rotary encoding of
+#: every block's queries and keys, at most one of each and in any combination.
+CPVT_ENCODINGS = EncodingSupport(
+    "CPVT", 2, slots=("table", "conditional", "rotary"), examples=("peg+rope-mixed", "learned+rope-axial")
+)
 
 GLOBAL_POOLS = ("token", "avg")
 
@@ -149,7 +129,7 @@ class CPVT(nn.Module):
         no_embed_class: bool = False,
     ) -> None:
         super().__init__()
-        table, has_peg, rotary = parse_pos_enc(pos_enc)
+        spec = parse_pos_enc(pos_enc, CPVT_ENCODINGS)
         if global_pool not in GLOBAL_POOLS:
             raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}; got {global_pool!r}")
         if class_token is None:
@@ -157,7 +137,7 @@ class CPVT(nn.Module):
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
         # the suite's one meaning of peg_at (-1: before block 0, i: after block i, "all": every block)
-        peg_at = resolve_peg_at(peg_at, depth) if has_peg else ()
+        peg_at = resolve_peg_at(peg_at, depth) if spec.conditional else ()
         if num_reg_tokens < 0:
             raise ValueError(f"num_reg_tokens must be >= 0; got {num_reg_tokens}")
 
@@ -184,32 +164,26 @@ class CPVT(nn.Module):
         self.reg_token = nn.Parameter(torch.zeros(1, num_reg_tokens, embed_dim)) if num_reg_tokens else None
         p = self.num_prefix_tokens
         table_prefix = 0 if no_embed_class else p  # the table's prefix entries
-        if table == "learned":
-            self.pos_enc = build_position_encoding(
-                "learned", embed_dim, grid_size=self.grid_size, num_prefix_tokens=table_prefix,
-                interpolation=pos_interpolation, antialias=pos_antialias,
-            )  # fmt: skip
-        elif table in ("sincos", "sine"):
-            self.pos_enc = build_position_encoding(
-                table, embed_dim, num_prefix_tokens=table_prefix, apply_to="tokens"
-            )
-        else:
-            self.pos_enc = None  # PEGs live in pos_blocks; "none" has nothing
+        grid = EncodingContext(
+            embed_dim, self.grid_size, interpolation=pos_interpolation, antialias=pos_antialias
+        )
+        # conditional encodings live in pos_blocks; "none" has nothing
+        self.pos_enc = spec.table.build(replace(grid, num_prefix_tokens=table_prefix)) if spec.table else None
         # ModuleDict keyed by block index: state-dict keys read pos_blocks.<i>.proj.weight
         # (pos_blocks.-1.* for the PEG before block 0).  PEG2d checks the options.
-        self.pos_blocks = nn.ModuleDict(
-            {str(i): PEG2d(embed_dim, num_prefix_tokens=p, **self.peg_options) for i in peg_at}
-        )
+        peg = replace(grid, num_prefix_tokens=p, options=self.peg_options)
+        self.pos_blocks = nn.ModuleDict({str(i): spec.conditional.build(peg) for i in peg_at})
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
-        if rotary is not None:
+        self.rope = None
+        if spec.rotary is not None:
             rope_kw = dict(rope_options or {})
             if rope_indexing is not None:
                 rope_kw["indexing"] = rope_indexing
-            self.rope = build_rope(rotary, embed_dim // num_heads, num_heads=num_heads, depth=depth,
-                                   temperature=rope_temperature, **rope_kw)  # fmt: skip
-        else:
-            self.rope = None
+            rope_kw["temperature"] = rope_temperature
+            head = EncodingContext(embed_dim // num_heads, self.grid_size, num_heads=num_heads, depth=depth,
+                                   options=rope_kw)  # fmt: skip
+            self.rope = spec.rotary.build(head)
         half = self.rope is not None and self.rope.half
         dpr = [drop_path_rate * i / max(1, depth - 1) for i in range(depth)]  # plain floats: meta-device safe
         block = {"qkv_bias": qkv_bias, "norm_eps": norm_eps, "init_values": init_values, "rope_half": half}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 
-from peg_core import build_position_encoding
 from peg_core.peg import resolve_peg_at
-from peg_core.rope import build_rope
+from peg_core.registry import EncodingContext, EncodingSupport, parse_pos_enc
 
 from .backbone import build_backbone
 from .criterion import SetCriterion, build_weight_dict
@@ -17,20 +17,14 @@ from .matcher import HungarianMatcher
 from .postprocess import PostProcess
 from .transformer import Transformer
 
-__all__ = ["POS_ENCODINGS", "build_detr"]
+__all__ = ["DETR_ENCODINGS", "build_detr"]
 
-ROTARY = ("rope-axial", "rope-mixed", "rope-dinov3")
-POS_ENCODINGS = ("peg", "sine", "learned", "sincos", "none", *ROTARY, "peg+rope-axial", "peg+rope-mixed")
-
-
-def _split_pos_enc(pos_enc: str) -> tuple[str, str | None]:
-    """``"peg+rope-mixed"`` -> ``("peg", "rope-mixed")``; ``"rope-axial"`` -> ``("none", "rope-axial")``."""
-    if pos_enc not in POS_ENCODINGS:
-        raise ValueError(f"unknown pos_enc {pos_enc!r}; choose from {POS_ENCODINGS}")
-    base, _, rotary = pos_enc.rpartition("+") if "+" in pos_enc else ("", "", pos_enc)
-    if rotary not in ROTARY:
-        return pos_enc, None
-    return base or "none", rotary
+#: What the DETR encoder builds from a ``pos_enc`` (:mod:`peg_core.registry`): a table on every
+#: layer's queries and keys, PEGs (or another conditional encoding) after the layers of ``peg_at``,
+#: or a rotary encoding; one of them, or a conditional and a rotary one together.
+DETR_ENCODINGS = EncodingSupport(
+    "the DETR encoder", 2, combos=(("conditional", "rotary"),), examples=("peg+rope-mixed",)
+)
 
 
 def _peg_at_value(peg_at: Sequence[int] | int | str) -> list[int] | str:
@@ -119,38 +113,38 @@ def build_detr(
         bbox_loss_coef, giou_loss_coef, eos_coef: loss weights and no-object weight.
     """
     config = {k: v for k, v in locals().items() if k != "backbone_weights"}
-    base, rotary = _split_pos_enc(pos_enc)
+    spec = parse_pos_enc(pos_enc, DETR_ENCODINGS)
     if num_classes < 1 or num_queries < 1:
         raise ValueError(f"num_classes={num_classes} and num_queries={num_queries} must be >= 1")
     joiner = build_backbone(backbone, train_backbone, dilation, backbone_weights)
 
+    # the encoder's training grid, that of an 800x1333 image unless given (what a learned table is built for)
+    grid = (
+        (math.ceil(800 / joiner.stride), math.ceil(1333 / joiner.stride))
+        if learned_grid is None
+        else learned_grid
+    )
+    ctx = EncodingContext(hidden_dim, tuple(grid), apply_to="qk", interpolation=pos_interpolation)
     pos = None
     pegs = None
     peg_at = _peg_at_value(peg_at)
-    if base == "peg":
+    if spec.conditional is not None:
         peg_options = dict(kernel_size=peg_kernel_size, separable=peg_separable, padding_mode=peg_padding,
                            dynamic=peg_dynamic, num_kernels=peg_num_kernels)  # fmt: skip
         pegs = {
-            i: build_position_encoding("peg", hidden_dim, **peg_options)
+            i: spec.conditional.build(replace(ctx, options=peg_options))
             for i in resolve_peg_at(peg_at, enc_layers)
         }
-    elif base == "learned":
-        if learned_grid is None:
-            learned_grid = (math.ceil(800 / joiner.stride), math.ceil(1333 / joiner.stride))
-        pos = build_position_encoding(
-            "learned",
-            hidden_dim,
-            grid_size=tuple(learned_grid),
-            apply_to="qk",
-            interpolation=pos_interpolation,
-        )
-    elif base in ("sine", "sincos"):
-        pos = build_position_encoding(base, hidden_dim, apply_to="qk")
+    elif spec.table is not None:
+        learned_grid = grid  # recorded in the config: the table's grid
+        pos = spec.table.build(ctx)
     rope = None
-    if rotary is not None:
+    if spec.rotary is not None:
         if hidden_dim % num_heads:
             raise ValueError(f"hidden_dim={hidden_dim} must be divisible by num_heads={num_heads}")
-        rope = build_rope(rotary, hidden_dim // num_heads, num_heads=num_heads, depth=enc_layers)
+        rope = spec.rotary.build(
+            replace(ctx, dim=hidden_dim // num_heads, num_heads=num_heads, depth=enc_layers)
+        )
 
     transformer = Transformer(
         d_model=hidden_dim,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -10,32 +11,44 @@ import torch
 from peg_core.__main__ import main as classify_main
 from peg_core.classify.cli import build_train_parser
 from peg_core.models import CPVT
-from peg_core.models.cpvt import POS_ENCODINGS, parse_pos_enc
+from peg_core.models.cpvt import CPVT_ENCODINGS
+from peg_core.registry import parse_pos_enc
 from tests.core.classify_runs import keep_threads, no_peg, tiny  # noqa: F401 (autouse: restores torch's threads)
 
 SMALL = {"embed_dim": 64, "depth": 2, "num_heads": 4, "num_classes": 5, "img_size": 32, "patch_size": 8}
-ROPE_VALUES = [p for p in POS_ENCODINGS if "rope" in p]
+ROPE_VALUES = [
+    *(r for r in ("rope-axial", "rope-mixed", "rope-dinov3")),
+    *(f"{a}+{r}" for a in ("peg", "learned") for r in ("rope-axial", "rope-mixed", "rope-dinov3")),
+]
 
 
 def test_pos_encodings_list_the_rotary_variants():
-    for v in (
-        "rope-axial",
-        "rope-mixed",
-        "rope-dinov3",
-        "peg+rope-mixed",
-        "learned+rope-mixed",
-        "learned+rope-axial",
+    assert {"rope-axial", "rope-mixed", "rope-dinov3"} <= set(CPVT_ENCODINGS.names())
+    for v in ROPE_VALUES:
+        CPVT_ENCODINGS.check(parse_pos_enc(v))
+    spec = parse_pos_enc("peg+learned+rope-mixed", CPVT_ENCODINGS)
+    assert (spec.table.name, spec.conditional.name, spec.rotary.name) == ("learned", "peg", "rope-mixed")
+    for bad in (
+        "rope-foo",
+        "learned+sincos",
+        "rope-axial+rope-mixed",
+        "none+peg",
+        "peg+peg",
+        "peg3d",
+        "rope-3d",
     ):
-        assert v in POS_ENCODINGS
-    assert parse_pos_enc("peg+learned+rope-mixed") == ("learned", True, "rope-mixed")
-    for bad in ("rope-foo", "learned+sincos", "rope-axial+rope-mixed", "none+peg", "peg+peg"):
-        with pytest.raises(ValueError, match="pos_enc"):
+        with pytest.raises(ValueError, match=re.escape(bad)):
             CPVT(**SMALL, pos_enc=bad)
 
 
 def test_cli_offers_the_rotary_variants():
-    action = next(a for a in build_train_parser()._actions if a.dest == "pos_enc")
-    assert set(ROPE_VALUES) <= set(action.choices)
+    parser = build_train_parser()
+    action = next(a for a in parser._actions if a.dest == "pos_enc")
+    assert all(v in action.help for v in ("rope-axial", "rope-mixed", "rope-dinov3"))
+    for v in ROPE_VALUES:
+        assert action.type(v) == v
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--data-root", "x", "--pos-enc", "rope-axial+rope-mixed"])
 
 
 @pytest.mark.parametrize("pos_enc", ROPE_VALUES)

@@ -211,7 +211,7 @@ def test_builder_and_apply_to():
     none = build_position_encoding("none", 16)
     x = torch.randn(2, 6, 16)
     assert none(x, (2, 3)) is x and none.position(x, (2, 3)) is None
-    with pytest.raises(ValueError, match=r"unknown position encoding 'rope'.*'learned'.*'sine'"):
+    with pytest.raises(ValueError, match=r"unknown position encoding 'rope' \(registered: .*learned.*sine"):
         build_position_encoding("rope", 16)
     with pytest.raises(TypeError, match=r"build_position_encoding\('sine'"):
         build_position_encoding("sine", 16, kernel_size=3)

@@ -18,11 +18,12 @@ from peg_core.engine import (
     warmup_cosine,
 )
 from peg_core.peg import resolve_peg_at
+from peg_core.registry import EncodingSupport
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    add_pos_args(p, ["peg", "sine"])
+    add_pos_args(p, EncodingSupport("a test family", 2, slots=("table", "conditional"), combos=()))
     add_num_heads_arg(p, aliases=["--nheads"])
     add_make_data_counts(p, num_train=5, num_val=3, aliases=[("--n-train", "--n-val")])
     return p
@@ -37,7 +38,16 @@ def test_pos_group_parses_and_forwards_only_set_values():
     assert _parser().parse_args(["--peg-at", "all"]).peg_at == "all"
 
 
-@pytest.mark.parametrize("bad", [["--peg-kernel-size", "4"], ["--peg-at", "x"], ["--peg-padding", "reflect"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--peg-kernel-size", "4"],
+        ["--peg-at", "x"],
+        ["--peg-padding", "reflect"],
+        ["--pos-enc", "rope-axial"],
+        ["--pos-enc", "peg+sine"],
+    ],
+)
 def test_pos_group_rejects_bad_values(bad, capsys):
     with pytest.raises(SystemExit):
         _parser().parse_args(bad)

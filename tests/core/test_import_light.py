@@ -14,7 +14,9 @@ LIBRARY = [
     "peg_core",
     "peg_core.base",
     "peg_core.encodings",
+    "peg_core.errors",
     "peg_core.peg",
+    "peg_core.registry",
     "peg_core.resize",
     "peg_core.rope",
 ]

@@ -155,7 +155,7 @@ def test_missing_paths(data, tmp_path, capsys):
     ("argv", "message"),
     [
         (["train", "--data-root", "x", "--backbone", "nosuch"], "argument --backbone: invalid choice: 'nosuch'"),
-        (["train", "--data-root", "x", "--pos-enc", "nosuch"], "argument --pos-enc: invalid choice: 'nosuch'"),
+        (["train", "--data-root", "x", "--pos-enc", "nosuch"], "argument --pos-enc: unknown position encoding 'nosuch'"),
         (["train", "--data-root", "x", "--learned-grid", "0x5"], "argument --learned-grid: expected HxW with positive "
                                                                   "integers, e.g. 24x32; got '0x5'"),
         (["train", "--data-root", "x", "--batch-size", "0"], "argument --batch-size: expected a positive integer, "

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
+from peg_core.registry import parse_pos_enc
 from peg_detr import build_detr
-from peg_detr.models import POS_ENCODINGS, Transformer
+from peg_detr.models import DETR_ENCODINGS, Transformer
 from peg_detr.models.transformer import rotary_self_attention
 
 ROTARY = ["rope-axial", "rope-mixed", "rope-dinov3", "peg+rope-axial", "peg+rope-mixed"]
@@ -28,8 +29,11 @@ def small(pos_enc: str, **kw):
 
 
 def test_choices_reach_the_builder():
-    assert set(ROTARY) <= set(POS_ENCODINGS)
-    with pytest.raises(ValueError, match="unknown pos_enc 'rope-3d'"):
+    for value in ROTARY:
+        assert parse_pos_enc(value, DETR_ENCODINGS).rotary is not None
+    with pytest.raises(
+        ValueError, match="2-D token grid; encoding 'rope-3d' runs on 3-D grids: pos_enc='rope-3d'"
+    ):
         build_detr("tiny", "rope-3d", **SMALL)
     with pytest.raises(ValueError, match="divisible by 4"):  # mixed: head_dim 6
         build_detr("tiny", "rope-mixed", **{**SMALL, "hidden_dim": 24})

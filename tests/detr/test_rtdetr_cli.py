@@ -68,7 +68,6 @@ def test_recipes_parse_with_the_published_settings(capsys):
     ("flags", "message"),
     [
         (["--backbone", "resnet50"], "error: invalid model settings (unknown RT-DETR backbone 'resnet50'"),
-        (["--pos-enc", "sine"], "error: invalid model settings (unknown pos_enc 'sine' for rtdetr"),
         (["--decoder-key-pos", "none"], "error: applies to --arch detr only"),
         (
             ["--hidden-dim", "30", "--num-heads", "4"],
@@ -85,11 +84,20 @@ def test_bad_model_settings_are_one_line_errors(data, tmp_path, capsys, flags, m
 
 
 def test_bad_flag_values_are_usage_errors(capsys):
-    for flags in (["--ema-decay", "1.5"], ["--num-denoising", "-1"], ["--backbone", "r200vd"]):
+    for flags in (
+        ["--ema-decay", "1.5"],
+        ["--num-denoising", "-1"],
+        ["--backbone", "r200vd"],
+        ["--pos-enc", "sine"],
+    ):
         with pytest.raises(SystemExit) as e:
             parse_train_args(["--config", "rtdetr_demo_tiny", "--data-root", "x", *flags])
         assert e.value.code == 2
-    assert "--ema-decay" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert (
+        "--ema-decay" in err
+        and "argument --pos-enc: RT-DETR's AIFI encoder has no table encoding 'sine'" in err
+    )
 
 
 # ------------------------------------------------------------------------------ data pipeline, EMA

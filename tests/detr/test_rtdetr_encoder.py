@@ -9,18 +9,20 @@ import torch
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
-from peg_detr.models.rtdetr import (
-    ENCODER_POS_ENCODINGS,
-    HybridEncoder,
-    ResNetVd,
-    RTDetrSinCos2d,
-    backbone_kwargs_from_hf,
-    build_resnet_vd,
+from peg_core.interop import WeightsError
+from peg_detr.interop.hf_rtdetr import (
     encoder_hf_config,
     encoder_hf_keys,
     encoder_hf_to_ours,
-    encoder_kwargs_from_hf,
     encoder_ours_to_hf,
+    rtdetr_build_options,
+)
+from peg_detr.models.rtdetr import (
+    AIFI_ENCODINGS,
+    HybridEncoder,
+    ResNetVd,
+    RTDetrSinCos2d,
+    build_resnet_vd,
     rtdetr_sincos_2d,
 )
 
@@ -53,11 +55,11 @@ def _randomise_norms(model: nn.Module, seed: int = 0) -> None:
 
 
 def _ours_from_hf(hf) -> nn.Module:
-    """Backbone + encoder built from ``hf``'s config.json fields, under the detector's attribute names,
-    loaded from ``hf``'s state dict (strict)."""
-    config = hf.config.to_dict()
-    backbone = ResNetVd(**backbone_kwargs_from_hf(config))
-    encoder = HybridEncoder(**encoder_kwargs_from_hf(config))
+    """Backbone + encoder built from ``hf``'s config.json fields (the one mapping, :func:`rtdetr_build_options`),
+    under the detector's attribute names, loaded from ``hf``'s state dict (strict)."""
+    options = rtdetr_build_options(hf.config.to_dict())
+    backbone = ResNetVd(**options["backbone"])
+    encoder = HybridEncoder(pos_enc="sincos", **options["encoder"])
     model = nn.ModuleDict({"backbone": backbone, "encoder": encoder})
     state = hf.state_dict()
     mapped = {ours: state[key] for key, ours in encoder_hf_keys(state).items()}
@@ -119,14 +121,12 @@ def test_small_config_is_read_and_written_back(small_pair):
     hf, ours = small_pair
     preset = ResNetVd(18, depths=(1, 1, 1, 1), widths=(32, 64, 128, 256), stem_width=32)
     _assert_same_architecture(ours, preset, HybridEncoder([64, 128, 256], 64), hf.config.to_dict())
-    with pytest.raises(ValueError, match="HF's RT-DETR encoder is sincos"):
+    with pytest.raises(ValueError, match="pos_enc 'peg' cannot be exported"):
         encoder_hf_config(ours["backbone"], HybridEncoder([64, 128, 256], 64, pos_enc="peg"))
-    with pytest.raises(ValueError, match="only 'rt_detr_resnet'"):
-        backbone_kwargs_from_hf({"backbone_config": {"model_type": "resnet"}})
-    kwargs = encoder_kwargs_from_hf(hf.config.to_dict(), pos_enc="peg")
-    assert (
-        kwargs["pos_enc"] == "peg" and kwargs["in_channels"] == [64, 128, 256] and kwargs["hidden_dim"] == 64
-    )
+    with pytest.raises(WeightsError, match="rt_detr_resnet"):
+        rtdetr_build_options({"backbone_config": {"model_type": "resnet"}})
+    kwargs = rtdetr_build_options(hf.config.to_dict(), pos_enc="peg")["encoder"]
+    assert kwargs["in_channels"] == [64, 128, 256] and kwargs["hidden_dim"] == 64
 
 
 @pytest.mark.parametrize("size", [(320, 320), (256, 384)])
@@ -277,7 +277,7 @@ def test_sincos_differs_from_none():
         assert (_run(none, x)[2] - _run(sincos, x)[2]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("pos_enc", ENCODER_POS_ENCODINGS)
+@pytest.mark.parametrize("pos_enc", [*AIFI_ENCODINGS.names(), "peg+rope-axial", "peg+rope-mixed"])
 def test_every_pos_enc_runs_at_other_sizes_and_trains(pos_enc):
     torch.manual_seed(0)
     model = nn.ModuleDict(
@@ -318,7 +318,7 @@ def test_position_module_keys():
     enc = HybridEncoder([8, 8, 8], 32, num_heads=4, pos_enc="peg", peg_at=(0,), peg_separable=True)
     assert {k for k in enc.state_dict() if ".pegs." in k} == {
         "aifi.0.pegs.0.proj_w.weight", "aifi.0.pegs.0.proj.weight", "aifi.0.pegs.0.proj.bias"}  # fmt: skip
-    with pytest.raises(ValueError, match="unknown RT-DETR encoder pos_enc"):
+    with pytest.raises(ValueError, match="RT-DETR's AIFI encoder has no table encoding 'sine'"):
         HybridEncoder([8, 8, 8], 32, pos_enc="sine")
 
 

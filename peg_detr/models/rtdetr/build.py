@@ -13,18 +13,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from peg_core.interop.io import load_state_strict, read_state_file
+from peg_core.registry import parse_pos_enc
 
 from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
 from .criterion import RTDETRCriterion, build_rtdetr_weight_dict
 from .decoder import RTDETRDecoder
-from .encoder import ENCODER_POS_ENCODINGS, HybridEncoder
+from .encoder import AIFI_ENCODINGS, HybridEncoder
 from .model import RTDETR
 from .postprocess import RTDETRPostProcess
 
-__all__ = ["RTDETR_BACKBONES", "RTDETR_POS_ENCODINGS", "build_rtdetr", "rtdetr_training_parts"]
+__all__ = ["RTDETR_BACKBONES", "build_rtdetr", "rtdetr_training_parts"]
 
 #: AIFI's position encodings (:class:`~peg_detr.models.rtdetr.encoder.HybridEncoder`)
-RTDETR_POS_ENCODINGS = ENCODER_POS_ENCODINGS
 
 #: RT-DETR freezes the BatchNorms of its bottleneck backbones only (``freeze_norm`` in its configs)
 _FROZEN_BN_BY_DEFAULT = ("r50vd", "r101vd")
@@ -82,7 +82,7 @@ def build_rtdetr(
 
     Args:
         backbone: ``r18vd`` / ``r34vd`` / ``r50vd`` / ``r101vd`` or ``tiny`` (see :data:`RTDETR_BACKBONES`).
-        pos_enc: AIFI's position encoding (:data:`RTDETR_POS_ENCODINGS`): ``sincos`` (RT-DETR's
+        pos_enc: AIFI's position encoding (what :data:`~.encoder.AIFI_ENCODINGS` accepts): ``sincos`` (RT-DETR's
             formula, computed for the actual size), ``peg`` (a zero-initialised PEG: equals ``none``
             until trained), ``none``, ``learned`` or a rotary one.
         num_classes: sigmoid classes (COCO with RT-DETR's remapped labels: 80; with category ids: 91).
@@ -103,8 +103,7 @@ def build_rtdetr(
         vfl_loss_coef, bbox_loss_coef, giou_loss_coef: loss weights (RT-DETR: 1, 5, 2).
     """
     config = {k: v for k, v in locals().items() if k != "backbone_weights"}
-    if pos_enc not in RTDETR_POS_ENCODINGS:
-        raise ValueError(f"unknown pos_enc {pos_enc!r} for rtdetr; choose from {RTDETR_POS_ENCODINGS}")
+    parse_pos_enc(pos_enc, AIFI_ENCODINGS)  # refused before the backbone is built
     if num_classes < 1 or num_queries < 1 or num_denoising < 0:
         raise ValueError(
             f"num_classes={num_classes} and num_queries={num_queries} must be >= 1, num_denoising >= 0"
@@ -139,7 +138,7 @@ def rtdetr_training_parts(
     """The criterion and post-processor that fit a built :class:`RTDETR` (classes, layers, queries).
 
     Shared by :func:`build_rtdetr` and models built from a Hugging Face ``config.json``
-    (:func:`peg_detr.hf_rtdetr.rtdetr_from_hf_config`).
+    (:func:`peg_detr.interop.hf_rtdetr.rtdetr_from_hf_config`).
     """
     dec_layers = len(model.decoder.layers)
     weights = build_rtdetr_weight_dict(

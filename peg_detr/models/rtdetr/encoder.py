@@ -10,7 +10,7 @@ Data flow for the three backbone maps ``C3, C4, C5`` (strides 8/16/32)::
 ``fpn_blocks`` / ``pan_blocks`` are CSP layers of RepVGG blocks (3×3 + 1×1 branches summed).
 Module names follow transformers' ``RTDetrHybridEncoder``, so this module's state dict is HF's
 ``model.encoder.*`` plus ``input_proj.*`` = HF's ``model.encoder_input_proj.*``
-(:mod:`peg_detr.models.rtdetr.hf_keys`).
+(:mod:`peg_detr.interop.hf_rtdetr`).
 
 Where position information enters (``pos_enc``), all inside AIFI, on the stride-32 tokens:
 
@@ -38,18 +38,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg_core import LearnedPositionEncoding2d, PEG2d, PositionEncoding, check_tokens, sincos_2d
+from peg_core import PositionEncoding, check_tokens, sincos_2d
 from peg_core.peg import resolve_peg_at
-from peg_core.rope import RotaryEmbedding, apply_rope, build_rope
+from peg_core.registry import EncodingContext, EncodingSupport, parse_pos_enc
+from peg_core.rope import RotaryEmbedding, apply_rope
 
 __all__ = [
     "AIFI",
-    "ENCODER_POS_ENCODINGS",
+    "AIFI_ENCODINGS",
     "AIFILayer",
     "CSPRepLayer",
     "ConvNormLayer",
@@ -57,12 +59,16 @@ __all__ = [
     "RTDetrSinCos2d",
     "RepVggBlock",
     "rtdetr_sincos_2d",
-    "split_pos_enc",
 ]
 
-ROTARY = ("rope-axial", "rope-mixed", "rope-dinov3")
-#: ``pos_enc`` values of :class:`HybridEncoder` (base encoding, rotary, or ``peg+`` a rotary one).
-ENCODER_POS_ENCODINGS = ("sincos", "peg", "none", "learned", *ROTARY, "peg+rope-axial", "peg+rope-mixed")
+#: What AIFI builds from a ``pos_enc`` (:mod:`peg_core.registry`): a table on every layer's queries
+#: and keys (``sincos`` is RT-DETR's own layout of it, :class:`RTDetrSinCos2d`), PEGs (or another
+#: conditional encoding) after the layers of ``peg_at``, or a rotary encoding; one of them, or a
+#: conditional and a rotary one together.  DETR's mask-aware ``sine`` has no place: RT-DETR has no mask.
+AIFI_ENCODINGS = EncodingSupport(
+    "RT-DETR's AIFI encoder", 2, combos=(("conditional", "rotary"),), exclude=("sine",),
+    examples=("peg+rope-mixed",),
+)  # fmt: skip
 
 _ACTS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
 
@@ -73,16 +79,6 @@ def _act(name: str | None) -> nn.Module:
     if name not in _ACTS:
         raise ValueError(f"activation must be one of {sorted(_ACTS)} or None; got {name!r}")
     return _ACTS[name]()
-
-
-def split_pos_enc(pos_enc: str) -> tuple[str, str | None]:
-    """``"peg+rope-mixed"`` -> ``("peg", "rope-mixed")``; ``"rope-axial"`` -> ``("none", "rope-axial")``."""
-    if pos_enc not in ENCODER_POS_ENCODINGS:
-        raise ValueError(f"unknown RT-DETR encoder pos_enc {pos_enc!r}; choose from {ENCODER_POS_ENCODINGS}")
-    base, _, rotary = pos_enc.rpartition("+")
-    if rotary in ROTARY:
-        return base or "none", rotary
-    return pos_enc, None
 
 
 class RTDetrSinCos2d(PositionEncoding):
@@ -309,23 +305,28 @@ class AIFI(nn.Module):
         pos_interpolation: str = "bicubic",
     ) -> None:
         super().__init__()
-        base, rotary = split_pos_enc(pos_enc)
+        spec = parse_pos_enc(pos_enc, AIFI_ENCODINGS)
+        ctx = EncodingContext(dim, tuple(learned_grid), apply_to="qk", interpolation=pos_interpolation)
         self.rope: RotaryEmbedding | None = None
-        if rotary is not None:
-            self.rope = build_rope(rotary, dim // num_heads, num_heads=num_heads, depth=num_layers)
+        if spec.rotary is not None:
+            self.rope = spec.rotary.build(
+                replace(ctx, dim=dim // num_heads, num_heads=num_heads, depth=num_layers)
+            )
         half = self.rope is not None and self.rope.half
         options = {**(layer_options or {}), "rope_half": half}
         self.layers = nn.ModuleList(AIFILayer(dim, num_heads, **options) for _ in range(num_layers))
         self.pos: PositionEncoding | None = None
-        if base == "sincos":
-            self.pos = RTDetrSinCos2d(dim, temperature)
-        elif base == "learned":
-            self.pos = LearnedPositionEncoding2d(dim, tuple(learned_grid), interpolation=pos_interpolation,
-                                                 apply_to="qk")  # fmt: skip
+        if spec.table is not None and spec.table.name == "sincos":
+            self.pos = RTDetrSinCos2d(
+                dim, temperature
+            )  # RT-DETR's layout of the table (HF parity), not MAE's
+        elif spec.table is not None:
+            self.pos = spec.table.build(ctx)
         pegs = {}
-        if base == "peg":
+        if spec.conditional is not None:
             options = {"kernel_size": 3, **(peg_options or {}), "zero_init": True}
-            pegs = {str(i): PEG2d(dim, **options) for i in resolve_peg_at(peg_at, num_layers)}
+            peg = replace(ctx, options=options)
+            pegs = {str(i): spec.conditional.build(peg) for i in resolve_peg_at(peg_at, num_layers)}
         # An empty ModuleDict has no keys, so the non-PEG encoders keep HF's exact state dict.
         self.pegs = nn.ModuleDict(pegs)
 
@@ -368,7 +369,7 @@ class HybridEncoder(nn.Module):
         depth_mult: RepVGG blocks per CSP layer ``round(3 * depth_mult)``.
         num_layers: AIFI layers (HF ``encoder_layers``, 1).
         use_encoder_idx: which levels get an AIFI (HF ``encode_proj_layers``, ``(2,)``: stride 32).
-        pos_enc: one of :data:`ENCODER_POS_ENCODINGS` (module docstring).
+        pos_enc: what :data:`AIFI_ENCODINGS` accepts (module docstring).
         temperature: sin-cos temperature (``sincos``).
         normalize_before: pre-norm AIFI layers (RT-DETR: False).
         layer_norm_eps, batch_norm_eps: norms' eps (HF ``layer_norm_eps``, ``batch_norm_eps``).
