@@ -2,7 +2,7 @@
 
 Public API for embedding the detector::
 
-    from peg_detr import build_detr, load_official_checkpoint
+    from peg_detr import build_detr, from_hf, load_official_checkpoint
 
     model, criterion, postprocessor = build_detr("resnet50", pos_enc="peg", num_classes=91)
     outputs = model([image_a, image_b])          # (3, H, W) tensors of any sizes
@@ -14,16 +14,8 @@ Public API for embedding the detector::
 Depends on peg_core, torch, torchvision and scipy.
 """
 
-from .hf_rtdetr import from_hf
-from .models import (
-    DETR,
-    HungarianMatcher,
-    LoadReport,
-    PostProcess,
-    SetCriterion,
-    build_detr,
-    load_official_checkpoint,
-)
+from .interop import LoadReport, from_hf, load_official_checkpoint
+from .models import DETR, HungarianMatcher, PostProcess, SetCriterion, build_detr
 from .structures import ImageBatch, pad_images
 
 __version__ = "0.1.0"

@@ -24,25 +24,44 @@ RT-DETR is fused for deployment first (:func:`peg_detr.models.rtdetr.fuse_for_de
 conv + batch norm folded, every RepVGG block one 3×3 conv); the report's ``fused`` counts the
 fused convolutions, and ``--check`` compares onnxruntime with the *unfused* PyTorch model.
 ``--no-fuse`` exports the training form; ``--fuse`` on a DETR checkpoint is an error.
+
+``python -m peg_detr export-hf CKPT DIR`` (:func:`main_hf`) writes the checkpoint's model as a
+Hugging Face folder instead: a DETR with ``--pos-enc sine`` through
+:func:`peg_detr.interop.export_hf_detr`, an RT-DETR with ``sincos`` (its EMA weights) through
+:func:`peg_detr.interop.export_hf_rtdetr`.  This module reads the checkpoint; the library
+functions take the model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from peg_core.engine import UserError, image_side, new_parser
-from peg_core.export.onnx import add_export_args, check_output_path, compare_onnxruntime, export_onnx
+from peg_core.engine import UserError, add_overwrite_arg, check_output_folder, image_side, new_parser
+from peg_core.errors import require
+from peg_core.export.cli import add_export_args, check_output_path
+from peg_core.export.onnx import compare_onnxruntime, export_onnx
+from peg_core.interop.io import WeightsError
 
+from .interop import export_hf_detr, export_hf_rtdetr
 from .labels import LabelMap
 from .model import load_model
-from .models.rtdetr import fuse_for_deploy, fusion_stats
+from .models.rtdetr import RTDETR, fuse_for_deploy, fusion_stats
 
-__all__ = ["DetrForExport", "build_parser", "deploy_form", "main"]
+__all__ = [
+    "HF_EXPORT_FILES",
+    "DetrForExport",
+    "build_hf_parser",
+    "build_parser",
+    "deploy_form",
+    "main",
+    "main_hf",
+]
 
 
 def side_arg(text: str) -> int:
@@ -134,3 +153,54 @@ def main(argv: list[str]) -> int:
         result["max_abs_diff"] = compare_onnxruntime(args.out, {"images": example}, expected)
     print(json.dumps(result))
     return 0
+
+
+#: what ``export-hf`` writes (and what a Hugging Face folder holds: refused there without --overwrite)
+HF_EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+
+
+def build_hf_parser() -> argparse.ArgumentParser:
+    """Arguments of ``export-hf``: the checkpoint and the folder to write."""
+    p = new_parser(
+        "python -m peg_detr export-hf",
+        "write a peg_detr checkpoint as a Hugging Face folder (config.json + model.safetensors): DETR with "
+        "--pos-enc sine, or RT-DETR with --pos-enc sincos",
+    )
+    p.add_argument(
+        "checkpoint",
+        type=Path,
+        help="training checkpoint of `python -m peg_detr train` (DETR: sine; RT-DETR: sincos)",
+    )
+    p.add_argument("out", type=Path, help="output folder (loads with DetrForObjectDetection / "
+                   "RTDetrForObjectDetection.from_pretrained; a Hugging Face model there is refused)")  # fmt: skip
+    add_overwrite_arg(p)
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    return p
+
+
+def main_hf(argv: list[str] | None = None) -> Path:
+    """``python -m peg_detr export-hf CKPT DIR``: the checkpoint's model (as ``eval`` loads it) as a folder."""
+    a = build_hf_parser().parse_args(argv)
+    # an existing Hugging Face folder (its config.json and weights) is the user's: refused, before any work
+    check_output_folder(a.out, HF_EXPORT_FILES, command="export-hf", inputs=[a.checkpoint],
+                        overwrite=a.overwrite, create=False)  # fmt: skip
+    require("safetensors.torch", "hf", "peg-detr", what="export-hf")  # said first; nothing written
+    loaded = load_model(a.checkpoint)  # RT-DETR: the EMA weights, as eval reads them
+    model = loaded.model.cpu()
+    kind = "RT-DETR" if isinstance(model, RTDETR) else "DETR"
+    try:
+        if isinstance(model, RTDETR):
+            names = {i: name for i, name in enumerate(loaded.classes) if name}
+            out = export_hf_rtdetr(model, a.out, names)
+        else:
+            out = export_hf_detr(model, a.out, loaded.classes)  # the run's --labels names
+    except WeightsError as e:
+        raise UserError(e.what, e.where) from None
+    except ValueError as e:  # a model Hugging Face cannot hold: refused before anything is written
+        raise UserError(
+            f"cannot export to Hugging Face {kind}: {' '.join(str(e).split())}", a.checkpoint
+        ) from None
+    except OSError as e:
+        raise UserError(f"output folder is not writable ({e.strerror or e})", a.out) from None
+    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}")
+    return out

@@ -25,6 +25,7 @@ from torch import nn
 from peg_core.engine import LoadedModel, UserError, checkpoint_and_where, load_model_state, read_state_file
 from peg_core.engine.cli import peg_kwargs
 
+from .interop.hf_rtdetr import rtdetr_from_hf_config
 from .labels import LabelMap
 from .models import build_detr
 from .models.rtdetr.build import build_rtdetr, rtdetr_training_parts
@@ -98,8 +99,6 @@ def build_model(
 
 def _rtdetr_from_hf_config(kw: dict[str, Any]) -> tuple[nn.Module, nn.Module, nn.Module]:
     """An RT-DETR whose ``model_config`` is ``{"hf_config": config.json, "pos_enc", **encoder options}``."""
-    from .hf_rtdetr import rtdetr_from_hf_config
-
     kw.pop("num_classes", None)  # recorded for eval / predict; the config's id2label sets it
     model = rtdetr_from_hf_config(kw.pop("hf_config"), kw.pop("pos_enc", "sincos"), **kw)
     model.build_config = {**model.build_config, "num_classes": model.num_classes}

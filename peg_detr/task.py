@@ -60,8 +60,8 @@ from .data import (
     scaled_max_size,
 )
 from .evaluation import evaluate_coco
+from .interop import from_hf, hf_label_names, hf_num_labels, load_official_checkpoint
 from .model import build_model, load_model, model_config_from_args
-from .models import load_official_checkpoint
 from .models.rtdetr import RTDETR
 from .models.rtdetr.build import rtdetr_training_parts
 from .structures import targets_to, to_float
@@ -225,8 +225,6 @@ def _folder_labels(
     init = getattr(args, "init", None)
     if ckpt is not None or init is None or not (Path(init) / "config.json").is_file():
         return None
-    from .hf_rtdetr import hf_label_names, hf_num_labels
-
     try:
         config = read_hf_config(init)
         where = Path(init) / "config.json"
@@ -509,8 +507,6 @@ def _rtdetr_from_hf(
     The folder fixes the architecture (backbone, widths, classes); ``--pos-enc`` still applies
     (``peg`` adds a zero-initialised PEG, so training starts from what the folder computes).
     """
-    from .hf_rtdetr import from_hf
-
     if not (Path(args.init) / "config.json").is_file():
         raise UserError(
             "--arch rtdetr --init takes a Hugging Face RT-DETR folder (config.json + weights)", args.init

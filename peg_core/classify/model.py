@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,17 +19,16 @@ from torch import Tensor
 
 from .. import models
 from ..engine import (
-    PEG_OPTIONS,
     LoadedModel,
     UserError,
     checkpoint_and_where,
     load_model_state,
     peg_kwargs,
     refuse_without_effect,
+    unused_pos_flags,
 )
 from ..interop.from_timm import from_timm_file
-from ..interop.io import WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
-from ..models.cpvt import parse_pos_enc
+from ..interop.io import LoadReport, WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 from ..resize import resize_pos_embed
 
 __all__ = [
@@ -38,7 +37,6 @@ __all__ = [
     "OLD_ARG_NAMES",
     "SCALES",
     "InitFile",
-    "InitReport",
     "apply_init_state",
     "build_checked",
     "build_model",
@@ -47,7 +45,6 @@ __all__ = [
     "load_model",
     "model_config_from_args",
     "read_init",
-    "read_weights",
     "refuse_unused_pos_flags",
     "scaled_sizes",
     "stored_args",
@@ -127,17 +124,7 @@ def refuse_unused_pos_flags(args: argparse.Namespace, config: Mapping[str, Any],
     from (``--pos-enc sine``, or the ``--init`` file's model); the flags the command line gave are
     ``args.cli_flags`` (:func:`peg_core.classify.cli.parse_train_args`).
     """
-    try:
-        table, has_peg, _ = parse_pos_enc(str(config.get("pos_enc")))
-    except ValueError:
-        return  # not an encoding: building the model says so, naming it
-    reasons: dict[str, str] = {}
-    if not has_peg:
-        reasons |= dict.fromkeys(PEG_OPTIONS, f"has no effect without a PEG ({source})")
-    elif not config.get("peg_dynamic"):
-        reasons["peg_num_kernels"] = "sizes the kernel bank of --peg-dynamic, which is off"
-    if table != "learned":
-        reasons["pos_interpolation"] = f"has no effect without a learned table ({source})"
+    reasons = unused_pos_flags(str(config.get("pos_enc")), config.get("peg_dynamic"), source)
     refuse_without_effect(args, getattr(args, "cli_flags", ()), reasons)
 
 
@@ -201,30 +188,6 @@ def load_model(
 # ------------------------------------------------------------------------------- starting weights
 
 
-@dataclass
-class InitReport:
-    """What :func:`apply_init_state` did: loaded / missing / unexpected keys, resized and left-out ones."""
-
-    loaded: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)  # the model's keys the file lacks: kept as built
-    unexpected: list[str] = field(default_factory=list)  # the file's keys the model lacks: ignored
-    resized: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
-    head_left_out: bool = False  # the file's head has another number of classes
-    zeroed: list[str] = field(default_factory=list)  # PEG weights the file lacks, set to zero
-
-    def line(self) -> str:
-        """One line for the log, e.g. ``loaded 52 tensors, 0 missing, 0 unexpected``."""
-        text = f"loaded {len(self.loaded)} tensors, {len(self.missing)} missing"
-        text += f" (kept as initialised, e.g. {self.missing[0]})" if self.missing else ""
-        text += f", {len(self.unexpected)} unexpected"
-        text += f" (ignored, e.g. {self.unexpected[0]})" if self.unexpected else ""
-        for key, (old, new) in self.resized.items():
-            text += f"; resized {key} {old} -> {new}"
-        if self.zeroed:
-            text += f"; {len(self.zeroed)} PEG tensors the file lacks start at zero"
-        return text + ("; head left out (other number of classes)" if self.head_left_out else "")
-
-
 def _shape(t: Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
@@ -241,7 +204,7 @@ def _fit_table(model: models.CPVT, table: Tensor, mine: Tensor) -> Tensor:
         raise ValueError(f"{TABLE_KEY} {_shape(table)} cannot be resized to {_shape(mine)} ({e})") from None
 
 
-def apply_init_state(model: models.CPVT, state: Mapping[str, Any], zero_new_pegs: bool = False) -> InitReport:
+def apply_init_state(model: models.CPVT, state: Mapping[str, Any], zero_new_pegs: bool = False) -> LoadReport:
     """Copy the tensors of ``state`` whose keys the model has into ``model`` (not strict).
 
     A learned table of another grid is resized (:func:`peg_core.resize_pos_embed`, the model's
@@ -250,14 +213,15 @@ def apply_init_state(model: models.CPVT, state: Mapping[str, Any], zero_new_pegs
     shape mismatch, for a non-tensor value under one of the model's keys, and for tensors the
     model has no key for other than extra heads (they would be dropped silently: another
     architecture).  ``zero_new_pegs``: PEG weights (``pos_blocks.*``) the file lacks are set to
-    zero instead of kept as initialised (listed in ``report.zeroed``).
+    zero instead of kept as initialised (``report.converted``).  Returns the :class:`LoadReport`.
     """
     mine = model.state_dict()
-    report = InitReport(unexpected=sorted(set(state) - set(mine)))
+    unexpected = sorted(set(state) - set(mine))
+    report = LoadReport(skipped=dict.fromkeys(unexpected, "the model has no such key (another head)"))
     # Weights the model has no place for mean another architecture (layer scale, registers, depth):
     # dropping them would train a different network without a word.  Extra heads (a distilled
     # DeiT's head_dist) are left out like a head of another class count.
-    homeless = [k for k in report.unexpected if not k.startswith("head")]
+    homeless = [k for k in unexpected if not k.startswith("head")]
     if homeless:
         names = ", ".join(homeless[:3]) + (", ..." if len(homeless) > 3 else "")
         raise ValueError(
@@ -266,26 +230,29 @@ def apply_init_state(model: models.CPVT, state: Mapping[str, Any], zero_new_pegs
         )
     take: dict[str, Tensor] = {}
     heads = [k for k in mine if k.startswith("head.") and k in state]
-    if any(_shape(state[k]) != _shape(mine[k]) for k in heads if isinstance(state[k], Tensor)):
-        report.head_left_out = True
+    head_left_out = any(_shape(state[k]) != _shape(mine[k]) for k in heads if isinstance(state[k], Tensor))
     for key, ref in mine.items():
         value = state.get(key)
         if value is None and zero_new_pegs and key.startswith("pos_blocks."):
             value = torch.zeros_like(ref)  # an added PEG is the identity until it trains
-            report.zeroed.append(key)
-        if value is None or (report.head_left_out and key in heads):
+            report.converted[key] = "zero-initialised (a PEG the file lacks)"
+        if head_left_out and key in heads:
+            report.skipped[key] = (
+                f"shape {_shape(state[key])}, the model's is {_shape(ref)} (another number of classes)"
+            )
+        if value is None or (head_left_out and key in heads):
             report.missing.append(key)
             continue
         if not isinstance(value, Tensor):
             raise ValueError(f"{key} is a {type(value).__name__} in the file, not a tensor")
         if key == TABLE_KEY and _shape(value) != _shape(ref):
-            report.resized[key] = (_shape(value), _shape(ref))
+            report.converted[key] = f"resized {_shape(value)} -> {_shape(ref)}"
             value = _fit_table(model, value, ref)
         if _shape(value) != _shape(ref):
             raise ValueError(f"{key} is {_shape(value)} in the file, {_shape(ref)} in the model")
         take[key] = value
     model.load_state_dict(take, strict=False)
-    report.loaded = sorted(take)
+    report.copied = sorted(k for k in take if k not in report.converted)
     return report
 
 
@@ -325,11 +292,6 @@ def read_init(path: str | os.PathLike, timm_model: str | None = None) -> InitFil
         raise UserError(str(e)) from None
 
 
-def read_weights(path: str | os.PathLike) -> dict[str, Any]:
-    """The state dict of :func:`read_init` (a classify checkpoint, a ``.pth`` state dict, ``.safetensors``)."""
-    return read_init(path).state
-
-
 def init_model_config(
     flags: Mapping[str, Any], file_config: Mapping[str, Any], explicit: Collection[str]
 ) -> dict[str, Any]:
@@ -356,7 +318,7 @@ def init_model_config(
 
 def load_init_weights(
     model: models.CPVT, path: str | os.PathLike, init: InitFile | None = None
-) -> InitReport:
+) -> LoadReport:
     """``train --init PATH``: :func:`read_init` (unless ``init`` is given) then :func:`apply_init_state`.
 
     When the file named the model (``init.config``), PEGs it has no weights for start at zero, so

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..interop import io
 from ..interop.io import WeightsError, atomic_save
-from .errors import UserError
+from .command import UserError
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -122,13 +122,16 @@ def read_checkpoint(path: str | os.PathLike, task: str | None = None) -> dict[st
     return dict(ckpt)
 
 
-def load_model_state(model: torch.nn.Module, state: Mapping[str, Any], source: str | os.PathLike) -> None:
+def load_model_state(
+    model: torch.nn.Module, state: Mapping[str, Any], source: str | os.PathLike
+) -> io.LoadReport:
     """``model.load_state_dict(state)`` (strict) with a one-line :class:`UserError` on a mismatch.
 
-    The check is :func:`peg_core.interop.io.load_state_strict`'s; only its error type changes here.
+    The check and the returned :class:`~peg_core.interop.io.LoadReport` are
+    :func:`peg_core.interop.io.load_state_strict`'s; only the error type changes here.
     """
     try:
-        io.load_state_strict(model, state, source)
+        return io.load_state_strict(model, state, source)
     except WeightsError as e:
         raise UserError(e.what, e.where) from e
 

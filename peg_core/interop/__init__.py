@@ -8,6 +8,7 @@ imported when a ``.safetensors`` file is used, timm by ``import peg_core.interop
   the one :class:`LoadReport` and :class:`WeightsError`;
 * :mod:`.surgery`: resize the position table of a ViT checkpoint, or turn it into a CPVT one;
 * :mod:`.convert`: turn a live timm / torchvision ViT into a CPVT (PEGs instead of its table);
+* :mod:`.deit`: :func:`load_timm_deit`, a timm DeiT / ViT (or torchvision ViT) state dict into a CPVT;
 * :mod:`.from_timm`: today's timm backbones (DeiT / ViT, the rope ViTs, DINOv3) as a CPVT, same outputs;
 * :mod:`.hf_folder`: a local Hugging Face folder's `config.json` and weights (one file or shards), read safely;
   :class:`ConfigFields` checks its fields one by one (type, range, against the weights);
@@ -19,6 +20,7 @@ Errors: library functions here raise :class:`WeightsError` (a ``ValueError``) or
 """
 
 from .convert import convert_to_cpvt
+from .deit import load_timm_deit
 from .from_timm import from_timm, from_timm_file
 from .hf_folder import HF_WEIGHT_FILES, ConfigFields, read_hf_config, read_hf_weights, read_json_object
 from .io import (
@@ -57,6 +59,7 @@ __all__ = [
     "is_torchvision_vit",
     "learned_to_cpvt",
     "load_state_strict",
+    "load_timm_deit",
     "locate_state_dict",
     "read_hf_config",
     "read_hf_weights",

@@ -29,9 +29,16 @@ from typing import Any, NoReturn
 from torch import Tensor
 
 from ..jsonfile import JsonError, read_json
-from .io import WeightsError, read_state_file
+from .io import WeightsError, new_file_mode, read_state_file, write_state_file
 
-__all__ = ["HF_WEIGHT_FILES", "ConfigFields", "read_hf_config", "read_hf_weights", "read_json_object"]
+__all__ = [
+    "HF_WEIGHT_FILES",
+    "ConfigFields",
+    "read_hf_config",
+    "read_hf_weights",
+    "read_json_object",
+    "write_hf_folder",
+]
 
 #: the weights of a ``save_pretrained`` folder, in the order they are looked for (safetensors first:
 #: reading it unpickles nothing)
@@ -68,6 +75,26 @@ def read_hf_config(folder: str | os.PathLike) -> dict[str, Any]:
     if not (folder / "config.json").is_file():
         raise WeightsError("not a Hugging Face model folder (no config.json)", folder)
     return read_json_object(folder / "config.json", "config.json")
+
+
+def write_hf_folder(
+    out_dir: str | os.PathLike, config: Mapping[str, Any], state: Mapping[str, Tensor]
+) -> Path:
+    """A ``save_pretrained``-style folder: ``config.json`` and ``model.safetensors`` (``{"format": "pt"}``).
+
+    The one writer of every task's Hugging Face export.  The weights go first and the config last,
+    each through a temporary file and a rename, so a folder with a ``config.json`` is complete.
+    ``state``: tensors under their Hugging Face names (copied to contiguous CPU tensors here).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    write_state_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    tmp = out / ".config.json.tmp"
+    tmp.write_text(json.dumps(dict(config), indent=2) + "\n")
+    os.chmod(tmp, new_file_mode())
+    os.replace(tmp, out / "config.json")
+    return out
 
 
 def _tensors(obj: Any, path: Path) -> dict[str, Tensor]:

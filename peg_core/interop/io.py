@@ -196,11 +196,12 @@ def strip_prefixes(state: Mapping[str, Any], prefixes: Sequence[str] = PREFIXES)
     return out
 
 
-def load_state_strict(model: torch.nn.Module, state: Mapping[str, Any], where: Any = None) -> None:
+def load_state_strict(model: torch.nn.Module, state: Mapping[str, Any], where: Any = None) -> LoadReport:
     """``model.load_state_dict(state)`` (strict), or a one-line :class:`WeightsError` counting the mismatches.
 
     Nothing is loaded when a key is missing, unexpected or of another shape; the message
-    gives the count of each and one example key, and names ``where`` (the file).
+    gives the count of each and one example key, and names ``where`` (the file).  Returns the
+    :class:`LoadReport` (every key copied).
     """
     if not isinstance(state, Mapping):
         raise WeightsError("checkpoint's model entry is not a state dict", where)
@@ -218,6 +219,7 @@ def load_state_strict(model: torch.nn.Module, state: Mapping[str, Any], where: A
                 parts.append(f"{len(keys)} {name} (e.g. {keys[0]})")
         raise WeightsError(f"checkpoint does not fit the model: {', '.join(parts)}", where)
     model.load_state_dict(state)
+    return LoadReport(source="" if where is None else str(where), copied=list(state))
 
 
 # ----------------------------------------------------------------------------------------- write
@@ -334,12 +336,24 @@ class LoadReport:
     missing: list[str] = field(default_factory=list)
     args: dict[str, Any] | None = None
 
+    def _counts(self) -> str:
+        return (
+            f"{len(self.copied)} copied, {len(self.converted)} converted, {len(self.skipped)} source keys "
+            f"skipped, {len(self.missing)} model keys left at init"
+        )
+
+    def line(self) -> str:
+        """One log line: the counts, then each converted and skipped key with why.
+
+        e.g. ``52 copied, 1 converted, 0 source keys skipped, 0 model keys left at init; converted
+        pos_enc.pos_embed: resized (1, 5, 16) -> (1, 17, 16)``.
+        """
+        details = [f"converted {k}: {v}" for k, v in self.converted.items()]
+        details += [f"skipped {k}: {v}" for k, v in self.skipped.items()]
+        return "; ".join([self._counts(), *details])
+
     def __str__(self) -> str:
-        lines = [
-            f"{self.source + ': ' if self.source else ''}{len(self.copied)} copied, "
-            f"{len(self.converted)} converted, {len(self.skipped)} source keys skipped, "
-            f"{len(self.missing)} model keys left at init"
-        ]
+        lines = [f"{self.source + ': ' if self.source else ''}{self._counts()}"]
         lines += [f"  converted {k}: {v}" for k, v in self.converted.items()]
         lines += [f"  skipped {k}: {v}" for k, v in self.skipped.items()]
         lines += [f"  missing {k}" for k in self.missing]

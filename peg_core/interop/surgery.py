@@ -332,7 +332,7 @@ def learned_to_cpvt(
     distillation token and head of a distilled DeiT (``dist_token``,
     ``head_dist.*``) are dropped too.  torchvision ViT checkpoints are renamed to
     the DeiT layout first.  The class token is kept: load the result into a
-    ``global_pool="token"`` model, or use :func:`peg_core.models.load_timm_deit`
+    ``global_pool="token"`` model, or use :func:`peg_core.interop.load_timm_deit`
     for a GAP one.
 
     Returns:

@@ -4,11 +4,13 @@ Example::
 
     >>> from peg_core.models import cpvt_tiny
     >>> model = cpvt_tiny(num_classes=1000)  # PEG after block 0, GAP head
+
+Outside weights (timm / DeiT / torchvision checkpoints) are read by :mod:`peg_core.interop`
+(:func:`peg_core.interop.load_timm_deit`); nothing here imports it.
 """
 
 from .cpvt import CPVT, cpvt_base, cpvt_small, cpvt_tiny
 from .layers import Attention, Block, DropPath, Mlp, PatchEmbed
-from .load import load_timm_deit
 
 __all__ = [
     "CPVT",
@@ -20,5 +22,4 @@ __all__ = [
     "cpvt_base",
     "cpvt_small",
     "cpvt_tiny",
-    "load_timm_deit",
 ]

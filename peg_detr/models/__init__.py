@@ -3,7 +3,8 @@
 Public API::
 
     from peg_core.engine import param_groups
-    from peg_detr.models import build_detr, load_official_checkpoint
+    from peg_detr.interop import load_official_checkpoint
+    from peg_detr.models import build_detr
 
     model, criterion, postprocessor = build_detr("resnet50", pos_enc="peg")
     load_official_checkpoint(model, "detr-r50-e632da11.pth")  # PEG starts at zero
@@ -13,13 +14,13 @@ Public API::
 Files: ``backbone`` (ResNets with FrozenBatchNorm2d, the tiny CPU backbone),
 ``transformer`` (encoder/decoder; where position information enters and why
 the decoder keeps sine keys by default), ``detr`` (the detector), ``matcher``
-and ``criterion`` (Hungarian matching, losses), ``postprocess`` (COCO boxes),
-``checkpoint`` (official files), ``build``.
+and ``criterion`` (Hungarian matching, losses), ``postprocess`` (COCO boxes), ``build``.
+Outside weights (official DETR files, Hugging Face folders) are :mod:`peg_detr.interop`'s;
+nothing here imports it.
 """
 
 from .backbone import BACKBONES, Joiner, ResNetBackbone, TinyBackbone, build_backbone
-from .build import POS_ENCODINGS, build_detr
-from .checkpoint import LoadReport, load_official_checkpoint, read_official_checkpoint
+from .build import DETR_ENCODINGS, build_detr
 from .criterion import SetCriterion, build_weight_dict
 from .detr import DETR, MLP, to_image_batch
 from .matcher import HungarianMatcher, match_cost
@@ -30,11 +31,10 @@ __all__ = [
     "BACKBONES",
     "DECODER_KEY_POS",
     "DETR",
+    "DETR_ENCODINGS",
     "MLP",
-    "POS_ENCODINGS",
     "HungarianMatcher",
     "Joiner",
-    "LoadReport",
     "PostProcess",
     "ResNetBackbone",
     "SetCriterion",
@@ -43,8 +43,6 @@ __all__ = [
     "build_backbone",
     "build_detr",
     "build_weight_dict",
-    "load_official_checkpoint",
     "match_cost",
-    "read_official_checkpoint",
     "to_image_batch",
 ]

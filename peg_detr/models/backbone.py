@@ -27,7 +27,7 @@ import torchvision
 from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
 
-from peg_core.interop.io import WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
+from peg_core.interop.io import LoadReport, WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 
 from ..structures import ImageBatch
 
@@ -84,15 +84,22 @@ class ResNetBackbone(nn.Module):
         return self.body(x)
 
 
-def load_backbone_weights(resnet: nn.Module, path: str | os.PathLike) -> None:
+def load_backbone_weights(resnet: nn.Module, path: str | os.PathLike) -> LoadReport:
     """Load a local torchvision-style ImageNet checkpoint into ``resnet`` (its ``fc`` is ignored).
 
     The file is read by :func:`peg_core.interop.read_state_file` (``.pth`` with ``weights_only=True``
     or ``.safetensors``); ``{"model": ...}`` / ``{"state_dict": ...}`` wrappers and ``module.``
     prefixes are accepted.  An unreadable file or keys that do not match the ResNet raise a
     :class:`~peg_core.interop.WeightsError` (a ``ValueError``) naming the file.
+
+    Returns the :class:`~peg_core.interop.LoadReport` of every loader: ``copied`` (the ResNet's
+    keys), ``skipped`` (the classifier ``fc.*`` and batch-norm counters the frozen norms lack).
     """
     state = strip_prefixes(unwrap_state_dict(read_state_file(path, "backbone weights"), where=path))
+    report = LoadReport(source=str(path))
+    report.skipped = {
+        k: "the ImageNet classifier: not part of the backbone" for k in state if k.startswith("fc.")
+    }
     state = {k: v for k, v in state.items() if not k.startswith("fc.")}
     expected = {k for k in resnet.state_dict() if not k.startswith("fc.")}
     missing = sorted(expected - state.keys())
@@ -105,6 +112,9 @@ def load_backbone_weights(resnet: nn.Module, path: str | os.PathLike) -> None:
             path,
         )
     resnet.load_state_dict(state, strict=False)
+    report.copied = sorted(expected)
+    report.skipped.update(dict.fromkeys(sorted(state.keys() - expected), "no counter in frozen batch norm"))
+    return report
 
 
 class TinyBackbone(nn.Module):

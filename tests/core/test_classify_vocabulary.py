@@ -116,9 +116,11 @@ def test_init_from_a_checkpoint_a_bare_pth_and_safetensors(trained, tmp_path):
     for path in (trained, bare, st):
         model = _learned()
         report = load_init_weights(model, path)
-        assert (len(report.loaded), report.missing, report.unexpected) == (len(state), [], []), path
+        assert (len(report.copied), report.missing, report.skipped) == (len(state), [], {}), path
         assert _same_weights(model, state), path
-    assert report.line() == f"loaded {len(state)} tensors, 0 missing, 0 unexpected"
+    assert (
+        report.line() == f"{len(state)} copied, 0 converted, 0 source keys skipped, 0 model keys left at init"
+    )
 
 
 def test_init_in_train_prints_the_report_and_starts_from_the_weights(trained, tmp_path, capsys):
@@ -126,7 +128,9 @@ def test_init_in_train_prints_the_report_and_starts_from_the_weights(trained, tm
     assert main(["train", *no_peg(TINY), "--pos-enc", "learned", "--init", str(trained), "--lr", "1e-9",
                  "--output-dir", str(out)]) == 0  # fmt: skip
     n = len(read_checkpoint(trained, "classify")["model"])
-    assert f"--init {trained}: loaded {n} tensors, 0 missing, 0 unexpected" in capsys.readouterr().out
+    assert f"--init {trained}: {n} copied, 0 converted, 0 source keys skipped, 0 model keys left at init" in (
+        capsys.readouterr().out
+    )
     before = read_checkpoint(trained, "classify")["model"]
     after = read_checkpoint(out / "checkpoint.pth", "classify")["model"]
     # lr 1e-9 (times the warm-up): the weights barely move from the starting ones
@@ -142,14 +146,13 @@ def test_init_resizes_a_table_of_another_grid_and_counts_missing_and_unexpected(
     model = _learned(32)  # 4x4 grid: (1, 17, 16)
     report = apply_init_state(model, state)
     table = state["pos_enc.pos_embed"]
-    assert report.resized == {"pos_enc.pos_embed": ((1, 5, 16), (1, 17, 16))}
-    assert (report.missing, report.unexpected) == (["norm.bias"], ["head_dist.weight"])
+    assert report.converted == {"pos_enc.pos_embed": "resized (1, 5, 16) -> (1, 17, 16)"}
+    assert (report.missing, list(report.skipped)) == (["norm.bias"], ["head_dist.weight"])
     expected = resize_pos_embed(table, (4, 4), num_prefix_tokens=1, mode="bicubic")
     torch.testing.assert_close(model.pos_enc.pos_embed.detach(), expected, rtol=0, atol=0)
-    assert "resized pos_enc.pos_embed (1, 5, 16) -> (1, 17, 16)" in report.line()
-    assert (
-        "1 missing (kept as initialised, e.g. norm.bias), 1 unexpected (ignored, e.g. head_dist.weight)"
-        in (report.line())
+    assert report.line().endswith(
+        "1 converted, 1 source keys skipped, 1 model keys left at init; converted pos_enc.pos_embed: resized "
+        "(1, 5, 16) -> (1, 17, 16); skipped head_dist.weight: the model has no such key (another head)"
     )
 
 
@@ -167,7 +170,11 @@ def test_init_leaves_out_a_head_of_another_number_of_classes():
     model = _learned(16)
     head = model.head.weight.detach().clone()
     report = apply_init_state(model, src.state_dict())
-    assert report.head_left_out and sorted(report.missing) == ["head.bias", "head.weight"]
+    assert sorted(report.missing) == ["head.bias", "head.weight"] == sorted(report.skipped)
+    assert (
+        report.skipped["head.weight"]
+        == "shape (1000, 16), the model's is (12, 16) (another number of classes)"
+    )
     assert torch.equal(model.head.weight, head)
     assert torch.equal(model.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)
 

@@ -78,8 +78,8 @@ def test_init_keeps_the_files_model_and_a_flag_adds_a_zero_peg(mixed):
     assert config["pos_enc"] == "peg+rope-mixed" and config["depth"] == 12 and config["embed_dim"] == 384
     ours = build_model(config).eval()
     report = load_init_weights(ours, args.init, init)
-    assert report.zeroed and all(k.startswith("pos_blocks.0.") for k in report.zeroed)
-    assert not report.missing and "start at zero" in report.line()
+    assert report.converted and all(k.startswith("pos_blocks.0.") for k in report.converted)
+    assert not report.missing and "zero-initialised (a PEG the file lacks)" in report.line()
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         assert (ours(x) - model(x)).abs().max() <= 1e-4  # the zero PEG is the identity

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from peg_core import resize_pos_embed
-from peg_core.models import CPVT, cpvt_base, cpvt_small, cpvt_tiny, load_timm_deit
+from peg_core.interop import load_timm_deit
+from peg_core.models import CPVT, cpvt_base, cpvt_small, cpvt_tiny
 from peg_core.models.layers import Attention, drop_path
 
 
@@ -104,7 +105,7 @@ def test_token_vs_avg_pool():
     assert avg.forward_features(x)[0].shape == (2, 24, 32)
     with pytest.raises(ValueError, match="global_pool must be one of"):
         small(global_pool="max")
-    with pytest.raises(ValueError, match="pos_enc must be one of"):
+    with pytest.raises(ValueError, match="pos_enc="):
         small(pos_enc="rope")
     with pytest.raises(ValueError, match=r"expected images \(B, C, H, W\)"):
         avg(torch.randn(3, 32, 32))
@@ -180,7 +181,7 @@ def test_timm_deit_layout_loads():
     # Same config: identical outputs.
     dst = small(pos_enc="learned", global_pool="token")
     report = load_timm_deit(dst, {"model": {"module." + k: v for k, v in sd.items()}})
-    assert report == {"dropped": [], "zero_init": [], "kept_init": [], "resized": [report["resized"][0]]}
+    assert not report.skipped and not report.missing and "pos_enc.pos_embed" in report.copied
     torch.testing.assert_close(dst(x), src(x))
 
     # Larger grid: the table is resized (bilinear here).
@@ -193,9 +194,9 @@ def test_timm_deit_layout_loads():
     # PEG model: the table is dropped, the PEG starts at zero, so it is the source without its table.
     peg = small(pos_enc="peg", global_pool="token", num_classes=7)
     report = load_timm_deit(peg, sd)
-    assert report["dropped"] == ["pos_embed"]
-    assert report["zero_init"] == ["pos_blocks.0.proj.weight", "pos_blocks.0.proj.bias"]
-    assert report["kept_init"][0].startswith("head.weight (5, 32)")
+    assert list(report.skipped)[:1] == ["pos_embed"] and report.missing == ["head.weight", "head.bias"]
+    assert list(report.converted) == ["pos_blocks.0.proj.weight", "pos_blocks.0.proj.bias"]
+    assert report.skipped["head.weight"].startswith("shape (5, 32)")
     src.pos_enc.pos_embed.data.zero_()
     src.head = peg.head
     torch.testing.assert_close(peg(x), src(x))
@@ -210,7 +211,7 @@ def test_distilled_deit_into_gap_model():
     sd["head_dist.weight"], sd["head_dist.bias"] = torch.randn(5, 32), torch.randn(5)
     gap = small(pos_enc="learned", global_pool="avg")
     report = load_timm_deit(gap, sd)
-    assert sorted(report["dropped"]) == ["cls_token", "dist_token", "head_dist.bias", "head_dist.weight"]
+    assert sorted(report.skipped) == ["cls_token", "dist_token", "head_dist.bias", "head_dist.weight"]
     torch.testing.assert_close(gap.pos_enc.pos_embed, grid)  # both prefix rows gone, grid kept
     with pytest.raises(ValueError, match="has no class-token entry"):
         load_timm_deit(small(pos_enc="learned", global_pool="token"), {"pos_embed": grid, **gap.state_dict()})
@@ -226,6 +227,6 @@ def test_torchvision_vit_loads_with_equal_outputs():
         p.normal_(0, 0.2)
     ours = small(depth=2, pos_enc="learned", global_pool="token", mlp_ratio=2.0)
     report = load_timm_deit(ours, tv.state_dict())
-    assert report["dropped"] == [] and report["zero_init"] == []
+    assert not report.skipped and not report.converted and report.copied
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(ours(x), tv(x), rtol=1e-4, atol=1e-5)

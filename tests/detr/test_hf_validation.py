@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from peg_core.interop import WeightsError
-from peg_detr.hf import read_hf_state
-from peg_detr.models import build_detr, load_official_checkpoint
+from peg_detr.interop import load_official_checkpoint, read_hf_state
+from peg_detr.models import build_detr
 
 pytest.importorskip("safetensors")
 Q = "model.encoder.layers.0.self_attn.q_proj"

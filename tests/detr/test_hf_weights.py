@@ -15,8 +15,8 @@ import torch
 
 from peg_core.interop import WeightsError
 from peg_detr.__main__ import main as cli
-from peg_detr.hf import hf_to_official, official_to_hf, read_hf_state
-from peg_detr.models import build_detr, load_official_checkpoint
+from peg_detr.interop import hf_to_official, load_official_checkpoint, official_to_hf, read_hf_state
+from peg_detr.models import build_detr
 
 pytestmark = pytest.mark.slow  # ResNet-50 forwards at 320x320 / 256x384 (~30 s CPU for the file)
 
@@ -127,7 +127,7 @@ def test_export_hf_round_trip(hf_dir, tmp_path, capsys):
     cats = [{"id": 0, "name": "square"}, {"id": 1, "name": "disc"}, {"id": 2, "name": "triangle"}]
     torch.save({"task": "detect", "model": model.state_dict(), "model_config": model.build_config,
                 "meta": {"categories": cats}}, ckpt)  # fmt: skip
-    assert model.build_config["aux_loss"]  # exported as auxiliary_loss=False (see peg_detr.hf)
+    assert model.build_config["aux_loss"]  # exported as auxiliary_loss=False (see peg_detr.interop.hf_detr)
     assert cli(["export-hf", str(ckpt), str(tmp_path / "hf")]) == 0
     assert "model.safetensors" in capsys.readouterr().out
     exported = transformers.DetrForObjectDetection.from_pretrained(tmp_path / "hf").eval()

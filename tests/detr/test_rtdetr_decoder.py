@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from peg_detr.interop.hf_rtdetr import decoder_key_from_hf
 from peg_detr.models.rtdetr.decoder import (
     MSDeformableAttention,
     RTDETRDecoder,
@@ -20,7 +21,6 @@ from peg_detr.models.rtdetr.decoder import (
     inverse_sigmoid,
     multi_scale_deformable_attention,
 )
-from peg_detr.models.rtdetr.hf_keys import decoder_key_from_hf
 
 transformers = pytest.importorskip("transformers")
 

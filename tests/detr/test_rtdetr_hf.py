@@ -18,7 +18,7 @@ from scipy.optimize import linear_sum_assignment
 
 from peg_core.interop.io import WeightsError
 from peg_detr import from_hf
-from peg_detr.hf_rtdetr import export_hf_rtdetr
+from peg_detr.interop import export_hf_rtdetr
 from peg_detr.models.rtdetr import RTDETRPostProcess
 from tests.detr.rtdetr_checks import topk_margin
 

@@ -13,7 +13,7 @@ import torch
 
 from peg_core.interop.io import WeightsError
 from peg_detr import from_hf
-from peg_detr.hf_rtdetr import hf_num_labels
+from peg_detr.interop import hf_num_labels
 
 transformers = pytest.importorskip("transformers")
 

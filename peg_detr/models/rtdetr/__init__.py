@@ -4,37 +4,23 @@ Files (one owner each, see the module docstrings): ``backbone`` (ResNet-vd with 
 norm, strides 8/16/32), ``encoder`` (the hybrid encoder: input projections, AIFI with the
 position encoding chosen by name, CCFM), ``decoder`` (IoU-aware query selection, deformable
 decoder, iterative box refinement), ``denoising`` (contrastive denoising groups), ``criterion``
-(varifocal + L1 + GIoU), ``model`` (the detector), ``postprocess`` (sigmoid top-K), ``hf_keys``
-(transformers' ``RTDetrForObjectDetection`` state-dict keys <-> ours), ``fuse`` (deployment:
-conv + BN folding, RepVGG re-parameterisation).
+(varifocal + L1 + GIoU), ``model`` (the detector), ``postprocess`` (sigmoid top-K), ``fuse``
+(deployment: conv + BN folding, RepVGG re-parameterisation).  transformers'
+``RTDetrForObjectDetection`` keys and config.json are :mod:`peg_detr.interop.hf_rtdetr`'s.
 """
 
 from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
 from .criterion import RTDETRCriterion, build_rtdetr_weight_dict, varifocal_loss
 from .decoder import RTDETRDecoder, generate_anchors, inverse_sigmoid
 from .denoising import DenoisingGroup, contrastive_denoising_group
-from .encoder import AIFI, ENCODER_POS_ENCODINGS, HybridEncoder, RTDetrSinCos2d, rtdetr_sincos_2d
+from .encoder import AIFI, AIFI_ENCODINGS, HybridEncoder, RTDetrSinCos2d, rtdetr_sincos_2d
 from .fuse import FusedConv, FusionStats, fuse_for_deploy, fusion_stats
-from .hf_keys import (
-    DECODER_PREFIXES,
-    ENCODER_HF_PREFIXES,
-    backbone_kwargs_from_hf,
-    decoder_key_from_hf,
-    decoder_key_to_hf,
-    encoder_hf_config,
-    encoder_hf_keys,
-    encoder_hf_to_ours,
-    encoder_kwargs_from_hf,
-    encoder_ours_to_hf,
-)
 from .model import RTDETR
 from .postprocess import RTDETRPostProcess
 
 __all__ = [
     "AIFI",
-    "DECODER_PREFIXES",
-    "ENCODER_HF_PREFIXES",
-    "ENCODER_POS_ENCODINGS",
+    "AIFI_ENCODINGS",
     "RESNET_VD",
     "RTDETR",
     "DenoisingGroup",
@@ -46,17 +32,9 @@ __all__ = [
     "RTDETRPostProcess",
     "RTDetrSinCos2d",
     "ResNetVd",
-    "backbone_kwargs_from_hf",
     "build_resnet_vd",
     "build_rtdetr_weight_dict",
     "contrastive_denoising_group",
-    "decoder_key_from_hf",
-    "decoder_key_to_hf",
-    "encoder_hf_config",
-    "encoder_hf_keys",
-    "encoder_hf_to_ours",
-    "encoder_kwargs_from_hf",
-    "encoder_ours_to_hf",
     "fuse_for_deploy",
     "fusion_stats",
     "generate_anchors",

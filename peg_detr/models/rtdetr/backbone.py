@@ -314,7 +314,7 @@ class ResNetVd(nn.Module):
         self._out_idx = tuple(strides.index(s) for s in out_strides)
         self.out_strides = list(out_strides)
         self.out_channels = [widths[i] for i in self._out_idx]
-        # The resolved layout (what an HF config.json records; see hf_keys.encoder_hf_config).
+        # The resolved layout (what an HF config.json records; see peg_detr.interop.hf_rtdetr.encoder_hf_config).
         self.layer_type = layer_type
         self.depths, self.widths, self.stem_width = list(depths), list(widths), stem_width
         self.freeze_bn = freeze_bn

@@ -13,7 +13,7 @@ The decoder takes the hybrid encoder's three maps ``(B, C_l, H_l, W_l)`` (stride
 
 The math and the state-dict layout follow lyuwenyu/RT-DETR's ``rtdetr_decoder.py`` and transformers'
 ``RTDetrModel`` / ``RTDetrDecoder`` (module names inside a layer are transformers' file names, so
-:mod:`peg_detr.models.rtdetr.hf_keys` maps keys by prefix only).
+:mod:`peg_detr.interop.hf_rtdetr` maps keys by prefix only).
 """
 
 from __future__ import annotations

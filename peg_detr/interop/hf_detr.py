@@ -1,4 +1,4 @@
-"""Hugging Face DETR weights: key mapping to the official DETR layout, and ``python -m peg_detr export-hf``.
+"""Hugging Face DETR folders: the key mapping to the official DETR layout, the config, and the way back.
 
 A Hugging Face ``DetrForObjectDetection`` (timm ResNet backbone, e.g.
 ``facebook/detr-resnet-50``) holds the same tensors as an official DETR
@@ -27,52 +27,45 @@ One difference is in the computation, not the names: with ``auxiliary_loss=True`
 transformers' decoder passes each layer the layer-normed output of the previous
 one (and norms the last output twice), while DETR norms copies for the auxiliary
 heads only.  With ``auxiliary_loss=False`` (``facebook/detr-resnet-50``'s
-setting) the two agree, so :func:`export_hf` always writes ``False`` and
+setting) the two agree, so :func:`export_hf_detr` always writes ``False`` and
 loading a folder whose config says ``True`` prints a note.
 
 Otherwise the computations match: Hugging Face's ``sine`` position embedding
 (``normalize=True``, scale 2π, eps 1e-6 after the cumulative sum, temperature
 10000, ``(y, x)`` order) is DETR's, which is ``peg_detr``'s ``sine``; both add
 positions to queries and keys only, post-norm layers, a final decoder norm.
+
+Library code: :func:`export_hf_detr` takes a model; ``python -m peg_detr export-hf``
+(:mod:`peg_detr.export`) reads the checkpoint and passes its model.  Errors are
+:class:`~peg_core.interop.WeightsError` (files) and ``ValueError`` (a model Hugging Face
+DETR cannot hold), never the command line's ``UserError``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from peg_core.engine import (
-    UserError,
-    add_overwrite_arg,
-    check_output_folder,
-    ensure_writable,
-    new_parser,
-    read_checkpoint,
-)
-from peg_core.errors import require
-from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights
-from peg_core.interop.io import WeightsError, read_state_file, strip_prefixes, write_state_file
-
-from .labels import LabelMap
+from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
+from peg_core.interop.io import WeightsError, read_state_file
 
 __all__ = [
     "HF_DETR_BACKBONES",
     "check_detr_config",
     "detr_build_options",
-    "export_hf",
+    "detr_hf_config",
+    "export_hf_detr",
     "hf_label_names",
     "hf_num_labels",
     "hf_to_official",
     "is_hf_source",
     "looks_like_hf",
-    "main",
     "official_to_hf",
     "read_hf_state",
 ]
@@ -167,7 +160,7 @@ def detr_build_options(config: Mapping[str, Any], where: str | os.PathLike = "co
 
     Every field used is checked for its type and range (and the two attention / MLP sizes, which
     peg_detr's DETR has once, for being equal); a :class:`WeightsError` names ``where`` and the field.
-    The backbone is ``backbone`` (transformers 4, :func:`export_hf`) or ``backbone_config.backbone``
+    The backbone is ``backbone`` (transformers 4, :func:`export_hf_detr`) or ``backbone_config.backbone``
     (transformers 5), one of :data:`HF_DETR_BACKBONES`.
     """
     f = ConfigFields(config, where)
@@ -346,13 +339,29 @@ def official_to_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def _hf_config(cfg: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    """``config.json`` of a ``DetrForObjectDetection`` with the shapes of a ``peg_detr`` ``sine`` model.
+def detr_hf_config(model: nn.Module, names: Sequence[str] | None = None) -> dict[str, Any]:
+    """The ``config.json`` of a ``DetrForObjectDetection`` with the shapes of ``model`` (a ``sine`` DETR).
 
-    ``names[label]``: the category name of each of the ``num_classes`` labels (``""``: none, written
-    ``LABEL_i``).
+    ``model``: a :class:`~peg_detr.models.DETR` built by :func:`~peg_detr.models.build_detr` (its
+    ``build_config`` gives the sizes).  ``names[label]``: the category name of each label (``""`` or
+    missing: written ``LABEL_i``).  Other encodings, pre-norm layers, non-ResNet backbones or other
+    decoder key positions have no Hugging Face DETR equivalent: a ``ValueError`` names every one.
     """
-    id2label = {str(i): names[i] or f"LABEL_{i}" for i in range(int(cfg["num_classes"]))}
+    cfg = getattr(getattr(model, "module", model), "build_config", None)  # a DDP wrapper: its model's
+    if not isinstance(cfg, dict) or "num_classes" not in cfg:
+        raise ValueError("the model has no build_config (not built by build_detr)")
+    refusals = [
+        (cfg.get("pos_enc", "peg") != "sine", f"pos_enc {cfg.get('pos_enc')!r} (only 'sine' exists in Hugging Face DETR)"),
+        (not str(cfg.get("backbone", "resnet50")).startswith("resnet"), f"backbone {cfg.get('backbone')!r} (ResNets only)"),
+        (bool(cfg.get("pre_norm", False)), "pre_norm=True (Hugging Face DETR is post-norm)"),
+        (cfg.get("decoder_key_pos", "sine") != "sine", f"decoder_key_pos {cfg.get('decoder_key_pos')!r} (only 'sine')"),
+    ]  # fmt: skip
+    bad = [why for refused, why in refusals if refused]
+    if bad:
+        raise ValueError("; ".join(bad))
+    num_classes = int(cfg["num_classes"])
+    names = list(names or [])
+    id2label = {str(i): (names[i] if i < len(names) else "") or f"LABEL_{i}" for i in range(num_classes)}
     return {
         "architectures": ["DetrForObjectDetection"],
         "model_type": "detr",
@@ -380,84 +389,14 @@ def _hf_config(cfg: dict[str, Any], names: list[str]) -> dict[str, Any]:
     }
 
 
-def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """Write a ``sine`` ``peg_detr`` training checkpoint as a Hugging Face folder; returns ``out_dir``.
+def export_hf_detr(model: nn.Module, out_dir: str | os.PathLike, names: Sequence[str] | None = None) -> Path:
+    """Write a ``sine`` DETR as a Hugging Face folder; returns ``out_dir``.
 
-    ``out_dir/config.json`` + ``out_dir/model.safetensors`` load with
-    ``transformers.DetrForObjectDetection.from_pretrained(out_dir)``.  Other encodings, pre-norm
-    layers, non-ResNet backbones or other decoder key positions have no Hugging Face DETR
-    equivalent and are refused with a :class:`UserError` before anything is written.
+    ``out_dir/config.json`` (:func:`detr_hf_config`) + ``out_dir/model.safetensors`` load with
+    ``transformers.DetrForObjectDetection.from_pretrained(out_dir)``.  A model Hugging Face DETR
+    cannot hold is a ``ValueError`` raised before anything is written; an unwritable folder an
+    ``OSError``.
     """
-    require("safetensors.torch", "hf", "peg-detr", what="export-hf")  # said first; nothing written
-    ckpt = read_checkpoint(checkpoint, "detect")
-    cfg = ckpt.get("model_config")
-    if isinstance(cfg, dict) and cfg.get("arch") == "rtdetr":
-        return _export_rtdetr(checkpoint, out_dir)
-    if not isinstance(cfg, dict) or "num_classes" not in cfg:
-        raise UserError(
-            "checkpoint has no detector model_config (not written by `python -m peg_detr train`?)", checkpoint
-        )
-    refusals = [
-        (cfg.get("pos_enc", "peg") != "sine", f"pos_enc {cfg.get('pos_enc')!r} (only 'sine' exists in Hugging Face DETR)"),
-        (not str(cfg.get("backbone", "resnet50")).startswith("resnet"), f"backbone {cfg.get('backbone')!r} (ResNets only)"),
-        (bool(cfg.get("pre_norm", False)), "pre_norm=True (Hugging Face DETR is post-norm)"),
-        (cfg.get("decoder_key_pos", "sine") != "sine", f"decoder_key_pos {cfg.get('decoder_key_pos')!r} (only 'sine')"),
-    ]  # fmt: skip
-    bad = [why for refused, why in refusals if refused]
-    if bad:
-        raise UserError(f"cannot export to Hugging Face DETR: {'; '.join(bad)}", checkpoint)
-    state = strip_prefixes(ckpt["model"])
-    hf_state = {k: v.detach().cpu().contiguous() for k, v in official_to_hf(state).items()}
-    meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
-    out = Path(out_dir)
-    ensure_writable(out)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        names = LabelMap.from_meta(meta).names(int(cfg["num_classes"]))  # the run's --labels
-    except ValueError as e:
-        raise UserError(f"checkpoint's label map is malformed ({e})", checkpoint) from None
-    (out / "config.json").write_text(json.dumps(_hf_config(cfg, names), indent=2) + "\n")
-    write_state_file(hf_state, out / "model.safetensors", metadata={"format": "pt"})
-    return out
-
-
-def _export_rtdetr(checkpoint: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """An RT-DETR checkpoint (its EMA weights, as ``eval`` reads them) as an ``RTDetrForObjectDetection`` folder."""
-    from .hf_rtdetr import export_hf_rtdetr  # the RT-DETR side imports this module
-
-    try:
-        return export_hf_rtdetr(checkpoint, out_dir)
-    except ValueError as e:  # another encoding than sincos: refused before anything is written
-        why = " ".join(str(e).split()).removeprefix(f"{checkpoint}: ")
-        raise UserError(f"cannot export to Hugging Face RT-DETR: {why}", checkpoint) from None
-    except OSError as e:
-        raise UserError(f"output folder is not writable ({e.strerror or e})", out_dir) from None
-
-
-#: what ``export-hf`` writes (and what a Hugging Face folder holds: refused there without --overwrite)
-HF_EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
-
-
-def main(argv: list[str] | None = None) -> Path:
-    """``python -m peg_detr export-hf CKPT DIR``."""
-    p = new_parser(
-        "python -m peg_detr export-hf",
-        "write a peg_detr checkpoint as a Hugging Face folder (config.json + model.safetensors): DETR with "
-        "--pos-enc sine, or RT-DETR with --pos-enc sincos",
-    )
-    p.add_argument(
-        "checkpoint",
-        type=Path,
-        help="training checkpoint of `python -m peg_detr train` (DETR: sine; RT-DETR: sincos)",
-    )
-    p.add_argument("out", type=Path, help="output folder (loads with DetrForObjectDetection / "
-                   "RTDetrForObjectDetection.from_pretrained; a Hugging Face model there is refused)")  # fmt: skip
-    add_overwrite_arg(p)
-    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-    a = p.parse_args(argv)
-    # an existing Hugging Face folder (its config.json and weights) is the user's: refused, before any work
-    check_output_folder(a.out, HF_EXPORT_FILES, command="export-hf", inputs=[a.checkpoint],
-                        overwrite=a.overwrite, create=False)  # fmt: skip
-    out = export_hf(a.checkpoint, a.out)
-    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}")
-    return out
+    model = getattr(model, "module", model)
+    config = detr_hf_config(model, names)  # refusals first: nothing is written for them
+    return write_hf_folder(out_dir, config, official_to_hf(model.state_dict()))

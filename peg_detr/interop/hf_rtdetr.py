@@ -1,13 +1,42 @@
-"""Hugging Face detector folders in and out: :func:`from_hf` (DETR and RT-DETR) and :func:`export_hf_rtdetr`.
+"""Hugging Face RT-DETR folders in and out: the one config <-> keyword mapping and the one key map.
 
 A folder written by ``save_pretrained`` holds ``config.json`` and ``model.safetensors`` (or
 ``pytorch_model.bin``).  For ``model_type: "rt_detr"`` (``RTDetrForObjectDetection``) the config
 gives every size of peg_detr's :class:`~peg_detr.models.rtdetr.RTDETR` (backbone stages and
-widths, encoder and decoder widths, heads, layers, queries), and the keys map by prefix
-(:mod:`peg_detr.models.rtdetr.hf_keys`).  RT-DETR's sin-cos table is not a weight, so the same
-file loads into any AIFI encoding: ``pos_enc="peg"`` adds a PEG that starts at zero and the model
-computes what ``"none"`` computes until it is fine-tuned.  ``model_type: "detr"`` folders go
-through :func:`peg_detr.hf.hf_to_official` and :func:`peg_detr.models.build_detr`.
+widths, encoder and decoder widths, heads, layers, queries): :func:`rtdetr_build_options` reads it
+(each field checked), :func:`rtdetr_hf_config` writes it back.  :func:`rtdetr_from_hf` builds the
+model and loads the weights; :func:`export_hf_rtdetr` writes a model as a folder.
+
+Keys map by prefix: our modules keep transformers' names below these prefixes.
+
+=====================================  ===========================  =====================================
+Hugging Face key prefix                ours                         what
+=====================================  ===========================  =====================================
+``model.backbone.model.``              ``backbone.``                ResNet-vd: ``embedder.embedder.{0,1,2}``
+                                                                    (the D stem), ``encoder.stages.{s}``
+                                                                    ``.layers.{b}.{layer,shortcut}``
+``model.encoder_input_proj.``          ``encoder.input_proj.``      per level ``{l}.0`` 1×1 conv, ``{l}.1`` BN
+``model.encoder.``                     ``encoder.``                 ``aifi.{i}.layers.{j}.*``,
+                                                                    ``lateral_convs``, ``fpn_blocks``,
+                                                                    ``downsample_convs``, ``pan_blocks``
+``model.denoising_class_embed.``,      ``denoising_class_embed.``,  the decoder side
+``model.enc_*``, ``model.decoder.*``   ``decoder.*``                (:data:`DECODER_PREFIXES`)
+=====================================  ===========================  =====================================
+
+transformers has two names for AIFI's weights: the module names above (transformers 5, in
+memory) and the names its files use (transformers 4, which 5's ``save_pretrained`` still writes
+and ``from_pretrained`` converts): ``model.encoder.encoder.{i}.layers.{j}.`` instead of
+``model.encoder.aifi.{i}.layers.{j}.``, with ``fc1`` / ``fc2`` / ``self_attn.out_proj`` for
+``mlp.fc1`` / ``mlp.fc2`` / ``self_attn.o_proj``.  Hugging Face -> ours accepts both; ours ->
+Hugging Face writes ``layout="memory"`` (default) or ``layout="file"``.
+
+Keys of ours with no Hugging Face counterpart (the map returns None for them): the position
+modules of the non-``sincos`` encoders, ``encoder.aifi.{i}.pegs.*`` (``peg``),
+``encoder.aifi.{i}.pos.pos_embed`` (``learned``), ``encoder.aifi.{i}.rope.freqs`` (``rope-mixed``).
+RT-DETR's sin-cos table is not a weight, so the same file loads into any AIFI encoding:
+``pos_enc="peg"`` adds a PEG that starts at zero and the model computes what ``"none"`` computes
+until it is fine-tuned.  ``model_type: "detr"`` folders are :mod:`peg_detr.interop.hf_detr`'s;
+:func:`peg_detr.interop.from_hf` takes either.
 
 The model's ``build_config`` is json-safe: ``{"hf_config": <config.json>, "pos_enc": ...}``; a
 checkpoint rebuilds the architecture with :func:`rtdetr_from_hf_config`.
@@ -17,46 +46,154 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights
-from peg_core.interop.io import LoadReport, WeightsError, write_state_file
+from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
+from peg_core.interop.io import LoadReport, WeightsError
 
-from .hf import detr_build_options, hf_label_names, hf_num_labels, read_hf_state
-from .models import build_detr, load_official_checkpoint
-from .models.rtdetr.backbone import ResNetVd
-from .models.rtdetr.decoder import RTDETRDecoder
-from .models.rtdetr.encoder import HybridEncoder
-from .models.rtdetr.hf_keys import (
-    decoder_key_from_hf,
-    decoder_key_to_hf,
-    encoder_hf_config,
-    encoder_hf_to_ours,
-    encoder_ours_to_hf,
-)
-from .models.rtdetr.model import RTDETR
+from ..models.rtdetr.backbone import ResNetVd
+from ..models.rtdetr.decoder import RTDETRDecoder
+from ..models.rtdetr.encoder import HybridEncoder
+from ..models.rtdetr.model import RTDETR
+from .hf_detr import hf_num_labels
 
 __all__ = [
+    "DECODER_PREFIXES",
+    "ENCODER_HF_PREFIXES",
+    "decoder_key_from_hf",
+    "decoder_key_to_hf",
+    "encoder_hf_config",
+    "encoder_hf_keys",
+    "encoder_hf_to_ours",
+    "encoder_ours_to_hf",
     "export_hf_rtdetr",
-    "from_hf",
-    "hf_label_names",
-    "hf_num_labels",
     "rtdetr_build_options",
+    "rtdetr_from_hf",
     "rtdetr_from_hf_config",
     "rtdetr_hf_config",
     "rtdetr_hf_to_ours",
     "rtdetr_ours_to_hf",
 ]
 
-SUPPORTED_MODEL_TYPES = ("detr", "rt_detr")
 # Stride of each ResNet stage (stage1 .. stage4) without downsample_in_first_stage.
 _STAGE_STRIDES = (4, 8, 16, 32)
 
 
+# ---------------------------------------------------------------- keys: backbone and encoder
+#: ``(HF prefix, our prefix)`` pairs for the backbone, the encoder input projections and the encoder.
+ENCODER_HF_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("model.backbone.model.", "backbone."),
+    ("model.encoder_input_proj.", "encoder.input_proj."),
+    ("model.encoder.", "encoder."),
+)
+
+# Our keys of position modules that HF does not have (the map leaves them out).
+_OURS_ONLY = (".pegs.", ".pos.", ".rope.")
+# AIFI in HF files vs in memory: the prefix, then the renamed modules inside a layer.
+_AIFI_FILE, _AIFI_MEMORY = "model.encoder.encoder.", "model.encoder.aifi."
+_AIFI_RENAMES = (
+    (".fc1.", ".mlp.fc1."),
+    (".fc2.", ".mlp.fc2."),
+    (".self_attn.out_proj.", ".self_attn.o_proj."),
+)
+LAYOUTS = ("memory", "file")
+
+
+def _aifi_layout(key: str, to_file: bool) -> str:
+    """An HF AIFI key in the file (``to_file``) or the memory layout; other keys unchanged."""
+    src, dst = (_AIFI_MEMORY, _AIFI_FILE) if to_file else (_AIFI_FILE, _AIFI_MEMORY)
+    if not key.startswith(src):
+        return key
+    key = dst + key[len(src) :]
+    for file, memory in _AIFI_RENAMES:
+        key = key.replace(memory, file) if to_file else key.replace(file, memory)
+    return key
+
+
+def encoder_hf_to_ours(key: str) -> str | None:
+    """Our key for an HF backbone / input-projection / encoder key (either layout); None for other keys."""
+    key = _aifi_layout(key, to_file=False)
+    for hf, ours in ENCODER_HF_PREFIXES:
+        if key.startswith(hf):
+            return ours + key[len(hf) :]
+    return None
+
+
+def encoder_ours_to_hf(key: str, *, layout: str = "memory") -> str | None:
+    """The HF key (``layout`` ``memory`` / ``file``) for one of our backbone / encoder keys.
+
+    None for other keys and for our position modules.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
+    if key.startswith("encoder.aifi.") and any(part in key for part in _OURS_ONLY):
+        return None
+    # The longer of our prefixes first: "encoder.input_proj." also starts with "encoder.".
+    for hf, ours in sorted(ENCODER_HF_PREFIXES, key=lambda p: -len(p[1])):
+        if key.startswith(ours):
+            return _aifi_layout(hf + key[len(ours) :], to_file=layout == "file")
+    return None
+
+
+def encoder_hf_keys(keys: Iterable[str], *, to_hf: bool = False, layout: str = "memory") -> dict[str, str]:
+    """``{source key: target key}`` for the backbone + encoder keys among ``keys`` (others left out).
+
+    ``to_hf=False`` maps HF keys (either layout) to ours, ``to_hf=True`` ours to HF ``layout``.
+    """
+    out = {}
+    for key in keys:
+        target = encoder_ours_to_hf(key, layout=layout) if to_hf else encoder_hf_to_ours(key)
+        if target is not None:
+            out[key] = target
+    return out
+
+
+# ---------------------------------------------------------------- decoder side
+# Denoising embedding, query selection, decoder layers and heads.  Renamed by prefix; inside a
+# layer the names are transformers' file names (transformers 5 keeps ``mlp.fc1`` /
+# ``self_attn.o_proj`` in memory and writes ``fc1`` / ``self_attn.out_proj``; both are read).
+
+#: (Hugging Face prefix, peg_detr prefix): denoising embedding, query selection, decoder and heads
+DECODER_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("model.denoising_class_embed.", "denoising_class_embed."),
+    ("model.enc_output.", "decoder.enc_output."),
+    ("model.enc_score_head.", "decoder.enc_score_head."),
+    ("model.enc_bbox_head.", "decoder.enc_bbox_head."),
+    ("model.weight_embedding.", "decoder.weight_embedding."),
+    ("model.decoder_input_proj.", "decoder.input_proj."),
+    ("model.decoder.layers.", "decoder.layers."),
+    ("model.decoder.query_pos_head.", "decoder.query_pos_head."),
+    ("model.decoder.class_embed.", "decoder.class_embed."),
+    ("model.decoder.bbox_embed.", "decoder.bbox_embed."),
+)
+# transformers 5's in-memory names inside a decoder layer -> the names of its files (and ours)
+_IN_MEMORY = ((".mlp.fc1.", ".fc1."), (".mlp.fc2.", ".fc2."), (".self_attn.o_proj.", ".self_attn.out_proj."))
+
+
+def decoder_key_from_hf(key: str) -> str | None:
+    """A Hugging Face key of the decoder side in ``peg_detr`` names; None for other keys."""
+    for hf, ours in DECODER_PREFIXES:
+        if key.startswith(hf):
+            new = ours + key.removeprefix(hf)
+            for memory, file in _IN_MEMORY:
+                new = new.replace(memory, file)
+            return new
+    return None
+
+
+def decoder_key_to_hf(key: str) -> str | None:
+    """A ``peg_detr`` key of the decoder side in the names ``save_pretrained`` writes; None for other keys."""
+    for hf, ours in DECODER_PREFIXES:
+        if key.startswith(ours):
+            return hf + key.removeprefix(ours)
+    return None
+
+
+# ---------------------------------------------------------------- config.json <-> keywords
 #: the activations peg_detr's RT-DETR layers have (encoder MLP and convolutions, decoder MLP)
 _ACTIVATIONS = ("relu", "gelu", "silu")
 
@@ -243,8 +380,9 @@ def rtdetr_from_hf_config(
     return model
 
 
+# ---------------------------------------------------------------- keys: the whole detector
 # AIFI's keys: ``save_pretrained`` writes ``model.encoder.encoder.{i}.layers.{j}.{fc1,fc2,self_attn.out_proj}``,
-# transformers 5 (and hf_keys) name them ``model.encoder.aifi.{i}.layers.{j}.{mlp.fc1,mlp.fc2,self_attn.o_proj}``.
+# transformers 5 names them ``model.encoder.aifi.{i}.layers.{j}.{mlp.fc1,mlp.fc2,self_attn.o_proj}``.
 def rtdetr_hf_to_ours(key: str) -> str | None:
     """peg_detr's RT-DETR key of a Hugging Face ``RTDetrForObjectDetection`` key (file or in-memory name).
 
@@ -292,39 +430,17 @@ def _load_rtdetr(model: RTDETR, state: dict[str, Tensor], path: Path, config: di
     return report
 
 
-def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.Module, LoadReport]:
-    """Build the detector a Hugging Face folder describes and load its weights: ``(model, report)``.
+def rtdetr_from_hf(folder: str | os.PathLike, pos_enc: str = "sincos") -> tuple[RTDETR, LoadReport]:
+    """The RT-DETR a Hugging Face ``rt_detr`` folder describes, with its weights: ``(model in eval mode, report)``.
 
-    Args:
-        folder: a ``save_pretrained`` folder: ``config.json`` + ``model.safetensors`` or
-            ``pytorch_model.bin`` (read with ``weights_only=True``; nothing is downloaded).
-        pos_enc: the encoder's position encoding; default the folder's (RT-DETR ``sincos``, DETR
-            ``sine``).  For RT-DETR any AIFI encoding (``peg``: zero-initialised, listed under
-            ``report.converted``); for DETR any of :data:`peg_detr.models.POS_ENCODINGS`.
-
-    Returns the model in eval mode and a :class:`~peg_core.interop.LoadReport`: ``copied`` (our keys
-    loaded), ``converted`` (our keys added at their initialisation), ``skipped`` (file keys left
-    out), ``args`` (config.json).
-
-    Raises:
-        WeightsError: no folder, no config.json or weights, unreadable files, tensors that do not
-            fit the config (key and shapes named).
-        ValueError: a ``model_type`` other than ``detr`` / ``rt_detr``, or settings peg_detr lacks.
+    ``pos_enc``: AIFI's encoding (``sincos`` is transformers'; ``peg`` adds a zero-initialised PEG,
+    listed under ``report.converted``).  The fields of ``config.json`` are checked first, then their
+    sizes against the weights, before the model is built (:class:`WeightsError` naming the field).
+    :func:`peg_detr.interop.from_hf` dispatches here on ``model_type``.
     """
     path = Path(folder)
     config = read_hf_config(path)
-    kind = config.get("model_type")
-    if kind not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"{path / 'config.json'}: model_type {kind!r} is not supported (expected 'detr' or 'rt_detr')"
-        )
     where = path / "config.json"
-    if kind == "detr":
-        read_hf_state(path)  # every field, and the sizes against the weights, before the model is built
-        model, _, _ = build_detr(pos_enc=pos_enc or "sine", **detr_build_options(config, where))
-        report = load_official_checkpoint(model, path)
-        return model.eval(), report
-    pos_enc = pos_enc or "sincos"
     options = rtdetr_build_options(config, pos_enc, where)  # the fields first: one is named before any tensor
     state, weights = read_hf_weights(path)
     _check_rtdetr_weights(config, options, state, where)
@@ -333,12 +449,77 @@ def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.M
     return model.eval(), report
 
 
-def rtdetr_hf_config(model: RTDETR, id2label: dict[int, str] | None = None) -> dict[str, Any]:
-    """An ``RTDetrConfig`` (as config.json's dict) describing ``model``: the inverse of :func:`rtdetr_from_hf_config`.
+# ---------------------------------------------------------------- the way back: model -> folder
+#: :class:`HybridEncoder` keyword -> the ``RTDetrConfig`` field :func:`rtdetr_build_options` reads it from
+_ENCODER_FIELDS = {
+    "in_channels": "encoder_in_channels",
+    "hidden_dim": "encoder_hidden_dim",
+    "num_heads": "encoder_attention_heads",
+    "dim_feedforward": "encoder_ffn_dim",
+    "dropout": "dropout",
+    "act": "encoder_activation_function",
+    "conv_act": "activation_function",
+    "expansion": "hidden_expansion",
+    "num_layers": "encoder_layers",
+    "use_encoder_idx": "encode_proj_layers",
+    "temperature": "positional_encoding_temperature",
+    "normalize_before": "normalize_before",
+    "layer_norm_eps": "layer_norm_eps",
+    "batch_norm_eps": "batch_norm_eps",
+}
 
-    For any RT-DETR with the ``sincos`` encoding, built by ``build_rtdetr`` or from a folder; the
-    backbone and encoder fields come from :func:`~peg_detr.models.rtdetr.hf_keys.encoder_hf_config`,
-    the decoder's from its ``hparams``.  ``id2label``: class names (default ``LABEL_i``).
+
+def _require_sincos(encoder: HybridEncoder) -> None:
+    """A ``ValueError`` unless AIFI's encoding is ``sincos``, the only one transformers' RT-DETR has."""
+    if encoder.pos_enc != "sincos":
+        raise ValueError(
+            f"pos_enc {encoder.pos_enc!r} cannot be exported; transformers' RT-DETR has only 'sincos'"
+        )
+
+
+def encoder_hf_config(backbone: ResNetVd, encoder: HybridEncoder) -> dict[str, Any]:
+    """The ``config.json`` fields of a backbone + encoder: the inverse of :func:`rtdetr_build_options` on them.
+
+    ``{"backbone_config": {...}, "freeze_backbone_batch_norms": ..., "encoder_*": ...}``.  The chosen
+    stages are written as ``out_indices`` (what :func:`rtdetr_build_options` reads) and as
+    ``out_features`` (their names), as transformers' ``save_pretrained`` writes both.  A
+    ``ValueError`` for another encoding than ``sincos`` (transformers' RT-DETR has no PEG, learned
+    table or rotary encoding).
+    """
+    _require_sincos(encoder)
+    first = backbone.downsample_in_first_stage
+    strides = [s * (2 if first else 1) for s in _STAGE_STRIDES]
+    indices = [strides.index(s) + 1 for s in backbone.out_strides]
+    config: dict[str, Any] = {
+        "backbone_config": {
+            "model_type": "rt_detr_resnet",
+            "layer_type": backbone.layer_type,
+            "depths": list(backbone.depths),
+            "hidden_sizes": list(backbone.widths),
+            "embedding_size": backbone.stem_width,
+            "hidden_act": "relu",
+            "num_channels": 3,
+            "out_features": [f"stage{i}" for i in indices],
+            "out_indices": indices,
+            "downsample_in_first_stage": first,
+            "downsample_in_bottleneck": backbone.downsample_in_bottleneck,
+        },
+        "freeze_backbone_batch_norms": backbone.freeze_bn,
+    }
+    config.update({hf: encoder.hparams[ours] for ours, hf in _ENCODER_FIELDS.items()})
+    temperature = config["positional_encoding_temperature"]
+    if isinstance(temperature, float) and temperature.is_integer():
+        config["positional_encoding_temperature"] = int(temperature)  # RTDetrConfig validates an int
+    return config
+
+
+def rtdetr_hf_config(model: RTDETR, id2label: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """An ``RTDetrConfig`` (as config.json's dict) describing ``model``: the inverse of :func:`rtdetr_build_options`.
+
+    For any RT-DETR with the ``sincos`` encoding, built by ``build_rtdetr`` or from a folder: the
+    backbone's and encoder's fields from :func:`encoder_hf_config`, the decoder's from its ``hparams``.  ``id2label``: class names (default ``LABEL_i``).  A
+    ``ValueError`` for another encoding (transformers' RT-DETR has no PEG, learned table or rotary
+    encoding) or settings one config cannot hold.
     """
     dec = model.decoder.hparams
     config = encoder_hf_config(model.backbone, model.encoder)  # ValueError unless sincos
@@ -361,62 +542,46 @@ def rtdetr_hf_config(model: RTDETR, id2label: dict[int, str] | None = None) -> d
     return config
 
 
-def export_hf_rtdetr(model_or_checkpoint: RTDETR | str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+def export_hf_rtdetr(
+    model: RTDETR, out_dir: str | os.PathLike, id2label: Mapping[int, str] | None = None
+) -> Path:
     """Write an RT-DETR with the ``sincos`` encoding as a Hugging Face folder; returns ``out_dir``.
 
-    ``model_or_checkpoint``: an RT-DETR (from :func:`from_hf`, :func:`rtdetr_from_hf_config` or
-    ``build_rtdetr``), or a ``peg_detr train`` checkpoint of one (its EMA weights when it has them,
-    as ``eval`` reads it).  Writes ``config.json`` (a folder's own ``hf_config``, else
+    ``model``: from :func:`rtdetr_from_hf`, :func:`rtdetr_from_hf_config` or ``build_rtdetr`` (a
+    ``peg_detr train`` checkpoint: ``python -m peg_detr export-hf`` loads its EMA weights, as
+    ``eval`` does, and passes the model).  ``id2label``: class names by label (default: a folder's
+    own names, else ``LABEL_i``).  Writes ``config.json`` (a folder's own ``hf_config``, else
     :func:`rtdetr_hf_config`) and ``model.safetensors`` in ``save_pretrained``'s key names;
     ``RTDetrForObjectDetection.from_pretrained(out_dir)`` then computes what the model computes.
-    Other encodings have no place in transformers' RT-DETR and raise a ValueError before anything
-    is written.
+    Other encodings have no place in transformers' RT-DETR and raise a ``ValueError`` before
+    anything is written.
     """
-    model, source, id2label = _resolve_model(model_or_checkpoint)
+    model = getattr(model, "module", model)
+    if not isinstance(model, RTDETR):
+        raise TypeError(f"export_hf_rtdetr takes an RT-DETR, not a {type(model).__name__}")
+    names = dict(id2label or {})
     cfg = getattr(model, "build_config", None) or {}
-    if model.encoder.pos_enc != "sincos":
-        raise ValueError(
-            f"{source}: pos_enc {model.encoder.pos_enc!r} cannot be exported; transformers' RT-DETR has only 'sincos'"
-        )
+    _require_sincos(model.encoder)  # before anything is written
     # a model from a folder goes back with that folder's config (and the run's class names, when a
     # checkpoint records them); any other is described from its modules
     if isinstance(cfg.get("hf_config"), dict):
-        hf_config = _with_label_names(cfg["hf_config"], id2label, model.num_classes)
+        hf_config = _with_label_names(cfg["hf_config"], names, model.num_classes)
     else:
-        hf_config = rtdetr_hf_config(model, id2label)
+        hf_config = rtdetr_hf_config(model, names)
     state = {}
     for key, value in model.state_dict().items():
         hf = rtdetr_ours_to_hf(key)
         if hf is None:
-            raise ValueError(f"{source}: key {key} has no Hugging Face name")
-        state[hf] = value.detach().cpu().contiguous()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+            raise ValueError(f"key {key} has no Hugging Face name")
+        state[hf] = value
     config = {**hf_config, "anchor_image_size": None, "architectures": ["RTDetrForObjectDetection"]}
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    write_state_file(state, out / "model.safetensors", metadata={"format": "pt"})
-    return out
+    return write_hf_folder(out_dir, config, state)
 
 
-def _with_label_names(config: dict[str, Any], names: dict[int, str], num_classes: int) -> dict[str, Any]:
+def _with_label_names(config: dict[str, Any], names: Mapping[int, str], num_classes: int) -> dict[str, Any]:
     """``config`` with ``id2label`` / ``label2id`` naming label ``i`` ``names[i]`` (else the config's own name)."""
     if not names:
         return config
     own = config.get("id2label") or {}
     id2label = {str(i): names.get(i) or own.get(str(i)) or f"LABEL_{i}" for i in range(num_classes)}
     return {**config, "id2label": id2label, "label2id": {n: int(i) for i, n in id2label.items()}}
-
-
-def _resolve_model(model_or_checkpoint: RTDETR | str | os.PathLike) -> tuple[RTDETR, str, dict[int, str]]:
-    """``(model, its name in messages, class names by id)``; a checkpoint is read as ``eval`` reads it (EMA weights)."""
-    if isinstance(model_or_checkpoint, nn.Module):
-        return model_or_checkpoint, "model", {}
-    from .model import load_model  # here: peg_detr.model builds RT-DETRs through this module
-
-    loaded = load_model(model_or_checkpoint)
-    if not isinstance(loaded.model, RTDETR):
-        raise ValueError(
-            f"{model_or_checkpoint}: not an RT-DETR checkpoint (arch {loaded.config.get('arch')!r})"
-        )
-    names = {i: name for i, name in enumerate(loaded.classes) if name}
-    return loaded.model, str(model_or_checkpoint), names

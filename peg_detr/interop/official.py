@@ -13,7 +13,7 @@ count differs (fine-tuning on another data set); any other missing or
 unexpected key, or any shape mismatch, is an error that lists the keys.
 
 Hugging Face DETR weights (a ``save_pretrained`` folder or its weights file)
-are read too: their keys are renamed to the official ones by :mod:`peg_detr.hf`.
+are read too: their keys are renamed to the official ones by :mod:`peg_detr.interop.hf_detr`.
 
 The file is read by :func:`peg_core.interop.read_state_file` and the state dict found by
 :func:`peg_core.interop.unwrap_state_dict` / :func:`~peg_core.interop.strip_prefixes`.
@@ -36,9 +36,9 @@ from peg_core import PEG2d
 from peg_core.engine.distributed import is_main_process
 from peg_core.interop.io import LoadReport, WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 
-from ..hf import hf_to_official, is_hf_source, looks_like_hf, read_hf_state
+from .hf_detr import hf_to_official, is_hf_source, looks_like_hf, read_hf_state
 
-__all__ = ["LoadReport", "load_official_checkpoint", "read_official_checkpoint"]
+__all__ = ["SAFE_GLOBALS", "load_official_checkpoint", "read_official_checkpoint"]
 
 #: Classes an official checkpoint may pickle besides tensors and containers.
 SAFE_GLOBALS = [argparse.Namespace]
@@ -92,7 +92,7 @@ def load_official_checkpoint(
         model: the model (a DDP wrapper is unwrapped).
         path: ``.pth`` file, ``{"model": state_dict, "args": Namespace}`` or a bare state dict; or a
             Hugging Face DETR folder (``config.json`` + ``model.safetensors`` / ``pytorch_model.bin``)
-            or either weights file, whose keys are mapped by :func:`peg_detr.hf.hf_to_official`
+            or either weights file, whose keys are mapped by :func:`~peg_detr.interop.hf_detr.hf_to_official`
             (``LoadReport.args`` is then the folder's ``config.json``).
         num_classes: the class count wanted; default the model's.  When the
             file's differs, ``class_embed.*`` is dropped and keeps its fresh init.

@@ -14,6 +14,8 @@ Mapping (timm name -> CPVT name; everything not listed has the same name)::
 
 torchvision ``VisionTransformer`` state dicts are renamed first
 (:func:`peg_core.interop.torchvision_vit_to_deit`).
+
+Here, not in :mod:`peg_core.models`: the models import nothing of :mod:`peg_core.interop`.
 """
 
 from __future__ import annotations
@@ -23,16 +25,16 @@ from typing import Any
 
 import torch
 
-from ..interop.io import strip_prefixes, unwrap_state_dict
-from ..interop.surgery import is_torchvision_vit, torchvision_vit_to_deit
+from ..models.cpvt import CPVT
 from ..resize import infer_grid, resize_pos_embed
-from .cpvt import CPVT
+from .io import LoadReport, strip_prefixes, unwrap_state_dict
+from .surgery import is_torchvision_vit, torchvision_vit_to_deit
 
 __all__ = ["load_timm_deit"]
 
 
 @torch.no_grad()
-def load_timm_deit(model: CPVT, state_dict: Mapping[str, Any], mode: str = "bicubic") -> dict[str, list[str]]:
+def load_timm_deit(model: CPVT, state_dict: Mapping[str, Any], mode: str = "bicubic") -> LoadReport:
     """Load a timm DeiT / ViT (or torchvision ViT) checkpoint into ``model`` (see the module docstring).
 
     Args:
@@ -41,22 +43,24 @@ def load_timm_deit(model: CPVT, state_dict: Mapping[str, Any], mode: str = "bicu
         mode: interpolation for resizing ``pos_embed`` to a learned model's grid.
 
     Returns:
-        ``{"dropped": [...], "zero_init": [...], "kept_init": [...], "resized": [...]}`` naming the keys
-        that were not loaded one to one.  Any other mismatch raises (strict load).
+        the :class:`LoadReport`: ``skipped`` the checkpoint keys with no place (distillation token and
+        head, a class token or table the model does not have, a head of another size), ``converted``
+        the resized table and the zero-initialised PEGs, ``missing`` a head kept at its
+        initialisation, ``copied`` the rest.  Any other mismatch raises (strict load).
     """
     sd = strip_prefixes(unwrap_state_dict(state_dict))
     if is_torchvision_vit(sd):
         sd = torchvision_vit_to_deit(sd)
-    report: dict[str, list[str]] = {"dropped": [], "zero_init": [], "kept_init": [], "resized": []}
+    report = LoadReport()
     own = model.state_dict()
 
     n_src_prefix = int("cls_token" in sd) + int("dist_token" in sd)
     for name in [n for n in sd if n == "dist_token" or n.startswith("head_dist.")]:
         del sd[name]
-        report["dropped"].append(name)
+        report.skipped[name] = "distillation: the model has no distillation token"
     if "cls_token" in sd and model.cls_token is None:
         del sd["cls_token"]
-        report["dropped"].append("cls_token")
+        report.skipped["cls_token"] = "the model has no class token"
 
     if "pos_embed" in sd:
         table = sd.pop("pos_embed")
@@ -73,19 +77,22 @@ def load_timm_deit(model: CPVT, state_dict: Mapping[str, Any], mode: str = "bicu
             sd["pos_enc.pos_embed"] = resize_pos_embed(
                 grid, model.grid_size, src_grid, num_prefix_tokens=model.num_prefix_tokens, mode=mode
             )
-            report["resized"].append(
-                f"pos_embed {tuple(table.shape)} -> pos_enc.pos_embed {tuple(sd['pos_enc.pos_embed'].shape)}"
-            )
+            if tuple(table.shape) != tuple(sd["pos_enc.pos_embed"].shape):  # same grid: a plain copy
+                report.converted["pos_enc.pos_embed"] = (
+                    f"resized ({mode}) from pos_embed {tuple(table.shape)} to {tuple(sd['pos_enc.pos_embed'].shape)}"
+                )
         else:
-            report["dropped"].append("pos_embed")
+            report.skipped["pos_embed"] = "the model has no learned table"
 
     for name, value in own.items():
         if name.startswith("pos_blocks.") and name not in sd:
             sd[name] = torch.zeros_like(value)
-            report["zero_init"].append(name)
+            report.converted[name] = "zero-initialised (the checkpoint has no PEG)"
     for name in ("head.weight", "head.bias"):
         if name in sd and name in own and sd[name].shape != own[name].shape:
-            report["kept_init"].append(f"{name} {tuple(sd[name].shape)} (model has {tuple(own[name].shape)})")
+            report.skipped[name] = f"shape {tuple(sd[name].shape)}, the model's is {tuple(own[name].shape)}"
+            report.missing.append(name)
             sd[name] = own[name]
     model.load_state_dict(sd, strict=True)
+    report.copied = [k for k in sd if k not in report.converted and k not in report.missing]
     return report

@@ -1,0 +1,77 @@
+"""A local Hugging Face detector folder -> the peg_detr model it describes: one :func:`from_hf` for both.
+
+``config.json``'s ``model_type`` picks the reader: ``detr`` (``DetrForObjectDetection``,
+:mod:`.hf_detr`: built by :func:`~peg_detr.models.build_detr`, loaded by
+:func:`~peg_detr.interop.official.load_official_checkpoint`) or ``rt_detr``
+(``RTDetrForObjectDetection``, :func:`.hf_rtdetr.rtdetr_from_hf`).  A new detector format adds
+its module here and one entry to :data:`FROM_HF`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from torch import nn
+
+from peg_core.interop.hf_folder import read_hf_config
+from peg_core.interop.io import LoadReport
+
+from ..models import build_detr
+from .hf_detr import detr_build_options, read_hf_state
+from .hf_rtdetr import rtdetr_from_hf
+from .official import load_official_checkpoint
+
+__all__ = ["FROM_HF", "SUPPORTED_MODEL_TYPES", "detr_from_hf", "from_hf"]
+
+
+def detr_from_hf(folder: str | os.PathLike, pos_enc: str = "sine") -> tuple[nn.Module, LoadReport]:
+    """The DETR a Hugging Face ``detr`` folder describes, with its weights: ``(model in eval mode, report)``.
+
+    ``pos_enc``: the encoder's encoding (``sine`` is transformers'); any other DETR encoding
+    starts from the same weights (a PEG at zero, listed under ``report.converted``).
+    """
+    path = Path(folder)
+    read_hf_state(path)  # every field, and the sizes against the weights, before the model is built
+    options = detr_build_options(read_hf_config(path), path / "config.json")
+    model, _, _ = build_detr(pos_enc=pos_enc, **options)
+    report = load_official_checkpoint(model, path)
+    return model.eval(), report
+
+
+#: ``config.json`` ``model_type`` -> ``(reader, its default encoding)``
+FROM_HF: dict[str, tuple[Callable[..., tuple[nn.Module, LoadReport]], str]] = {
+    "detr": (detr_from_hf, "sine"),
+    "rt_detr": (rtdetr_from_hf, "sincos"),
+}
+SUPPORTED_MODEL_TYPES = tuple(FROM_HF)
+
+
+def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.Module, LoadReport]:
+    """Build the detector a Hugging Face folder describes and load its weights: ``(model, report)``.
+
+    Args:
+        folder: a ``save_pretrained`` folder: ``config.json`` + ``model.safetensors`` or
+            ``pytorch_model.bin`` (read with ``weights_only=True``; nothing is downloaded).
+        pos_enc: the encoder's position encoding; default the folder's (RT-DETR ``sincos``, DETR
+            ``sine``).  For RT-DETR any AIFI encoding (``peg``: zero-initialised, listed under
+            ``report.converted``); for DETR any of :data:`peg_detr.models.DETR_ENCODINGS`.
+
+    Returns the model in eval mode and a :class:`~peg_core.interop.LoadReport`: ``copied`` (our keys
+    loaded), ``converted`` (our keys added at their initialisation), ``skipped`` (file keys left
+    out), ``args`` (config.json).
+
+    Raises:
+        WeightsError: no folder, no config.json or weights, unreadable files, tensors that do not
+            fit the config (key and shapes named).
+        ValueError: a ``model_type`` other than ``detr`` / ``rt_detr``, or settings peg_detr lacks.
+    """
+    path = Path(folder)
+    kind = read_hf_config(path).get("model_type")
+    if kind not in FROM_HF:
+        raise ValueError(
+            f"{path / 'config.json'}: model_type {kind!r} is not supported (expected 'detr' or 'rt_detr')"
+        )
+    reader, default = FROM_HF[kind]
+    return reader(path, pos_enc or default)
