@@ -7,17 +7,16 @@ Public API::
 Depends on peg_core, torch, torchvision; decord and pytorchvideo for data and the X3D baselines.
 """
 
-from .hf import from_hf
+from peg_core import PEG3d
+
+from .interop import LoadReport, from_hf, inflate_peg2d, load_2d_checkpoint
 from .models import (
     LearnedPositionEncoding3d,
-    LoadReport,
     SinCosPositionEncoding3d,
     VideoTransformer,
     build_video_model,
     list_video_models,
-    load_2d_checkpoint,
 )
-from .peg3d import PEG3d, inflate_peg2d
 
 __version__ = "0.1.0"
 

@@ -49,6 +49,7 @@ from peg_core.engine import (
     print_closing,
     run_reported,
     unit_fraction,
+    unused_pos_flags,
 )
 from peg_core.engine.predict_cli import (
     add_predict_args,
@@ -58,6 +59,7 @@ from peg_core.engine.predict_cli import (
 )
 from peg_core.engine.recipes import add_recipe_args
 from peg_core.errors import InputError
+from peg_core.registry import EncodingSpec, parse_pos_enc
 
 from .configs import (
     CONFIGS,
@@ -69,6 +71,7 @@ from .configs import (
     VIDEOMAE_MEAN,
     VIDEOMAE_STD,
 )
+from .data.clip import ClipSpec
 from .data.datasets import DATASETS, SPLIT_DATASETS
 from .data.transforms import (
     KINETICS_MEAN,
@@ -80,8 +83,9 @@ from .data.transforms import (
     parse_rand_augment,
 )
 from .evaluation import REDUCTIONS
+from .interop.hf import read_hf_video_config
 from .models import X3D_CONFIGS, list_video_models
-from .models.vit import POS_ENCODINGS
+from .models.vit import VIDEO_ENCODINGS
 
 __all__ = [
     "build_eval_parser",
@@ -402,7 +406,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_num_heads_arg(m)
     add_pos_args(
         m,
-        (*POS_ENCODINGS, "table"),
+        VIDEO_ENCODINGS,
+        extra={"table": "keep the --init Hugging Face folder's own encoding"},
         peg_at_help="blocks followed by a PEG3d, e.g. 0 or -1,0; -1: before block 0; all: after every block",
     )
     m.add_argument("--tubelet", type=tubelet_size, metavar="T,H,W", help="tubelet of the ViT, e.g. 2,16,16")
@@ -580,6 +585,38 @@ def _drop_or_refuse(
         setattr(args, dest, None)
 
 
+def _drop_unused_pos_flags(
+    p: argparse.ArgumentParser, args: argparse.Namespace, explicit: dict[str, Any], pos_enc: str, source: str
+) -> None:
+    """The PEG group and ``--pos-interpolation`` against the encoding ``pos_enc`` (from ``source``).
+
+    :func:`peg_core.engine.unused_pos_flags` says which have no effect and why: given as flags they
+    are refused, a recipe's value is dropped.  ``--peg-at`` asking for no PEG at all is no conflict.
+    """
+    for dest, why in unused_pos_flags(pos_enc, args.peg_dynamic, source).items():
+        if dest == "peg_at" and args.peg_at in ([], "none"):
+            args.peg_at = None
+            continue
+        _drop_or_refuse(p, args, explicit, (dest,), why)
+
+
+def _conditional_name(pos_enc: str) -> str | None:
+    """The conditional part of ``pos_enc`` (``"peg3d"`` of ``"peg3d+rope-3d"``), or None."""
+    spec: EncodingSpec = parse_pos_enc(pos_enc, VIDEO_ENCODINGS)  # the parser's type checked it
+    return None if spec.conditional is None else spec.conditional.name
+
+
+def _apply_peg_separable(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--peg-separable``: the video PEG3d's separable form is the factorized one (spatial kxk, then temporal k)."""
+    conditional = _conditional_name(args.pos_enc)
+    if args.peg_separable and conditional == "peg3d":
+        args.pos_enc = "+".join(
+            "peg3d-factorized" if part == "peg3d" else part for part in args.pos_enc.split("+")
+        )
+    elif args.peg_separable is False and conditional == "peg3d-factorized":
+        p.error(f"argument --no-peg-separable: contradicts --pos-enc {args.pos_enc} (the separable PEG3d)")
+
+
 def _check_model(p: argparse.ArgumentParser, args: argparse.Namespace, explicit: dict[str, Any]) -> None:
     """Model options against the model: each one given is honoured or refused, never ignored."""
     recipe = CONFIGS[args.config] if args.config else DEFAULTS
@@ -588,26 +625,19 @@ def _check_model(p: argparse.ArgumentParser, args: argparse.Namespace, explicit:
             setattr(args, key, explicit.get(key, {} if key == "model_opts" else None))
     if args.arch in X3D_CONFIGS:
         _drop_or_refuse(p, args, explicit, ("num_heads",), f"{args.arch} is a CNN without attention heads")
-    if args.arch in X3D_CONFIGS or not args.pos_enc.startswith("peg3d"):
-        what = f"--arch {args.arch}" if args.arch in X3D_CONFIGS else f"--pos-enc {args.pos_enc}"
-        _drop_or_refuse(p, args, explicit, _PEG_DESTS, f"needs a PEG (--pos-enc peg3d or peg3d-factorized "
-                        f"on a vit_*), not {what}")  # fmt: skip
-    if args.pos_enc != "learned" or args.arch in X3D_CONFIGS:
+        cnn = f"--arch {args.arch}: a CNN without position encoding"
+        _drop_or_refuse(p, args, explicit, _PEG_DESTS, f"has no effect without a PEG ({cnn})")
         _drop_or_refuse(
-            p, args, explicit, ("pos_interpolation",), "resizes a learned table (--pos-enc learned)"
+            p, args, explicit, ("pos_interpolation",), f"has no effect without a learned table ({cnn})"
         )
-    # --peg-separable: the video PEG3d's separable form is the factorized one (spatial kxk, then temporal k)
-    if args.peg_separable and args.pos_enc == "peg3d":
-        args.pos_enc = "peg3d-factorized"
-    elif args.peg_separable is False and args.pos_enc == "peg3d-factorized":
-        p.error("argument --no-peg-separable: contradicts --pos-enc peg3d-factorized (the separable PEG3d)")
-    if args.peg_num_kernels is not None and not args.peg_dynamic:
-        p.error("argument --peg-num-kernels: sizes the kernel bank of --peg-dynamic, which is off")
-    if args.peg_dynamic and args.pos_enc == "peg3d-factorized":
+    else:
+        _drop_unused_pos_flags(p, args, explicit, args.pos_enc, f"--pos-enc {args.pos_enc}")
+    _apply_peg_separable(p, args)
+    if args.peg_dynamic and _conditional_name(args.pos_enc) == "peg3d-factorized":
         p.error("argument --peg-dynamic: not with the factorized (separable) PEG3d")
 
 
-def _check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace, clip: ClipSpec) -> None:
     lo, hi = args.scale_jitter
     if lo > hi:
         p.error(f"argument --scale-jitter: MIN must not exceed MAX, got {lo},{hi}")
@@ -615,13 +645,11 @@ def _check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"argument --scale-jitter: {lo},{hi} must be >= --crop {args.crop}")
     if args.test_scale < args.crop:
         p.error(f"argument --test-scale: {args.test_scale} must be >= --crop {args.crop}")
-    if args.arch not in X3D_CONFIGS:  # a vit_* or the model of an --init folder
-        t, h, w = args.tubelet
-        if args.num_frames % t or args.crop % h or args.crop % w:
-            p.error(
-                f"--num-frames {args.num_frames} and --crop {args.crop} must be multiples of "
-                f"--tubelet {t},{h},{w}"
-            )
+    if clip.misfits():  # a vit_* or the model of an --init folder (an X3D has no tubelet)
+        p.error(
+            f"--num-frames {clip.num_frames} and --crop {clip.crop} must be multiples of "
+            f"--tubelet {','.join(map(str, clip.tubelet))}"
+        )
     if args.min_lr > args.lr:
         p.error(f"argument --min-lr: {args.min_lr} must not exceed --lr {args.lr}")
 
@@ -633,7 +661,7 @@ _FINETUNE_OPTS = ("drop_path_rate", "drop_rate")
 
 
 def _hf_folder_config(args: argparse.Namespace) -> dict[str, Any] | None:
-    """:func:`peg_video.hf.read_hf_video_config` of ``--init`` when it is a folder, else ``None``.
+    """:func:`peg_video.interop.hf.read_hf_video_config` of ``--init`` when it is a folder, else ``None``.
 
     A folder without a readable ``config.json`` of a supported model type is the reader's
     one-line ``WeightsError``, here, before any data is read; a file (or a path that does not
@@ -641,8 +669,6 @@ def _hf_folder_config(args: argparse.Namespace) -> dict[str, Any] | None:
     """
     if args.init is None or not args.init.is_dir():
         return None
-    from .hf import read_hf_video_config
-
     return read_hf_video_config(args.init)
 
 
@@ -666,49 +692,73 @@ def _check_hf_model(p: argparse.ArgumentParser, args: argparse.Namespace, explic
     args.model_opts = {k: v for k, v in opts.items() if k in _FINETUNE_OPTS}
     if not _given(args, explicit, "pos_enc"):
         args.pos_enc = "table"  # the folder's model as it was saved
-    if args.peg_separable and args.pos_enc == "peg3d":
-        args.pos_enc = "peg3d-factorized"
-    if not args.pos_enc.startswith("peg3d"):
-        _drop_or_refuse(p, args, explicit, _PEG_DESTS, f"needs a PEG (--pos-enc peg3d ...), not --pos-enc "
-                        f"{args.pos_enc}")  # fmt: skip
+    if args.pos_enc == "table":  # the folder's own encoding, which has no PEG
+        _drop_unused_pos_flags(
+            p, args, explicit, hf["pos_enc"], f"--pos-enc table: the folder's {hf['pos_enc']}"
+        )
+    else:
+        _drop_unused_pos_flags(p, args, explicit, args.pos_enc, f"--pos-enc {args.pos_enc}")
+        _apply_peg_separable(p, args)
     args.arch = hf["model_type"]
-    args.tubelet = list(hf["tubelet"])
 
 
-def _apply_hf_input(args: argparse.Namespace, explicit: dict[str, Any], hf: dict[str, Any]) -> None:
-    """The VideoMAE recipe's input for an ``--init`` folder, where neither a flag nor the recipe says.
+def _clip_spec(args: argparse.Namespace, explicit: dict[str, Any], hf: dict[str, Any] | None) -> ClipSpec:
+    """The run's clip, decided once from the flags, the ``--config`` recipe and an ``--init`` folder.
 
-    Clip length and crop are the folder's native ones (else :data:`VIDEOMAE_INPUT`'s 16 and 224),
-    at stride 4; the scale jitter is VideoMAE's 256..320 for a 224 crop, scaled with the crop,
-    and the test short side is the crop (VideoMAE's ``short_side_size``).
+    One precedence rule per field:
+
+    * ``num_frames``, ``stride``, ``crop``: a flag, else the recipe; with an ``--init`` folder and
+      neither, the folder's native clip length and crop, else :data:`VIDEOMAE_INPUT`'s (16 frames
+      at stride 4, 224 px);
+    * ``tubelet``: an ``--init`` folder's (the model is the folder's), else ``--tubelet`` / the
+      recipe's; none for an X3D (a CNN);
+    * ``mean`` / ``std``: a flag, else the folder's preprocessor config, else the recipe's, else
+      ImageNet's (VideoMAE's fine-tuning) with a folder and Kinetics' without.
     """
+    folder = hf or {}
     native = {
-        "num_frames": hf.get("num_frames"),
-        "crop": min(hf["image_size"]) if hf.get("image_size") else None,
+        "num_frames": folder.get("num_frames"),
+        "crop": min(folder["image_size"]) if folder.get("image_size") else None,
     }
-    for dest in ("num_frames", "stride", "crop"):
-        if not _given(args, explicit, dest):
-            setattr(args, dest, native.get(dest) or VIDEOMAE_INPUT[dest])
+    sizes = {
+        dest: getattr(args, dest)
+        if hf is None or _given(args, explicit, dest)
+        else native.get(dest) or VIDEOMAE_INPUT[dest]
+        for dest in ("num_frames", "stride", "crop")
+    }
+    if hf is not None:
+        tubelet = tuple(hf["tubelet"])
+    else:
+        tubelet = None if args.arch in X3D_CONFIGS else tuple(args.tubelet)
+    fallback = (VIDEOMAE_MEAN, VIDEOMAE_STD) if hf is not None else (KINETICS_MEAN, KINETICS_STD)
+    norm = {}
+    for dest, default in zip(("mean", "std"), fallback, strict=True):
+        value = getattr(args, dest, None)
+        if dest not in explicit and folder.get(dest) is not None:
+            value = folder[dest]
+        norm[dest] = tuple(float(v) for v in (value if value is not None else default))
+    return ClipSpec(**sizes, tubelet=tubelet, **norm)
+
+
+def _apply_clip(args: argparse.Namespace, clip: ClipSpec) -> None:
+    """Write ``clip`` into the run's arguments (what ``args.json`` and the checkpoint record, and
+    :meth:`ClipSpec.of_run` reads back); an X3D keeps its unused ``tubelet`` argument."""
+    for dest, value in clip.record().items():
+        if value is not None:
+            setattr(args, dest, value)
+
+
+def _apply_hf_views(args: argparse.Namespace, explicit: dict[str, Any]) -> None:
+    """The VideoMAE recipe's views for an ``--init`` folder, where neither a flag nor the recipe says.
+
+    The scale jitter is VideoMAE's 256..320 for a 224 crop, scaled with the crop, and the test
+    short side is the crop (VideoMAE's ``short_side_size``).
+    """
     base = VIDEOMAE_INPUT["crop"]
     if not _given(args, explicit, "scale_jitter"):
         args.scale_jitter = [round(s * args.crop / base) for s in VIDEOMAE_INPUT["scale_jitter"]]
     if not _given(args, explicit, "test_scale"):
         args.test_scale = args.crop
-
-
-def _set_normalisation(args: argparse.Namespace, explicit: dict[str, Any], hf: dict[str, Any] | None) -> None:
-    """``args.mean`` / ``args.std``: the flags, else the folder's, else the recipe's, else the default.
-
-    The default is ImageNet's (VideoMAE's fine-tuning) with an ``--init`` folder and Kinetics'
-    otherwise.  Always set, so ``args.json`` and the checkpoint record the normalisation.
-    """
-    folder = (hf or {}).get("mean"), (hf or {}).get("std")
-    fallback = (VIDEOMAE_MEAN, VIDEOMAE_STD) if hf is not None else (KINETICS_MEAN, KINETICS_STD)
-    for dest, from_folder, default in zip(("mean", "std"), folder, fallback, strict=True):
-        if dest in explicit:
-            continue
-        value = from_folder if from_folder is not None else getattr(args, dest, None)
-        setattr(args, dest, [float(v) for v in (value if value is not None else default)])
 
 
 def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -730,11 +780,13 @@ def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("argument --pos-enc: table keeps the position encoding of an --init Hugging Face folder")
     if hf is not None:
         _check_hf_model(p, args, explicit, hf)
-        _apply_hf_input(args, explicit, hf)
     else:
         _check_model(p, args, explicit)
-    _set_normalisation(args, explicit, hf)
-    _check_sizes(p, args)
+    clip = _clip_spec(args, explicit, hf)
+    _apply_clip(args, clip)
+    if hf is not None:
+        _apply_hf_views(args, explicit)
+    _check_sizes(p, args, clip)
     return args
 
 
@@ -838,24 +890,27 @@ def build_export_hf_parser() -> argparse.ArgumentParser:
 
 
 def export_hf(argv: Sequence[str] | None = None) -> int:
-    """``export-hf CKPT OUT_DIR``: the checkpoint as a VideoMAE-layout folder (:func:`peg_video.hf.export_hf`)."""
+    """``export-hf CKPT OUT_DIR``: the checkpoint as a VideoMAE-layout folder (:func:`peg_video.interop.hf.export_hf`)."""
     from peg_core.engine import UserError, check_output_folder, read_checkpoint
 
-    from .hf import export_hf as write
-    from .model import checkpoint_run
+    from .interop.hf import export_hf as write
+    from .model import checkpoint_run, load_model
 
     args = build_export_hf_parser().parse_args(argv)
     # an existing Hugging Face folder (its config.json and weights) is the user's: refused, before any work
     check_output_folder(args.out_dir, HF_FILES, command="export-hf", inputs=[args.checkpoint],
                         overwrite=args.overwrite, create=False)  # fmt: skip
-    config, _, _ = checkpoint_run(read_checkpoint(args.checkpoint, "video"), args.checkpoint)
+    ckpt = read_checkpoint(args.checkpoint, "video")
+    config, _, _ = checkpoint_run(ckpt, args.checkpoint)
     pos_enc = str(config.get("pos_enc"))
-    if pos_enc.startswith("peg3d") or pos_enc == "none":
-        what = "a PEG3d model" if pos_enc.startswith("peg3d") else "a model without position encoding"
+    spec = parse_pos_enc(pos_enc, VIDEO_ENCODINGS)  # what the checkpoint's model was built with
+    if spec.conditional is not None or not spec.parts:
+        what = "a PEG3d model" if spec.conditional is not None else "a model without position encoding"
         raise UserError(f"{what} (pos_enc {pos_enc!r}) has no table for the VideoMAE layout (it needs "
                         "VideoMAE's sinusoid table)", args.checkpoint)  # fmt: skip
+    loaded = load_model(ckpt, args.checkpoint)
     try:
-        out = write(args.checkpoint, args.out_dir)
+        out = write(loaded.model, args.out_dir, classes=loaded.classes)
     except InputError:
         raise
     except ValueError as e:  # an option VideoMAE cannot express, named by export_hf

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from peg_core.engine import UserError, image_side, new_parser, positive_int
-from peg_core.export.onnx import add_export_args, check_output_path, compare_onnxruntime, export_onnx
+from peg_core.export.cli import add_export_args, check_output_path
+from peg_core.export.onnx import compare_onnxruntime, export_onnx
 
 from .model import load_model
 

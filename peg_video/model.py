@@ -5,7 +5,8 @@
 * :func:`model_config_from_args` makes those keywords from parsed ``train`` flags;
 * :func:`checkpoint_run` / :func:`load_model` read a video checkpoint back, older ones included
   (their ``peg_at: "all"`` and their argument names are mapped to today's meaning);
-* :func:`init_weights` is ``train --init PATH``: a video checkpoint, or a 2-D image one to inflate;
+* :func:`init_weights` is ``train --init PATH``: a video checkpoint, or a 2-D image one to inflate
+  (a :class:`~peg_core.interop.io.LoadReport`, :func:`init_line` its log line);
   :func:`model_from_hf_folder` is ``train --init FOLDER`` (a Hugging Face folder builds the model).
 
 Checkpoint problems are :class:`~peg_core.engine.UserError` (one line naming the file); a
@@ -34,14 +35,17 @@ from peg_core.engine import (
 from peg_core.errors import InputError
 from peg_core.interop.io import LoadReport
 
-from .models import VIT_CONFIGS, VideoTransformer, build_video_model, load_2d_checkpoint
-from .models.init_2d import Init2dError
+from .data.clip import ClipSpec
+from .interop.hf import hf_build_config, load_hf_model, read_hf_video_config
+from .interop.inflate import Init2dError, load_2d_checkpoint
+from .models import VIT_CONFIGS, VideoTransformer, build_video_model
 
 __all__ = [
     "OLD_ARG_NAMES",
     "build_model",
     "check_clip_fits",
     "checkpoint_run",
+    "init_line",
     "init_weights",
     "load_model",
     "model_config_from_args",
@@ -66,20 +70,25 @@ def build_model(config: Mapping[str, Any]) -> nn.Module:
     return build_video_model(**config)
 
 
-def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[str, Any]:
+def model_config_from_args(
+    args: argparse.Namespace, num_classes: int, clip: ClipSpec | None = None
+) -> dict[str, Any]:
     """JSON-safe :func:`build_model` keywords for parsed ``train`` flags (stored as ``model_config``).
 
+    The clip length, crop and tubelet are the run's :class:`~peg_video.data.clip.ClipSpec`
+    (``clip``; by default the one the arguments record).
     Only options that were set go in (``--num-heads``, the PEG group, ``--pos-interpolation``),
     so an unset one keeps the builder's default and old checkpoints' configs stay comparable.
     ``--peg-separable`` is not a keyword: the parser has turned it into ``pos_enc="peg3d-factorized"``.
     """
+    clip = ClipSpec.of_run(args) if clip is None else clip
     config: dict[str, Any] = {
         "name": args.arch,
         "pos_enc": args.pos_enc,
         "num_classes": num_classes,
-        "num_frames": args.num_frames,
-        "img_size": args.crop,
-        "tubelet": list(args.tubelet),
+        "num_frames": clip.num_frames,
+        "img_size": clip.crop,
+        "tubelet": list(clip.tubelet),
         **args.model_opts,
     }
     if getattr(args, "num_heads", None) is not None:
@@ -147,14 +156,15 @@ def load_model(
     return LoadedModel(model, config, classes, meta, saved)
 
 
-def init_weights(model: nn.Module, path: str | os.PathLike, source: str | None = None) -> str:
-    """``train --init PATH``: start ``model`` from a file; returns a one-line account.
+def init_weights(model: nn.Module, path: str | os.PathLike, source: str | None = None) -> LoadReport:
+    """``train --init PATH``: start ``model`` from a file; returns what was loaded, key by key.
 
     The file decides the kind: a peg_video training checkpoint (the engine's format with
     ``task: "video"``) loads key for key (a classifier head of another class count is dropped
-    and stays at its initial values); anything else is a 2-D image checkpoint (peg_core's CPVT
-    checkpoint or state dict, a timm DeiT state dict with ``source="deit"``) inflated into the
-    video transformer (:func:`peg_video.load_2d_checkpoint`).
+    and stays at its initial values: ``skipped`` and ``missing``; ``args`` is the checkpoint's
+    run); anything else is a 2-D image checkpoint (peg_core's CPVT checkpoint or state dict, a
+    timm DeiT state dict with ``source="deit"``) inflated into the video transformer
+    (:func:`peg_video.load_2d_checkpoint`).  The report's ``source`` is ``path``.
     """
     path = Path(path)
     if path.is_dir():
@@ -174,7 +184,13 @@ def init_weights(model: nn.Module, path: str | os.PathLike, source: str | None =
         report = load_2d_checkpoint(model, obj, source=source or "cpvt")
     except Init2dError as e:  # it was given the tensors, not the file: name the file
         raise Init2dError(e.what, path) from None
-    return f"2D init: {str(report).splitlines()[0]} from {path}"
+    report.source = str(path)
+    return report
+
+
+def init_line(report: LoadReport) -> str:
+    """The log line of an ``--init`` load: ``--init PATH: 52 copied, 3 converted, ...`` and why keys were left out."""
+    return f"--init {report.source}: {report.line()}"
 
 
 def model_from_hf_folder(
@@ -189,12 +205,11 @@ def model_from_hf_folder(
     ``eval`` / ``predict`` / ``export`` rebuild the model without the folder.  A folder or weights
     that do not fit are one-line errors naming the folder.
     """
-    from .hf import from_hf, hf_model_config
-
     folder, own = Path(folder), None if pos_enc == "table" else pos_enc
     try:
-        config = hf_model_config(folder, own, num_classes=num_classes, **dict(options or {}))
-        model, report = from_hf(folder, own, num_classes=num_classes, **dict(options or {}))
+        info = read_hf_video_config(folder)  # config.json, read once for the config and the model
+        config = hf_build_config(info, own, num_classes=num_classes, **dict(options or {}))
+        model, report = load_hf_model(info, config)
     except InputError:  # WeightsError: already "what: where"
         raise
     except (ValueError, TypeError) as e:
@@ -202,9 +217,9 @@ def model_from_hf_folder(
     return model, json_safe(config), report
 
 
-def _init_from_video(model: nn.Module, ckpt: Mapping[str, Any], path: Path) -> str:
+def _init_from_video(model: nn.Module, ckpt: Mapping[str, Any], path: Path) -> LoadReport:
     """Load a video checkpoint's weights into ``model``; a head of another size keeps its init."""
-    _, classes, _ = checkpoint_run(ckpt, path)
+    _, classes, saved = checkpoint_run(ckpt, path)
     state = dict(ckpt["model"])
     mine = model.state_dict()
     dropped = [
@@ -214,15 +229,22 @@ def _init_from_video(model: nn.Module, ckpt: Mapping[str, Any], path: Path) -> s
     ]
     state.update({k: mine[k] for k in dropped})  # same keys, so the strict load checks everything else
     load_model_state(model, state, path)
-    head = f"; head left at init ({len(classes)} classes in the checkpoint)" if dropped else ""
-    return f"video init: {len(state) - len(dropped)} tensors from {path}{head}"
+    why = f"the checkpoint's head ({len(classes)} classes) does not fit: left at init"
+    return LoadReport(
+        source=str(path),
+        copied=[k for k in state if k not in dropped],
+        skipped=dict.fromkeys(dropped, why),
+        missing=list(dropped),
+        args=saved,
+    )
 
 
 def check_clip_fits(model: nn.Module, run: argparse.Namespace) -> None:
-    """A transformer's clips must split into its tubelets; say so before decoding any video."""
+    """A transformer's clips must split into its tubelets; say so before decoding any video.
+
+    The run's clip (:meth:`ClipSpec.of_run`) against the model's tubelet: a
+    :class:`~peg_video.data.clip.ClipSpecError` naming the flag (an X3D has no tubelet).
+    """
     tubelet = getattr(model, "tubelet", None)
-    if tubelet is None:
-        return
-    for flag, value, size in (("--num-frames", run.num_frames, tubelet[0]), ("--crop", run.crop, tubelet[1])):
-        if value % size:
-            raise UserError(f"must be a multiple of the model's tubelet {tuple(tubelet)}", f"{flag} {value}")
+    if tubelet is not None:
+        ClipSpec.of_run(run, tubelet=tubelet).check()

@@ -35,20 +35,22 @@ from peg_core.engine import (
 from peg_core.engine.recipes import apply_position_recipe
 
 from .data import Annotations, is_kinetics_csv, load_annotations, read_class_map, write_class_map
+from .data.clip import ClipSpec
 from .data.datasets import SPLIT_DATASETS, load_dataset
 from .data.loaders import make_loader, repeated_aug
-from .data.transforms import KINETICS_MEAN, KINETICS_STD
 from .evaluation import evaluate_views
 from .mix import build_clip_mix, mix_seed
 from .model import (
     build_model,
     check_clip_fits,
     checkpoint_run,
+    init_line,
     init_weights,
     load_model,
     model_config_from_args,
     model_from_hf_folder,
 )
+from .models.vit import tubelet_misfits
 
 __all__ = ["VideoTask", "input_record", "load_data", "resize_clips"]
 
@@ -120,7 +122,7 @@ def _is_hf_folder(args: argparse.Namespace) -> bool:
 
 
 def _build_train_model(
-    args: argparse.Namespace, num_classes: int, ckpt: dict[str, Any] | None
+    args: argparse.Namespace, num_classes: int, ckpt: dict[str, Any] | None, clip: ClipSpec
 ) -> tuple[nn.Module, dict[str, Any], str | None]:
     """``(model, model_config, init line)`` of a training run.
 
@@ -135,27 +137,28 @@ def _build_train_model(
         opts = {**args.model_opts, **{k: v for k, v in peg_kwargs(args).items() if k != "peg_separable"}}
         model, config, report = model_from_hf_folder(args.init, args.pos_enc, num_classes, opts)
         return model, config, f"Hugging Face init from {args.init}: {report}"
-    config = model_config_from_args(args, num_classes)
+    config = model_config_from_args(args, num_classes, clip)
     try:
         model = build_model(config)
     except (ValueError, TypeError) as e:  # the constructors' checks of sizes and keywords
         raise UserError(f"cannot build the model ({e})", f"--arch {args.arch}") from None
-    init = (
-        init_weights(model, args.init, args.init_source) if ckpt is None and args.init is not None else None
-    )
+    init = None
+    if ckpt is None and args.init is not None:
+        init = init_line(init_weights(model, args.init, args.init_source))
     return model, config, init
 
 
 def input_record(args: argparse.Namespace) -> dict[str, Any]:
     """The input pipeline a run trains with (the checkpoint's ``meta["input"]``; ``args`` has it too)."""
+    clip = ClipSpec.of_run(args)
     return {
-        "num_frames": args.num_frames,
+        "num_frames": clip.num_frames,
         "sampling": getattr(args, "sampling", "stride"),
-        "stride": args.stride,
-        "crop": args.crop,
+        "stride": clip.stride,
+        "crop": clip.crop,
         "test_scale": args.test_scale,
-        "mean": list(getattr(args, "mean", None) or KINETICS_MEAN),
-        "std": list(getattr(args, "std", None) or KINETICS_STD),
+        "mean": list(clip.mean),
+        "std": list(clip.std),
     }
 
 
@@ -207,7 +210,8 @@ class VideoTask:
         train_ann, val_ann, classes = load_data(args, resumed_classes)
         if ctx.is_main:
             write_class_map(classes, ctx.out_dir / "classes.json")
-        model, config, init = _build_train_model(args, len(classes), ckpt)
+        clip = ClipSpec.of_run(args)  # the run's clip, for the model and the data alike
+        model, config, init = _build_train_model(args, len(classes), ckpt, clip)
         if init is not None:
             ctx.print(init)
         model.to(ctx.device)
@@ -219,7 +223,7 @@ class VideoTask:
             lr_scale=getattr(args, "pos_lr_scale", None),
         )
         _check_recipe_sizes(model, args)
-        train_loader, train_ds = make_loader(args, train_ann, "train", ctx.dist, ctx.out_dir)
+        train_loader, train_ds = make_loader(args, train_ann, "train", ctx.dist, ctx.out_dir, clip)
         steps = len(train_loader)
         scheduler = warmup_cosine(
             optimizer, int(args.warmup_epochs * steps), args.epochs * steps, args.min_lr / args.lr
@@ -373,7 +377,7 @@ def _check_recipe_sizes(model: nn.Module, args: argparse.Namespace) -> None:
     tubelet = getattr(model, "tubelet", None)
     for flag in ("train_sizes", "progressive_sizes"):
         sizes = getattr(args, flag, None) or []
-        bad = [s for s in sizes if tubelet is not None and (s % tubelet[1] or s % tubelet[2])]
+        bad = [s for s in sizes if tubelet is not None and tubelet_misfits((tubelet[0], s, s), tubelet)]
         if bad:
             raise UserError(f"sizes must be multiples of the tubelet {tuple(tubelet)}",
                             f"--{flag.replace('_', '-')} {','.join(map(str, sizes))}")  # fmt: skip

@@ -11,15 +11,17 @@ from peg_core.engine import SkipBroken, UserError
 from peg_core.engine.distributed import DistInfo
 
 from .annotations import Annotations
+from .clip import ClipSpec
 from .kinetics import ClipBatches, KineticsVideoDataset
-from .transforms import KINETICS_MEAN, KINETICS_STD, RRC_RATIO, RRC_SCALE, ClipTransformConfig
+from .transforms import RRC_RATIO, RRC_SCALE, ClipTransformConfig
 
 __all__ = ["make_loader", "repeated_aug", "transform_config"]
 
 
-def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
-    """The spatial recipe of ``args`` (``crop``, ``scale_jitter``, ``test_scale``, ``num_crops``, ``hflip``,
-    ``mean`` / ``std``, ``rand_augment``, ``random_erasing``, ``train_crop``, ``rrc_scale``, ``rrc_ratio``).
+def transform_config(args: argparse.Namespace, clip: ClipSpec | None = None) -> ClipTransformConfig:
+    """The spatial recipe of ``args`` (``scale_jitter``, ``test_scale``, ``num_crops``, ``hflip``,
+    ``rand_augment``, ``random_erasing``, ``train_crop``, ``rrc_scale``, ``rrc_ratio``) with the crop and
+    normalisation of the run's clip (``clip``; by default the one ``args`` records, :meth:`ClipSpec.of_run`).
 
     A flip is refused for SSv2 here too (not only by the parser), so no other way of building
     the arguments can train it with flipped "left to right" clips.
@@ -28,15 +30,16 @@ def transform_config(args: argparse.Namespace) -> ClipTransformConfig:
         raise UserError(
             "horizontal flips contradict SSv2's left / right labels", "--hflip with --dataset ssv2"
         )
+    clip = ClipSpec.of_run(args) if clip is None else clip
     return ClipTransformConfig(
-        crop=args.crop,
+        crop=clip.crop,
         train_scale=tuple(args.scale_jitter),  # --scale-jitter
         test_scale=args.test_scale,
         num_crops=args.num_crops,
         hflip=bool(args.hflip),
         # the run's normalisation (an --init folder's); runs from before --mean / --std: Kinetics'
-        mean=tuple(getattr(args, "mean", None) or KINETICS_MEAN),
-        std=tuple(getattr(args, "std", None) or KINETICS_STD),
+        mean=clip.mean,
+        std=clip.std,
         # runs from before these flags: off
         rand_augment=getattr(args, "rand_augment", None),
         random_erasing=float(getattr(args, "random_erasing", 0.0) or 0.0),
@@ -65,9 +68,17 @@ def _check_pytorchvideo(args: argparse.Namespace, cfg: ClipTransformConfig) -> N
 
 
 def make_loader(
-    args: argparse.Namespace, ann: Annotations, mode: str, dist: DistInfo, list_dir: Path
+    args: argparse.Namespace,
+    ann: Annotations,
+    mode: str,
+    dist: DistInfo,
+    list_dir: Path,
+    clip: ClipSpec | None = None,
 ) -> tuple[DataLoader, object]:
     """``(loader, dataset)`` of ``mode`` (``"train"`` / ``"test"``) for ``args.data_backend``.
+
+    Clips are the run's :class:`~peg_video.data.clip.ClipSpec` (``clip``; by default the one
+    ``args`` records): its frames, stride, crop and normalisation.
 
     Test batches hold ``batch_size // views`` videos (at least one), so a batch is about as
     heavy as a training one.  Training batches hold ``batch_size`` videos, which are
@@ -76,7 +87,8 @@ def make_loader(
     back-end writes its ``path label`` list into ``list_dir``.  Call ``dataset.set_epoch(epoch)``
     (and the sampler's) before each epoch.
     """
-    cfg = transform_config(args)
+    clip = ClipSpec.of_run(args) if clip is None else clip
+    cfg = transform_config(args, clip)
     views = args.num_clips * args.num_crops if mode == "test" else 1
     batch = args.batch_size if mode == "train" else max(1, args.batch_size // views)
     common = {
@@ -93,8 +105,8 @@ def make_loader(
             ann,
             Path(list_dir) / f"{mode}_pytorchvideo_rank{dist.rank}.txt",
             mode,
-            args.num_frames,
-            args.stride,
+            clip.num_frames,
+            clip.stride,
             cfg,
             num_clips=args.num_clips,
             world_size=dist.world_size,
@@ -103,8 +115,8 @@ def make_loader(
     ds = KineticsVideoDataset(
         ann,
         mode,
-        args.num_frames,
-        args.stride,
+        clip.num_frames,
+        clip.stride,
         num_clips=args.num_clips,
         transform=cfg,
         seed=args.seed,

@@ -43,7 +43,8 @@ def build_video_model(
         name: ``"vit_tiny"`` (192 wide, 3 heads), ``"vit_small"`` (384, 6),
             ``"vit_base"`` (768, 12), all 12 blocks; or an X3D baseline
             ``"x3d_xs"`` / ``"x3d_s"`` / ``"x3d_m"`` (pytorchvideo).
-        pos_enc: for a ViT (:data:`~peg_video.models.vit.POS_ENCODINGS`):
+        pos_enc: for a ViT, what :data:`~peg_video.models.vit.VIDEO_ENCODINGS` accepts from the
+            position-encoding registry (:mod:`peg_core.registry`; a registered plugin's name too):
 
             * ``"peg3d"``: a space-time PEG (depthwise Conv3d) after the blocks of ``peg_at``;
             * ``"peg3d-factorized"``: the PEG3d as a spatial then a temporal depthwise conv;
@@ -53,7 +54,7 @@ def build_video_model(
             * ``"sinusoid-1d"``: VideoMAE's fixed 1-D sinusoid over the flattened token index,
               resized trilinearly at another clip shape;
             * ``"rope-3d"``: 3-D rotary queries / keys from the input's grid (``rope_layout``);
-            * ``"peg3d+rope-3d"``: both;
+            * ``"peg3d+rope-3d"``: both (a conditional and a rotary encoding combine);
             * ``"none"``: no position information.
 
             An X3D has no position encoding and takes ``"peg3d"`` (the default) or ``"none"``.

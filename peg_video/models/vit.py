@@ -24,7 +24,14 @@ attention the temporal attention rotates by ``t`` (its table is the grid ``(T, 1
 PEG3d of ``peg3d`` as well.  No state-dict key is added (the frequencies are not persistent).
 ``rope_layout="vjepa2"`` takes V-JEPA 2's channel layout (:func:`peg_core.rope.build_rope`).
 
-Options for pre-trained encoders (:mod:`peg_video.hf`; the defaults keep the keys and outputs of
+``pos_enc`` is read by the position-encoding registry (:mod:`peg_core.registry`) against
+:data:`VIDEO_ENCODINGS`: one table (added once at the input), one conditional encoding (after the
+blocks of ``peg_at``) or one rotary encoding, or a conditional and a rotary one together.  Each
+part is built by its registered builder from an :class:`~peg_core.registry.EncodingContext`, so
+an encoding registered from outside (a 3-D one, or one for 2-D and 3-D grids) runs here by name.
+``sinusoid-1d`` is registered by this module (peg_video's own table, the in-package plugin).
+
+Options for pre-trained encoders (:mod:`peg_video.interop.hf`; the defaults keep the keys and outputs of
 every earlier config): ``pos_enc="sinusoid-1d"`` (VideoMAE's fixed table over the flattened
 token index, :class:`SinusoidTable3d`), ``qkv_bias="qv"`` (query and value biases, no key bias:
 ``attn.qkv.q_bias`` / ``attn.qkv.v_bias``), ``norm_eps``, ``fc_norm_eps`` (a LayerNorm after the
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -45,28 +53,33 @@ from torch import Tensor, nn
 
 from peg_core import check_tokens
 from peg_core.base import PositionEncoding
-from peg_core.encodings import LearnedPositionEncoding3d, SinCosPositionEncoding3d, sincos_1d
+from peg_core.encodings import sincos_1d
 from peg_core.models.layers import Attention, Block, init_vit_weights, vit_lr_layer_id
 from peg_core.peg import resolve_peg_at
+from peg_core.registry import Encoding, EncodingContext, EncodingSupport, parse_pos_enc, register_encoding
 from peg_core.resize import is_tracing, resize_pos_embed_3d, resize_pos_embed_traceable
-from peg_core.rope import build_rope
 
-from ..peg3d import PEG3d
 from .pool import AttentivePool
 
 __all__ = [
     "ATTENTIONS",
-    "POS_ENCODINGS",
+    "SINUSOID_1D",
+    "VIDEO_ENCODINGS",
     "DividedBlock",
     "QVBiasLinear",
     "SinusoidTable3d",
     "TubeletEmbed",
     "VideoTransformer",
     "sinusoid_table",
+    "tubelet_misfits",
 ]
 
-POS_ENCODINGS = ("peg3d", "peg3d-factorized", "learned", "sincos", "none", "rope-3d", "peg3d+rope-3d",
-                 "sinusoid-1d")  # fmt: skip
+#: What the video ViT builds from a ``pos_enc`` (:mod:`peg_core.registry`): a table added once at the
+#: input, a conditional encoding (PEG3d) after the blocks of ``peg_at``, or a rotary encoding of every
+#: attention's queries and keys; one of them, or a conditional and a rotary one together.
+VIDEO_ENCODINGS = EncodingSupport(
+    "the video ViT", 3, combos=(("conditional", "rotary"),), examples=("peg3d+rope-3d",)
+)
 ATTENTIONS = ("joint", "divided")
 GLOBAL_POOLS = ("avg", "token", "first", "attentive")
 TEMPORAL_INTERPOLATIONS = ("linear", "nearest", "area")
@@ -74,6 +87,17 @@ TEMPORAL_INTERPOLATIONS = ("linear", "nearest", "area")
 
 def _triple(x: int | Sequence[int]) -> tuple[int, int, int]:
     return (int(x),) * 3 if isinstance(x, int) else tuple(int(s) for s in x)
+
+
+def tubelet_misfits(sizes: Sequence[int], tubelet: Sequence[int]) -> list[tuple[str, int, int]]:
+    """The one tubelet rule: ``(axis, size, k)`` for each of ``T, H, W`` that ``k`` does not divide.
+
+    ``sizes`` is a clip's ``(T, H, W)`` and ``tubelet`` its ``(t, p, p)``; an empty list means the
+    clip splits into tubelets.  Every check of the rule (the model, the command line, a Hugging Face
+    config, a run's clip) words its own message from this list.
+    """
+    # sizes stay as given (a traced clip's symbolic sizes must not be turned into constants)
+    return [(axis, s, k) for axis, s, k in zip("THW", sizes, tubelet, strict=True) if s % k]
 
 
 def sinusoid_table(length: int, dim: int) -> Tensor:
@@ -125,6 +149,25 @@ class SinusoidTable3d(PositionEncoding):
         return pos
 
 
+def _sinusoid_1d(ctx: EncodingContext) -> SinusoidTable3d:
+    """``sinusoid-1d``'s builder: the table for the training grid, resized trilinearly at another one.
+
+    VideoMAE's table is resized over three axes, so the 2-D modes a model names (``bicubic``,
+    ``bilinear``) mean ``trilinear`` here; ``nearest`` / ``area`` are taken as given.
+    """
+    mode = "trilinear" if ctx.interpolation in ("bicubic", "bilinear") else ctx.interpolation
+    return SinusoidTable3d(ctx.dim, ctx.grid_size, ctx.num_prefix_tokens, interpolation=mode)
+
+
+#: VideoMAE's fixed table, peg_video's own encoding: registered here, as a plugin package would
+SINUSOID_1D = register_encoding(
+    Encoding(
+        "sinusoid-1d", "add", _sinusoid_1d, dims=(3,),
+        description="VideoMAE's fixed sinusoid over the flattened token index",
+    )
+)  # fmt: skip
+
+
 class QVBiasLinear(nn.Linear):
     """The fused ``qkv`` projection with query and value biases and no key bias (BEiT / VideoMAE).
 
@@ -162,7 +205,7 @@ class TubeletEmbed(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int, int]]:
         if x.dim() != 5 or x.shape[1] != self.in_chans:
             raise ValueError(f"expected clips (B, {self.in_chans}, T, H, W); got shape {tuple(x.shape)}")
-        bad = [(n, s, k) for n, s, k in zip("THW", x.shape[2:], self.tubelet) if s % k]
+        bad = tubelet_misfits(x.shape[2:], self.tubelet)
         if bad:
             raise ValueError(
                 f"clip of shape {tuple(x.shape)} does not split into tubelets {self.tubelet}: "
@@ -245,13 +288,15 @@ class DividedBlock(Block):
 
 
 def _check_options(
-    *, pos_enc: str, attention: str, global_pool: str, qkv_bias: bool | str, temporal_fc: bool,
+    *, attention: str, global_pool: str, qkv_bias: bool | str, temporal_fc: bool,
     pool_depth: int, pool_mlp_ratio: float, pos_temporal_interpolation: str, peg_dynamic: bool,
     peg_num_kernels: int | None, embed_dim: int, num_heads: int,
 ) -> None:  # fmt: skip
-    """:class:`VideoTransformer`'s options that exclude each other: a ``ValueError`` naming them."""
+    """:class:`VideoTransformer`'s options that exclude each other: a ``ValueError`` naming them.
+
+    ``pos_enc`` is checked by :func:`peg_core.registry.parse_pos_enc` when the model reads it.
+    """
     for name, value, allowed in (
-        ("pos_enc", pos_enc, POS_ENCODINGS),
         ("attention", attention, ATTENTIONS),
         ("global_pool", global_pool, GLOBAL_POOLS),
     ):
@@ -274,26 +319,6 @@ def _check_options(
         raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
 
 
-def _table(
-    pos_enc: str, dim: int, grid: tuple[int, ...], num_prefix: int, interpolation: str, temporal: str
-) -> nn.Module | None:
-    """The additive table of ``pos_enc`` (learned, sin-cos, VideoMAE's sinusoid), ``None`` for the others."""
-    if pos_enc == "learned":
-        return LearnedPositionEncoding3d(
-            dim,
-            grid,
-            num_prefix_tokens=num_prefix,
-            interpolation=interpolation,
-            temporal_interpolation=temporal,
-        )
-    if pos_enc == "sincos":
-        return SinCosPositionEncoding3d(dim, num_prefix_tokens=num_prefix)
-    if pos_enc == "sinusoid-1d":
-        mode = "trilinear" if interpolation in ("bicubic", "bilinear") else interpolation
-        return SinusoidTable3d(dim, grid, num_prefix, interpolation=mode)
-    return None
-
-
 class VideoTransformer(nn.Module):
     """Video ViT with a conditional (PEG3d) or other space-time position encoding.
 
@@ -308,8 +333,9 @@ class VideoTransformer(nn.Module):
         tubelet: ``(t, p, p)`` of the Conv3d tubelet embedding.
         pos_enc: ``"peg3d"`` (default), ``"peg3d-factorized"``, ``"learned"``
             (spatial + temporal tables), ``"sincos"`` (fixed), ``"none"``, ``"rope-3d"``
-            (3-D rotary q/k, module docstring), ``"peg3d+rope-3d"`` (both) or
-            ``"sinusoid-1d"`` (VideoMAE's fixed table, :class:`SinusoidTable3d`).
+            (3-D rotary q/k, module docstring), ``"peg3d+rope-3d"`` (both),
+            ``"sinusoid-1d"`` (VideoMAE's fixed table, :class:`SinusoidTable3d`), or any
+            name or combination :data:`VIDEO_ENCODINGS` accepts from the registry.
         rope_layout: channel layout of ``rope-3d``: ``"pairs"`` (default) or ``"vjepa2"``
             (V-JEPA 2's, :func:`peg_core.rope.build_rope`).
         peg_at: block indices after which a PEG3d runs; ``-1`` means before
@@ -388,8 +414,9 @@ class VideoTransformer(nn.Module):
         pos_temporal_interpolation: str = "linear",
     ) -> None:
         super().__init__()
+        spec = parse_pos_enc(pos_enc, VIDEO_ENCODINGS)
         _check_options(
-            pos_enc=pos_enc, attention=attention, global_pool=global_pool, qkv_bias=qkv_bias,
+            attention=attention, global_pool=global_pool, qkv_bias=qkv_bias,
             temporal_fc=temporal_fc, pool_depth=pool_depth, pool_mlp_ratio=pool_mlp_ratio,
             pos_temporal_interpolation=pos_temporal_interpolation, peg_dynamic=peg_dynamic,
             peg_num_kernels=peg_num_kernels, embed_dim=embed_dim, num_heads=num_heads,
@@ -397,7 +424,7 @@ class VideoTransformer(nn.Module):
         tub = _triple(tubelet)
         hw = (img_size, img_size) if isinstance(img_size, int) else tuple(int(s) for s in img_size)
         sizes = (num_frames, *hw)
-        if any(s % k for s, k in zip(sizes, tub)):
+        if tubelet_misfits(sizes, tub):
             raise ValueError(f"num_frames={num_frames}, img_size={hw} must be multiples of the tubelet {tub}")
         self.embed_dim = embed_dim
         self.num_classes = num_classes
@@ -409,30 +436,30 @@ class VideoTransformer(nn.Module):
         self.attention = attention
         self.global_pool = global_pool
         self.num_prefix_tokens = p = 1 if global_pool == "token" else 0
-        self.peg_at = resolve_peg_at(peg_at, depth) if pos_enc.startswith("peg3d") else ()
-        self.rope = (
-            build_rope("rope-3d", embed_dim // num_heads, layout=rope_layout)
-            if pos_enc.endswith("rope-3d")
-            else None
-        )
+        self.peg_at = resolve_peg_at(peg_at, depth) if spec.conditional else ()
+        # the parts are built in this order (rotary, table, conditional) as they always were: the
+        # parameters are drawn from the RNG in creation order
+        self.rope = None
+        if spec.rotary is not None:
+            head = EncodingContext(embed_dim // num_heads, self.grid_size, num_prefix_tokens=p,
+                                   num_heads=num_heads, depth=depth, options={"layout": rope_layout})  # fmt: skip
+            self.rope = spec.rotary.build(head)
 
         self.patch_embed = TubeletEmbed(tub, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if p else None
-        self.pos_enc = _table(
-            pos_enc, embed_dim, self.grid_size, p, pos_interpolation, pos_temporal_interpolation
-        )
+        grid = EncodingContext(embed_dim, self.grid_size, num_prefix_tokens=p, interpolation=pos_interpolation,
+                               temporal_interpolation=pos_temporal_interpolation)  # fmt: skip
+        self.pos_enc = spec.table.build(grid) if spec.table is not None else None
         peg_options = {
-            "num_prefix_tokens": p,
-            "factorized": pos_enc == "peg3d-factorized",
+            "kernel_size": peg_kernel_size,
             "padding_mode": peg_padding,
             "dynamic": peg_dynamic,
             "num_kernels": 4 if peg_num_kernels is None else peg_num_kernels,
             "zero_init": peg_zero_init,
         }
         # Keyed by block index as CPVT's pos_blocks, so "pos_blocks.0" inflates from the 2D "pos_blocks.0".
-        self.pos_blocks = nn.ModuleDict(
-            {str(i): PEG3d(embed_dim, peg_kernel_size, **peg_options) for i in self.peg_at}
-        )
+        peg = replace(grid, options=peg_options)
+        self.pos_blocks = nn.ModuleDict({str(i): spec.conditional.build(peg) for i in self.peg_at})
         self.blocks = self._make_blocks(
             embed_dim, depth, num_heads, mlp_ratio, qkv_bias, norm_eps, drop_path_rate, temporal_fc
         )

@@ -114,7 +114,7 @@ def test_detr_and_rtdetr_folders(tmp_path):
 
 
 def test_video_folder_and_its_preprocessor_config(tmp_path):
-    from peg_video.hf import read_hf_video_config
+    from peg_video.interop.hf import read_hf_video_config
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "videomae"}))
     (tmp_path / "preprocessor_config.json").write_text(DEEP)

@@ -14,7 +14,14 @@ from peg_core.models import CPVT
 from peg_video import build_video_model
 from peg_video.__main__ import COMMANDS
 from peg_video.cli import build_eval_parser, build_make_data_parser, parse_train_args
-from peg_video.model import build_model, checkpoint_run, init_weights, load_model, model_config_from_args
+from peg_video.model import (
+    build_model,
+    checkpoint_run,
+    init_line,
+    init_weights,
+    load_model,
+    model_config_from_args,
+)
 
 DATA = ["--train-ann", "a.csv"]
 TINY_VIT = {"name": "vit_tiny", "num_classes": 3, "num_frames": 4, "img_size": 16, "tubelet": [2, 8, 8],
@@ -118,6 +125,11 @@ def test_peg_flags_reach_the_built_model():
         sep.pos_enc == "peg3d-factorized"
         and build_model(model_config_from_args(sep, 6)).pos_blocks["0"].factorized
     )
+    both = _args("--config", "synthetic_tiny", "--pos-enc", "peg3d+rope-3d", "--peg-separable")
+    assert both.pos_enc == "peg3d-factorized+rope-3d"
+    # a recipe's PEG options are dropped for an encoding without a PEG; --peg-at none asks for none
+    table = _args("--config", "synthetic_tiny", "--pos-enc", "sincos")
+    assert table.peg_at is None and build_model(model_config_from_args(table, 6)).pos_blocks.keys() == set()
     learned = _args("--pos-enc", "learned", "--pos-interpolation", "nearest")
     assert build_model(model_config_from_args(learned, 6)).pos_enc.interpolation == "nearest"
 
@@ -125,13 +137,35 @@ def test_peg_flags_reach_the_built_model():
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--pos-enc", "learned", "--peg-kernel-size", "5"], "argument --peg-kernel-size: needs a PEG"),
-        (["--arch", "x3d_xs", "--pos-enc", "none", "--peg-at", "0"], "argument --peg-at: needs a PEG"),
+        (
+            ["--pos-enc", "learned", "--peg-kernel-size", "5"],
+            "argument --peg-kernel-size: has no effect without a PEG (--pos-enc learned)",
+        ),
+        (
+            ["--pos-enc", "rope-3d", "--peg-padding", "circular"],
+            "argument --peg-padding: has no effect without a PEG (--pos-enc rope-3d)",
+        ),
+        (
+            ["--arch", "x3d_xs", "--pos-enc", "none", "--peg-at", "0"],
+            "argument --peg-at: has no effect without a PEG (--arch x3d_xs: a CNN without position encoding)",
+        ),
         (
             ["--arch", "x3d_xs", "--pos-enc", "none", "--num-heads", "2"],
             "x3d_xs is a CNN without attention heads",
         ),
-        (["--pos-interpolation", "nearest"], "argument --pos-interpolation: resizes a learned table"),
+        (
+            ["--pos-interpolation", "nearest"],
+            "argument --pos-interpolation: has no effect without a learned table (--pos-enc peg3d)",
+        ),
+        (
+            ["--pos-enc", "learned+peg3d"],
+            "argument --pos-enc: the video ViT takes no table+conditional combination",
+        ),
+        (["--pos-enc", "rope-axial"], "argument --pos-enc: the video ViT has a 3-D token grid"),
+        (
+            ["--pos-enc", "peg3d-factorized+rope-3d", "--no-peg-separable"],
+            "contradicts --pos-enc peg3d-factorized+rope-3d",
+        ),
         (["--peg-num-kernels", "3"], "argument --peg-num-kernels: sizes the kernel bank of --peg-dynamic"),
         (["--pos-enc", "peg3d-factorized", "--no-peg-separable"], "contradicts --pos-enc peg3d-factorized"),
         (
@@ -197,10 +231,12 @@ def test_init_takes_a_video_checkpoint(tmp_path):
     path = tmp_path / "video.pth"
     torch.save(ckpt, path)
     model = build_video_model(**{**TINY_VIT, "num_classes": 5, "peg_at": [-1, 0, 1]})
-    said = init_weights(model, path)
-    assert (
-        said.startswith(f"video init: {len(ckpt['model']) - 2} tensors from {path}")
-        and "head left at init" in said
+    report = init_weights(model, path)
+    assert report.source == str(path) and len(report.copied) == len(ckpt["model"]) - 2
+    assert report.missing == ["head.weight", "head.bias"] and "left at init" in report.skipped["head.weight"]
+    said = init_line(report)
+    assert said.startswith(
+        f"--init {path}: {len(ckpt['model']) - 2} copied, 0 converted, 2 source keys skipped"
     )
     assert torch.equal(model.blocks[2].mlp.fc1.weight, ckpt["model"]["blocks.2.mlp.fc1.weight"])
     assert torch.equal(model.pos_blocks["-1"].proj.weight, ckpt["model"]["pos_blocks.-1.proj.weight"])
@@ -215,8 +251,9 @@ def test_init_takes_a_2d_checkpoint(tmp_path):
     path = tmp_path / "image.pth"
     torch.save({"model": image.state_dict()}, path)
     model = build_video_model(**TINY_VIT, peg_at=[0])
-    said = init_weights(model, path)
-    assert said.startswith("2D init: ") and said.endswith(f" from {path}")
+    report = init_weights(model, path)
+    assert report.source == str(path) and "patch_embed.proj.weight" in report.converted
+    assert init_line(report).startswith(f"--init {path}: ")
     assert torch.equal(model.blocks[1].attn.qkv.weight, image.blocks[1].attn.qkv.weight)
     assert model.pos_blocks["0"].proj.weight.shape == (16, 1, 3, 3, 3)
 

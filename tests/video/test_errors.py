@@ -210,7 +210,7 @@ def test_init_from_a_video_checkpoint_trains(data, run, tmp_path, capsys):
     capsys.readouterr()
     assert main(_train(data, tmp_path / "o", "--init", str(run / "checkpoint.pth"))) == 0
     assert (
-        f"video init: {len(torch.load(run / 'checkpoint.pth')['model'])} tensors from"
+        f"--init {run / 'checkpoint.pth'}: {len(torch.load(run / 'checkpoint.pth')['model'])} copied, "
         in capsys.readouterr().out
     )
 

@@ -4,7 +4,7 @@ A field of the wrong type or range (``hidden_size: 0``, ``tubelet_size: 0``, ``p
 ``id2label`` keys that are not labels, ``image_std: 0``) is one :class:`WeightsError` line naming the
 file and the field, before weights are read or a model is built; a size the weights do not have is
 named against the tensor, before the model of that size is built.  No transformers needed: folders
-are written by hand or by :func:`peg_video.hf.export_hf`.
+are written by hand or by :func:`peg_video.interop.hf.export_hf`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from peg_core.interop.io import WeightsError
 from peg_video import VideoTransformer, from_hf
-from peg_video.hf import export_hf, read_hf_video_config
+from peg_video.interop.hf import export_hf, read_hf_video_config
 
 VIDEOMAE = {"model_type": "videomae", "architectures": ["VideoMAEForVideoClassification"], "hidden_size": 32,
             "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64, "image_size": 32,

@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from peg_core.interop.io import WeightsError  # noqa: E402
 from peg_video import from_hf  # noqa: E402
-from peg_video.hf import export_hf, hf_model_config, read_hf_video_config  # noqa: E402
+from peg_video.interop.hf import export_hf, hf_model_config, read_hf_video_config  # noqa: E402
 
 TOL = 1e-4
 SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
@@ -422,6 +422,8 @@ def test_export_hf_full_qkv_bias_and_encoder(tmp_path):
 def test_export_hf_refuses_what_videomae_cannot_express(tmp_path):
     from peg_video import VideoTransformer
 
+    with pytest.raises(TypeError, match="export_hf writes a VideoTransformer; got PosixPath"):
+        export_hf(tmp_path / "checkpoint.pth", tmp_path / "out")  # the checkpoint is read by peg_video.model
     model = VideoTransformer(32, 1, 2, num_classes=3, num_frames=4, img_size=32, tubelet=(2, 8, 8))
     with pytest.raises(ValueError, match="pos_enc='peg3d'"):
         export_hf(model, tmp_path / "out")
@@ -444,8 +446,10 @@ def test_export_hf_from_a_trained_checkpoint(tmp_path):
         "--output-dir", str(run), *TINY, "--epochs", "1", "--pos-enc", "sinusoid-1d",
         "--model-opt", "qkv_bias=qv", "--model-opt", "fc_norm_eps=1e-5",
     ]) == 0  # fmt: skip
-    out = export_hf(run / "checkpoint.pth", tmp_path / "hf")
-    loaded = load_model(run / "checkpoint.pth")
+    loaded = load_model(
+        run / "checkpoint.pth"
+    )  # the application reads the checkpoint, export_hf takes a model
+    out = export_hf(loaded.model, tmp_path / "hf", classes=loaded.classes)
     back = transformers.VideoMAEForVideoClassification.from_pretrained(out).eval()
     assert back.config.id2label == dict(enumerate(loaded.classes)) and len(loaded.classes) == 4
     assert back.config.label2id["move_up"] == loaded.classes.index("move_up")
@@ -458,10 +462,15 @@ def test_build_video_model_documents_every_option():
     import inspect
 
     from peg_video import VideoTransformer, build_video_model
-    from peg_video.models.vit import GLOBAL_POOLS, POS_ENCODINGS
+    from peg_video.models.vit import GLOBAL_POOLS, VIDEO_ENCODINGS
 
     doc = build_video_model.__doc__
     own = set(inspect.signature(build_video_model).parameters)  # its own arguments, documented as such
     keywords = set(inspect.signature(VideoTransformer).parameters) - own
     assert not [k for k in keywords if f"``{k}``" not in doc]
-    assert not [v for v in (*POS_ENCODINGS, *GLOBAL_POOLS) if f'``"{v}"``' not in doc]
+    from peg_core.registry import get_encoding
+
+    # every name the suite itself registers for the video ViT (a plugin documents its own)
+    ours = [n for n in VIDEO_ENCODINGS.names()[1:] if get_encoding(n).build.__module__.startswith("peg_")]
+    builtin = [*ours, "none", "peg3d+rope-3d"]
+    assert not [v for v in (*builtin, *GLOBAL_POOLS) if f'``"{v}"``' not in doc]

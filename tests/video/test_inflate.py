@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from peg_core.models.cpvt import CPVT
 from peg_video import build_video_model, load_2d_checkpoint
-from peg_video.models import TubeletEmbed, inflate_patch_embed
+from peg_video.interop import inflate_patch_embed
+from peg_video.models import TubeletEmbed
 
 DIMS = {"embed_dim": 16, "depth": 2, "num_heads": 2}
 

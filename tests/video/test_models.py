@@ -183,8 +183,12 @@ def test_input_and_option_errors():
         model(torch.randn(1, 3, 7, 32, 32))
     with pytest.raises(ValueError, match="W=30 is not a multiple of 8"):
         model(torch.randn(1, 3, 8, 32, 30))
-    with pytest.raises(ValueError, match="pos_enc must be one of"):
+    with pytest.raises(ValueError, match="unknown position encoding 'rope'"):
         tiny("rope")
+    with pytest.raises(ValueError, match="the video ViT has a 3-D token grid; encoding 'peg' runs on 2-D"):
+        tiny("peg")
+    with pytest.raises(ValueError, match="the video ViT takes no table\\+rotary combination"):
+        tiny("learned+rope-3d")
     with pytest.raises(ValueError, match="attention must be one of"):
         tiny(attention="axial")
     with pytest.raises(ValueError, match="global_pool must be one of"):

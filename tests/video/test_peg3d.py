@@ -368,16 +368,17 @@ def test_state_dict_keys_and_attributes_unchanged():
         "  (proj_s): Conv3d(4, 4, kernel_size=(1, 5, 7), stride=(1, 1, 1), padding=(0, 2, 3), groups=4, bias=False)\n"
         "  (proj): Conv3d(4, 4, kernel_size=(3, 1, 1), stride=(1, 1, 1), padding=(1, 0, 0), groups=4, bias=False)\n)"
     )
-    # peg_video re-exports peg_core's class and the old helpers still work
+    # peg_video re-exports peg_core's class, and its 3-D grid helpers view the tokens without copies
     import peg_core
-    import peg_video.peg3d as video_peg3d
+    import peg_video
+    from peg_video.grid3d import grid3d_to_tokens, tokens_to_grid3d
 
-    assert video_peg3d.PEG3d is peg_core.PEG3d
+    assert peg_video.PEG3d is peg_core.PEG3d
     x = torch.randn(2, 24, 5)
-    grid = video_peg3d.tokens_to_grid3d(x, (2, 3, 4))
+    grid = tokens_to_grid3d(x, (2, 3, 4))
     assert grid.shape == (2, 5, 2, 3, 4) and grid.data_ptr() == x.data_ptr()
     assert torch.equal(grid, x.mT.reshape(2, 5, 2, 3, 4))
-    assert torch.equal(video_peg3d.grid3d_to_tokens(grid), x)
+    assert torch.equal(grid3d_to_tokens(grid), x)
 
 
 @pytest.mark.parametrize("bad", [(0, 5, 1), (2, -1, 3), (2, 2.5, 4), (2, True, 12)])

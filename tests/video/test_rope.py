@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
+from peg_core.registry import parse_pos_enc
 from peg_video import build_video_model
-from peg_video.models.vit import POS_ENCODINGS
+from peg_video.models.vit import VIDEO_ENCODINGS
 from tests.video.runs import TINY, synthetic_set
 
 SMALL = {"embed_dim": 24, "depth": 2, "num_heads": 2}  # head_dim 12: two rotary pairs per axis
@@ -21,7 +22,9 @@ def tiny(pos_enc="rope-3d", num_frames=8, img_size=32, **kw):
 
 
 def test_choices_and_keys():
-    assert {"rope-3d", "peg3d+rope-3d"} <= set(POS_ENCODINGS)
+    assert "rope-3d" in VIDEO_ENCODINGS.names()
+    both_spec = parse_pos_enc("peg3d+rope-3d", VIDEO_ENCODINGS)
+    assert (both_spec.conditional.name, both_spec.rotary.name) == ("peg3d", "rope-3d")
     none, rope, both = tiny("none"), tiny("rope-3d"), tiny("peg3d+rope-3d")
     assert set(rope.state_dict()) == set(none.state_dict())  # fixed frequencies: no key
     assert set(both.state_dict()) - set(none.state_dict()) == {

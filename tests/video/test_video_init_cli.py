@@ -96,7 +96,7 @@ def _fails(capsys, argv, code=EXIT_ERROR) -> str:
 
 
 def test_peg3d_run_starts_from_the_folder_and_records_its_input(peg_run, videomae):
-    from peg_video.hf import from_hf
+    from peg_video.interop.hf import from_hf
 
     peg_run = peg_run[0]
     ckpt = read_checkpoint(peg_run / "checkpoint.pth", "video")
@@ -235,7 +235,10 @@ def test_shape_flags_are_refused_with_a_folder(data, videomae, tmp_path, capsys)
         (["--num-heads", "4"], "argument --num-heads: the model comes from the Hugging Face folder"),
         (["--tubelet", "2,16,16"], "argument --tubelet: the model comes from the Hugging Face folder"),
         (["--model-opt", "depth=2"], "argument --model-opt: depth would change the shapes"),
-        (["--peg-at", "0"], "argument --peg-at: needs a PEG"),
+        (
+            ["--peg-at", "0"],
+            "argument --peg-at: has no effect without a PEG (--pos-enc table: the folder's sinusoid-1d)",
+        ),
     ):
         assert _fails(capsys, [*base, *extra], EXIT_USAGE).startswith(
             f"error: python -m peg_video train: {message}"

@@ -12,10 +12,13 @@ Public API:
 * :func:`from_hf` ``(folder, pos_enc=None, *, num_classes=None, **options) -> (model, LoadReport)``;
 * :func:`hf_model_config` ``(folder, pos_enc=None, *, num_classes=None, **options) -> dict``: the
   JSON-safe :func:`peg_video.build_video_model` keywords of that model (what a checkpoint stores);
+* :func:`hf_build_config` / :func:`load_hf_model`: the same two steps for a folder already read
+  (``config.json`` read once for both);
 * :func:`read_hf_video_config` ``(folder) -> dict``: the folder's sizes, clip shape, normalisation
   and labels in peg_video's terms;
-* :func:`export_hf` ``(model_or_checkpoint, out_dir) -> Path``: a VideoMAE-layout folder
-  (``config.json`` + ``model.safetensors``) for a model with VideoMAE's table;
+* :func:`export_hf` ``(model, out_dir, classes=None) -> Path``: a VideoMAE-layout folder
+  (``config.json`` + ``model.safetensors``) for a model with VideoMAE's table (a training
+  checkpoint is read by the application, :func:`peg_video.model.load_model`, then exported);
 * :data:`HF_MODEL_TYPES`: the ``config.json`` ``model_type`` values it reads.
 
 How each model maps (transformers 5.x key layouts; peg_video takes clips ``(B, 3, T, H, W)``,
@@ -62,10 +65,11 @@ Off the native clip shape (another clip length or crop; ``pos_enc=None``):
   transformers' model configured with that ``crop_size`` (same weights).  The attentive pooler
   is not sized by the clip.
 
-``pos_enc``: ``None`` keeps the model's own encoding; ``"peg3d"`` / ``"peg3d-factorized"`` drop
-the table (or the rotary encoding) and add a zero-initialised PEG3d, so before fine-tuning the
-model equals the original with its table zeroed; ``"peg3d+rope-3d"`` (V-JEPA 2) keeps the rotary
-encoding and adds the zero PEG3d; ``"none"`` drops the encoding.
+``pos_enc``: ``None`` keeps the model's own encoding; ``"peg3d"`` / ``"peg3d-factorized"`` (or
+another registered conditional encoding) drop the table (or the rotary encoding) and add a
+zero-initialised PEG3d, so before fine-tuning the model equals the original with its table
+zeroed; ``"peg3d+rope-3d"`` (V-JEPA 2) keeps the rotary encoding and adds the zero PEG3d;
+``"none"`` drops the encoding.  Another table has no weights in the folder and is refused.
 
 Errors: a missing folder or ``config.json``, an unsupported ``model_type`` / option, or weights
 that do not match the config are :class:`peg_core.interop.io.WeightsError` (``what`` + ``where``,
@@ -74,7 +78,6 @@ one line on the command line).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -84,13 +87,28 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, read_json_object
-from peg_core.interop.io import LoadReport, WeightsError, write_state_file
+from peg_core.interop.hf_folder import (
+    ConfigFields,
+    read_hf_config,
+    read_hf_weights,
+    read_json_object,
+    write_hf_folder,
+)
+from peg_core.interop.io import LoadReport, WeightsError
+from peg_core.registry import parse_pos_enc
 
-from .models.registry import build_video_model
-from .models.vit import VideoTransformer
+from ..models.registry import build_video_model
+from ..models.vit import VIDEO_ENCODINGS, VideoTransformer, tubelet_misfits
 
-__all__ = ["HF_MODEL_TYPES", "export_hf", "from_hf", "hf_model_config", "read_hf_video_config"]
+__all__ = [
+    "HF_MODEL_TYPES",
+    "export_hf",
+    "from_hf",
+    "hf_build_config",
+    "hf_model_config",
+    "load_hf_model",
+    "read_hf_video_config",
+]
 
 #: ``config.json`` model types :func:`from_hf` reads
 HF_MODEL_TYPES = ("videomae", "timesformer", "vjepa2")
@@ -138,11 +156,10 @@ def _sizes(f: ConfigFields, model_type: str) -> dict[str, Any]:
         tub = f.integer("tubelet_size", 2) if model_type == "videomae" else 1
         mlp_ratio = f.integer("intermediate_size", 4 * dim) / dim
     patch = f.pair("patch_size", 16, max=min(image))
-    if frames % tub:
-        f.fail(frames_key, f"a multiple of tubelet_size {tub}")
-    for side, p in zip(image, patch, strict=True):
-        if side % p:
-            f.fail(size_key, f"a multiple of patch_size {list(patch)}")
+    for axis, _, _ in tubelet_misfits((frames, *image), (tub, *patch)):  # the first axis that does not split
+        if axis == "T":
+            f.fail(frames_key, f"a multiple of tubelet_size {tub}")
+        f.fail(size_key, f"a multiple of patch_size {list(patch)}")
     eps_default = 1e-12 if model_type == "videomae" else 1e-6
     return {
         "embed_dim": dim,
@@ -163,7 +180,8 @@ def read_hf_video_config(folder: PathLike) -> dict[str, Any]:
     Returns a dict with ``model_type``, ``architecture`` (the ``architectures[0]`` class name or
     ``None``), ``classifier`` (bool), ``embed_dim``, ``depth``, ``num_heads``, ``mlp_ratio``,
     ``norm_eps``, ``num_frames``, ``image_size`` ``(H, W)``, ``tubelet`` ``(t, p, p)``,
-    ``num_classes`` (0 for an encoder), ``id2label`` (``{int: str}``), ``mean`` / ``std``
+    ``pos_enc`` (the model's own position encoding: ``"sinusoid-1d"``, ``"learned"`` or
+    ``"rope-3d"``), ``num_classes`` (0 for an encoder), ``id2label`` (``{int: str}``), ``mean`` / ``std``
     (3-tuples from ``preprocessor_config.json`` / ``video_preprocessor_config.json``, else
     ``None``), ``config`` (the raw ``config.json``) and ``config_file`` (its path).
 
@@ -201,7 +219,8 @@ def read_hf_video_config(folder: PathLike) -> dict[str, Any]:
         "config": cfg,
         "config_file": folder / "config.json",
     }
-    _native(info)  # the remaining fields (pooling, biases, attention): named here, before any weights
+    # the remaining fields (pooling, biases, attention): checked here, before any weights
+    info["pos_enc"] = _native(info)["pos_enc"]
     return info
 
 
@@ -214,7 +233,14 @@ def hf_model_config(
     ``options`` are further :class:`VideoTransformer` keywords (``drop_path_rate``, ``peg_at``,
     ``peg_kernel_size``, ...); ones that would change the mapped architecture are a ``ValueError``.
     """
-    return _model_config(read_hf_video_config(folder), pos_enc, num_classes, options)
+    return hf_build_config(read_hf_video_config(folder), pos_enc, num_classes=num_classes, **options)
+
+
+def hf_build_config(
+    info: Mapping[str, Any], pos_enc: str | None = None, *, num_classes: int | None = None, **options: Any
+) -> dict[str, Any]:
+    """:func:`hf_model_config` of a folder already read (:func:`read_hf_video_config`'s ``info``)."""
+    return _model_config(info, pos_enc, num_classes, options)
 
 
 def from_hf(
@@ -227,7 +253,8 @@ def from_hf(
             ``VideoMAEForPreTraining``), TimeSformer or V-JEPA 2 (``VJEPA2Model``, or the
             classifier ``VJEPA2ForVideoClassification``, attentive pooler included).
         pos_enc: ``None`` (the model's own encoding), ``"peg3d"``, ``"peg3d-factorized"``,
-            ``"peg3d+rope-3d"`` (rotary models) or ``"none"`` (module docstring).
+            ``"peg3d+rope-3d"`` (rotary models), ``"none"``, or another conditional encoding of
+            the registry (module docstring).
         num_classes: classifier outputs; ``None`` keeps the folder's (0 for an encoder: the
             model returns pooled features).  Another size gets a freshly initialised head.
         options: more :class:`VideoTransformer` keywords (:func:`hf_model_config`).
@@ -243,7 +270,14 @@ def from_hf(
             whose keys or shapes do not match the config (the first offending key named).
     """
     info = read_hf_video_config(folder)
-    config = _model_config(info, pos_enc, num_classes, options)
+    return load_hf_model(info, hf_build_config(info, pos_enc, num_classes=num_classes, **options))
+
+
+def load_hf_model(info: Mapping[str, Any], config: Mapping[str, Any]) -> tuple[VideoTransformer, LoadReport]:
+    """:func:`from_hf` of a folder already read: ``info`` (:func:`read_hf_video_config`) and the
+    builder keywords ``config`` (:func:`hf_build_config`), so a caller that needs both reads
+    ``config.json`` once.  Returns ``(model, report)`` as :func:`from_hf` does."""
+    folder = Path(info["config_file"]).parent
     state, where = read_hf_weights(folder)
     _check_against_weights(info, state)  # before the model is built: a width the weights lack builds nothing
     model = build_video_model(**config)
@@ -255,32 +289,23 @@ def from_hf(
     return model.eval(), report
 
 
-def export_hf(model_or_checkpoint: VideoTransformer | PathLike, out_dir: PathLike) -> Path:
+def export_hf(model: VideoTransformer, out_dir: PathLike, classes: list[str] | None = None) -> Path:
     """Write a VideoMAE-layout folder (``config.json`` + ``model.safetensors``); returns ``out_dir``.
 
-    ``model_or_checkpoint`` is a :class:`VideoTransformer` or a peg_video training checkpoint
-    (its class names become ``id2label``).  The model must be what VideoMAE can express: joint
+    ``classes`` (one name per output, e.g. a training checkpoint's) become ``id2label``; without
+    them the labels are ``LABEL_<i>``.  The model must be what VideoMAE can express: joint
     attention, tubelet Conv3d, ``pos_enc="sinusoid-1d"``, gelu MLP, and mean pooling with
     ``fc_norm`` (eps 1e-5) or the final norm with ``global_pool="first"``.  A full ``qkv`` bias
     is written as ``q_bias`` / ``v_bias``: the key bias adds the same score to every key of a
     query, which the softmax removes, so the outputs do not change.
     ``VideoMAEForVideoClassification.from_pretrained(out_dir)`` then gives the same logits.
 
-    Raises ``ValueError`` naming the option VideoMAE cannot express.
+    Raises ``TypeError`` for another model, ``ValueError`` naming the option VideoMAE cannot express.
     """
-    classes: list[str] | None = None
-    if not isinstance(model_or_checkpoint, VideoTransformer):
-        from .model import load_model  # the checkpoint reader needs the engine: only here
-
-        loaded = load_model(model_or_checkpoint)
-        model_or_checkpoint, classes = loaded.model, loaded.classes
-    model = model_or_checkpoint
+    if not isinstance(model, VideoTransformer):
+        raise TypeError(f"export_hf writes a VideoTransformer; got {type(model).__name__}")
     _check_exportable(model)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(_videomae_config(model, classes), indent=2) + "\n")
-    write_state_file(_videomae_state(model), out / "model.safetensors", metadata={"format": "pt"})
-    return out
+    return write_hf_folder(out_dir, _videomae_config(model, classes), _videomae_state(model))
 
 
 # ------------------------------------------------------------------------------- the model config
@@ -289,8 +314,6 @@ def export_hf(model_or_checkpoint: VideoTransformer | PathLike, out_dir: PathLik
 _MAPPED_KEYWORDS = ("name", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "norm_eps", "pos_enc",
                     "rope_layout", "attention", "temporal_fc", "global_pool", "fc_norm_eps", "num_frames",
                     "img_size", "tubelet", "num_classes", "peg_zero_init", "pool_depth", "pool_mlp_ratio")  # fmt: skip
-#: ``pos_enc`` values :func:`from_hf` takes besides ``None``
-PEG_CHOICES = ("peg3d", "peg3d-factorized", "peg3d+rope-3d", "none")
 #: how transformers' TimeSformer resizes its tables at another clip shape (nearest, both tables)
 _TIMESFORMER_RESIZE = {"pos_interpolation": "nearest", "pos_temporal_interpolation": "nearest"}
 #: transformers' LayerNorm default: VideoMAE's ``fc_norm`` does not take the config's eps
@@ -333,19 +356,23 @@ def _with_pos_enc(native: dict[str, Any], pos_enc: str | None) -> dict[str, Any]
     """``native`` with its encoding replaced as ``pos_enc`` asks (module docstring)."""
     if pos_enc is None:
         return native
-    if pos_enc not in PEG_CHOICES:
-        raise ValueError(f"pos_enc must be None or one of {PEG_CHOICES}; got {pos_enc!r}")
-    rotary = native["pos_enc"] == "rope-3d"
-    if pos_enc == "peg3d+rope-3d" and not rotary:
+    spec = parse_pos_enc(pos_enc, VIDEO_ENCODINGS)
+    if spec.table is not None:  # the folder has no weights for another table
+        raise ValueError(f"pos_enc must be None (the folder's own encoding), a conditional encoding such as "
+                         f"'peg3d', its rotary one or 'none'; got the table {pos_enc!r}")  # fmt: skip
+    own = parse_pos_enc(native["pos_enc"], VIDEO_ENCODINGS)
+    if (
+        spec.rotary is not None and spec.rotary is not own.rotary
+    ):  # V-JEPA 2's rotary encoding is kept, never added
         raise ValueError(
-            f"pos_enc='peg3d+rope-3d' keeps a rotary encoding; this model's is {native['pos_enc']!r}"
+            f"pos_enc={pos_enc!r} keeps a rotary encoding; this model's is {native['pos_enc']!r}"
         )
     out = {**native, "pos_enc": pos_enc}
     for key in _TIMESFORMER_RESIZE:  # a dropped table has nothing to resize
         out.pop(key, None)
-    if not pos_enc.endswith("rope-3d"):
+    if spec.rotary is None:
         out.pop("rope_layout", None)
-    if pos_enc.startswith("peg3d"):
+    if spec.conditional is not None:
         out["peg_zero_init"] = True
     return out
 
@@ -612,11 +639,12 @@ def _load(model: VideoTransformer, mapped: Mapping[str, Source], report: LoadRep
 
 def _note_dropped_encoding(report: LoadReport, kind: str, pos_enc: str) -> None:
     """Record an encoding that is no state-dict key (VideoMAE's fixed table, V-JEPA 2's rotary) as left out."""
-    if kind == "videomae" and pos_enc != "sinusoid-1d":
+    spec = parse_pos_enc(pos_enc, VIDEO_ENCODINGS)
+    if kind == "videomae" and spec.table is None:
         report.skipped["videomae.embeddings.position_embeddings"] = (
             f"fixed sinusoid table (not in the weights file) dropped for pos_enc={pos_enc!r}"
         )
-    if kind == "vjepa2" and not pos_enc.endswith("rope-3d"):
+    if kind == "vjepa2" and spec.rotary is None:
         report.skipped["<3-D rotary encoding>"] = f"dropped for pos_enc={pos_enc!r}"
 
 

@@ -1,4 +1,9 @@
-"""Start a video transformer from a 2D image checkpoint (peg_core's CPVT or a timm DeiT state dict).
+"""2-D -> 3-D inflation: a video transformer started from a 2D image checkpoint (peg_core's CPVT or a timm DeiT state dict).
+
+:func:`inflate_peg2d` turns one trained :class:`peg_core.PEG2d` into a :class:`peg_core.PEG3d`
+that acts on every frame as the 2D PEG acts on an image; :func:`inflate_patch_embed` does the
+same for the patch embedding; :func:`load_2d_checkpoint` fills a whole
+:class:`~peg_video.models.vit.VideoTransformer` from a 2D checkpoint.
 
 Key by key (both layouts share timm's names)::
 
@@ -6,7 +11,7 @@ Key by key (both layouts share timm's names)::
     cls_token (+ pos_embed[:, 0])  -> cls_token (the class token's fixed code folded in)
     pos_embed grid part            -> pos_enc.spatial, resized to the clip's grid (learned only);
                                       pos_enc.temporal set to zero
-    pos_blocks.<i> (PEG2d)         -> pos_blocks.<i> (PEG3d, see :func:`peg_video.inflate_peg2d`)
+    pos_blocks.<i> (PEG2d)         -> pos_blocks.<i> (PEG3d, see :func:`inflate_peg2d`)
     blocks.<i>.*, norm.*           -> copied; a divided block's temporal branch gets the spatial
                                       norm/qkv and a zero output projection
     head.*                         -> copied when num_classes agree, dropped otherwise
@@ -36,14 +41,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg_core import PEG2d, resize_pos_embed
+from peg_core import PEG2d, PEG3d, resize_pos_embed
 from peg_core.encodings import LearnedPositionEncoding3d
 from peg_core.interop.io import LoadReport, WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 
-from ..peg3d import PEG3d, inflate_peg2d
-from .vit import DividedBlock, VideoTransformer
+from ..models.vit import DividedBlock, VideoTransformer
 
-__all__ = ["Init2dError", "LoadReport", "inflate_patch_embed", "load_2d_checkpoint"]
+__all__ = ["Init2dError", "inflate_patch_embed", "inflate_peg2d", "load_2d_checkpoint"]
 
 SOURCES = ("cpvt", "deit")
 INFLATIONS = ("mean", "central")
@@ -53,6 +57,56 @@ REQUIRED_KEYS = ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight")
 
 class Init2dError(WeightsError):
     """A 2D checkpoint that does not fit: ``what`` says which key and shapes, ``where`` names the file."""
+
+
+def _dense_kernel2d(peg: PEG2d) -> Tensor:
+    """The single ``(C, 1, k, k)`` kernel a PEG2d applies (the outer product of its two convs if separable).
+
+    A ``k×1`` conv after a ``1×k`` one, both zero-padded and without a bias in
+    between, equals one ``k×k`` conv with the outer-product kernel.
+    """
+    if not peg.separable:
+        return peg.proj.weight.detach()
+    col = peg.proj.weight.detach()  # (C, 1, k, 1)
+    row = peg.proj_w.weight.detach()  # (C, 1, 1, k)
+    return col * row
+
+
+@torch.no_grad()
+def inflate_peg2d(
+    peg2d: PEG2d, temporal_kernel: int = 3, factorized: bool = False, num_prefix_tokens: int | None = None
+) -> PEG3d:
+    """Build a :class:`PEG3d` that acts on every frame exactly as ``peg2d`` acts on an image.
+
+    The 2D kernel goes into the centre temporal slice of a ``(kT, k, k)``
+    kernel with zeros elsewhere (for ``factorized=True``: the 2D kernel is the
+    spatial conv and the temporal conv is a unit impulse), the bias is copied.
+    With the zero padding, ``PEG3d(x)[:, :, t] == PEG2d(x[:, :, t])`` for every
+    frame ``t`` of any clip; training then learns the temporal taps.
+
+    Args:
+        peg2d: a trained 2D PEG (plain or separable).
+        temporal_kernel: odd ``kT``.
+        factorized: build the factorized PEG3d.
+        num_prefix_tokens: defaults to ``peg2d.num_prefix_tokens``.
+    """
+    k = peg2d.kernel_size
+    p = peg2d.num_prefix_tokens if num_prefix_tokens is None else num_prefix_tokens
+    bias = peg2d.proj.bias is not None
+    peg3d = PEG3d(peg2d.dim, (temporal_kernel, k, k), p, factorized=factorized, bias=bias)
+    peg3d = peg3d.to(device=peg2d.proj.weight.device, dtype=peg2d.proj.weight.dtype)
+    kernel = _dense_kernel2d(peg2d)  # (C, 1, k, k)
+    centre = temporal_kernel // 2
+    if factorized:
+        peg3d.proj_s.weight.copy_(kernel.unsqueeze(2))
+        peg3d.proj.weight.zero_()
+        peg3d.proj.weight[:, :, centre] = 1.0
+    else:
+        peg3d.proj.weight.zero_()
+        peg3d.proj.weight[:, :, centre] = kernel
+    if bias:
+        peg3d.proj.bias.copy_(peg2d.proj.bias)
+    return peg3d
 
 
 def inflate_patch_embed(weight: Tensor, frames: int, inflation: str = "mean") -> Tensor:
@@ -222,7 +276,14 @@ def _load_pegs(tr: _Transfer, model: VideoTransformer) -> None:
         prefix = f"pos_blocks.{key}."
         if prefix + "proj.weight" not in tr.sd:
             continue
-        peg3d: PEG3d = model.pos_blocks[key]
+        peg3d = model.pos_blocks[key]
+        if not isinstance(
+            peg3d, PEG3d
+        ):  # another (registered) conditional encoding: no PEG3d to inflate into
+            tr.report.skipped[prefix + "proj.weight"] = (
+                f"the model's {prefix[:-1]} is a {type(peg3d).__name__}, not a PEG3d"
+            )
+            continue
         try:
             peg2d = _peg2d_from(tr.sd, prefix, peg3d.num_prefix_tokens)
         except RuntimeError as e:  # load_state_dict: tensors that do not make a PEG2d
