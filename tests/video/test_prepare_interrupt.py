@@ -27,8 +27,15 @@ pytestmark = [
 # prepare with a job that marks its start and waits: forked workers inherit the replacement, and
 # pickling finds it under the module's own name.
 SCRIPT = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
+
+# A terminal's shell starts a foreground job with Ctrl-C live; this process inherits the test
+# runner's disposition instead, and a runner started in the background (``make test &``, nohup,
+# CI harnesses) ignores SIGINT, which an exec keeps: restore what a terminal gives.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
 import peg_video.prepare as prepare
 from peg_video.__main__ import main
 
