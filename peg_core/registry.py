@@ -8,8 +8,10 @@ An encoding enters a transformer in one of three ways, its *kind*:
   runs after the blocks a model names (``peg_at``).
 * ``"rotate"``: a rotation of the attention queries and keys (RoPE); the module is a
   :class:`peg_core.rope.RotaryEmbedding`, called with the grid size for its ``(sin, cos)`` table.
-* ``"bias"``: a term added to the attention logits (reserved for the attention-bias family; no
-  model of the suite takes one yet, so :class:`EncodingSupport` filters them out).
+* ``"bias"``: a term added to the attention logits; the module is a
+  :class:`peg_core.bias.AttentionBias`, called with the grid size for its ``(1, heads, N, N)``
+  float bias, which the model passes to ``scaled_dot_product_attention`` (``alibi-2d``, ``fire``,
+  ``lookhere``).
 
 A ``--pos-enc`` value is one registered name, ``none``, or a ``+`` combination of names that fill
 different *slots* (``table``, ``conditional``, ``rotary``, ``bias``), at most one each, e.g.
@@ -45,6 +47,7 @@ from typing import Any
 
 from torch import nn
 
+from .bias import ALiBiBias, FIREBias, LookHereBias
 from .encodings import (
     LearnedPositionEncoding2d,
     LearnedPositionEncoding3d,
@@ -99,7 +102,8 @@ class EncodingContext:
             attention queries and keys).  Conditional encodings are always added to the tokens.
         interpolation, antialias: how a table is resized to another grid (anti-aliased when shrinking).
         temporal_interpolation: how a 3-D table's time axis is resized (``"linear"``, ``"nearest"``...).
-        num_heads, depth: attention heads and layers (per-layer rotary frequencies).
+        num_heads, depth: attention heads (rotary frequencies, attention biases) and layers
+            (per-layer rotary frequencies).
         options: the family's further keywords for this part (the PEG flags ``kernel_size``,
             ``padding_mode``, ``dynamic``...; rotary ``temperature``...); builders take the ones
             they know.
@@ -133,7 +137,8 @@ class Encoding:
         name: what ``--pos-enc`` calls it (no ``+``).
         kind: ``"add"``, ``"rotate"`` or ``"bias"`` (module docstring).
         build: ``EncodingContext -> nn.Module``: a :class:`peg_core.PositionEncoding` for
-            ``"add"``, a :class:`peg_core.rope.RotaryEmbedding` for ``"rotate"``.
+            ``"add"``, a :class:`peg_core.rope.RotaryEmbedding` for ``"rotate"``, a
+            :class:`peg_core.bias.AttentionBias` for ``"bias"``.
         dims: the grid ranks it runs on (``(2,)`` images, ``(3,)`` videos, ``(2, 3)`` both).
         conditional: for ``"add"``: computed from the tokens and run after blocks (a PEG), rather
             than a table of the grid added at the input.
@@ -420,6 +425,21 @@ def _rope(kind: str) -> Builder:
     return build
 
 
+def _alibi(ctx: EncodingContext) -> nn.Module:
+    return ALiBiBias(ctx.num_heads, ctx.ndim, **ctx.options)
+
+
+def _fire(ctx: EncodingContext) -> nn.Module:
+    # L0 of FIRE's threshold: half the training grid's diagonal (FIRE: 512 for 2048-token training)
+    options = dict(ctx.options)
+    options.setdefault("init_threshold", max(1.0, 0.5 * sum((s - 1) ** 2 for s in ctx.grid_size) ** 0.5))
+    return FIREBias(ctx.num_heads, ctx.ndim, **options)
+
+
+def _lookhere(ctx: EncodingContext) -> nn.Module:
+    return LookHereBias(ctx.num_heads, ctx.ndim, **ctx.options)
+
+
 _ROPE_DIMS = {"rope-3d": (3,)}
 _ROPE_TEXT = {
     "rope-axial": "rotary, axial frequencies (naver / timm rope ViTs)",
@@ -438,6 +458,12 @@ for _e in (
     Encoding("sine", "add", _sine, (2,), description="DETR's mask-aware sine encoding"),
     *(Encoding(k, "rotate", _rope(k), _ROPE_DIMS.get(k, (2,)), description=_ROPE_TEXT.get(k, "rotary"))
       for k in ROPE_KINDS),
+    Encoding("alibi-2d", "bias", _alibi, (2, 3),
+             description="ALiBi slopes times the grid distance (3-D for videos), added to the logits"),
+    Encoding("fire", "bias", _fire, (2, 3),
+             description="FIRE: an MLP of the log-normalised grid distance, added to the logits"),
+    Encoding("lookhere", "bias", _lookhere, (2,),
+             description="LookHere: directed 2-D attention masks per head with distance penalties"),
 ):  # fmt: skip
     register_encoding(_e)
 del _e

@@ -85,7 +85,14 @@ def export_onnx(
 
     log = io.StringIO()
     try:
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), warnings.catch_warnings():
+        # no_grad: an inference graph; a float attention mask with parameters behind it (FIRE's MLP)
+        # cannot be decomposed for export while it requires grad
+        with (
+            contextlib.redirect_stdout(log),
+            contextlib.redirect_stderr(log),
+            warnings.catch_warnings(),
+            torch.no_grad(),
+        ):
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 model,

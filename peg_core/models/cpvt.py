@@ -6,6 +6,8 @@ Layout (timm/DeiT parameter names, so DeiT checkpoints map onto it)::
       -> tokens (B, h*w, C) [+ cls_token, reg_token (registers) in front]
       -> [non-PEG encodings ("learned", "sincos", "sine"): added here, once]
       -> [rotary encodings ("rope-*"): one (sin, cos) table per forward, applied to q and k in every block]
+      -> [attention biases ("alibi-2d", "fire", "lookhere"): one (1, heads, N, N) bias per forward, added to every
+         block's attention logits; prefix rows / columns zero]
       -> [pos_blocks.-1 (PEG2d) when peg_at holds -1: CPVT's "position -1" ablation]
       -> blocks.0 -> pos_blocks.0 (PEG2d) -> blocks.1 -> ... -> blocks.{depth-1}
       -> norm -> pool ("token": the class token; "avg": mean of the grid tokens) -> head
@@ -19,7 +21,9 @@ indices for axial / mixed, coordinates normalised to [-1, 1] for DINOv3).
 
 ``pos_enc`` combines parts with ``+``: at most one additive table (``learned``,
 ``sincos``, ``sine``), ``peg`` (PEGs after the blocks in ``peg_at``) and at most one
-rotary encoding (``rope-axial``, ``rope-mixed``, ``rope-dinov3``), e.g. ``peg+rope-mixed``;
+rotary encoding (``rope-axial``, ``rope-mixed``, ``rope-dinov3``) and at most one attention bias
+(``alibi-2d``, ``fire``, ``lookhere``: :mod:`peg_core.bias`, key ``attn_bias.*`` for FIRE's MLP), e.g.
+``peg+rope-mixed``, ``peg+alibi-2d``;
 :data:`CPVT_ENCODINGS` states the rule against the registry (:mod:`peg_core.registry`), so an
 encoding registered there (built-in or a plugin's) runs in CPVT by name.
 """
@@ -40,11 +44,13 @@ from .layers import Block, PatchEmbed, init_vit_weights, vit_lr_layer_id
 __all__ = ["CPVT", "CPVT_ENCODINGS", "cpvt_base", "cpvt_small", "cpvt_tiny"]
 
 #: What CPVT builds from a ``pos_enc`` (:mod:`peg_core.registry`): a table added once at the input,
-#: PEGs (or another conditional encoding) after the blocks of ``peg_at`` and a rotary encoding of
-#: every block's queries and keys, at most one of each and in any combination.
+#: PEGs (or another conditional encoding) after the blocks of ``peg_at``, a rotary encoding of
+#: every block's queries and keys and an attention bias of every block's logits, at most one of each
+#: and in any combination.
 CPVT_ENCODINGS = EncodingSupport(
-    "CPVT", 2, slots=("table", "conditional", "rotary"), examples=("peg+rope-mixed", "learned+rope-axial")
-)
+    "CPVT", 2, slots=("table", "conditional", "rotary", "bias"),
+    examples=("peg+rope-mixed", "learned+rope-axial", "peg+alibi-2d"),
+)  # fmt: skip
 
 GLOBAL_POOLS = ("token", "avg")
 
@@ -62,7 +68,9 @@ class CPVT(nn.Module):
         img_size: training image size ``int`` or ``(H, W)``; only sizes the learned table.
         patch_size: side of the square patches.
         pos_enc: ``"peg"`` (CPVT), ``"learned"`` (DeiT table incl. the class-token
-            entry), ``"sincos"``, ``"sine"`` (added to the tokens), or ``"none"``.
+            entry), ``"sincos"``, ``"sine"`` (added to the tokens), an attention bias ``"alibi-2d"`` /
+            ``"fire"`` / ``"lookhere"`` (:mod:`peg_core.bias`, one bias for every block), ``"none"``,
+            or a ``+`` combination (module docstring).
         peg_at: block indices after which a PEG runs (CPVT: ``(0,)``; ``(0, ..., 5)``
             for the "PEG at 0-5" variant); ``-1`` is right after the patch embedding,
             before block 0; ``"all"`` is after every block (:func:`peg_core.peg.resolve_peg_at`).
@@ -184,6 +192,12 @@ class CPVT(nn.Module):
             head = EncodingContext(embed_dim // num_heads, self.grid_size, num_heads=num_heads, depth=depth,
                                    options=rope_kw)  # fmt: skip
             self.rope = spec.rotary.build(head)
+        # an attention bias (alibi-2d, fire): one module for every block (FIRE shares its MLP)
+        self.attn_bias = None
+        if spec.bias is not None:
+            ctx = EncodingContext(embed_dim // num_heads, self.grid_size, num_prefix_tokens=self.num_prefix_tokens,
+                                  num_heads=num_heads, depth=depth)  # fmt: skip
+            self.attn_bias = spec.bias.build(ctx)
         half = self.rope is not None and self.rope.half
         dpr = [drop_path_rate * i / max(1, depth - 1) for i in range(depth)]  # plain floats: meta-device safe
         block = {"qkv_bias": qkv_bias, "norm_eps": norm_eps, "init_values": init_values, "rope_half": half}
@@ -214,6 +228,8 @@ class CPVT(nn.Module):
         names = {"cls_token", "reg_token", "pos_enc.pos_embed"}
         if self.rope is not None and hasattr(self.rope, "no_weight_decay"):
             names |= {f"rope.{n}" for n in self.rope.no_weight_decay()}
+        if self.attn_bias is not None and hasattr(self.attn_bias, "no_weight_decay"):
+            names |= {f"attn_bias.{n}" for n in self.attn_bias.no_weight_decay()}
         return names
 
     def num_lr_layers(self) -> int:
@@ -274,8 +290,17 @@ class CPVT(nn.Module):
         if "-1" in self.pos_blocks:
             x = self.pos_blocks["-1"](x, size)
         rope = None if self.rope is None else self.rope(size, num_prefix_tokens=self.num_prefix_tokens)
+        # (1, heads, P + N, P + N), shared by every block
+        bias = None
+        if self.attn_bias is not None:
+            bias = self.attn_bias(
+                size, num_prefix_tokens=self.num_prefix_tokens, dtype=x.dtype, device=x.device
+            )
         for i, blk in enumerate(self.blocks):
-            if rope is None:
+            if bias is not None:
+                table = None if rope is None else (rope[0][i], rope[1][i]) if self.rope.learned else rope
+                x = blk(x, table, bias)
+            elif rope is None:
                 x = blk(x)
             else:  # mixed: one table per block (depth, heads, N, D); the others share one (N, D)
                 x = blk(x, (rope[0][i], rope[1][i]) if self.rope.learned else rope)

@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 #: first name components of the parameters before block 0 (layer 0 of layer-wise lr decay)
-EMBEDDING_ROOTS = ("patch_embed", "cls_token", "reg_token", "pos_enc", "rope")
+EMBEDDING_ROOTS = ("patch_embed", "cls_token", "reg_token", "pos_enc", "rope", "attn_bias")
 #: first name components of the parameters after the last block (layer ``depth + 1``)
 HEAD_ROOTS = ("norm", "fc_norm", "pool", "head")
 
@@ -79,7 +79,9 @@ class Attention(nn.Module):
     apply-form ``(sin, cos)`` table from :class:`peg_core.rope.RotaryEmbedding` (``(N, D)``,
     ``(B, 1, N, D)`` or ``(heads, N, D)``, ``D = C / heads``, prefix rows included): queries and
     keys are rotated, values are not.  ``rope_half`` is the table's pair layout (DINOv3: True).
-    ``attn_mask`` goes to SDPA (bool: True = attend).  No parameters are added: the state-dict
+    ``attn_mask`` goes to SDPA (bool: True = attend; float: added to the logits, e.g. an attention bias
+    ``(1|B, heads, N, N)`` from :class:`peg_core.bias.AttentionBias`, cast to the queries' dtype
+    as SDPA requires, e.g. under autocast).  No parameters are added: the state-dict
     keys stay ``qkv.{weight,bias}``, ``proj.{weight,bias}``.
     """
 
@@ -112,6 +114,8 @@ class Attention(nn.Module):
             sin, cos = rope
             q = apply_rope(q, sin, cos, half=self.rope_half)
             k = apply_rope(k, sin, cos, half=self.rope_half)
+        if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.dtype != q.dtype:
+            attn_mask = attn_mask.to(q.dtype)
         p = self.attn_drop if self.training else 0.0
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
         return self.proj(x.transpose(1, 2).reshape(b, n, c))

@@ -32,7 +32,8 @@ Hugging Face writes ``layout="memory"`` (default) or ``layout="file"``.
 
 Keys of ours with no Hugging Face counterpart (the map returns None for them): the position
 modules of the non-``sincos`` encoders, ``encoder.aifi.{i}.pegs.*`` (``peg``),
-``encoder.aifi.{i}.pos.pos_embed`` (``learned``), ``encoder.aifi.{i}.rope.freqs`` (``rope-mixed``).
+``encoder.aifi.{i}.pos.pos_embed`` (``learned``), ``encoder.aifi.{i}.rope.freqs`` (``rope-mixed``),
+``encoder.aifi.{i}.attn_bias.*`` (``fire``).
 RT-DETR's sin-cos table is not a weight, so the same file loads into any AIFI encoding:
 ``pos_enc="peg"`` adds a PEG that starts at zero and the model computes what ``"none"`` computes
 until it is fine-tuned.  ``model_type: "detr"`` folders are :mod:`peg_detr.interop.hf_detr`'s;
@@ -92,7 +93,7 @@ ENCODER_HF_PREFIXES: tuple[tuple[str, str], ...] = (
 )
 
 # Our keys of position modules that HF does not have (the map leaves them out).
-_OURS_ONLY = (".pegs.", ".pos.", ".rope.")
+_OURS_ONLY = (".pegs.", ".pos.", ".rope.", ".attn_bias.")
 # AIFI in HF files vs in memory: the prefix, then the renamed modules inside a layer.
 _AIFI_FILE, _AIFI_MEMORY = "model.encoder.encoder.", "model.encoder.aifi."
 _AIFI_RENAMES = (

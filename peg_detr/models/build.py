@@ -21,10 +21,12 @@ __all__ = ["DETR_ENCODINGS", "build_detr"]
 
 #: What the DETR encoder builds from a ``pos_enc`` (:mod:`peg_core.registry`): a table on every
 #: layer's queries and keys, PEGs (or another conditional encoding) after the layers of ``peg_at``,
-#: or a rotary encoding; one of them, or a conditional and a rotary one together.
+#: a rotary encoding or an attention bias of every layer's logits; one of them, or a conditional
+#: encoding with a rotary one or with an attention bias.
 DETR_ENCODINGS = EncodingSupport(
-    "the DETR encoder", 2, combos=(("conditional", "rotary"),), examples=("peg+rope-mixed",)
-)
+    "the DETR encoder", 2, slots=("table", "conditional", "rotary", "bias"),
+    combos=(("conditional", "rotary"), ("conditional", "bias")), examples=("peg+rope-mixed", "peg+alibi-2d"),
+)  # fmt: skip
 
 
 def _peg_at_value(peg_at: Sequence[int] | int | str) -> list[int] | str:
@@ -83,7 +85,9 @@ def build_detr(
             ``rope-axial`` / ``rope-mixed`` / ``rope-dinov3`` (q/k rotated per head in every
             encoder self-attention, :func:`peg_core.rope.build_rope`'s defaults; mixed: one
             set of frequencies per encoder layer and head, key ``transformer.encoder.rope.freqs``)
-            or ``peg+rope-axial`` / ``peg+rope-mixed`` (both).
+            or ``peg+rope-axial`` / ``peg+rope-mixed`` (both), an attention bias ``alibi-2d`` /
+            ``fire`` / ``lookhere`` (:mod:`peg_core.bias`, added to every encoder self-attention's logits; FIRE's
+            MLP under ``transformer.encoder.attn_bias``) or ``peg+alibi-2d`` / ``peg+fire``.
         num_classes: number of class ids (COCO: 91, the largest id + 1);
             the classifier has one more output for no-object.
         num_queries: object queries.
@@ -146,6 +150,14 @@ def build_detr(
             replace(ctx, dim=hidden_dim // num_heads, num_heads=num_heads, depth=enc_layers)
         )
 
+    attn_bias = None
+    if spec.bias is not None:
+        if hidden_dim % num_heads:
+            raise ValueError(f"hidden_dim={hidden_dim} must be divisible by num_heads={num_heads}")
+        attn_bias = spec.bias.build(
+            replace(ctx, dim=hidden_dim // num_heads, num_heads=num_heads, depth=enc_layers)
+        )
+
     transformer = Transformer(
         d_model=hidden_dim,
         nhead=num_heads,
@@ -158,6 +170,7 @@ def build_detr(
         pegs=pegs,
         decoder_key_pos=decoder_key_pos,
         rope=rope,
+        attn_bias=attn_bias,
     )
     model = DETR(joiner, transformer, num_classes, num_queries, aux_loss)
     # Every setting but the weights file, json-safe, so a checkpoint can be rebuilt (predict / resume).

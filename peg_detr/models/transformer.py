@@ -22,6 +22,14 @@ Where position information enters:
   token's coordinates count from its image's first real row and column (DINOv3: normalised by
   the real region's extent): a token's rotation does not depend on how much padding the batch
   added.  The ``self_attn`` weights are used as they are, so the keys stay DETR's.
+* **Encoder, attention bias** (``alibi-2d`` / ``fire`` / ``lookhere``, alone or as ``peg+alibi-2d`` / ``peg+fire``):
+  a :class:`peg_core.bias.AttentionBias` under ``transformer.encoder.attn_bias`` (FIRE's MLP:
+  ``attn_bias.mlp.*``, shared by every layer; ALiBi has no key) gives one ``(1, heads, N, N)``
+  bias per forward, from the grid; the padding mask is folded in once as ``-inf`` key columns
+  (:func:`peg_core.bias.with_key_padding`) and every encoder self-attention adds it to its logits
+  through :func:`rotary_self_attention` (the same ``self_attn`` weights, so DETR's keys).  The
+  bias depends on grid distances only, which bottom / right padding does not move: a real
+  token's attention does not depend on how much padding the batch added.
 * **Decoder cross-attention keys** (``decoder_key_pos``), a separate choice:
   ``sine`` (DETR's sine codes of the padding mask, the default for every
   ``pos_enc``), ``none``, or ``peg-output`` (what the first PEG adds to the
@@ -45,6 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg_core import PEG2d, PositionEncoding, SinePositionEncoding2d
+from peg_core.bias import AttentionBias, with_key_padding
 from peg_core.peg import resolve_peg_at
 from peg_core.rope import RotaryEmbedding, apply_rope
 
@@ -69,18 +78,22 @@ def rotary_self_attention(
     mha: nn.MultiheadAttention,
     qk: Tensor,
     value: Tensor,
-    rope: tuple[Tensor, Tensor],
+    rope: tuple[Tensor, Tensor] | None,
     key_padding_mask: Tensor | None = None,
     *,
     half: bool = False,
     training: bool = False,
+    attn_bias: Tensor | None = None,
 ) -> Tensor:
     """``mha``'s attention with its queries and keys rotated per head after the input projection.
 
     The same weights and the same result as ``mha(qk, qk, value, key_padding_mask=...)`` with the
     rotation inserted between the projection and the scores (``nn.MultiheadAttention`` has no hook
     there).  ``qk`` / ``value`` ``(B, N, C)``; ``rope`` an apply-form ``(sin, cos)`` table
-    broadcastable to ``(B, heads, N, C / heads)``; ``key_padding_mask`` ``(B, N)``, True = padding.
+    broadcastable to ``(B, heads, N, C / heads)``, or None (no rotation); ``key_padding_mask``
+    ``(B, N)``, True = padding.  ``attn_bias``: a float bias broadcastable to ``(B, heads, N, N)``
+    added to the logits (an attention bias, possibly with the padding already folded in as ``-inf``
+    columns, :func:`peg_core.bias.with_key_padding`; a ``key_padding_mask`` given too is folded here).
     """
     b, n, c = qk.shape
     h = mha.num_heads
@@ -89,9 +102,13 @@ def rotary_self_attention(
     # (B, N, 2C) -> (2, B, heads, N, C / heads)
     q, k = F.linear(qk, w[: 2 * c], b_qk).reshape(b, n, 2, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)
     v = F.linear(value, w[2 * c :], b_v).reshape(b, n, h, c // h).transpose(1, 2)
-    sin, cos = rope
-    q, k = apply_rope(q, sin, cos, half=half), apply_rope(k, sin, cos, half=half)
-    attn_mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+    if rope is not None:
+        sin, cos = rope
+        q, k = apply_rope(q, sin, cos, half=half), apply_rope(k, sin, cos, half=half)
+    if attn_bias is not None:  # float mask in the queries' dtype (SDPA's rule)
+        attn_mask = with_key_padding(attn_bias.to(q.dtype), key_padding_mask)
+    else:
+        attn_mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
     p = mha.dropout if training else 0.0
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
     return mha.out_proj(out.transpose(1, 2).reshape(b, n, c))
@@ -100,9 +117,11 @@ def rotary_self_attention(
 class TransformerEncoderLayer(nn.Module):
     """Self-attention + FFN; ``pos`` is added to queries and keys only (values stay position-free).
 
-    ``forward(src (B, N, C), pos (B|1, N, C) | None, key_padding_mask (B, N) | None, rope) -> (B, N, C)``;
+    ``forward(src (B, N, C), pos (B|1, N, C) | None, key_padding_mask (B, N) | None, rope, bias) -> (B, N, C)``;
     ``rope``: an apply-form ``(sin, cos)`` table (:func:`rotary_self_attention`; pair layout
-    ``rope_half``) that rotates the projected queries and keys.  Post-norm (DETR) unless ``pre_norm``.
+    ``rope_half``) that rotates the projected queries and keys; ``bias``: a float mask
+    ``(B|1, heads, N, N)`` added to the logits, the padding folded in (``key_padding_mask`` is then
+    not used again).  Post-norm (DETR) unless ``pre_norm``.
     """
 
     def __init__(
@@ -136,8 +155,12 @@ class TransformerEncoderLayer(nn.Module):
         pos: Tensor | None,
         key_padding_mask: Tensor | None,
         rope: tuple[Tensor, Tensor] | None,
+        bias: Tensor | None = None,
     ) -> Tensor:
         qk = _with_pos(x, pos)
+        if bias is not None:  # the padding is in the bias already
+            return rotary_self_attention(self.self_attn, qk, x, rope, None, half=self.rope_half,
+                                         training=self.training, attn_bias=bias)  # fmt: skip
         if rope is not None:
             return rotary_self_attention(self.self_attn, qk, x, rope, key_padding_mask, half=self.rope_half,
                                          training=self.training)  # fmt: skip
@@ -149,11 +172,12 @@ class TransformerEncoderLayer(nn.Module):
         pos: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
+        bias: Tensor | None = None,
     ) -> Tensor:
         if self.pre_norm:
-            src = src + self.dropout1(self._attn(self.norm1(src), pos, key_padding_mask, rope))
+            src = src + self.dropout1(self._attn(self.norm1(src), pos, key_padding_mask, rope, bias))
             return src + self.dropout2(self._ffn(self.norm2(src)))
-        src = self.norm1(src + self.dropout1(self._attn(src, pos, key_padding_mask, rope)))
+        src = self.norm1(src + self.dropout1(self._attn(src, pos, key_padding_mask, rope, bias)))
         return self.norm2(src + self.dropout2(self._ffn(src)))
 
 
@@ -227,6 +251,8 @@ class TransformerEncoder(nn.Module):
         norm: final LayerNorm (pre-norm only; post-norm DETR has none).
         rope: a 2-D rotary encoding applied to q and k in every layer's self-attention, or None;
             a learned one (``rope-mixed``) has one set of frequencies per layer.
+        attn_bias: a 2-D attention bias added to every layer's self-attention logits, or None;
+            one module (and one bias tensor per forward) for all layers.
 
     ``forward(src (B, N, C), size (h, w), mask (B, h, w))`` returns the memory
     ``(B, N, C)`` and the first PEG's output ``(B, N, C)`` (None without PEGs).
@@ -239,6 +265,7 @@ class TransformerEncoder(nn.Module):
         pegs: dict[int, PEG2d] | None = None,
         norm: nn.LayerNorm | None = None,
         rope: RotaryEmbedding | None = None,
+        attn_bias: AttentionBias | None = None,
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
@@ -261,6 +288,9 @@ class TransformerEncoder(nn.Module):
         self.pegs = nn.ModuleDict({str(i): pegs[i] for i in sorted(pegs)})
         self.norm = norm
         self.rope = rope  # the fixed kinds have no state-dict key (non-persistent frequencies)
+        if attn_bias is not None and attn_bias.ndim != 2:
+            raise ValueError(f"the encoder's attention bias must be 2-D; got ndim={attn_bias.ndim}")
+        self.attn_bias = attn_bias  # one module for every layer (FIRE shares its MLP across layers)
 
     def _peg(
         self, i: int, src: Tensor, size: tuple[int, int], mask: Tensor, peg_out: Tensor | None
@@ -281,9 +311,14 @@ class TransformerEncoder(nn.Module):
         src, peg_out = self._peg(-1, src, size, mask, None)
         # (B, 1, N, D), or (layers, B, heads, N, D) for learned frequencies: coordinates from the mask
         rope = None if self.rope is None else self.rope(size, mask)
+        bias = None
+        if self.attn_bias is not None:
+            # (B, heads, N, N): the grid's bias (1, heads, N, N) with -inf at padded keys, once for all layers
+            bias = with_key_padding(self.attn_bias(size, mask, dtype=src.dtype, device=src.device), kpm)
         for i, layer in enumerate(self.layers):
             table = None if rope is None else (rope[0][i], rope[1][i]) if self.rope.learned else rope
-            src, peg_out = self._peg(i, layer(src, pos, kpm, table), size, mask, peg_out)
+            out = layer(src, pos, kpm, table) if bias is None else layer(src, pos, kpm, table, bias)
+            src, peg_out = self._peg(i, out, size, mask, peg_out)
         if self.norm is not None:
             src = self.norm(src)
         return src, peg_out
@@ -320,6 +355,7 @@ class Transformer(nn.Module):
         pegs: ``{encoder layer index: PEG2d}`` for ``pos_enc="peg"``.
         decoder_key_pos: ``sine`` / ``none`` / ``peg-output`` (module docstring).
         rope: a 2-D rotary encoding of the encoder's self-attention (``pos_enc="rope-*"``) or None.
+        attn_bias: a 2-D attention bias of the encoder's self-attention (``pos_enc="alibi-2d"``...) or None.
     """
 
     def __init__(
@@ -335,6 +371,7 @@ class Transformer(nn.Module):
         pegs: dict[int, PEG2d] | None = None,
         decoder_key_pos: str = "sine",
         rope: RotaryEmbedding | None = None,
+        attn_bias: AttentionBias | None = None,
     ) -> None:
         super().__init__()
         if d_model % nhead:
@@ -353,6 +390,7 @@ class Transformer(nn.Module):
             pegs,
             nn.LayerNorm(d_model) if pre_norm else None,
             rope,
+            attn_bias,
         )
         self.decoder = TransformerDecoder(
             [TransformerDecoderLayer(*args) for _ in range(num_decoder_layers)], nn.LayerNorm(d_model)

@@ -55,6 +55,9 @@ def build_video_model(
               resized trilinearly at another clip shape;
             * ``"rope-3d"``: 3-D rotary queries / keys from the input's grid (``rope_layout``);
             * ``"peg3d+rope-3d"``: both (a conditional and a rotary encoding combine);
+            * ``"alibi-2d"`` / ``"fire"``: attention biases on the 3-D grid (ALiBi slopes times the
+              ``(t, h, w)`` distance; FIRE's MLP), added to every attention's logits; ``peg3d+alibi-2d`` /
+              ``peg3d+fire`` combine with the PEG3d;
             * ``"none"``: no position information.
 
             An X3D has no position encoding and takes ``"peg3d"`` (the default) or ``"none"``.

@@ -7,6 +7,7 @@ checkpoints map onto it key for key)::
       -> tokens (B, T'*H'*W', C), frame-major [+ cls_token in front for global_pool="token"]
       -> [pos_enc ("learned", "sincos"): added once here]
       -> [rope ("rope-3d"): one (sin, cos) table per forward, q and k rotated in every attention]
+      -> [attn_bias ("alibi-2d", "fire"): one (1, heads, N, N) bias per forward, added to every attention's logits]
       -> [pos_blocks.-1] -> blocks.0 -> [pos_blocks.0 (PEG3d)] -> blocks.1 -> ... -> blocks.{depth-1}
       -> [pos_blocks.{depth-1}] -> norm -> pool ("avg": mean of the grid tokens; "token": the class token;
          "first": the first grid token; "attentive": pool.*, a learned query's cross-attention) -> head
@@ -23,6 +24,14 @@ attention the temporal attention rotates by ``t`` (its table is the grid ``(T, 1
 ``(1, H, W)``), which are exactly the offsets each attention sees.  ``peg3d+rope-3d`` adds the
 PEG3d of ``peg3d`` as well.  No state-dict key is added (the frequencies are not persistent).
 ``rope_layout="vjepa2"`` takes V-JEPA 2's channel layout (:func:`peg_core.rope.build_rope`).
+
+Attention biases (``alibi-2d``, ``fire``: :class:`peg_core.bias.AttentionBias` on the 3-D grid,
+key ``attn_bias.*`` for FIRE's MLP, shared by every block): joint attention adds the bias of the
+``(T, H, W)`` grid (distances over ``(t, h, w)``; the class token's row and column are zero).  In
+divided attention, as for ``rope-3d``, the temporal attention adds the bias of the grid
+``(T, 1, 1)`` (distances ``|t_i - t_j|``) and the spatial attention the bias of ``(1, H, W)``
+(distances over ``(h, w)``, class token unbiased): each attention gets the part of the 3-D bias
+for the offsets it sees.  ``peg3d+alibi-2d`` / ``peg3d+fire`` add the PEG3d as well.
 
 ``pos_enc`` is read by the position-encoding registry (:mod:`peg_core.registry`) against
 :data:`VIDEO_ENCODINGS`: one table (added once at the input), one conditional encoding (after the
@@ -78,8 +87,9 @@ __all__ = [
 #: input, a conditional encoding (PEG3d) after the blocks of ``peg_at``, or a rotary encoding of every
 #: attention's queries and keys; one of them, or a conditional and a rotary one together.
 VIDEO_ENCODINGS = EncodingSupport(
-    "the video ViT", 3, combos=(("conditional", "rotary"),), examples=("peg3d+rope-3d",)
-)
+    "the video ViT", 3, slots=("table", "conditional", "rotary", "bias"),
+    combos=(("conditional", "rotary"), ("conditional", "bias")), examples=("peg3d+rope-3d", "peg3d+alibi-2d"),
+)  # fmt: skip
 ATTENTIONS = ("joint", "divided")
 GLOBAL_POOLS = ("avg", "token", "first", "attentive")
 TEMPORAL_INTERPOLATIONS = ("linear", "nearest", "area")
@@ -252,20 +262,29 @@ class DividedBlock(Block):
         size: tuple[int, int, int],
         num_prefix_tokens: int = 0,
         rope: tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+        bias: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """``x`` ``(B, P + T*H*W, C)`` frame-major, ``size=(T, H, W)`` -> same shape.
 
         ``rope``: ``(temporal, spatial)`` apply-form tables, ``(T, D)`` for the temporal attention
         and ``(P + H*W, D)`` for the spatial one (prefix rows: identity), or None.
+        ``bias``: ``(temporal, spatial)`` attention biases, ``(1, heads, T, T)`` and
+        ``(1, heads, P + H*W, P + H*W)`` (prefix rows / columns zero), or None.
         """
         rope_t, rope_s = (None, None) if rope is None else rope
+        bias_t, bias_s = (None, None) if bias is None else bias
         b, _, c = x.shape
         t, hw, p = size[0], size[1] * size[2], num_prefix_tokens
         check_tokens(x, size, p)
 
         # Temporal: each spatial location attends over its T tubelets, (B*HW, T, C).
         xt = x[:, p:].reshape(b, t, hw, c).transpose(1, 2).reshape(b * hw, t, c)
-        xt = self.attn_t(self.norm_t(xt), rope_t).reshape(b, hw, t, c).transpose(1, 2).reshape(b, t * hw, c)
+        xt = (
+            self.attn_t(self.norm_t(xt), rope_t, bias_t)
+            .reshape(b, hw, t, c)
+            .transpose(1, 2)
+            .reshape(b, t * hw, c)
+        )
         if p:
             xt = torch.cat([xt.new_zeros(b, p, c), xt], dim=1)
         if self.temporal_fc is None:
@@ -279,7 +298,7 @@ class DividedBlock(Block):
         xs = tokens.reshape(b * t, hw, c)
         if p:
             xs = torch.cat([prefix.unsqueeze(1).expand(b, t, p, c).reshape(b * t, p, c), xs], dim=1)
-        xs = self.attn(self.norm1(xs), rope_s)
+        xs = self.attn(self.norm1(xs), rope_s, bias_s)
         delta = xs[:, p:].reshape(b, t * hw, c)
         if p:
             delta = torch.cat([xs[:, :p].reshape(b, t, p, c).mean(1), delta], dim=1)
@@ -334,7 +353,8 @@ class VideoTransformer(nn.Module):
         pos_enc: ``"peg3d"`` (default), ``"peg3d-factorized"``, ``"learned"``
             (spatial + temporal tables), ``"sincos"`` (fixed), ``"none"``, ``"rope-3d"``
             (3-D rotary q/k, module docstring), ``"peg3d+rope-3d"`` (both),
-            ``"sinusoid-1d"`` (VideoMAE's fixed table, :class:`SinusoidTable3d`), or any
+            ``"sinusoid-1d"`` (VideoMAE's fixed table, :class:`SinusoidTable3d`), ``"alibi-2d"`` /
+            ``"fire"`` (attention biases on the 3-D grid, module docstring), or any
             name or combination :data:`VIDEO_ENCODINGS` accepts from the registry.
         rope_layout: channel layout of ``rope-3d``: ``"pairs"`` (default) or ``"vjepa2"``
             (V-JEPA 2's, :func:`peg_core.rope.build_rope`).
@@ -460,6 +480,13 @@ class VideoTransformer(nn.Module):
         # Keyed by block index as CPVT's pos_blocks, so "pos_blocks.0" inflates from the 2D "pos_blocks.0".
         peg = replace(grid, options=peg_options)
         self.pos_blocks = nn.ModuleDict({str(i): spec.conditional.build(peg) for i in self.peg_at})
+        # one attention bias for every block (FIRE shares its MLP); built here, so the other
+        # encodings draw their parameters in the same order as before
+        self.attn_bias = None
+        if spec.bias is not None:
+            head = EncodingContext(embed_dim // num_heads, self.grid_size, num_prefix_tokens=p,
+                                   num_heads=num_heads, depth=depth)  # fmt: skip
+            self.attn_bias = spec.bias.build(head)
         self.blocks = self._make_blocks(
             embed_dim, depth, num_heads, mlp_ratio, qkv_bias, norm_eps, drop_path_rate, temporal_fc
         )
@@ -513,6 +540,8 @@ class VideoTransformer(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Parameter names conventionally trained without weight decay."""
         names = {"cls_token", "pos_enc.spatial", "pos_enc.temporal"}
+        if self.attn_bias is not None and hasattr(self.attn_bias, "no_weight_decay"):
+            names |= {f"attn_bias.{n}" for n in self.attn_bias.no_weight_decay()}
         return names | {"pool.query"} if self.pool is not None else names
 
     def num_lr_layers(self) -> int:
@@ -537,6 +566,18 @@ class VideoTransformer(nn.Module):
             return self.rope((size[0], 1, 1)), self.rope((1, size[1], size[2]), num_prefix_tokens=p)
         return self.rope(size, num_prefix_tokens=p)
 
+    def _attn_biases(self, size: tuple[int, int, int], like: Tensor):
+        """The attention biases of a grid: ``(1, heads, P + N, P + N)`` (joint), ``((1, heads, T, T),
+        (1, heads, P + H*W, P + H*W))`` (divided), or None; in ``like``'s dtype and device."""
+        if self.attn_bias is None:
+            return None
+        p, kw = self.num_prefix_tokens, {"dtype": like.dtype, "device": like.device}
+        if self.attention == "divided":
+            return self.attn_bias((size[0], 1, 1), **kw), self.attn_bias(
+                (1, size[1], size[2]), num_prefix_tokens=p, **kw
+            )
+        return self.attn_bias(size, num_prefix_tokens=p, **kw)
+
     def forward_features(self, x: Tensor) -> tuple[Tensor, tuple[int, int, int]]:
         """Clip ``(B, C, T, H, W)`` -> (normed tokens ``(B, P + T'*H'*W', C)``, grid ``(T', H', W')``)."""
         x, size = self.patch_embed(x)
@@ -547,8 +588,12 @@ class VideoTransformer(nn.Module):
         x = self._peg(x, -1, size)
         p = self.num_prefix_tokens
         rope = self._rope_tables(size)
+        bias = self._attn_biases(size, x)
         for i, blk in enumerate(self.blocks):
-            x = blk(x, size, p, rope) if isinstance(blk, DividedBlock) else blk(x, rope)
+            if bias is not None:
+                x = blk(x, size, p, rope, bias) if isinstance(blk, DividedBlock) else blk(x, rope, bias)
+            else:
+                x = blk(x, size, p, rope) if isinstance(blk, DividedBlock) else blk(x, rope)
             x = self._peg(x, i, size)
         return self.norm(x), size
 

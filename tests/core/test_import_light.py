@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = [
     "peg_core",
     "peg_core.base",
+    "peg_core.bias",
     "peg_core.encodings",
     "peg_core.errors",
     "peg_core.peg",

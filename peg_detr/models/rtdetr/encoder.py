@@ -27,6 +27,9 @@ Where position information enters (``pos_enc``), all inside AIFI, on the stride-
 * ``rope-axial`` / ``rope-mixed`` / ``rope-dinov3``: :mod:`peg_core.rope` rotates each head's
   queries and keys after their projections (values unrotated); ``peg+rope-axial`` /
   ``peg+rope-mixed`` combine both.
+* ``alibi-2d`` / ``fire`` / ``lookhere``: a :class:`peg_core.bias.AttentionBias` (key ``attn_bias`` for FIRE's MLP,
+  shared by the AIFI layers) gives one ``(1, heads, N, N)`` bias per forward, added to every AIFI
+  layer's attention logits; ``peg+alibi-2d`` / ``peg+fire`` add the PEG too.
 * ``none``: nothing; the CCFM convolutions' zero padding is then the only source of position.
 
 The CCFM upsamples each map to the size of the finer one (``size=``, nearest): for sides that
@@ -45,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg_core import PositionEncoding, check_tokens, sincos_2d
+from peg_core.bias import AttentionBias
 from peg_core.peg import resolve_peg_at
 from peg_core.registry import EncodingContext, EncodingSupport, parse_pos_enc
 from peg_core.rope import RotaryEmbedding, apply_rope
@@ -63,11 +67,13 @@ __all__ = [
 
 #: What AIFI builds from a ``pos_enc`` (:mod:`peg_core.registry`): a table on every layer's queries
 #: and keys (``sincos`` is RT-DETR's own layout of it, :class:`RTDetrSinCos2d`), PEGs (or another
-#: conditional encoding) after the layers of ``peg_at``, or a rotary encoding; one of them, or a
-#: conditional and a rotary one together.  DETR's mask-aware ``sine`` has no place: RT-DETR has no mask.
+#: conditional encoding) after the layers of ``peg_at``, a rotary encoding or an attention bias; one
+#: of them, or a conditional encoding with a rotary one or with an attention bias.  DETR's mask-aware
+#: ``sine`` has no place: RT-DETR has no mask.
 AIFI_ENCODINGS = EncodingSupport(
-    "RT-DETR's AIFI encoder", 2, combos=(("conditional", "rotary"),), exclude=("sine",),
-    examples=("peg+rope-mixed",),
+    "RT-DETR's AIFI encoder", 2, slots=("table", "conditional", "rotary", "bias"),
+    combos=(("conditional", "rotary"), ("conditional", "bias")), exclude=("sine",),
+    examples=("peg+rope-mixed", "peg+alibi-2d"),
 )  # fmt: skip
 
 _ACTS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
@@ -187,9 +193,10 @@ class CSPRepLayer(nn.Module):
 class SelfAttention(nn.Module):
     """Multi-head self-attention with separate ``q_proj/k_proj/v_proj/o_proj`` (HF's layout).
 
-    ``forward(x (B, N, C), pos (1|B, N, C) | None, rope (sin, cos) | None) -> (B, N, C)``: ``pos`` is
-    added to the query/key input only; ``rope`` (apply form, broadcastable to ``(B, heads, N, C/heads)``)
-    rotates the projected queries and keys.
+    ``forward(x (B, N, C), pos (1|B, N, C) | None, rope (sin, cos) | None, bias) -> (B, N, C)``: ``pos``
+    is added to the query/key input only; ``rope`` (apply form, broadcastable to ``(B, heads, N, C/heads)``)
+    rotates the projected queries and keys; ``bias`` (float, broadcastable to ``(B, heads, N, N)``) is
+    added to the logits.
     """
 
     def __init__(self, dim: int, num_heads: int, dropout: float = 0.0, *, rope_half: bool = False) -> None:
@@ -216,7 +223,11 @@ class SelfAttention(nn.Module):
         return x.view(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)  # (B, h, N, d)
 
     def forward(
-        self, x: Tensor, pos: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None
+        self,
+        x: Tensor,
+        pos: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        bias: Tensor | None = None,
     ) -> Tensor:
         qk = x if pos is None else x + pos
         q, k, v = self._heads(self.q_proj(qk)), self._heads(self.k_proj(qk)), self._heads(self.v_proj(x))
@@ -224,7 +235,11 @@ class SelfAttention(nn.Module):
             sin, cos = rope
             q = apply_rope(q, sin, cos, half=self.rope_half)
             k = apply_rope(k, sin, cos, half=self.rope_half)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        p = self.dropout if self.training else 0.0
+        if bias is not None:  # a float mask in the queries' dtype (SDPA's rule)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=p)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
         return self.o_proj(out.transpose(1, 2).flatten(2))
 
 
@@ -246,7 +261,7 @@ class AIFILayer(nn.Module):
     """One transformer encoder layer (post-norm unless ``normalize_before``): attention, then MLP.
 
     Keys ``self_attn.{q,k,v,o}_proj``, ``self_attn_layer_norm``, ``mlp.fc1``, ``mlp.fc2``,
-    ``final_layer_norm`` (HF's ``RTDetrEncoderLayer``).  ``forward(x (B, N, C), pos, rope) -> (B, N, C)``.
+    ``final_layer_norm`` (HF's ``RTDetrEncoderLayer``).  ``forward(x (B, N, C), pos, rope, bias) -> (B, N, C)``.
     """
 
     def __init__(
@@ -270,12 +285,16 @@ class AIFILayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(dim, eps=eps)
 
     def forward(
-        self, x: Tensor, pos: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None
+        self,
+        x: Tensor,
+        pos: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        bias: Tensor | None = None,
     ) -> Tensor:
         if self.normalize_before:
-            x = x + self.dropout(self.self_attn(self.self_attn_layer_norm(x), pos, rope))
+            x = x + self.dropout(self.self_attn(self.self_attn_layer_norm(x), pos, rope, bias))
             return x + self.mlp(self.final_layer_norm(x))
-        x = self.self_attn_layer_norm(x + self.dropout(self.self_attn(x, pos, rope)))
+        x = self.self_attn_layer_norm(x + self.dropout(self.self_attn(x, pos, rope, bias)))
         return self.final_layer_norm(x + self.mlp(x))
 
 
@@ -285,7 +304,8 @@ class AIFI(nn.Module):
     ``forward(x (B, C, H, W)) -> (B, C, H, W)`` in ``x``'s memory format.  Position modules (keys):
     ``pos`` (``learned``: ``pos.pos_embed``; ``sincos``: none), ``pegs.{i}`` (``peg``:
     ``pegs.-1.proj.*`` before layer 0, ``pegs.i.*`` after layer ``i``), ``rope`` (``rope-mixed``:
-    ``rope.freqs``, one set per layer and head).  ``layer_options``: :class:`AIFILayer`'s
+    ``rope.freqs``, one set per layer and head), ``attn_bias`` (``fire``: ``attn_bias.mlp.*``, ``attn_bias.c``...,
+    shared by the layers; ``alibi-2d``: none).  ``layer_options``: :class:`AIFILayer`'s
     keywords (``dim_feedforward``, ``dropout``, ``act``, ``normalize_before``, ``eps``); the other
     options: see :class:`HybridEncoder`.
     """
@@ -329,6 +349,12 @@ class AIFI(nn.Module):
             pegs = {str(i): spec.conditional.build(peg) for i in resolve_peg_at(peg_at, num_layers)}
         # An empty ModuleDict has no keys, so the non-PEG encoders keep HF's exact state dict.
         self.pegs = nn.ModuleDict(pegs)
+        # built last: the other encoders draw their parameters in the same order as before
+        self.attn_bias: AttentionBias | None = None
+        if spec.bias is not None:
+            self.attn_bias = spec.bias.build(
+                replace(ctx, dim=dim // num_heads, num_heads=num_heads, depth=num_layers)
+            )
 
     def _rope_table(self, size: tuple[int, int]) -> tuple[Tensor, Tensor] | None:
         return None if self.rope is None else self.rope(size)
@@ -345,10 +371,15 @@ class AIFI(nn.Module):
         pos = None if self.pos is None else self.pos.position(tokens, size)
         # Fixed kinds: (N, d); mixed: (layers, heads, N, d), one slice per layer.
         rope = self._rope_table(size)
+        # (1, heads, N, N), one for every layer
+        bias = (
+            None if self.attn_bias is None else self.attn_bias(size, dtype=tokens.dtype, device=tokens.device)
+        )
         tokens = self._peg(-1, tokens, size)
         for i, layer in enumerate(self.layers):
             table = None if rope is None else (rope[0][i], rope[1][i]) if self.rope.learned else rope
-            tokens = self._peg(i, layer(tokens, pos, table), size)
+            out = layer(tokens, pos, table) if bias is None else layer(tokens, pos, table, bias)
+            tokens = self._peg(i, out, size)
         out = tokens.transpose(1, 2).reshape(b, c, h, w)  # channels-last strides
         if x.is_contiguous(memory_format=torch.channels_last):
             return out
