@@ -5,6 +5,7 @@
     python -m peg_core eval --checkpoint CKPT [--data-root PATH] [--eval-sizes 36,48,72,96]
     python -m peg_core predict --checkpoint CKPT IMAGE...
     python -m peg_core configs [NAME]
+    python -m peg_core models
     python -m peg_core resize-pos-embed IN OUT --grid 24x24 [--mode bicubic] [--key K] [--prefix-tokens N]
     python -m peg_core to-cpvt IN OUT [--peg-at 0] [--kernel-size 3]
     python -m peg_core quantize CKPT OUT.pt2 [--calib 256] [--calib-data PATH] [--img-size S]
@@ -135,6 +136,7 @@ COMMANDS = {
     "eval": classify_cli.evaluate,
     "predict": classify_cli.predict,
     "configs": classify_cli.configs,
+    "models": classify_cli.models,
     "resize-pos-embed": resize_pos_embed,
     "to-cpvt": to_cpvt,
     "quantize": quantize_cli,

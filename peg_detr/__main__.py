@@ -1,10 +1,11 @@
-"""Command line: ``python -m peg_detr {make-data,train,eval,predict,configs,export,export-hf} ...``.
+"""Command line: ``python -m peg_detr {make-data,train,eval,predict,configs,models,export,export-hf} ...``.
 
 * ``make-data OUT``: write the synthetic shapes set in COCO layout.
 * ``train``: train on a COCO-format set (works under ``torchrun``); see ``train -h``.
 * ``eval --checkpoint CKPT``: COCO box AP of a checkpoint, at one or several ``--eval-sizes``.
 * ``predict IMAGE... --checkpoint CKPT``: draw detections on image files.
 * ``configs [NAME]``: the named recipes of ``train --config NAME`` and what they set.
+* ``models``: the public Hugging Face detectors ``--init`` takes by id, published AP, a PEG run.
 * ``export-hf CKPT DIR``: write a ``sine`` checkpoint as a Hugging Face DETR folder.
 * ``export CKPT OUT.onnx``: the detector as an ONNX graph (dynamic batch, height, width).
 
@@ -32,6 +33,7 @@ COMMANDS = {
     "eval": cli.evaluate,
     "predict": cli.predict,
     "configs": cli.configs,
+    "models": cli.models,
     "export": cli.export,
     "export-hf": cli.export_hf,
 }

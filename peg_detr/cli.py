@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +63,10 @@ from peg_core.engine.predict_cli import (
     finish_predict,
     predict_device,
 )
+from peg_core.interop.resolve import format_public_models, resolve_path_arg
 from peg_core.registry import PosEncError, parse_pos_enc
 
-from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, RTDETR_DEFAULTS
+from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, PUBLIC_MODELS, RTDETR_DEFAULTS
 from .data import LABEL_MODES, SHAPES
 from .evaluation import BACKENDS
 from .make_data import write_shapes_coco
@@ -109,7 +111,9 @@ Several GPUs / nodes (the recipe's ``--total-batch-size`` is split over the proc
 Every epoch writes ``checkpoint.pth`` atomically (``--save-every N`` also keeps
 ``checkpointNNNN.pth``); ``--resume auto`` continues from the output folder's
 checkpoint exactly.  ``--init PATH`` starts from official DETR weights (``.pth``) or a
-Hugging Face DETR folder / weights file.  ``report.json`` holds the last evaluation
+Hugging Face DETR / RT-DETR folder / weights file; a hub id (``--init facebook/detr-resnet-50``,
+``--arch rtdetr --init PekingU/rtdetr_r50vd``) is fetched once into the Hugging Face cache
+(``HF_HUB_OFFLINE=1``: read from it only).  ``report.json`` holds the last evaluation
 (``eval.ap``, ``eval.ap50`` at ``--val-size``, ``eval.sizes`` per ``--eval-sizes``) and the
 broken images that were skipped.  Evaluate a checkpoint with ``python -m peg_detr eval``.
 """
@@ -252,7 +256,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="CNN backbone: resnet18/50/101 (detr), r18vd/r34vd/r50vd/r101vd (rtdetr), tiny (both; CPU demos)",
     )
     m.add_argument(
-        "--backbone-weights", type=Path, help="local ImageNet weights for the ResNet (nothing is downloaded)"
+        "--backbone-weights",
+        type=Path,
+        help="ImageNet weights for the ResNet: a local file, or torchvision:resnet50.IMAGENET1K_V2 (DETR "
+        "ResNets: IMAGENET1K_V2 alone) or a hub id, fetched once into its cache",
     )
     m.add_argument("--dilation", action="store_true", help="DC5: dilate the last ResNet stage")
     add_pos_args(
@@ -386,6 +393,22 @@ def refuse_unused_model_flags(args: argparse.Namespace) -> None:
     refuse_without_effect(args, args.cli_flags, reasons)
 
 
+def _resolve_weights_args(args: argparse.Namespace) -> None:
+    """``--init`` / ``--backbone-weights`` naming remote weights -> the local folder / file (fetched once).
+
+    ``--init org/name``: a Hugging Face DETR / RT-DETR folder (its hub snapshot); ``--backbone-weights``:
+    one file, e.g. ``torchvision:resnet50.IMAGENET1K_V2`` or, for a DETR ResNet, just ``IMAGENET1K_V2``
+    (:func:`peg_core.interop.resolve_weights`).  A local path is kept as it is.
+    """
+    backbone = args.backbone or ("resnet50" if (args.arch or "detr") == "detr" else None)
+    # a bare IMAGENET1K_V2 names torchvision's weights of a DETR ResNet; a ResNet-vd has none there
+    torchvision_model = backbone if backbone in BACKBONES and backbone != "tiny" else None
+    args.init = resolve_path_arg(args.init, kind="folder")
+    args.backbone_weights = resolve_path_arg(
+        args.backbone_weights, kind="file", torchvision_model=torchvision_model
+    )
+
+
 def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse ``train`` flags; a ``--config`` recipe supplies defaults that explicit flags override.
 
@@ -400,6 +423,7 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parse_with_config(parser, argv, CONFIGS)
     if args.data_root is None:
         parser.error("the following arguments are required: --data-root")
+    _resolve_weights_args(args)
     if args.pos_enc is not None and (args.arch or "detr") == "rtdetr":
         try:  # --pos-enc was checked against DETR's encoder; --arch rtdetr has its own rule
             parse_pos_enc(args.pos_enc, AIFI_ENCODINGS)
@@ -500,3 +524,13 @@ def export_hf(argv: list[str] | None = None) -> Path:
     from .export import main_hf  # imports the export machinery only when asked
 
     return main_hf(argv)
+
+
+def models(argv: Sequence[str] | None = None) -> int:
+    """``models``: the public weights peg_detr reads by name, their published accuracy and a PEG fine-tuning run."""
+    parser = new_parser(
+        "python -m peg_detr models", "Public weights by name: ids, published accuracy, a fine-tuning command."
+    )
+    parser.parse_args(list(argv or []))
+    print(format_public_models(PUBLIC_MODELS))
+    return 0

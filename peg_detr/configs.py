@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CONFIGS", "DEFAULTS", "DESCRIPTIONS", "PUBLISHED_AP", "RTDETR_DEFAULTS"]
+from peg_core.interop.resolve import PublicModel
+
+__all__ = ["CONFIGS", "DEFAULTS", "DESCRIPTIONS", "PUBLIC_MODELS", "PUBLISHED_AP", "RTDETR_DEFAULTS"]
 
 # DETR's multi-scale training sizes (short side 480..800 step 32, long side <= 1333).
 _DETR_DATA: dict[str, Any] = {
@@ -222,3 +224,25 @@ PUBLISHED_AP: dict[str, float] = {
     "rtdetr_r18vd_6x": 46.5,
     "rtdetr_r50vd_6x": 53.1,
 }
+
+
+_DETR = "DETR (DetrConfig, timm ResNet backbone: peg_detr.from_hf)"
+_RTDETR = "RT-DETR (RTDetrConfig, RTDetrResNet-vd backbone: peg_detr.from_hf)"
+_RT_SOURCE = "lyuwenyu/RT-DETR README, COCO val2017 at 640x640, 72 epochs"
+
+
+def _run(init: str, recipe: str, out: str) -> str:
+    return (f"python -m peg_detr train --config {recipe} --init {init} --data-root /data/coco "
+            f"--output-dir runs/{out}")  # fmt: skip
+
+
+#: ``python -m peg_detr models``: public Hugging Face detectors ``train --init`` / ``from_hf`` read
+PUBLIC_MODELS: tuple[PublicModel, ...] = (
+    PublicModel(_DETR, "facebook/detr-resnet-50", f"{PUBLISHED_AP['detr_r50_500ep']} COCO AP",
+                "facebookresearch/detr README, COCO val2017, 500 epochs",
+                _run("facebook/detr-resnet-50", "cpvt_peg_50ep", "peg_from_detr")),
+    PublicModel(_RTDETR, "PekingU/rtdetr_r18vd", f"{PUBLISHED_AP['rtdetr_r18vd_6x']} COCO AP", _RT_SOURCE,
+                _run("PekingU/rtdetr_r18vd", "rtdetr_r18vd_6x_peg", "rtdetr_r18vd_peg")),
+    PublicModel(_RTDETR, "PekingU/rtdetr_r50vd", f"{PUBLISHED_AP['rtdetr_r50vd_6x']} COCO AP", _RT_SOURCE,
+                _run("PekingU/rtdetr_r50vd", "rtdetr_r50vd_6x_peg", "rtdetr_r50vd_peg")),
+)  # fmt: skip

@@ -24,16 +24,22 @@ from torch import nn
 
 from peg_core.engine import LoadedModel, UserError, checkpoint_and_where, load_model_state, read_state_file
 from peg_core.engine.cli import peg_kwargs
+from peg_core.interop.io import WeightsError
+from peg_core.interop.resolve import resolve_weights
 
+from .interop.hf import from_hf
+from .interop.hf_detr import hf_label_names
 from .interop.hf_rtdetr import rtdetr_from_hf_config
 from .labels import LabelMap
-from .models import build_detr
+from .models import PostProcess, build_detr
+from .models.rtdetr import RTDETR
 from .models.rtdetr.build import build_rtdetr, rtdetr_training_parts
 
 __all__ = [
     "ARCHS",
     "build_model",
     "eval_state_dict",
+    "load_hf_model",
     "load_model",
     "model_config_from_args",
     "upgrade_config",
@@ -173,3 +179,26 @@ def load_model(
         raise UserError(f"checkpoint's label map is malformed ({e})", where) from None
     args = ckpt.get("args") if isinstance(ckpt.get("args"), dict) else {}
     return LoadedModel(model.eval(), config, classes, meta, dict(args), postprocessor)
+
+
+def load_hf_model(folder: str | os.PathLike) -> LoadedModel:
+    """The detector of a Hugging Face DETR / RT-DETR folder (:func:`~peg_detr.interop.from_hf`), for inference.
+
+    ``folder``: a local ``save_pretrained`` folder, or a hub id (``"PekingU/rtdetr_r50vd"``) fetched
+    once into the hub cache (:func:`peg_core.interop.resolve_weights`).  Label ``i`` is category id
+    ``i`` named by the folder's ``id2label`` (its number without one); ``meta`` / ``args`` are empty,
+    so a predictor uses the architecture's evaluation size (DETR 800, RT-DETR 640).
+    """
+    path = resolve_weights(folder, kind="folder").path
+    try:
+        model, report = from_hf(path)
+    except ValueError as e:  # another model_type, or settings peg_detr lacks: an InputError naming the folder
+        raise e if isinstance(e, WeightsError) else WeightsError(" ".join(str(e).split()), path) from None
+    arch = "rtdetr" if isinstance(model, RTDETR) else "detr"
+    postprocessor = rtdetr_training_parts(model)[1] if arch == "rtdetr" else PostProcess()
+    config = {"arch": arch, **getattr(model, "build_config", {})}
+    names = hf_label_names(report.args, path / "config.json") or []
+    count = int(config.get("num_classes") or len(names))
+    names = [*names, *map(str, range(len(names), count))][:count]
+    labels = LabelMap.from_categories([{"id": i, "name": n} for i, n in enumerate(names)], "ids")
+    return LoadedModel(model.eval(), config, names, {"labels": labels.to_json()}, {}, postprocessor)

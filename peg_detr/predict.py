@@ -33,11 +33,13 @@ from torch import Tensor, nn
 from torchvision.transforms.v2 import functional as F
 
 from peg_core.engine import BrokenSample, output_names
+from peg_core.engine.checkpoint import LoadedModel
 from peg_core.engine.cli import MAX_IMAGE_SIDE
 from peg_core.engine.predict_cli import missing_reason
 from peg_core.engine.predictor import FilePredictor, check_fraction, check_int, resolve_device
 from peg_core.engine.predictor import Prediction as _Base
 from peg_core.errors import InputError
+from peg_core.interop.resolve import resolve_weights
 
 from .data import (
     RTDETR_SIZE,
@@ -47,7 +49,7 @@ from .data import (
     read_rgb,
     scaled_max_size,
 )
-from .model import load_model
+from .model import load_hf_model, load_model
 from .models.rtdetr import RTDETR
 
 __all__ = ["MIN_CANVAS", "Detection", "Prediction", "Predictor", "draw_detections", "predict_images"]
@@ -105,7 +107,8 @@ class Predictor(FilePredictor):
     (DETR's softmax, RT-DETR's sigmoid top-K over query x class pairs).
 
     Args:
-        checkpoint: ``checkpoint.pth`` written by ``python -m peg_detr train``.
+        checkpoint: ``checkpoint.pth`` written by ``python -m peg_detr train``, or a Hugging Face
+            DETR / RT-DETR folder or hub id (its ``id2label`` names the labels).
         size: evaluation short side, or RT-DETR's square side (default: the training run's ``--val-size``).
         device: torch device string.
         threshold: detections scoring at most this are left out.
@@ -126,7 +129,7 @@ class Predictor(FilePredictor):
         self.threshold = check_fraction(threshold, "threshold")
         if size is not None:
             size = check_int(size, "size", 1, MAX_IMAGE_SIDE)
-        loaded = load_model(checkpoint)
+        loaded = _load(checkpoint)
         model, self.postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
         self.model: nn.Module = model.to(self.device).eval()
         # label -> category id and name (the run's --labels); detections carry the category ids
@@ -139,7 +142,11 @@ class Predictor(FilePredictor):
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: str = "cpu", **options: Any) -> Predictor:
-        """``options``: ``threshold`` (0.7), ``size`` (the run's ``--val-size``)."""
+        """``options``: ``threshold`` (0.7), ``size`` (the run's ``--val-size``).
+
+        ``path`` may also be a Hugging Face DETR / RT-DETR folder or hub id (``"PekingU/rtdetr_r50vd"``,
+        fetched once into the hub cache): :func:`~peg_detr.model.load_hf_model`.
+        """
         return cls(path, device=device, **options)
 
     def read(self, path: str) -> Tensor:
@@ -200,6 +207,14 @@ class Predictor(FilePredictor):
             if c >= 0
         ]
         return Prediction(path, detections=found)
+
+
+def _load(checkpoint: str | os.PathLike) -> LoadedModel:
+    """A training checkpoint (:func:`load_model`), or a Hugging Face folder / hub id (:func:`load_hf_model`)."""
+    path = resolve_weights(checkpoint, kind="folder").path  # a Path or an existing path stays itself
+    if path.is_dir() and (path / "config.json").is_file():
+        return load_hf_model(path)
+    return load_model(checkpoint)
 
 
 def _run_val_size(meta: dict[str, Any], args: dict[str, Any], arch: str) -> int:

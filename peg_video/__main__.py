@@ -1,4 +1,4 @@
-"""``python -m peg_video make-data|train|eval|predict|configs|prepare|export|export-hf ...``
+"""``python -m peg_video make-data|train|eval|predict|configs|models|prepare|export|export-hf ...``
 
     python -m peg_video make-data data/synthetic_kinetics --num-train 120 --num-val 60
     python -m peg_video train --train-ann data/synthetic_kinetics/train.csv \\
@@ -11,6 +11,7 @@
     python -m peg_video train --init videomae-small-folder --pos-enc peg3d --train-ann ... --val-ann ...
     python -m peg_video export-hf runs/video/checkpoint.pth videomae_folder
     python -m peg_video configs [NAME]
+    python -m peg_video models
     python -m peg_video prepare k400 k400_320 --short-side 320 --workers 16
 """
 
@@ -34,6 +35,7 @@ COMMANDS = {
     "eval": cli.evaluate,
     "predict": cli.predict,
     "configs": cli.configs,
+    "models": cli.models,
     "prepare": cli.prepare,
     "export": cli.export,
     "export-hf": cli.export_hf,

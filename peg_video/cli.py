@@ -59,6 +59,7 @@ from peg_core.engine.predict_cli import (
 )
 from peg_core.engine.recipes import add_recipe_args
 from peg_core.errors import InputError
+from peg_core.interop.resolve import format_public_models, resolve_path_arg
 from peg_core.registry import EncodingSpec, parse_pos_enc
 
 from .configs import (
@@ -67,6 +68,7 @@ from .configs import (
     DESCRIPTIONS,
     FINETUNE_CONFIGS,
     MODEL_KEYS,
+    PUBLIC_MODELS,
     VIDEOMAE_INPUT,
     VIDEOMAE_MEAN,
     VIDEOMAE_STD,
@@ -130,6 +132,11 @@ protocol defaults (SSv2: segment sampling, no flip).
 * a peg_video checkpoint: its weights (a head of another class count is dropped);
 * anything else: a 2-D image checkpoint (peg_core's CPVT, or a timm DeiT state dict with
   ``--init-source deit``) inflated into the video transformer.
+
+PATH may also name remote weights, fetched once into their library's cache and read offline
+afterwards (``HF_HUB_OFFLINE=1``: the cache only): a Hugging Face id ``org/name[@revision]`` is
+its snapshot folder (``--init MCG-NJU/videomae-base-finetuned-kinetics``), ``timm:NAME`` timm's
+2-D weights file (``--init timm:deit_small_patch16_224 --init-source deit``).
 ``--scale-jitter MIN,MAX`` is the random short side of the training clips (augmentation),
 not ``--train-sizes`` (the multi-scale recipe's input sizes).
 """
@@ -772,6 +779,8 @@ def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     explicit = explicit_options(build_train_parser, argv)
     _check_dataset(p, args, explicit)
     _check_train_crop(p, args, explicit)
+    # a hub id (org/name[@rev]) is its snapshot folder, timm:NAME a 2-D weights file; a path stays
+    args.init = resolve_path_arg(args.init, kind="folder")
     hf = _hf_folder_config(args)
     if hf is None and args.config in FINETUNE_CONFIGS:
         p.error(f"argument --config: {args.config} fine-tunes pre-trained weights; give --init FOLDER "
@@ -917,4 +926,15 @@ def export_hf(argv: Sequence[str] | None = None) -> int:
         raise UserError(f"not expressible in the VideoMAE layout ({e})", args.checkpoint) from None
     line = done_line("export-hf", f"VideoMAE folder ({pos_enc} table)", out)
     print_closing(line, {"command": "export-hf", "out_dir": str(out), "pos_enc": pos_enc}, args.json)
+    return 0
+
+
+def models(argv: Sequence[str] | None = None) -> int:
+    """``models``: the public weights peg_video reads by name, their published accuracy and a PEG fine-tuning run."""
+    parser = new_parser(
+        "python -m peg_video models",
+        "Public weights by name: ids, published accuracy, a fine-tuning command.",
+    )
+    parser.parse_args(list(argv or []))
+    print(format_public_models(PUBLIC_MODELS))
     return 0

@@ -86,12 +86,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from peg_core.interop.resolve import PublicModel
+
 __all__ = [
     "CONFIGS",
     "DEFAULTS",
     "DESCRIPTIONS",
     "FINETUNE_CONFIGS",
     "MODEL_KEYS",
+    "PUBLIC_MODELS",
     "PUBLISHED_FINETUNE_TOP1",
     "PUBLISHED_K400_TOP1",
     "PUBLISHED_TOP1",
@@ -279,3 +282,28 @@ DEFAULTS: dict[str, Any] = {
     **{k: v for k, v in CONFIGS["synthetic_tiny"].items() if k not in MODEL_KEYS},
     "model_opts": {},
 }
+
+
+_VIDEOMAE = "VideoMAE (VideoMAEConfig: peg_video.from_hf)"
+_ZOO = "MCG-NJU/VideoMAE MODEL_ZOO.md"
+
+
+def _run(init: str, recipe: str, data: str, out: str, pos_enc: str = "") -> str:
+    extra = f" --pos-enc {pos_enc}" if pos_enc else ""
+    return f"python -m peg_video train --config {recipe} --init {init}{extra} {data} --output-dir runs/{out}"
+
+
+_K400 = "--train-ann /data/k400/train.csv --val-ann /data/k400/val.csv"
+
+#: ``python -m peg_video models``: public Hugging Face video models ``train --init`` / ``from_hf`` read
+PUBLIC_MODELS: tuple[PublicModel, ...] = (
+    PublicModel(_VIDEOMAE, "MCG-NJU/videomae-small-finetuned-kinetics", "79.0 K400 top-1",
+                f"{_ZOO}, ViT-S, 1600-epoch pre-training",
+                _run("MCG-NJU/videomae-small-finetuned-kinetics", "k400_videomae_s_ft_peg3d", _K400, "k400_s_peg3d")),
+    PublicModel("TimeSformer (TimesformerConfig: peg_video.from_hf)", "facebook/timesformer-base-finetuned-k400",
+                "—", "—", _run("facebook/timesformer-base-finetuned-k400", "k400_videomae_s_ft", _K400,
+                               "k400_timesformer_peg3d", "peg3d")),
+    PublicModel("V-JEPA 2 (VJEPA2Config, 3-D RoPE: peg_video.from_hf)", "facebook/vjepa2-vitl-fpc64-256", "—", "—",
+                _run("facebook/vjepa2-vitl-fpc64-256", "k400_videomae_s_ft", _K400, "k400_vjepa2_peg3d",
+                     "peg3d+rope-3d")),
+)  # fmt: skip

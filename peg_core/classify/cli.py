@@ -14,6 +14,7 @@ under the one-line failure policy.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,8 +62,9 @@ from ..engine.predict_cli import (
     predict_paths,
 )
 from ..engine.recipes import add_recipe_args
+from ..interop.resolve import format_public_models, resolve_path_arg
 from ..models.cpvt import CPVT_ENCODINGS, GLOBAL_POOLS
-from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS
+from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, PUBLIC_MODELS
 from .data import AUGMENTS, NORMALIZE, check_layout, require_torchvision
 from .make_data import FORMATS, write_shapes_folder
 from .model import ARCHS, refuse_unused_pos_flags
@@ -138,7 +140,10 @@ INIT_HELP = """\
 --init PATH: starting weights, a checkpoint.pth of 'peg_core train', a bare state dict (.pth, read
 with weights_only=True) or a .safetensors file whose keys are the CPVT's (a timm/DeiT checkpoint
 converted by 'python -m peg_core to-cpvt' qualifies), or with --init-timm NAME the weights of a
-timm ViT (rope, DINOv3, DeiT) in timm's layout.  A file that names its model (a checkpoint's
+timm ViT (rope, DINOv3, DeiT) in timm's layout.  PATH may also name weights to fetch once into
+their library's cache (read offline afterwards; HF_HUB_OFFLINE=1 reads the cache only): a Hugging
+Face id org/name[@revision] (its model.safetensors) or timm:NAME (timm's pretrained weights of NAME,
+converted as with --init-timm NAME).  A file that names its model (a checkpoint's
 model_config, a timm model) gives the architecture; model flags on the command line replace its
 entries (--pos-enc peg+rope-mixed adds a PEG, which starts at zero).  Keys the file lacks keep
 their fresh initialisation, a learned table of another grid is resized, a head of another number
@@ -244,7 +249,13 @@ def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parse_with_config(build_train_parser(), argv, CONFIGS)
     args.cli_flags = sorted(explicit_options(build_train_parser, argv))
     if args.init_timm is not None and args.init is None:
-        build_train_parser().error("--init-timm needs --init FILE (the timm weights)")
+        build_train_parser().error(
+            "--init-timm needs --init (a file, timm:NAME or a hub id: the timm weights)"
+        )
+    if args.init is not None:  # a hub id or timm:NAME -> the local file (fetched once, cached)
+        if os.fspath(args.init).startswith("timm:") and args.init_timm is None:
+            args.init_timm = os.fspath(args.init)[len("timm:") :]  # timm's weights are in timm's layout
+        args.init = resolve_path_arg(args.init, kind="file")
     if args.init is None:  # with --init FILE the model may be the file's: checked when it is read (task)
         refuse_unused_pos_flags(args, vars(args), f"--pos-enc {args.pos_enc}")
     return args
@@ -296,3 +307,13 @@ def configs(argv: Sequence[str] | None = None) -> int:
         argv or [], prog="python -m peg_core", configs=CONFIGS, train_parser=build_train_parser,
         descriptions=DESCRIPTIONS,
     )  # fmt: skip
+
+
+def models(argv: Sequence[str] | None = None) -> int:
+    """``models``: the public weights the classifier reads by name, their published accuracy and a PEG fine-tuning run."""
+    parser = new_parser(
+        "python -m peg_core models", "Public weights by name: ids, published accuracy, a fine-tuning command."
+    )
+    parser.parse_args(list(argv or []))
+    print(format_public_models(PUBLIC_MODELS))
+    return 0

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CONFIGS", "DEFAULTS", "DESCRIPTIONS"]
+from ..interop.resolve import PublicModel
+
+__all__ = ["CONFIGS", "DEFAULTS", "DESCRIPTIONS", "PUBLIC_MODELS"]
 
 #: named recipes (``--config``); explicit flags override them
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -40,3 +42,25 @@ DESCRIPTIONS: dict[str, str] = {
     "demo": "the `make demo` recipe: small CPVT-PEG, 2048 generated 48 px shapes, 6 epochs (minutes on a CPU)",
     "demo_quick": "demo with 512 images and 2 epochs: seconds, near chance (a smoke run)",
 }
+
+
+_ROPE = "naver-ai/rope-vit README, DeiT-III recipe, ImageNet-1k val at 224 px"
+_TIMM = "timm ViTs (peg_core.from_timm; timm's pretrained weights, fetched into the hub cache)"
+
+
+def _timm_run(name: str, pos_enc: str) -> str:
+    return (f"python -m peg_core train --init timm:{name} --pos-enc {pos_enc} --data-root /data/imagenet100 "
+            f"--img-size 224 --epochs 30 --output-dir runs/{name}_peg")  # fmt: skip
+
+
+#: ``python -m peg_core models``: public weights ``train --init`` reads, with their published top-1
+PUBLIC_MODELS: tuple[PublicModel, ...] = (
+    PublicModel(_TIMM, "timm:vit_small_patch16_rope_mixed_224", "80.9 top-1", _ROPE,
+                _timm_run("vit_small_patch16_rope_mixed_224", "peg+rope-mixed")),
+    PublicModel(_TIMM, "timm:vit_base_patch16_rope_mixed_224", "83.8 top-1", _ROPE,
+                _timm_run("vit_base_patch16_rope_mixed_224", "peg+rope-mixed")),
+    PublicModel(_TIMM, "timm:vit_small_patch16_rope_224", "80.9 top-1", _ROPE,
+                _timm_run("vit_small_patch16_rope_224", "peg+rope-axial")),
+    PublicModel(_TIMM, "timm:vit_small_patch16_dinov3", "—", "—",
+                _timm_run("vit_small_patch16_dinov3", "peg+rope-dinov3")),
+)  # fmt: skip

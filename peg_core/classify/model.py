@@ -29,6 +29,7 @@ from ..engine import (
 )
 from ..interop.from_timm import from_timm_file
 from ..interop.io import LoadReport, WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
+from ..interop.resolve import resolve_weights
 from ..resize import resize_pos_embed
 
 __all__ = [
@@ -272,9 +273,14 @@ def read_init(path: str | os.PathLike, timm_model: str | None = None) -> InitFil
     the CPVT's keys (torch files read with ``weights_only=True``; wrappers (``model``,
     ``state_dict``, ...) and a DDP ``module.`` prefix looked through).  With ``timm_model`` it holds
     the weights of that timm architecture in timm's layout, converted by
-    :func:`peg_core.interop.from_timm_file`; the converted model's config comes with them.
+    :func:`peg_core.interop.from_timm_file`; the converted model's config comes with them.  A string
+    ``path`` may also name remote weights (:func:`peg_core.interop.resolve_weights`): a hub id's
+    ``model.safetensors``, or ``timm:NAME`` (timm's pretrained weights, converted as ``timm_model=NAME``).
     """
     try:
+        if isinstance(path, str) and path.startswith("timm:") and timm_model is None:
+            timm_model = path[len("timm:") :]  # timm's pretrained weights are in timm's layout
+        path = resolve_weights(path, kind="file").path  # a hub id / timm:NAME: its cached file
         if timm_model is not None:
             model = from_timm_file(timm_model, path)
             return InitFile(dict(model.state_dict()), dict(model.build_config), f"timm {timm_model}")

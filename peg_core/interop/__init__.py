@@ -12,6 +12,8 @@ imported when a ``.safetensors`` file is used, timm by ``import peg_core.interop
 * :mod:`.from_timm`: today's timm backbones (DeiT / ViT, the rope ViTs, DINOv3) as a CPVT, same outputs;
 * :mod:`.hf_folder`: a local Hugging Face folder's `config.json` and weights (one file or shards), read safely;
   :class:`ConfigFields` checks its fields one by one (type, range, against the weights);
+* :mod:`.resolve`: :func:`resolve_weights`, where named weights lie on disk: a local path, a Hugging
+  Face id ``org/name[@rev]``, ``timm:NAME`` or ``torchvision:model.ENUM`` (fetched once into their caches);
 * :mod:`.timm` (needs timm): this project's CPVT in timm's model registry.
 
 Errors: library functions here raise :class:`WeightsError` (a ``ValueError``) or
@@ -34,6 +36,7 @@ from .io import (
     unwrap_state_dict,
     write_state_file,
 )
+from .resolve import ResolvedWeights, resolve_weights
 from .surgery import (
     ConversionReport,
     TableChange,
@@ -49,6 +52,7 @@ __all__ = [
     "ConfigFields",
     "ConversionReport",
     "LoadReport",
+    "ResolvedWeights",
     "TableChange",
     "WeightsError",
     "atomic_save",
@@ -66,6 +70,7 @@ __all__ = [
     "read_json_object",
     "read_state_file",
     "resize_checkpoint",
+    "resolve_weights",
     "strip_prefixes",
     "torchvision_vit_to_deit",
     "unwrap_state_dict",

@@ -21,7 +21,8 @@ A learned table is resized as timm resizes it (``resample_abs_pos_embed``: bicub
 the same as timm's until the PEGs train.  Unsupported layouts (SwiGLU / GLU MLPs, qk-norm,
 attention pooling, post-norm blocks, distillation tokens, patch dropout, EVA's ``ref_feat_shape``
 rescale) raise ``TypeError`` naming the part.  timm is imported only by :func:`from_timm_file`,
-which builds the timm model a local weights file belongs to (``train --init FILE --init-timm NAME``).
+which builds the timm model a weights file belongs to (``train --init FILE --init-timm NAME``; the file
+may be named remotely, ``timm:NAME`` or a hub id, :mod:`.resolve`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ..errors import require
 from ..models.cpvt import CPVT
 from .convert import _loaded_class
 from .io import WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
+from .resolve import resolve_weights
 
 __all__ = ["from_timm", "from_timm_file"]
 
@@ -256,7 +258,7 @@ def _head_classes(state: dict[str, torch.Tensor]) -> int:
 
 def from_timm_file(
     name: str,
-    path: str | os.PathLike,
+    path: str | os.PathLike | None = None,
     peg_at: Sequence[int] | int | None = None,
     peg_kernel_size: int = 3,
 ) -> CPVT:
@@ -267,7 +269,10 @@ def from_timm_file(
             (built with ``pretrained=False``: nothing is downloaded).
         path: its weights in timm's own layout (``.safetensors`` or a torch file, read with
             ``weights_only=True``; wrappers such as ``state_dict`` and a ``module.`` prefix are looked
-            through), e.g. ``model.safetensors`` of a hub snapshot.
+            through), e.g. ``model.safetensors`` of a hub snapshot.  A string may also name remote
+            weights (:func:`~peg_core.interop.resolve.resolve_weights`: a hub id ``timm/NAME.TAG``,
+            ``timm:NAME``), fetched once into their cache; ``None``: timm's pretrained weights of
+            ``name`` (``timm:NAME``).
         peg_at, peg_kernel_size: as :func:`from_timm`.
 
     Raises:
@@ -277,6 +282,7 @@ def from_timm_file(
         TypeError: a timm layout :func:`from_timm` does not convert.
     """
     timm = require("timm", "timm", what="--init-timm")
+    path = resolve_weights(f"timm:{name}" if path is None else path, kind="file").path
     state = strip_prefixes(unwrap_state_dict(read_state_file(path, what="timm weights"), where=path))
     try:
         model = timm.create_model(

@@ -17,6 +17,7 @@ from torch import nn
 
 from peg_core.interop.hf_folder import read_hf_config
 from peg_core.interop.io import LoadReport
+from peg_core.interop.resolve import resolve_weights
 
 from ..models import build_detr
 from .hf_detr import detr_build_options, read_hf_state
@@ -53,7 +54,9 @@ def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.M
 
     Args:
         folder: a ``save_pretrained`` folder: ``config.json`` + ``model.safetensors`` or
-            ``pytorch_model.bin`` (read with ``weights_only=True``; nothing is downloaded).
+            ``pytorch_model.bin`` (read with ``weights_only=True``), or a Hugging Face hub id
+            (``"PekingU/rtdetr_r50vd"``, ``"facebook/detr-resnet-50@main"``) fetched once into the hub
+            cache (:func:`peg_core.interop.resolve_weights`; ``HF_HUB_OFFLINE=1``: the cache only).
         pos_enc: the encoder's position encoding; default the folder's (RT-DETR ``sincos``, DETR
             ``sine``).  For RT-DETR any AIFI encoding (``peg``: zero-initialised, listed under
             ``report.converted``); for DETR any of :data:`peg_detr.models.DETR_ENCODINGS`.
@@ -67,7 +70,7 @@ def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.M
             fit the config (key and shapes named).
         ValueError: a ``model_type`` other than ``detr`` / ``rt_detr``, or settings peg_detr lacks.
     """
-    path = Path(folder)
+    path = resolve_weights(folder, kind="folder").path  # a hub id: its snapshot (a Path stays a path)
     kind = read_hf_config(path).get("model_type")
     if kind not in FROM_HF:
         raise ValueError(

@@ -95,6 +95,7 @@ from peg_core.interop.hf_folder import (
     write_hf_folder,
 )
 from peg_core.interop.io import LoadReport, WeightsError
+from peg_core.interop.resolve import resolve_weights
 from peg_core.registry import parse_pos_enc
 
 from ..models.registry import build_video_model
@@ -251,7 +252,9 @@ def from_hf(
     Args:
         folder: a ``save_pretrained`` folder of VideoMAE (classifier, ``VideoMAEModel`` or
             ``VideoMAEForPreTraining``), TimeSformer or V-JEPA 2 (``VJEPA2Model``, or the
-            classifier ``VJEPA2ForVideoClassification``, attentive pooler included).
+            classifier ``VJEPA2ForVideoClassification``, attentive pooler included), or a Hugging
+            Face hub id (``"MCG-NJU/videomae-base-finetuned-kinetics"``) fetched once into the hub
+            cache (:func:`peg_core.interop.resolve_weights`; ``HF_HUB_OFFLINE=1``: the cache only).
         pos_enc: ``None`` (the model's own encoding), ``"peg3d"``, ``"peg3d-factorized"``,
             ``"peg3d+rope-3d"`` (rotary models), ``"none"``, or another conditional encoding of
             the registry (module docstring).
@@ -269,6 +272,7 @@ def from_hf(
         WeightsError: missing folder / config / weights file, unsupported model type, or weights
             whose keys or shapes do not match the config (the first offending key named).
     """
+    folder = resolve_weights(folder, kind="folder").path  # a hub id: its snapshot (a Path stays a path)
     info = read_hf_video_config(folder)
     return load_hf_model(info, hf_build_config(info, pos_enc, num_classes=num_classes, **options))
 

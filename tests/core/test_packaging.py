@@ -109,9 +109,9 @@ def test_wheel_holds_only_its_package(wheels, package, own, needs):
 @pytest.mark.parametrize(
     "package,extras",
     [
-        ("peg-core", {"vision", "onnx", "safetensors", "quantize", "timm", "viz"}),
-        ("peg-detr", {"onnx", "safetensors", "hf"}),
-        ("peg-video", {"onnx", "safetensors"}),
+        ("peg-core", {"vision", "onnx", "safetensors", "quantize", "timm", "viz", "hub"}),
+        ("peg-detr", {"onnx", "safetensors", "hf", "hub"}),
+        ("peg-video", {"onnx", "safetensors", "hub"}),
     ],
 )
 def test_wheel_metadata_readme_license_urls_extras_scripts(wheels, package, extras):

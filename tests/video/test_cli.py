@@ -39,6 +39,7 @@ def test_the_verb_table():
         "eval",
         "predict",
         "configs",
+        "models",
         "prepare",
         "export",
         "export-hf",

@@ -1,0 +1,157 @@
+"""Detector weights by name, offline: a hub cache laid out as huggingface_hub lays it out (``HF_HOME``)
+holding tiny random DETR and RT-DETR folders, and torchvision's ResNet file in ``TORCH_HOME``.
+
+``from_hf("org/name")``, ``train --init org/name`` and ``--backbone-weights`` (a torchvision enum) read
+the caches with ``HF_HUB_OFFLINE=1`` and give the model the local folder / file gives; a missing id, a
+bad revision and a folder of another family are one line each.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from peg_core.engine import read_checkpoint
+from peg_detr import from_hf
+from peg_detr.__main__ import main as cli
+from peg_detr.cli import parse_train_args
+from peg_detr.data import SyntheticSpec, make_synthetic_coco
+from peg_detr.models import build_detr
+from tests.hub_cache import offline_caches, put_in_hf_cache
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("huggingface_hub")
+
+
+@pytest.fixture
+def hf_home(tmp_path, monkeypatch):
+    return offline_caches(tmp_path, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Tiny random ``save_pretrained`` folders: a DETR (timm ResNet-18) and an RT-DETR (basic ResNet)."""
+    root = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    detr = transformers.DetrConfig(
+        use_timm_backbone=True, backbone="resnet18", use_pretrained_backbone=False, d_model=32,
+        encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=5, num_labels=3, auxiliary_loss=False,
+    )  # fmt: skip
+    transformers.DetrForObjectDetection(detr).save_pretrained(root / "detr")
+    backbone = transformers.RTDetrResNetConfig(
+        layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128], embedding_size=16,
+        out_features=["stage2", "stage3", "stage4"],
+    )  # fmt: skip
+    rtdetr = transformers.RTDetrConfig(
+        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 64, 128],
+        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=2,
+        num_queries=20, num_labels=4, anchor_image_size=None, num_denoising=10,
+    )  # fmt: skip
+    transformers.RTDetrForObjectDetection(rtdetr).save_pretrained(root / "rtdetr")
+    video = transformers.VideoMAEConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
+        patch_size=8, num_frames=4, tubelet_size=2,
+    )  # fmt: skip
+    transformers.VideoMAEModel(video).save_pretrained(root / "videomae")
+    return root
+
+
+def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=0, msg=k)
+
+
+@pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
+@pytest.mark.parametrize("name", ["detr", "rtdetr"])
+def test_from_hf_hub_id_is_the_local_folders_model(hf_home, folders, name, capsys):
+    snapshot = put_in_hf_cache(hf_home, f"org/tiny-{name}", folders / name)
+    local, _ = from_hf(folders / name)
+    cached, report = from_hf(f"org/tiny-{name}")
+    _same_state(local, cached)
+    assert report.source.startswith(str(snapshot))
+    assert f"org/tiny-{name}" in capsys.readouterr().err  # the one line saying where it came from
+
+
+def test_hub_errors_are_one_line(hf_home, folders):
+    put_in_hf_cache(hf_home, "org/tiny-detr", folders / "detr")
+    put_in_hf_cache(hf_home, "org/videomae", folders / "videomae")
+    for spec, message in (
+        ("org/absent", "'org/absent' is not in the cache"),
+        ("org/tiny-detr@v9", "revision 'v9' is not in the cache"),
+        ("org/videomae", "model_type 'videomae' is not supported"),  # another family's folder
+    ):
+        with pytest.raises(ValueError) as e:
+            from_hf(spec)
+        assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+    with pytest.raises(ValueError, match="models--org--absent"):  # the cache folder looked in
+        from_hf("org/absent")
+
+
+@pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
+@pytest.mark.parametrize("name", ["detr", "rtdetr"])
+def test_predictor_from_a_hub_id(hf_home, folders, name):
+    from peg_detr.predict import Predictor
+
+    put_in_hf_cache(hf_home, f"org/tiny-{name}", folders / name)
+    image = torch.randint(0, 256, (3, 64, 80), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    named = Predictor.from_checkpoint(f"org/tiny-{name}", threshold=0.0, size=64)
+    local = Predictor.from_checkpoint(folders / name, threshold=0.0, size=64)
+    assert named.arch == local.arch == ("rtdetr" if name == "rtdetr" else "detr")
+    (want,), (got,) = local([image]), named([image])
+    assert got.detections and [d.to_json() for d in got.detections] == [d.to_json() for d in want.detections]
+    assert got.detections[0].name.startswith("LABEL_")  # transformers' default id2label names the labels
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5)
+    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=4, num_val=2, seed=1, spec=spec)
+
+
+def test_train_init_and_backbone_weights_resolve_from_the_caches(hf_home, folders, data, tmp_path, capsys):
+    tv = pytest.importorskip("torchvision.models")
+    snapshot = put_in_hf_cache(hf_home, "PekingU/tiny-rtdetr", folders / "rtdetr")
+    args = parse_train_args(["--arch", "rtdetr", "--data-root", str(data), "--init", "PekingU/tiny-rtdetr"])
+    assert args.init == snapshot
+    run = ["train", "--config", "rtdetr_demo_tiny", "--data-root", str(data), "--epochs", "1", "--eval-every",
+           "0", "--workers", "0", "--no-progress", "--init"]  # fmt: skip
+    assert cli([*run, "PekingU/tiny-rtdetr", "--output-dir", str(tmp_path / "named")]) == 0
+    assert cli([*run, str(folders / "rtdetr"), "--output-dir", str(tmp_path / "local")]) == 0
+    named, local = (read_checkpoint(tmp_path / d / "checkpoint.pth", "detect") for d in ("named", "local"))
+    assert named["model_config"] == local["model_config"]
+    for k, v in local["model"].items():
+        torch.testing.assert_close(named["model"][k], v, rtol=0, atol=0, msg=k)
+    # torchvision's file of the enum, as torchvision names it (the URL's basename) in TORCH_HOME
+    weights = tv.get_model_weights("resnet18")["IMAGENET1K_V1"]
+    file = tmp_path / "torch_home" / "hub" / "checkpoints" / weights.url.rsplit("/", 1)[1]
+    file.parent.mkdir(parents=True)
+    torch.manual_seed(1)
+    torch.save(tv.resnet18().state_dict(), file)
+    for spec in ("IMAGENET1K_V1", "torchvision:resnet18.IMAGENET1K_V1"):
+        args = parse_train_args(
+            ["--data-root", str(data), "--backbone", "resnet18", "--backbone-weights", spec]
+        )
+        assert args.backbone_weights == file
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        small = dict(
+            backbone="resnet18", hidden_dim=32, num_heads=2, enc_layers=1, dec_layers=1, dim_feedforward=64
+        )
+        named, _, _ = build_detr(**small, backbone_weights=args.backbone_weights)
+        local, _, _ = build_detr(**small, backbone_weights=file)
+    _same_state(named.backbone, local.backbone)
+    capsys.readouterr()
+    # one line each, exit 1: an id not in the cache, an enum not in TORCH_HOME
+    out = ["train", "--data-root", str(data), "--output-dir", str(tmp_path / "o")]
+    for extra, message in (
+        (["--init", "org/absent"], "'org/absent' is not in the cache"),
+        (["--backbone-weights", "torchvision:resnet50.IMAGENET1K_V2"], "is not in the cache"),
+    ):
+        assert cli([*out, *extra]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
