@@ -142,21 +142,12 @@ def build_detr(
     elif spec.table is not None:
         learned_grid = grid  # recorded in the config: the table's grid
         pos = spec.table.build(ctx)
-    rope = None
-    if spec.rotary is not None:
-        if hidden_dim % num_heads:
-            raise ValueError(f"hidden_dim={hidden_dim} must be divisible by num_heads={num_heads}")
-        rope = spec.rotary.build(
-            replace(ctx, dim=hidden_dim // num_heads, num_heads=num_heads, depth=enc_layers)
-        )
-
-    attn_bias = None
-    if spec.bias is not None:
-        if hidden_dim % num_heads:
-            raise ValueError(f"hidden_dim={hidden_dim} must be divisible by num_heads={num_heads}")
-        attn_bias = spec.bias.build(
-            replace(ctx, dim=hidden_dim // num_heads, num_heads=num_heads, depth=enc_layers)
-        )
+    if (spec.rotary or spec.bias) and hidden_dim % num_heads:
+        raise ValueError(f"hidden_dim={hidden_dim} must be divisible by num_heads={num_heads}")
+    # rotary and bias encodings work per head: their context is the head's
+    head = replace(ctx, dim=hidden_dim // num_heads, num_heads=num_heads, depth=enc_layers)
+    rope = spec.rotary.build(head) if spec.rotary is not None else None
+    attn_bias = spec.bias.build(head) if spec.bias is not None else None
 
     transformer = Transformer(
         d_model=hidden_dim,
