@@ -63,7 +63,7 @@ from peg_core.engine.predict_cli import (
     finish_predict,
     predict_device,
 )
-from peg_core.interop.resolve import format_public_models, resolve_path_arg
+from peg_core.interop.resolve import format_public_models, resolve_weights_arg
 from peg_core.registry import PosEncError, parse_pos_enc
 
 from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, PUBLIC_MODELS, RTDETR_DEFAULTS
@@ -259,7 +259,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--backbone-weights",
         type=Path,
         help="ImageNet weights for the ResNet: a local file, or torchvision:resnet50.IMAGENET1K_V2 (DETR "
-        "ResNets: IMAGENET1K_V2 alone) or a hub id, fetched once into its cache",
+        "ResNets: IMAGENET1K_V2 alone) or a hub id, fetched once into its cache; --arch rtdetr: also an "
+        "RT-DETR folder or hub id (PekingU/rtdetr_r50vd), whose ResNet-vd is taken",
     )
     m.add_argument("--dilation", action="store_true", help="DC5: dilate the last ResNet stage")
     add_pos_args(
@@ -397,16 +398,16 @@ def _resolve_weights_args(args: argparse.Namespace) -> None:
     """``--init`` / ``--backbone-weights`` naming remote weights -> the local folder / file (fetched once).
 
     ``--init org/name``: a Hugging Face DETR / RT-DETR folder (its hub snapshot); ``--backbone-weights``:
-    one file, e.g. ``torchvision:resnet50.IMAGENET1K_V2`` or, for a DETR ResNet, just ``IMAGENET1K_V2``
+    with ``--arch rtdetr`` an RT-DETR folder or hub id (its ResNet-vd is taken), else one file, e.g. ``torchvision:resnet50.IMAGENET1K_V2`` or, for a DETR ResNet, just ``IMAGENET1K_V2``
     (:func:`peg_core.interop.resolve_weights`).  A local path is kept as it is.
     """
     backbone = args.backbone or ("resnet50" if (args.arch or "detr") == "detr" else None)
     # a bare IMAGENET1K_V2 names torchvision's weights of a DETR ResNet; a ResNet-vd has none there
     torchvision_model = backbone if backbone in BACKBONES and backbone != "tiny" else None
-    args.init = resolve_path_arg(args.init, kind="folder")
-    args.backbone_weights = resolve_path_arg(
-        args.backbone_weights, kind="file", torchvision_model=torchvision_model
-    )
+    resolve_weights_arg(args, "init", kind="folder")
+    # RT-DETR's ResNet-vd from a Hugging Face RT-DETR folder (PekingU/rtdetr_r50vd): its snapshot
+    kind = "folder" if (args.arch or "detr") == "rtdetr" else "file"
+    resolve_weights_arg(args, "backbone_weights", kind=kind, torchvision_model=torchvision_model)
 
 
 def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:

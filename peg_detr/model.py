@@ -29,7 +29,7 @@ from peg_core.interop.resolve import resolve_weights
 
 from .interop.hf import from_hf
 from .interop.hf_detr import hf_label_names
-from .interop.hf_rtdetr import rtdetr_from_hf_config
+from .interop.hf_rtdetr import load_rtdetr_backbone, rtdetr_from_hf_config
 from .labels import LabelMap
 from .models import PostProcess, build_detr
 from .models.rtdetr import RTDETR
@@ -87,18 +87,24 @@ def build_model(
     if hidden % heads:
         raise UserError(f"--hidden-dim {hidden} is not divisible by --num-heads {heads}", source)
     weights = kw.get("backbone_weights")
-    if weights is not None:  # missing / empty / not a torch file: one line, before building
+    # RT-DETR's backbone may also come from a Hugging Face RT-DETR folder (or its weights file):
+    # loaded here, after building, by the interop's key map (the library's builder reads plain files)
+    rtdetr_weights = kw.pop("backbone_weights", None) if arch == "rtdetr" else None
+    if weights is not None and not Path(weights).is_dir():  # missing / empty / not a torch file: one line
         read_state_file(weights, what="backbone weights")
     backbone, pos_enc = _ARCH_DEFAULTS[arch]
     try:
         if arch == "rtdetr" and "hf_config" in kw:  # built by from_hf (--init FOLDER): its config.json
             model, criterion, postprocessor = _rtdetr_from_hf_config(kw)
         else:
-            model, criterion, postprocessor = ARCHS[arch](
-                kw.pop("backbone", backbone), kw.pop("pos_enc", pos_enc), **kw
-            )
+            name = kw.pop("backbone", backbone)
+            if rtdetr_weights is not None and name == "tiny":  # as build_rtdetr refuses it
+                raise ValueError("the 'tiny' backbone has no pretrained weights; drop backbone_weights")
+            model, criterion, postprocessor = ARCHS[arch](name, kw.pop("pos_enc", pos_enc), **kw)
     except (ValueError, TypeError) as e:  # the builder checks its arguments; TypeError: an unknown key
         raise UserError(f"invalid model settings ({' '.join(str(e).split())})", source) from None
+    if rtdetr_weights is not None:
+        load_rtdetr_backbone(model.backbone, rtdetr_weights)
     model.build_config = {"arch": arch, **model.build_config}
     return model, criterion, postprocessor
 

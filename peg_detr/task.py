@@ -553,10 +553,11 @@ class DetectTask:
     def setup_train(
         self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any] | None
     ) -> TrainParts:
-        # --init may be a Hugging Face folder; --backbone-weights is one state-dict file
+        # --init may be a Hugging Face folder; --backbone-weights is one state-dict file (RT-DETR: or a folder)
+        backbone_found = Path.exists if _arch(args) == "rtdetr" else Path.is_file
         for flag, path, found in (
             ("--init", args.init, Path.exists),
-            ("--backbone-weights", args.backbone_weights, Path.is_file),
+            ("--backbone-weights", args.backbone_weights, backbone_found),
         ):
             if path is not None and not found(path):
                 raise UserError(f"{flag} file not found", path)

@@ -59,7 +59,7 @@ from peg_core.engine.predict_cli import (
 )
 from peg_core.engine.recipes import add_recipe_args
 from peg_core.errors import InputError
-from peg_core.interop.resolve import format_public_models, resolve_path_arg
+from peg_core.interop.resolve import format_public_models, resolve_weights_arg
 from peg_core.registry import EncodingSpec, parse_pos_enc
 
 from .configs import (
@@ -69,9 +69,8 @@ from .configs import (
     FINETUNE_CONFIGS,
     MODEL_KEYS,
     PUBLIC_MODELS,
-    VIDEOMAE_INPUT,
-    VIDEOMAE_MEAN,
-    VIDEOMAE_STD,
+    folder_clip,
+    videomae_views,
 )
 from .data.clip import ClipSpec
 from .data.datasets import DATASETS, SPLIT_DATASETS
@@ -722,27 +721,18 @@ def _clip_spec(args: argparse.Namespace, explicit: dict[str, Any], hf: dict[str,
     * ``mean`` / ``std``: a flag, else the folder's preprocessor config, else the recipe's, else
       ImageNet's (VideoMAE's fine-tuning) with a folder and Kinetics' without.
     """
-    folder = hf or {}
-    native = {
-        "num_frames": folder.get("num_frames"),
-        "crop": min(folder["image_size"]) if folder.get("image_size") else None,
-    }
+    native = folder_clip(hf) if hf is not None else {}
     sizes = {
-        dest: getattr(args, dest)
-        if hf is None or _given(args, explicit, dest)
-        else native.get(dest) or VIDEOMAE_INPUT[dest]
+        dest: getattr(args, dest) if hf is None or _given(args, explicit, dest) else native[dest]
         for dest in ("num_frames", "stride", "crop")
     }
-    if hf is not None:
-        tubelet = tuple(hf["tubelet"])
-    else:
-        tubelet = None if args.arch in X3D_CONFIGS else tuple(args.tubelet)
-    fallback = (VIDEOMAE_MEAN, VIDEOMAE_STD) if hf is not None else (KINETICS_MEAN, KINETICS_STD)
+    tubelet = native.get("tubelet") or (None if args.arch in X3D_CONFIGS else tuple(args.tubelet))
     norm = {}
-    for dest, default in zip(("mean", "std"), fallback, strict=True):
+    for dest, default in zip(("mean", "std"), (KINETICS_MEAN, KINETICS_STD), strict=True):
         value = getattr(args, dest, None)
-        if dest not in explicit and folder.get(dest) is not None:
-            value = folder[dest]
+        if hf is not None and (value is None or dest not in explicit):
+            # the folder's preprocessor config, else the recipe's, else ImageNet's (VideoMAE's)
+            value = hf[dest] if hf.get(dest) is not None else value if value is not None else native[dest]
         norm[dest] = tuple(float(v) for v in (value if value is not None else default))
     return ClipSpec(**sizes, tubelet=tubelet, **norm)
 
@@ -761,11 +751,10 @@ def _apply_hf_views(args: argparse.Namespace, explicit: dict[str, Any]) -> None:
     The scale jitter is VideoMAE's 256..320 for a 224 crop, scaled with the crop, and the test
     short side is the crop (VideoMAE's ``short_side_size``).
     """
-    base = VIDEOMAE_INPUT["crop"]
-    if not _given(args, explicit, "scale_jitter"):
-        args.scale_jitter = [round(s * args.crop / base) for s in VIDEOMAE_INPUT["scale_jitter"]]
-    if not _given(args, explicit, "test_scale"):
-        args.test_scale = args.crop
+    views = videomae_views(args.crop)
+    for dest in ("scale_jitter", "test_scale"):
+        if not _given(args, explicit, dest):
+            setattr(args, dest, views[dest])
 
 
 def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -780,7 +769,7 @@ def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     _check_dataset(p, args, explicit)
     _check_train_crop(p, args, explicit)
     # a hub id (org/name[@rev]) is its snapshot folder, timm:NAME a 2-D weights file; a path stays
-    args.init = resolve_path_arg(args.init, kind="folder")
+    resolve_weights_arg(args, "init", kind="folder")
     hf = _hf_folder_config(args)
     if hf is None and args.config in FINETUNE_CONFIGS:
         p.error(f"argument --config: {args.config} fine-tunes pre-trained weights; give --init FOLDER "

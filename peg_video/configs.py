@@ -101,6 +101,8 @@ __all__ = [
     "VIDEOMAE_INPUT",
     "VIDEOMAE_MEAN",
     "VIDEOMAE_STD",
+    "folder_clip",
+    "videomae_views",
 ]
 
 PUBLISHED_K400_TOP1 = {"UniFormer-S 16x4": 80.8, "VideoMAE ViT-B": 81.5, "TimeSformer": 77.9}
@@ -148,6 +150,35 @@ VIDEOMAE_STD = (0.229, 0.224, 0.225)
 #: the clip ``train --init FOLDER`` reads by default: 16 frames at stride 4, 224 crop, test short side 224
 VIDEOMAE_INPUT: dict[str, Any] = {"num_frames": 16, "stride": 4, "crop": 224, "scale_jitter": [256, 320],
                                   "test_scale": 224}  # fmt: skip
+
+
+def videomae_views(crop: int) -> dict[str, Any]:
+    """VideoMAE's views for a ``crop``: its scale jitter (256..320 for 224) scaled with the crop, and
+    the test short side at the crop (VideoMAE's ``short_side_size``)."""
+    return {"scale_jitter": [round(s * crop / VIDEOMAE_INPUT["crop"]) for s in VIDEOMAE_INPUT["scale_jitter"]],
+            "test_scale": crop}  # fmt: skip
+
+
+def folder_clip(info: dict[str, Any]) -> dict[str, Any]:
+    """The clip a Hugging Face video folder is read with when no flag or recipe says otherwise.
+
+    ``info``: :func:`peg_video.interop.hf.read_hf_video_config`'s.  The folder's frames and crop
+    (else :data:`VIDEOMAE_INPUT`'s), VideoMAE's stride, the folder's tubelet and normalisation (else
+    ImageNet's, as VideoMAE fine-tunes) and :func:`videomae_views` of the crop.  ``train --init
+    FOLDER`` and the ``Predictor`` of a folder both take it from here.
+    """
+    crop = min(info["image_size"]) if info.get("image_size") else VIDEOMAE_INPUT["crop"]
+    return {
+        "num_frames": info.get("num_frames") or VIDEOMAE_INPUT["num_frames"],
+        "stride": VIDEOMAE_INPUT["stride"],
+        "crop": crop,
+        "tubelet": tuple(info["tubelet"]),
+        "mean": tuple(float(v) for v in info.get("mean") or VIDEOMAE_MEAN),
+        "std": tuple(float(v) for v in info.get("std") or VIDEOMAE_STD),
+        **videomae_views(crop),
+    }
+
+
 _VIDEOMAE_S_FT: dict[str, Any] = {
     **_K400_VIT_S,
     **VIDEOMAE_INPUT,

@@ -13,6 +13,11 @@ In Python::
     predictor = Predictor.from_checkpoint("runs/video/checkpoint.pth", device="cpu", top_k=3)
     print(predictor.predict_files(["a.mp4"])[0].line())
 
+``from_checkpoint`` also takes a Hugging Face video classifier (VideoMAE / TimeSformer / V-JEPA 2),
+as a folder or a hub id (``"MCG-NJU/videomae-small-finetuned-kinetics"``, fetched once into the hub
+cache): its ``id2label`` names the classes, and a video is seen as ``train --init FOLDER`` would
+see it (the folder's frames, crop and normalisation).
+
 ``predictor(inputs)`` also takes clips already at the model's input: a ``(C, T, H, W)`` tensor
 or the views of one video ``(V, C, T, H, W)`` (normalised as in training).
 """
@@ -26,12 +31,17 @@ from typing import Any
 
 import torch
 
+from peg_core.engine import LoadedModel
 from peg_core.engine.predict_cli import predict_device, predict_paths
 from peg_core.engine.predictor import ClassPrediction, FilePredictor, check_int, resolve_device
 from peg_core.errors import InputError
+from peg_core.interop.io import WeightsError
+from peg_core.interop.resolve import resolve_weights
 
+from .configs import DEFAULTS, folder_clip
 from .data import Annotations, KineticsVideoDataset, VideoRecord
 from .data.loaders import transform_config
+from .interop.hf import hf_build_config, load_hf_model, read_hf_video_config
 from .model import check_clip_fits, load_model
 
 __all__ = ["Prediction", "Predictor", "predict"]
@@ -69,7 +79,7 @@ class Predictor(FilePredictor):
         views = {k: v if v is None else check_int(v, k) for k, v in views.items()}
         if views.get("num_crops") not in (None, 1, 3):
             raise ValueError(f"num_crops must be 1 or 3, got {views['num_crops']}")
-        loaded = load_model(checkpoint)
+        loaded = _load(checkpoint)
         self.model = loaded.model.to(self.device).eval()
         self.classes = loaded.classes
         self.top_k = min(top_k, len(self.classes))
@@ -86,7 +96,11 @@ class Predictor(FilePredictor):
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: str = "cpu", **options: Any) -> Predictor:
-        """``options``: ``top_k`` (5) and the view options ``num_frames``, ``num_clips``, ``num_crops``."""
+        """``options``: ``top_k`` (5) and the view options ``num_frames``, ``num_clips``, ``num_crops``.
+
+        ``path`` may also be a Hugging Face VideoMAE / TimeSformer / V-JEPA 2 classifier folder or hub
+        id (its ``id2label`` names the classes; an encoder without a classifier is refused).
+        """
         return cls(path, device, **options)
 
     def read(self, path: str) -> torch.Tensor:
@@ -120,6 +134,38 @@ class Predictor(FilePredictor):
         return Prediction(path, skipped=reason)
 
 
+def _load(checkpoint: str | os.PathLike) -> LoadedModel:
+    """A training checkpoint (:func:`load_model`), or a Hugging Face video folder / hub id (:func:`_load_hf`)."""
+    path = resolve_weights(checkpoint, kind="folder").path  # a Path or an existing path stays itself
+    if path.is_dir() and (path / "config.json").is_file():
+        return _load_hf(path)
+    return load_model(checkpoint)
+
+
+def _load_hf(folder: Path) -> LoadedModel:
+    """The classifier of a Hugging Face video folder, its ``id2label`` as the classes, and the run
+    arguments :func:`_folder_run` gives it; an encoder (no classifier) is one :class:`WeightsError`."""
+    info = read_hf_video_config(folder)
+    if not info["classifier"]:
+        raise WeightsError(
+            f"a {info['architecture'] or info['model_type']} has no classifier to predict classes with; "
+            "fine-tune it first (python -m peg_video train --init FOLDER)",
+            info["config_file"],
+        )
+    config = hf_build_config(info)
+    model, _ = load_hf_model(info, config)
+    classes = [info["id2label"][i] for i in range(info["num_classes"])]
+    return LoadedModel(model, config, classes, {}, _folder_run(info))
+
+
+def _folder_run(info: dict[str, Any]) -> dict[str, Any]:
+    """The run arguments of a folder: the parser's defaults and views, the folder's clip
+    (:func:`peg_video.configs.folder_clip`, as ``train --init FOLDER`` reads it)."""
+    clip = folder_clip(info)
+    return {**DEFAULTS, **clip, "tubelet": list(clip["tubelet"]), "mean": list(clip["mean"]),
+            "std": list(clip["std"]), "sampling": "stride", "dataset": "kinetics"}  # fmt: skip
+
+
 def predict(args: argparse.Namespace) -> list[Prediction]:
     """Top-k classes of each of ``args.files`` (:func:`peg_video.cli.build_predict_parser`), in order.
 
@@ -128,5 +174,6 @@ def predict(args: argparse.Namespace) -> list[Prediction]:
     """
     device = predict_device(args.device)
     views = {k: getattr(args, k) for k in VIEW_OPTIONS}
-    predictor = Predictor.from_checkpoint(args.checkpoint, device, top_k=args.top_k, **views)
+    # the text typed (argparse made it a Path): a hub id is resolved, as from Python
+    predictor = Predictor.from_checkpoint(os.fspath(args.checkpoint), device, top_k=args.top_k, **views)
     return predict_paths(predictor, args.files)

@@ -62,7 +62,7 @@ from ..engine.predict_cli import (
     predict_paths,
 )
 from ..engine.recipes import add_recipe_args
-from ..interop.resolve import format_public_models, resolve_path_arg
+from ..interop.resolve import format_public_models, resolve_weights_arg
 from ..models.cpvt import CPVT_ENCODINGS, GLOBAL_POOLS
 from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, PUBLIC_MODELS
 from .data import AUGMENTS, NORMALIZE, check_layout, require_torchvision
@@ -255,7 +255,7 @@ def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.init is not None:  # a hub id or timm:NAME -> the local file (fetched once, cached)
         if os.fspath(args.init).startswith("timm:") and args.init_timm is None:
             args.init_timm = os.fspath(args.init)[len("timm:") :]  # timm's weights are in timm's layout
-        args.init = resolve_path_arg(args.init, kind="file")
+        resolve_weights_arg(args, "init", kind="file")
     if args.init is None:  # with --init FILE the model may be the file's: checked when it is read (task)
         refuse_unused_pos_flags(args, vars(args), f"--pos-enc {args.pos_enc}")
     return args

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..interop.io import WEIGHTS_AS_TYPED
 from ..peg import PADDING_MODES
 from ..registry import EncodingSupport, PosEncError, parse_pos_enc
 from ..resize import INTERPOLATION_MODES
@@ -537,8 +538,17 @@ def explicit_options(
 
 
 def json_safe(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
-    """A JSON- and ``weights_only``-safe copy of parsed arguments (paths as strings, tuples as lists)."""
-    items = vars(args).items() if isinstance(args, argparse.Namespace) else args.items()
+    """A JSON- and ``weights_only``-safe copy of parsed arguments (paths as strings, tuples as lists).
+
+    Weights options that named remote weights (:data:`~peg_core.interop.io.WEIGHTS_AS_TYPED`) are
+    recorded as typed (``init: "org/name@rev"``), their resolved paths under ``<dest>_path``.
+    """
+    record = dict(vars(args) if isinstance(args, argparse.Namespace) else args)
+    typed = record.pop(WEIGHTS_AS_TYPED, None) or {}
+    for dest, text in typed.items():  # what the user typed resolves again (from the cache) on a re-run
+        record[f"{dest}_path"] = record.get(dest)
+        record[dest] = text
+    items = record.items()
 
     def conv(v: Any) -> Any:
         if isinstance(v, Path):

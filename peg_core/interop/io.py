@@ -37,6 +37,7 @@ from ..errors import InputError, require
 
 __all__ = [
     "PREFIXES",
+    "WEIGHTS_AS_TYPED",
     "WRAPPER_KEYS",
     "LoadReport",
     "WeightsError",
@@ -50,6 +51,10 @@ __all__ = [
     "write_state_file",
 ]
 
+#: the parsed arguments' attribute ``{dest: text as typed}`` of the weights options that named remote
+#: weights (``--init org/name@rev``): :func:`peg_core.interop.resolve.resolve_weights_arg` fills it,
+#: :func:`peg_core.engine.cli.json_safe` records the text under ``dest`` and the path under ``dest_path``
+WEIGHTS_AS_TYPED = "weights_as_typed"
 #: entries a checkpoint keeps its state dict under, tried in this order (outermost first)
 WRAPPER_KEYS = ("model", "state_dict", "model_state", "model_ema", "module")
 #: key prefixes of wrapped models: DataParallel / DDP, ``torch.compile``

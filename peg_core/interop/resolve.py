@@ -46,7 +46,7 @@ from types import ModuleType
 from typing import Literal
 
 from ..errors import require
-from .io import WeightsError
+from .io import WEIGHTS_AS_TYPED, WeightsError
 
 __all__ = [
     "HF_ALLOW_PATTERNS",
@@ -60,6 +60,7 @@ __all__ = [
     "parse_weights_spec",
     "resolve_path_arg",
     "resolve_weights",
+    "resolve_weights_arg",
 ]
 
 #: what a Hugging Face model folder is fetched with (the loaders read nothing else)
@@ -408,13 +409,32 @@ def resolve_path_arg(
 ) -> Path | None:
     """A weights option's value as the local path its loader reads (:func:`resolve_weights`); ``None`` stays.
 
-    The command lines call it right after parsing (``args.init = resolve_path_arg(args.init, kind=...)``),
-    so everything after sees a local path exactly as before.  ``argparse``'s ``type=Path`` has already
+    The command lines resolve their options right after parsing (through :func:`resolve_weights_arg`,
+    which also keeps the text typed for the run's record), so everything after sees a local path
+    exactly as before.  ``argparse``'s ``type=Path`` has already
     turned the value into a ``Path``; its text is what the user named.
     """
     if value is None:
         return None
     return resolve_weights(os.fspath(value), kind=kind, torchvision_model=torchvision_model).path
+
+
+def resolve_weights_arg(args: object, dest: str, *, kind: Kind, torchvision_model: str | None = None) -> None:
+    """``args.<dest>`` (a parsed weights option) -> the local path its loader reads, in place (:func:`resolve_path_arg`).
+
+    A remote spec's text as typed (``"org/name@rev"``) is kept in ``args.weights_as_typed[dest]``
+    (:data:`~peg_core.interop.io.WEIGHTS_AS_TYPED`): the run's ``args.json`` and checkpoint record it as
+    ``dest`` and the resolved path as ``<dest>_path`` (:func:`peg_core.engine.cli.json_safe`), so the
+    command re-run or resumed from them names the same id again, read from the cache.
+    """
+    value = getattr(args, dest, None)
+    if value is None:
+        return
+    found = resolve_weights(os.fspath(value), kind=kind, torchvision_model=torchvision_model)
+    setattr(args, dest, found.path)
+    if found.remote:
+        typed = dict(getattr(args, WEIGHTS_AS_TYPED, None) or {})
+        setattr(args, WEIGHTS_AS_TYPED, {**typed, dest: os.fspath(value)})
 
 
 # ------------------------------------------------------------------------------- the model tables

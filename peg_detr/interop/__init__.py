@@ -7,7 +7,7 @@
   :func:`export_hf_detr` (a model -> a folder);
 * :mod:`.hf_rtdetr`: Hugging Face ``RTDetrForObjectDetection``: the one config <-> keyword mapping
   (:func:`rtdetr_build_options` / :func:`rtdetr_hf_config`), the key map, :func:`rtdetr_from_hf`,
-  :func:`export_hf_rtdetr`;
+  :func:`export_hf_rtdetr`, :func:`load_rtdetr_backbone` (a folder's ResNet-vd alone);
 * :mod:`.hf`: :func:`from_hf`, a folder of either kind by its ``model_type``.
 
 Library below the application: these modules import :mod:`peg_detr.models` and :mod:`peg_core`,
@@ -44,6 +44,7 @@ from .hf_rtdetr import (
     encoder_hf_to_ours,
     encoder_ours_to_hf,
     export_hf_rtdetr,
+    load_rtdetr_backbone,
     rtdetr_build_options,
     rtdetr_from_hf,
     rtdetr_from_hf_config,
@@ -78,6 +79,7 @@ __all__ = [
     "hf_to_official",
     "is_hf_source",
     "load_official_checkpoint",
+    "load_rtdetr_backbone",
     "looks_like_hf",
     "official_to_hf",
     "read_hf_state",

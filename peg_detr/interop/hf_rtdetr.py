@@ -54,7 +54,7 @@ from typing import Any
 from torch import Tensor
 
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
-from peg_core.interop.io import LoadReport, WeightsError
+from peg_core.interop.io import LoadReport, WeightsError, load_state_strict, read_state_file
 
 from ..models.rtdetr.backbone import ResNetVd
 from ..models.rtdetr.decoder import RTDETRDecoder
@@ -72,6 +72,7 @@ __all__ = [
     "encoder_hf_to_ours",
     "encoder_ours_to_hf",
     "export_hf_rtdetr",
+    "load_rtdetr_backbone",
     "rtdetr_build_options",
     "rtdetr_from_hf",
     "rtdetr_from_hf_config",
@@ -448,6 +449,72 @@ def rtdetr_from_hf(folder: str | os.PathLike, pos_enc: str = "sincos") -> tuple[
     model = rtdetr_from_hf_config(config, pos_enc, where=where)
     report = _load_rtdetr(model, state, weights, config)
     return model.eval(), report
+
+
+# ---------------------------------------------------------------- the backbone alone (--backbone-weights)
+#: the HF prefix of the ResNet-vd's keys (:data:`ENCODER_HF_PREFIXES`' first row)
+_BACKBONE_HF = ENCODER_HF_PREFIXES[0][0]
+
+
+def _describe(layer_type: str, depths: list[int], widths: list[int], stem: int) -> str:
+    """A ResNet-vd's shape in words: ``basic blocks [2, 2, 2, 2], widths [64, ...], stem 64``."""
+    return f"{layer_type} blocks {list(depths)}, widths {list(widths)}, stem {stem}"
+
+
+def load_rtdetr_backbone(net: ResNetVd, source: str | os.PathLike) -> LoadReport:
+    """``--arch rtdetr --backbone-weights SOURCE``: fill ``net`` (a :class:`ResNetVd`) and report what was copied.
+
+    ``source`` is one of:
+
+    * a Hugging Face ``rt_detr`` folder (``save_pretrained``'s, or a hub snapshot such as
+      ``PekingU/rtdetr_r50vd``'s): its ``config.json``'s ``backbone_config`` must describe ``net``
+      (block type, depths, widths, stem; else one :class:`WeightsError` naming both), and the
+      ``model.backbone.model.*`` tensors are mapped by :func:`encoder_hf_to_ours`, the detector's
+      one key map;
+    * a weights file holding such keys (the folder's ``model.safetensors``): mapped the same way;
+    * a plain ResNet-vd state dict in our names: loaded strictly, as ``build_rtdetr`` does.
+
+    Every model key must be given with its shape (the batch-norm counters a frozen norm lacks
+    excepted: ``net`` keeps its own); a missing key, a key ``net`` lacks or another shape is one
+    :class:`WeightsError` naming the file.  Nothing is loaded when a check fails.  The report's
+    ``copied`` are ``net``'s keys; the detector's other keys of a folder are left out of it.
+    """
+    path = Path(source)
+    if path.is_dir():
+        config = read_hf_config(path)
+        where = path / "config.json"
+        if config.get("model_type") != "rt_detr":
+            raise WeightsError(
+                f"model_type {config.get('model_type')!r} is not an RT-DETR folder (rt_detr)", where
+            )
+        want = _backbone_options(config, where)
+        theirs = _describe(want["layer_type"], want["depths"], want["widths"], want["stem_width"])
+        ours = _describe(net.layer_type, net.depths, net.widths, net.stem_width)
+        if theirs != ours:
+            raise WeightsError(f"the folder's backbone has {theirs}; the model's has {ours} (another --backbone)",
+                               where)  # fmt: skip
+        state, weights = read_hf_weights(path)
+    else:
+        state, weights = read_state_file(path, what="backbone weights"), path
+        if not any(k.startswith(_BACKBONE_HF) for k in state):  # our own names: as build_rtdetr loads them
+            return load_state_strict(net, state, path)
+    prefix = ENCODER_HF_PREFIXES[0][1]  # "backbone.": the detector's name of the ResNet-vd
+    mapped = {}
+    for key, value in state.items():
+        ours = encoder_hf_to_ours(key) if key.startswith(_BACKBONE_HF) else None
+        if ours is not None and not ours.endswith("num_batches_tracked"):
+            mapped[ours.removeprefix(prefix)] = value
+    own = {k: v for k, v in net.state_dict().items() if not k.endswith("num_batches_tracked")}
+    missing = sorted(own.keys() - mapped.keys())
+    unexpected = sorted(mapped.keys() - own.keys())
+    wrong = sorted(k for k in own.keys() & mapped.keys() if tuple(mapped[k].shape) != tuple(own[k].shape))
+    if missing or unexpected or wrong:
+        parts = [f"{len(keys)} {name} (e.g. {keys[0]})" for name, keys in
+                 (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong)) if keys]  # fmt: skip
+        raise WeightsError(f"the RT-DETR backbone weights do not fit the model: {', '.join(parts)}", weights)
+    net.load_state_dict(mapped, strict=False)
+    # the detector's other keys are not listed: hundreds of lines saying "not the backbone"
+    return LoadReport(source=str(weights), copied=sorted(mapped))
 
 
 # ---------------------------------------------------------------- the way back: model -> folder

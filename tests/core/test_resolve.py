@@ -3,12 +3,15 @@ caches laid out as their libraries lay them out, offline (``HF_HUB_OFFLINE=1``);
 
 from __future__ import annotations
 
+import argparse
 import pickle
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from peg_core.engine.cli import json_safe
 from peg_core.errors import MissingDependency
 from peg_core.interop import WeightsError, read_hf_weights
 from peg_core.interop.resolve import (
@@ -19,6 +22,7 @@ from peg_core.interop.resolve import (
     parse_weights_spec,
     resolve_path_arg,
     resolve_weights,
+    resolve_weights_arg,
 )
 from tests.hub_cache import commit_of, offline_caches, put_in_hf_cache
 
@@ -333,3 +337,23 @@ def test_hub_answers_are_one_line(hf_home, monkeypatch, error, message):
     with pytest.raises(WeightsError) as e:
         resolve_weights("org/tiny@v9")
     assert message in _one_line(e) and "https://huggingface.co/org/tiny" in _one_line(e)
+
+
+def test_a_run_records_the_id_typed_and_the_path_apart(hf_home, tmp_path):
+    """``resolve_weights_arg``: the option becomes the local path; ``json_safe`` (``args.json``, the
+    checkpoint's ``args``) records the text typed under the option and the path under ``<dest>_path``."""
+    snapshot = put_in_hf_cache(hf_home, "org/tiny", _tiny_folder(tmp_path))
+    local = _tiny_folder(tmp_path, "local")
+    args = argparse.Namespace(init=Path("org/tiny@main"), backbone_weights=local, other=None)
+    resolve_weights_arg(args, "init", kind="folder")
+    resolve_weights_arg(args, "backbone_weights", kind="file")
+    resolve_weights_arg(args, "other", kind="file")
+    assert args.init == snapshot and args.backbone_weights == local and args.other is None
+    record = json_safe(args)
+    assert record == {
+        "init": "org/tiny@main",
+        "init_path": str(snapshot),
+        "backbone_weights": str(local),  # a local path is recorded as it is, with no second key
+        "other": None,
+    }
+    assert json_safe(record) == record  # a recorded run re-recorded (a resumed run's args) is unchanged

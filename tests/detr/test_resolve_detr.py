@@ -1,5 +1,6 @@
 """Detector weights by name, offline: a hub cache laid out as huggingface_hub lays it out (``HF_HOME``)
 holding tiny random DETR and RT-DETR folders, and torchvision's ResNet file in ``TORCH_HOME``.
+``--arch rtdetr --backbone-weights`` takes an RT-DETR folder's (or hub id's) ResNet-vd.
 
 ``from_hf("org/name")``, ``train --init org/name`` and ``--backbone-weights`` (a torchvision enum) read
 the caches with ``HF_HUB_OFFLINE=1`` and give the model the local folder / file gives; a missing id, a
@@ -8,17 +9,22 @@ bad revision and a folder of another family are one line each.
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
 import torch
 
 from peg_core.engine import read_checkpoint
+from peg_core.interop.hf_folder import read_hf_weights
 from peg_detr import from_hf
 from peg_detr.__main__ import main as cli
 from peg_detr.cli import parse_train_args
 from peg_detr.data import SyntheticSpec, make_synthetic_coco
+from peg_detr.interop import load_rtdetr_backbone
+from peg_detr.model import build_model
 from peg_detr.models import build_detr
+from peg_detr.models.rtdetr.backbone import build_resnet_vd
 from tests.hub_cache import offline_caches, put_in_hf_cache
 
 transformers = pytest.importorskip("transformers")
@@ -126,6 +132,19 @@ def test_train_init_and_backbone_weights_resolve_from_the_caches(hf_home, folder
     assert named["model_config"] == local["model_config"]
     for k, v in local["model"].items():
         torch.testing.assert_close(named["model"][k], v, rtol=0, atol=0, msg=k)
+    # the run records the id typed (a re-run resolves it again, from the cache) and the path it resolved to
+    recorded = json.loads((tmp_path / "named" / "args.json").read_text())
+    for saved in (recorded, named["args"]):
+        assert saved["init"] == "PekingU/tiny-rtdetr" and saved["init_path"] == str(snapshot)
+        assert "weights_as_typed" not in saved and "backbone_weights_path" not in saved
+    assert local["args"]["init"] == str(folders / "rtdetr") and "init_path" not in local["args"]
+    # --resume with the same command line: the id resolves again and the resume checks pass
+    two = [*run[:6], "2", *run[7:]]  # --epochs 2
+    out = ["--output-dir", str(tmp_path / "named"), "--resume", "auto"]
+    assert cli([*two, "PekingU/tiny-rtdetr@main", *out]) == 0
+    again = read_checkpoint(tmp_path / "named" / "checkpoint.pth", "detect")
+    assert again["epoch"] == 1 and again["args"]["init"] == "PekingU/tiny-rtdetr@main"
+    assert again["args"]["init_path"] == str(snapshot)
     # torchvision's file of the enum, as torchvision names it (the URL's basename) in TORCH_HOME
     weights = tv.get_model_weights("resnet18")["IMAGENET1K_V1"]
     file = tmp_path / "torch_home" / "hub" / "checkpoints" / weights.url.rsplit("/", 1)[1]
@@ -155,3 +174,76 @@ def test_train_init_and_backbone_weights_resolve_from_the_caches(hf_home, folder
         assert cli([*out, *extra]) == 1
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+# ------------------------------------------------------------ --arch rtdetr --backbone-weights FOLDER / hub id
+
+
+@pytest.fixture(scope="module")
+def r18_folder(tmp_path_factory):
+    """A random RT-DETR folder with R18-vd's backbone (a small encoder / decoder), its norms' buffers random too."""
+    torch.manual_seed(2)
+    backbone = transformers.RTDetrResNetConfig(
+        layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512], embedding_size=64,
+        out_features=["stage2", "stage3", "stage4"],
+    )  # fmt: skip
+    config = transformers.RTDetrConfig(
+        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[128, 256, 512],
+        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=1,
+        num_queries=10, num_labels=3, anchor_image_size=None, num_denoising=0,
+    )  # fmt: skip
+    model = transformers.RTDetrForObjectDetection(config)
+    with torch.no_grad():  # the frozen norms start at 0 / 1: make every tensor tell whether it was copied
+        for name, buffer in model.named_buffers():
+            if "running_" in name:
+                buffer.uniform_(0.5, 1.5)
+    folder = tmp_path_factory.mktemp("hf") / "rtdetr_r18"
+    model.save_pretrained(folder)
+    return folder
+
+
+#: a small RT-DETR around the R18-vd backbone (build_model's keywords)
+_R18 = dict(arch="rtdetr", backbone="r18vd", num_classes=3, hidden_dim=32, num_heads=2, dec_layers=1,
+            dim_feedforward=64, num_queries=10, num_denoising=0)  # fmt: skip
+
+
+def test_rtdetr_backbone_weights_from_a_folder_or_hub_id(hf_home, r18_folder, data, tmp_path):
+    snapshot = put_in_hf_cache(hf_home, "PekingU/tiny-rtdetr-r18", r18_folder)
+    argv = ["--arch", "rtdetr", "--backbone", "r18vd", "--data-root", str(data), "--backbone-weights"]
+    assert parse_train_args([*argv, "PekingU/tiny-rtdetr-r18"]).backbone_weights == snapshot
+    theirs, _ = read_hf_weights(r18_folder)
+    torch.manual_seed(0)
+    plain_model = build_model(_R18)[0]
+    plain = plain_model.state_dict()
+    for source in (snapshot, r18_folder, r18_folder / "model.safetensors"):  # a folder, or its weights file
+        torch.manual_seed(0)
+        named, _, _ = build_model({**_R18, "backbone_weights": str(source)})
+        # the weights are not part of the model's config
+        assert named.build_config == plain_model.build_config
+        copied = 0
+        for k, v in named.state_dict().items():
+            if k.startswith("backbone.") and not k.endswith("num_batches_tracked"):
+                want = theirs["model.backbone.model." + k.removeprefix("backbone.")]
+                copied += 1
+            else:  # the rest of the model as built without the weights
+                want = plain[k]
+            torch.testing.assert_close(v, want, rtol=0, atol=0, msg=k)
+        assert copied > 100
+    # a plain ResNet-vd state dict in our names still loads (build_rtdetr's way)
+    net = build_resnet_vd("r18vd")
+    own = tmp_path / "r18vd.pth"
+    torch.save(build_resnet_vd("r18vd").state_dict(), own)
+    report = load_rtdetr_backbone(net, own)
+    assert report.copied and report.source == str(own)
+    report = load_rtdetr_backbone(net, r18_folder)
+    assert len(report.copied) == copied
+    # another depth: one line naming both backbones, nothing built past the check
+    for name in ("r34vd", "r50vd"):
+        with pytest.raises(ValueError) as e:
+            build_model({**_R18, "backbone": name, "backbone_weights": str(snapshot)})
+        msg = str(e.value)
+        assert "the folder's backbone has basic blocks [2, 2, 2, 2]" in msg and "\n" not in msg, msg
+    # its weights file alone (no config.json beside it to read): the key check
+    with pytest.raises(ValueError, match=r"do not fit the model") as e:
+        build_model({**_R18, "backbone": "r34vd", "backbone_weights": str(r18_folder / "model.safetensors")})
+    assert "\n" not in str(e.value)
