@@ -66,14 +66,12 @@ from peg_core.engine.predict_cli import (
 from peg_core.interop.resolve import format_public_models, resolve_weights_arg
 from peg_core.registry import PosEncError, parse_pos_enc
 
-from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, PUBLIC_MODELS, RTDETR_DEFAULTS
+from .archs import ARCHS, arch_of
+from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, PUBLIC_MODELS
 from .data import LABEL_MODES, SHAPES
 from .evaluation import BACKENDS
 from .make_data import write_shapes_coco
-from .model import ARCHS
 from .models import BACKBONES, DECODER_KEY_POS, DETR_ENCODINGS
-from .models.rtdetr import AIFI_ENCODINGS
-from .models.rtdetr.build import RTDETR_BACKBONES
 from .task import DetectTask
 
 __all__ = [
@@ -252,8 +250,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_arch_arg(m, tuple(ARCHS), help="detector architecture", default="detr")
     m.add_argument(
         "--backbone",
-        choices=list(dict.fromkeys([*BACKBONES, *RTDETR_BACKBONES])),
-        help="CNN backbone: resnet18/50/101 (detr), r18vd/r34vd/r50vd/r101vd (rtdetr), tiny (both; CPU demos)",
+        choices=list(dict.fromkeys(name for arch in ARCHS.values() for name in arch.backbones)),
+        help="CNN backbone: "
+        + "; ".join(f"{', '.join(a.backbones)} (--arch {a.name})" for a in ARCHS.values())
+        + " (tiny: the CPU demos)",
     )
     m.add_argument(
         "--backbone-weights",
@@ -386,7 +386,7 @@ def refuse_unused_model_flags(args: argparse.Namespace) -> None:
     """
     pos_enc = str(args.pos_enc)
     reasons: dict[str, str] = {}
-    if (args.arch or "detr") == "rtdetr" and args.init is not None and Path(args.init).is_dir():
+    if arch_of(args).from_hf_config is not None and args.init is not None and Path(args.init).is_dir():
         why = f"the model comes from the Hugging Face folder --init {args.init} (only --pos-enc applies)"
         reasons |= dict.fromkeys(_FOLDER_FIXED, why)
     for dest, why in unused_pos_flags(pos_enc, args.peg_dynamic, f"--pos-enc {pos_enc}").items():
@@ -406,7 +406,7 @@ def _resolve_weights_args(args: argparse.Namespace) -> None:
     torchvision_model = backbone if backbone in BACKBONES and backbone != "tiny" else None
     resolve_weights_arg(args, "init", kind="folder")
     # RT-DETR's ResNet-vd from a Hugging Face RT-DETR folder (PekingU/rtdetr_r50vd): its snapshot
-    kind = "folder" if (args.arch or "detr") == "rtdetr" else "file"
+    kind = "folder" if arch_of(args).load_backbone is not None else "file"
     resolve_weights_arg(args, "backbone_weights", kind=kind, torchvision_model=torchvision_model)
 
 
@@ -419,15 +419,19 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_train_parser()
     pre, _ = parser.parse_known_args(argv)
-    if pre.arch == "rtdetr" and not pre.config:  # RT-DETR's defaults (R50vd 6x), not DETR's
-        parser.set_defaults(**RTDETR_DEFAULTS)
+    try:
+        arch = arch_of(pre)
+    except ValueError as e:
+        parser.error(f"argument --arch: {e}")
+    if arch.recipe_defaults and not pre.config:  # e.g. RT-DETR's defaults (R50vd 6x), not DETR's
+        parser.set_defaults(**arch.recipe_defaults)
     args = parse_with_config(parser, argv, CONFIGS)
     if args.data_root is None:
         parser.error("the following arguments are required: --data-root")
     _resolve_weights_args(args)
-    if args.pos_enc is not None and (args.arch or "detr") == "rtdetr":
-        try:  # --pos-enc was checked against DETR's encoder; --arch rtdetr has its own rule
-            parse_pos_enc(args.pos_enc, AIFI_ENCODINGS)
+    if args.pos_enc is not None and arch_of(args).family != "detr":
+        try:  # --pos-enc was checked against DETR's encoder; the RT-DETR family has its own rule
+            parse_pos_enc(args.pos_enc, arch_of(args).encodings)
         except PosEncError as e:
             parser.error(f"argument --pos-enc: {e}")
     args.cli_flags = sorted(explicit_options(build_train_parser, argv))

@@ -48,10 +48,10 @@ from peg_core.export.cli import add_export_args, check_output_path
 from peg_core.export.onnx import compare_onnxruntime, export_onnx
 from peg_core.interop.io import WeightsError
 
-from .interop import export_hf_detr, export_hf_rtdetr
+from .archs import arch_named, arch_of_model
 from .labels import LabelMap
 from .model import load_model
-from .models.rtdetr import RTDETR, fuse_for_deploy, fusion_stats
+from .models.rtdetr import fuse_for_deploy, fusion_stats
 
 __all__ = [
     "HF_EXPORT_FILES",
@@ -102,10 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def deploy_form(model: nn.Module, arch: str, fuse: bool | None) -> tuple[nn.Module, dict[str, int] | None]:
-    """The module to export and the fusion counts (None: not fused); ``fuse=None`` fuses RT-DETR only."""
-    if arch != "rtdetr":
+    """The module to export and the fusion counts (None: not fused); ``fuse=None``: the arch's default
+    (:attr:`peg_detr.archs.Arch.fuse`: the RT-DETR family fuses)."""
+    if not arch_named(arch).fuse:
         if fuse:
-            raise UserError("applies to --arch rtdetr checkpoints only (this one is --arch detr)", "--fuse")
+            raise UserError(
+                f"applies to the RT-DETR family only (this checkpoint is --arch {arch})", "--fuse"
+            )
         return model, None
     if fuse is False:
         return model, None
@@ -187,13 +190,12 @@ def main_hf(argv: list[str] | None = None) -> Path:
     require("safetensors.torch", "hf", "peg-detr", what="export-hf")  # said first; nothing written
     loaded = load_model(a.checkpoint)  # RT-DETR: the EMA weights, as eval reads them
     model = loaded.model.cpu()
-    kind = "RT-DETR" if isinstance(model, RTDETR) else "DETR"
+    arch = arch_of_model(model)
+    kind = arch.title
     try:
-        if isinstance(model, RTDETR):
-            names = {i: name for i, name in enumerate(loaded.classes) if name}
-            out = export_hf_rtdetr(model, a.out, names)
-        else:
-            out = export_hf_detr(model, a.out, loaded.classes)  # the run's --labels names
+        if arch.export_hf is None:
+            raise ValueError(f"peg_detr has no Hugging Face export for {arch.title} yet")
+        out = arch.export_hf(model, a.out, loaded.classes)  # the run's --labels names
     except WeightsError as e:
         raise UserError(e.what, e.where) from None
     except ValueError as e:  # a model Hugging Face cannot hold: refused before anything is written

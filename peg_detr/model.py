@@ -6,7 +6,7 @@ builder) and ``meta`` (``categories``, ``num_classes``, ``val_size``, ...), so
 ``eval`` and ``predict`` rebuild exactly the trained model without the run's flags; ``meta["labels"]``
 records which category each label stands for (:class:`~peg_detr.data.LabelMap`).
 Configs written before the shared vocabulary (``nheads``) are read with today's names.
-``arch`` picks the builder (:data:`ARCHS`: ``detr``, ``rtdetr``); a checkpoint trained with a weight
+``arch`` picks the builder (:data:`~peg_detr.archs.ARCHS`: ``detr``, ``rtdetr``, ...); a checkpoint trained with a weight
 EMA (RT-DETR) holds the live weights under ``model.`` and the average under ``ema.module.``:
 :func:`load_model` loads the average, the weights RT-DETR evaluates and ships.
 """
@@ -27,13 +27,10 @@ from peg_core.engine.cli import peg_kwargs
 from peg_core.interop.io import WeightsError
 from peg_core.interop.resolve import resolve_weights
 
+from .archs import ARCHS, Arch, arch_named, arch_of, arch_of_model
 from .interop.hf import from_hf
 from .interop.hf_detr import hf_label_names
-from .interop.hf_rtdetr import load_rtdetr_backbone, rtdetr_from_hf_config
 from .labels import LabelMap
-from .models import PostProcess, build_detr
-from .models.rtdetr import RTDETR
-from .models.rtdetr.build import build_rtdetr, rtdetr_training_parts
 
 __all__ = [
     "ARCHS",
@@ -45,25 +42,10 @@ __all__ = [
     "upgrade_config",
 ]
 
-#: ``--arch`` -> the builder of ``(model, criterion, postprocessor)``
-ARCHS = {"detr": build_detr, "rtdetr": build_rtdetr}
-#: ``--arch`` -> the builder's ``(backbone, pos_enc)`` defaults
-_ARCH_DEFAULTS = {"detr": ("resnet50", "peg"), "rtdetr": ("r50vd", "sincos")}
 #: state-dict prefix of the weight average in a checkpoint trained with an EMA (peg_detr.task.EmaModel)
 EMA_PREFIX = "ema.module."
 #: old model_config keys -> today's builder keywords
 _RENAMED = {"nheads": "num_heads"}
-# argparse dests forwarded to the builder as keywords when set (None: the builder's default)
-_MODEL_OPTIONS = (
-    "backbone_weights", "hidden_dim", "num_heads", "enc_layers", "dec_layers", "dim_feedforward", "dropout",
-    "decoder_key_pos", "learned_grid", "pos_interpolation",
-)  # fmt: skip
-# the same for --arch rtdetr (DETR's decoder-key / learned-grid options do not apply)
-_RTDETR_OPTIONS = (
-    "backbone_weights", "hidden_dim", "num_heads", "enc_layers", "dec_layers", "dim_feedforward", "dropout",
-    "encoder_expansion", "num_denoising", "label_noise_ratio", "box_noise_scale", "learned_grid",
-    "pos_interpolation",
-)  # fmt: skip
 
 
 def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -80,52 +62,52 @@ def build_model(
     ``model.build_config`` records ``arch`` and the builder's keywords.
     """
     kw = upgrade_config(config)
-    arch = kw.pop("arch", "detr")
-    if arch not in ARCHS:
-        raise UserError(f"unknown arch {arch!r}; choose from {sorted(ARCHS)}", source)
+    try:
+        arch = arch_named(kw.pop("arch", "detr"))
+    except ValueError as e:
+        raise UserError(str(e), source) from None
     hidden, heads = kw.get("hidden_dim", 256), kw.get("num_heads", 8)
     if hidden % heads:
         raise UserError(f"--hidden-dim {hidden} is not divisible by --num-heads {heads}", source)
     weights = kw.get("backbone_weights")
-    # RT-DETR's backbone may also come from a Hugging Face RT-DETR folder (or its weights file):
-    # loaded here, after building, by the interop's key map (the library's builder reads plain files)
-    rtdetr_weights = kw.pop("backbone_weights", None) if arch == "rtdetr" else None
+    # an arch whose backbone may come from a Hugging Face folder of its family (RT-DETR's ResNet-vd)
+    # loads it here, after building, by the interop's key map (the library's builder reads plain files)
+    folder_weights = kw.pop("backbone_weights", None) if arch.load_backbone is not None else None
     if weights is not None and not Path(weights).is_dir():  # missing / empty / not a torch file: one line
         read_state_file(weights, what="backbone weights")
-    backbone, pos_enc = _ARCH_DEFAULTS[arch]
     try:
-        if arch == "rtdetr" and "hf_config" in kw:  # built by from_hf (--init FOLDER): its config.json
-            model, criterion, postprocessor = _rtdetr_from_hf_config(kw)
+        if "hf_config" in kw and arch.from_hf_config is not None:  # built by from_hf (--init FOLDER)
+            model, criterion, postprocessor = _from_hf_config(arch, kw)
         else:
-            name = kw.pop("backbone", backbone)
-            if rtdetr_weights is not None and name == "tiny":  # as build_rtdetr refuses it
+            name = kw.pop("backbone", arch.backbone)
+            if folder_weights is not None and name == "tiny":  # as the builders refuse it
                 raise ValueError("the 'tiny' backbone has no pretrained weights; drop backbone_weights")
-            model, criterion, postprocessor = ARCHS[arch](name, kw.pop("pos_enc", pos_enc), **kw)
+            model, criterion, postprocessor = arch.build(name, kw.pop("pos_enc", arch.pos_enc), **kw)
     except (ValueError, TypeError) as e:  # the builder checks its arguments; TypeError: an unknown key
         raise UserError(f"invalid model settings ({' '.join(str(e).split())})", source) from None
-    if rtdetr_weights is not None:
-        load_rtdetr_backbone(model.backbone, rtdetr_weights)
-    model.build_config = {"arch": arch, **model.build_config}
+    if folder_weights is not None:
+        arch.load_backbone(model.backbone, folder_weights)
+    model.build_config = {"arch": arch.name, **model.build_config}
     return model, criterion, postprocessor
 
 
-def _rtdetr_from_hf_config(kw: dict[str, Any]) -> tuple[nn.Module, nn.Module, nn.Module]:
-    """An RT-DETR whose ``model_config`` is ``{"hf_config": config.json, "pos_enc", **encoder options}``."""
+def _from_hf_config(arch: Arch, kw: dict[str, Any]) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """A model whose ``model_config`` is ``{"hf_config": config.json, "pos_enc", **encoder options}``."""
     kw.pop("num_classes", None)  # recorded for eval / predict; the config's id2label sets it
-    model = rtdetr_from_hf_config(kw.pop("hf_config"), kw.pop("pos_enc", "sincos"), **kw)
+    model = arch.from_hf_config(kw.pop("hf_config"), kw.pop("pos_enc", arch.pos_enc), **kw)
     model.build_config = {**model.build_config, "num_classes": model.num_classes}
-    return model, *rtdetr_training_parts(model)
+    return model, *arch.training_parts(model)
 
 
 def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[str, Any]:
     """The ``model_config`` of parsed ``train`` flags (unset options: the builder's default)."""
-    arch = getattr(args, "arch", None) or "detr"
-    if arch == "rtdetr":  # DETR-only flags are refused, not ignored
+    arch = arch_of(args)
+    if arch.family != "detr":  # DETR-only flags are refused, not ignored
         for dest, flag in (("dilation", "--dilation"), ("decoder_key_pos", "--decoder-key-pos")):
             if getattr(args, dest, None):
                 raise UserError("applies to --arch detr only", flag)
     kw: dict[str, Any] = {
-        "arch": arch,
+        "arch": arch.name,
         "backbone": args.backbone,
         "pos_enc": args.pos_enc,
         "num_classes": num_classes,
@@ -133,9 +115,9 @@ def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[s
         "aux_loss": args.aux_loss,
         **peg_kwargs(args),
     }
-    if arch == "detr":
+    if arch.family == "detr":
         kw["dilation"] = args.dilation
-    for name in _RTDETR_OPTIONS if arch == "rtdetr" else _MODEL_OPTIONS:
+    for name in arch.options:
         value = getattr(args, name, None)
         if value is not None:
             kw[name] = str(value) if isinstance(value, Path) else value
@@ -200,9 +182,9 @@ def load_hf_model(folder: str | os.PathLike) -> LoadedModel:
         model, report = from_hf(path)
     except ValueError as e:  # another model_type, or settings peg_detr lacks: an InputError naming the folder
         raise e if isinstance(e, WeightsError) else WeightsError(" ".join(str(e).split()), path) from None
-    arch = "rtdetr" if isinstance(model, RTDETR) else "detr"
-    postprocessor = rtdetr_training_parts(model)[1] if arch == "rtdetr" else PostProcess()
-    config = {"arch": arch, **getattr(model, "build_config", {})}
+    arch = arch_of_model(model)
+    postprocessor = arch.postprocess(model)
+    config = {"arch": arch.name, **getattr(model, "build_config", {})}
     names = hf_label_names(report.args, path / "config.json") or []
     count = int(config.get("num_classes") or len(names))
     names = [*names, *map(str, range(len(names), count))][:count]

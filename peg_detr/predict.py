@@ -41,8 +41,8 @@ from peg_core.engine.predictor import Prediction as _Base
 from peg_core.errors import InputError
 from peg_core.interop.resolve import resolve_weights
 
+from .archs import arch_named
 from .data import (
-    RTDETR_SIZE,
     LabelMap,
     make_rtdetr_val_transforms,
     make_val_transforms,
@@ -222,12 +222,12 @@ def _run_val_size(meta: dict[str, Any], args: dict[str, Any], arch: str) -> int:
     for source in (meta, args):
         if source.get("val_size"):
             return int(source["val_size"])
-    return RTDETR_SIZE if arch == "rtdetr" else 800
+    return arch_named(arch).eval_size
 
 
 def _input_transform(arch: str, size: int) -> Callable[[Tensor], Tensor]:
     """A uint8 ``(3, H, W)`` image -> the float model input its architecture evaluates on (no boxes)."""
-    if arch == "rtdetr":
+    if arch_named(arch).square_inputs:
         return make_rtdetr_val_transforms(size, with_boxes=False)  # (3, size, size) in [0, 1]
     return make_val_transforms(size, scaled_max_size(size), with_boxes=False)
 

@@ -42,6 +42,7 @@ from peg_core.engine import (
 from peg_core.interop.hf_folder import read_hf_config
 from peg_core.interop.io import WeightsError
 
+from .archs import arch_named, arch_of, arch_of_model
 from .data import (
     CocoAnnotations,
     CocoDetr,
@@ -62,8 +63,6 @@ from .data import (
 from .evaluation import evaluate_coco
 from .interop import from_hf, hf_label_names, hf_num_labels, load_official_checkpoint
 from .model import build_model, load_model, model_config_from_args
-from .models.rtdetr import RTDETR
-from .models.rtdetr.build import rtdetr_training_parts
 from .structures import targets_to, to_float
 
 __all__ = [
@@ -268,7 +267,7 @@ def resolve_label_map(
         num_classes = infer_num_classes(categories, ann, mode)
         what = f"max category id in {ann.name} + 1" if mode == "ids" else f"categories in {ann.name}"
         ctx.print(f"--num-classes not given: using {num_classes} ({what})")
-    if folder is not None and _arch(args) == "rtdetr" and folder[1] != num_classes:
+    if folder is not None and arch_of(args).training_parts is not None and folder[1] != num_classes:
         why = "its id2label names are not" if folder[0] else "it has no id2label to match"
         raise UserError(
             f"the folder's model has {folder[1]} classes, the data {num_classes} (--labels {mode}); "
@@ -309,8 +308,8 @@ def per_process_batch(args: argparse.Namespace, world_size: int) -> int:
 
 
 def _val_transforms(arch: str, size: int) -> Callable:
-    """DETR: short side ``size`` (long side capped at DETR's ratio); RT-DETR: a ``size`` × ``size`` square."""
-    if arch == "rtdetr":
+    """DETR: short side ``size`` (long side capped at DETR's ratio); the RT-DETR family: a ``size`` × ``size`` square."""
+    if arch_named(arch).square_inputs:
         return make_rtdetr_val_transforms(size)
     return make_val_transforms(size, scaled_max_size(size))
 
@@ -404,7 +403,7 @@ def _check_input_sides(model: nn.Module, sides: list[int], flag: str) -> None:
     Checked when the run is set up, so a too small ``--eval-sizes`` fails before any other size
     is evaluated (an :class:`~peg_core.errors.InputError` naming the flag and the smallest side).
     """
-    if isinstance(model, RTDETR):
+    if arch_of_model(model).square_inputs:
         for side in sides:
             model.check_input_size(side, side, f"{flag} {side}")
 
@@ -412,10 +411,6 @@ def _check_input_sides(model: nn.Module, sides: list[int], flag: str) -> None:
 def _sizes_flag(args: argparse.Namespace) -> str:
     """The flag the evaluation sizes come from: ``--eval-sizes``, else ``--val-size`` (given or the run's)."""
     return "--eval-sizes" if args.eval_sizes else "--val-size"
-
-
-def _arch(args: argparse.Namespace) -> str:
-    return getattr(args, "arch", None) or "detr"
 
 
 def rtdetr_stop_epoch(args: argparse.Namespace) -> int | None:
@@ -427,8 +422,9 @@ def rtdetr_stop_epoch(args: argparse.Namespace) -> int | None:
     n = getattr(args, "no_aug_epochs", None) or 0
     if not n:
         return None
-    if _arch(args) != "rtdetr":
-        raise UserError("applies to --arch rtdetr only", f"--no-aug-epochs {n}")
+    if arch_of(args).family != "rtdetr":
+        raise UserError("applies to the RT-DETR family only (--arch rtdetr and its successors)",
+                        f"--no-aug-epochs {n}")  # fmt: skip
     return max(args.epochs - n, 0)
 
 
@@ -438,7 +434,7 @@ def _train_set(
     """The augmented training split and its annotation file (``annotations``: that file already read)."""
     img_dir, ann = _split_paths(args.data_root, "train", args.train_json)
     stop = rtdetr_stop_epoch(args)
-    if _arch(args) == "rtdetr":  # square at --val-size; the collate draws the batch's side
+    if arch_of(args).square_inputs:  # square at --val-size; the collate draws the batch's side
         transforms = make_rtdetr_train_transforms(args.val_size)
         if stop is not None:
             plain = make_rtdetr_train_transforms(args.val_size, strong=False)
@@ -461,10 +457,9 @@ def _train_loader(
     """The loader and its ``on_epoch_start``: order and worker seeds are functions of (seed, epoch)."""
     sampler = DistributedSampler(ds, ctx.dist.world_size, ctx.dist.rank, shuffle=True, seed=args.seed)
     generator = torch.Generator()
-    rtdetr = _arch(args) == "rtdetr"
     collate = (
         MultiScaleCollate(args.train_scales or (), rtdetr_stop_epoch(args), seed=args.seed)
-        if rtdetr
+        if arch_of(args).square_inputs
         else collate_detr
     )
     loader = DataLoader(
@@ -489,8 +484,8 @@ def _init_model(
 ) -> tuple[nn.Module, nn.Module, nn.Module]:
     """The model from the flags, with ``--init`` weights unless the run resumes (it has its own)."""
     init = args.init if ckpt is None else None
-    if _arch(args) == "rtdetr" and init is not None:
-        return _rtdetr_from_hf(args, num_classes, ctx)
+    if arch_of(args).training_parts is not None and init is not None:
+        return _from_hf_folder(args, num_classes, ctx)
     if ckpt is not None and "hf_config" in (ckpt.get("model_config") or {}):  # resuming a --init FOLDER run
         return build_model(ckpt["model_config"], "the resumed checkpoint")
     model, criterion, postprocessor = build_model(model_config_from_args(args, num_classes))
@@ -499,17 +494,19 @@ def _init_model(
     return model, criterion, postprocessor
 
 
-def _rtdetr_from_hf(
+def _from_hf_folder(
     args: argparse.Namespace, num_classes: int, ctx: RunContext
 ) -> tuple[nn.Module, nn.Module, nn.Module]:
-    """``--arch rtdetr --init FOLDER``: the detector a Hugging Face RT-DETR folder describes, with its weights.
+    """``--arch rtdetr --init FOLDER`` (and its successors): the detector a Hugging Face folder describes.
 
     The folder fixes the architecture (backbone, widths, classes); ``--pos-enc`` still applies
     (``peg`` adds a zero-initialised PEG, so training starts from what the folder computes).
     """
+    arch = arch_of(args)
     if not (Path(args.init) / "config.json").is_file():
         raise UserError(
-            "--arch rtdetr --init takes a Hugging Face RT-DETR folder (config.json + weights)", args.init
+            f"--arch {arch.name} --init takes a Hugging Face {arch.title} folder (config.json + weights)",
+            args.init,
         )
     try:
         model, report = from_hf(args.init, pos_enc=args.pos_enc)
@@ -517,12 +514,15 @@ def _rtdetr_from_hf(
         raise UserError(e.what, e.where) from e
     except ValueError as e:  # another model_type, settings peg_detr lacks
         raise UserError(f"invalid Hugging Face folder ({e})", args.init) from None
-    if not isinstance(model, RTDETR):
-        raise UserError("the folder holds a DETR, not an RT-DETR; use --arch detr", args.init)
+    found = arch_of_model(model)
+    if found is not arch:
+        raise UserError(
+            f"the folder holds a {found.title}, not a {arch.title}; use --arch {found.name}", args.init
+        )
     ctx.print(f"--init {args.init}: {str(report).splitlines()[0]}")
     # num_classes too: eval / predict read it from every detector's model_config
-    model.build_config = {"arch": "rtdetr", **model.build_config, "num_classes": model.num_classes}
-    return model.train(), *rtdetr_training_parts(model)
+    model.build_config = {"arch": arch.name, **model.build_config, "num_classes": model.num_classes}
+    return model.train(), *arch.training_parts(model)
 
 
 def _rtdetr_optimization(
@@ -554,7 +554,7 @@ class DetectTask:
         self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any] | None
     ) -> TrainParts:
         # --init may be a Hugging Face folder; --backbone-weights is one state-dict file (RT-DETR: or a folder)
-        backbone_found = Path.exists if _arch(args) == "rtdetr" else Path.is_file
+        backbone_found = Path.exists if arch_of(args).load_backbone is not None else Path.is_file
         for flag, path, found in (
             ("--init", args.init, Path.exists),
             ("--backbone-weights", args.backbone_weights, backbone_found),
@@ -572,7 +572,7 @@ class DetectTask:
             )
         val = ValSets(
             args.data_root, args.val_json, args.eval_sizes or [args.val_size], args.val_size,
-            getattr(args, "coco_eval_backend", "faster"), _arch(args), label_map,
+            getattr(args, "coco_eval_backend", "faster"), arch_of(args).name, label_map,
         )  # fmt: skip
         _check_categories(val, num_classes)
 
@@ -582,7 +582,7 @@ class DetectTask:
         model.to(ctx.device)
         criterion.to(ctx.device).train()
         loader, on_epoch_start = _train_loader(train_ds, batch, args, ctx)
-        rtdetr = _arch(args) == "rtdetr"
+        rtdetr = arch_of(args).family == "rtdetr"
         if rtdetr:
             trained, optimizer, scheduler = _rtdetr_optimization(model, args, len(loader))
             evaluated = trained.averaged if isinstance(trained, EmaModel) else trained

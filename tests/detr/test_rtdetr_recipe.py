@@ -123,7 +123,7 @@ def test_no_aug_epochs_flag_gives_the_stop_epoch(epochs, n, stop):
 
 def test_no_aug_epochs_is_refused_for_detr_and_when_negative(capsys):
     args = parse_train_args(["--data-root", "x", "--no-aug-epochs", "2"])
-    with pytest.raises(UserError, match="applies to --arch rtdetr only"):
+    with pytest.raises(UserError, match="applies to the RT-DETR family only"):
         rtdetr_stop_epoch(args)
     with pytest.raises(SystemExit):
         parse_train_args(["--config", "rtdetr_r18vd_6x", "--data-root", "x", "--no-aug-epochs", "-1"])
