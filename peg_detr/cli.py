@@ -72,7 +72,7 @@ from .data import LABEL_MODES, SHAPES
 from .evaluation import BACKENDS
 from .make_data import write_shapes_coco
 from .models import BACKBONES, DECODER_KEY_POS, DETR_ENCODINGS
-from .task import DetectTask
+from .task import LR_SCHEDULES, DetectTask
 
 __all__ = [
     "build_eval_parser",
@@ -299,7 +299,20 @@ def _add_rtdetr_args(p: argparse.ArgumentParser) -> None:
         "--ema-decay", type=unit_fraction, help="weight EMA decay, evaluated and checkpointed (0: no EMA)"
     )
     r.add_argument("--ema-warmups", type=positive_int, help="EMA warm-up: decay * (1 - exp(-updates / N))")
-    r.add_argument("--warmup-steps", type=nonnegative_int, help="linear learning-rate warm-up steps")
+    r.add_argument("--warmup-steps", type=nonnegative_int, help="learning-rate warm-up steps (linear; "
+                   "flatcosine: quadratic, as DEIM)")  # fmt: skip
+    r.add_argument(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        help="step: /10 every --lr-drop epochs (RT-DETR, D-FINE); flatcosine: flat until --flat-epochs, cosine "
+        "down to --lr-gamma x lr at the last --no-aug-epochs, then flat (DEIM)",
+    )
+    r.add_argument(
+        "--flat-epochs", type=nonnegative_int, help="flatcosine: epochs at the full lr (DEIM's flat_epoch)"
+    )
+    r.add_argument(
+        "--lr-gamma", type=unit_fraction, help="flatcosine: the final lr as a fraction of --lr (DEIM: 0.5)"
+    )
     r.add_argument(
         "--no-aug-epochs",
         type=nonnegative_int,
@@ -391,6 +404,12 @@ def refuse_unused_model_flags(args: argparse.Namespace) -> None:
         reasons |= dict.fromkeys(_FOLDER_FIXED, why)
     for dest, why in unused_pos_flags(pos_enc, args.peg_dynamic, f"--pos-enc {pos_enc}").items():
         reasons.setdefault(dest, why)
+    if arch_of(args).family == "detr":  # DETR's StepLR has neither
+        reasons |= dict.fromkeys(
+            ("lr_schedule", "flat_epochs", "lr_gamma"), "applies to the RT-DETR family only"
+        )
+    elif getattr(args, "lr_schedule", None) != "flatcosine":
+        reasons |= dict.fromkeys(("flat_epochs", "lr_gamma"), "applies to --lr-schedule flatcosine only")
     refuse_without_effect(args, args.cli_flags, reasons)
 
 

@@ -127,6 +127,35 @@ def warmup_step_lr(warmup_steps: int, drop_every: int) -> Callable[[int], float]
     return factor
 
 
+#: ``--lr-schedule`` choices (:func:`warmup_step_lr`, :func:`flat_cosine_lr`)
+LR_SCHEDULES = ("step", "flatcosine")
+
+
+def flat_cosine_lr(
+    warmup_steps: int, flat_steps: int, total_steps: int, final_steps: int, gamma: float
+) -> Callable[[int], float]:
+    """DEIM's ``LambdaLR`` factor of step ``s``: warm-up, flat, cosine decay, flat at the end.
+
+    Quadratic warm-up ``(s / warmup_steps) ** 2`` (DEIM's ``flat_cosine_schedule``), then 1 until
+    ``flat_steps``, then a half cosine from 1 down to ``gamma`` reached at ``total_steps -
+    final_steps`` (the last, unaugmented epochs), then ``gamma``.  ``flat_steps`` counts from the
+    start, as DEIM's ``flat_epoch`` does.
+    """
+    decay_end = total_steps - final_steps
+
+    def factor(step: int) -> float:
+        if warmup_steps and step <= warmup_steps:
+            return (step / warmup_steps) ** 2
+        if step <= flat_steps:
+            return 1.0
+        if step >= decay_end:
+            return gamma
+        progress = (step - flat_steps) / max(decay_end - flat_steps, 1)
+        return gamma + (1.0 - gamma) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
 def warmup_ema_decay(decay: float, warmups: int, n: int) -> float:
     """RT-DETR's warm-up EMA decay ``decay * (1 - exp(-n / warmups))`` of the ``n``-th update (from 1).
 
@@ -535,7 +564,12 @@ def _rtdetr_optimization(
     """
     groups = rtdetr_optimizer_groups(model, args.lr_backbone, args.weight_decay)
     optimizer = torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
-    factor = warmup_step_lr(args.warmup_steps or 0, args.lr_drop * steps_per_epoch)
+    if getattr(args, "lr_schedule", None) == "flatcosine":
+        factor = flat_cosine_lr(args.warmup_steps or 0, (args.flat_epochs or 0) * steps_per_epoch,
+                                args.epochs * steps_per_epoch, (args.no_aug_epochs or 0) * steps_per_epoch,
+                                0.5 if args.lr_gamma is None else args.lr_gamma)  # fmt: skip
+    else:
+        factor = warmup_step_lr(args.warmup_steps or 0, args.lr_drop * steps_per_epoch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     if not args.ema_decay:
         return model, optimizer, scheduler

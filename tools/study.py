@@ -60,6 +60,7 @@ from tools.study_tasks import (
     PLANS,
     PRETRAINED_GROUP,
     ROTARY_ROWS,
+    RTDETR_FAMILY,
     TASKS,
     VIDEO_ROTARY_ROWS,
     CellResult,
@@ -367,12 +368,12 @@ def interpret(result: TaskResult) -> list[str]:
             out.append(
                 f"This table {'supports' if verdict == 1 else 'contradicts'} the claim that {claim}{keeps}."
             )
-    sincos = _find(result, "sincos") if result.task == "detect-rtdetr" else None
+    sincos = _find(result, "sincos") if result.task in ("detect-rtdetr", "detect-dfine") else None
     if peg is not None and sincos is not None and big != train:  # RT-DETR's own encoding is the reference
         verdict, why = _size_sentence(out, peg, sincos, big, train, chance)
         claim = (
-            "a PEG in AIFI holds up at a larger input without fine-tuning better than RT-DETR's sin-cos "
-            "codes computed for that input's grid"
+            "a PEG in AIFI holds up at a larger input without fine-tuning better than the sin-cos codes "
+            "(RT-DETR's formula) computed for that input's grid"
         )
         out.append(
             f"This table draws no conclusion on the claim that {claim} ({why})."
@@ -585,8 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", default="all", choices=[*TASKS, "all"])
-    p.add_argument("--arch", choices=("detr", "rtdetr", "both"), default="detr",
-                   help="detect: the detector (rtdetr: its own section detect-rtdetr; both: the two)")  # fmt: skip
+    p.add_argument("--arch", choices=("detr", *RTDETR_FAMILY, "both"), default="detr",
+                   help="detect: the detector (rtdetr / dfine: its own section detect-rtdetr / detect-dfine; "
+                   "both: DETR and RT-DETR)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="seconds per task, numbers meaningless (tests)")
     p.add_argument("--out", type=Path, default=Path("runs/study"))
     p.add_argument(
@@ -634,9 +636,11 @@ def _plans(args: argparse.Namespace, tasks: list[str], seeds: list[int]) -> list
         elif task == "detect":
             if args.arch in ("detr", "both"):
                 plans.append(PLANS[task](args.out / task, args.quick, seeds, args.data, args.epochs, **kw))
-            if args.arch in ("rtdetr", "both"):
-                plans.append(plan_detect_rtdetr(args.out / "detect-rtdetr", args.quick, seeds, args.data,
-                                                args.epochs, rows=args.rows or (), **kw))  # fmt: skip
+            for arch in (
+                ("rtdetr",) if args.arch == "both" else (args.arch,) if args.arch in RTDETR_FAMILY else ()
+            ):
+                plans.append(plan_detect_rtdetr(args.out / f"detect-{arch}", args.quick, seeds, args.data,
+                                                args.epochs, rows=args.rows or (), arch=arch, **kw))  # fmt: skip
         else:
             plans.append(PLANS[task](args.out / task, args.quick, seeds, args.data, args.epochs, **kw))
     return plans
@@ -649,7 +653,7 @@ def _run_cells(plans: list[Plan], jobs: int, threads: int, done: Callable[[Plan,
     """
     todo = [(p, s, seed) for p in plans for s in cells_of(p) for seed in p.seeds]
     if jobs > 1:  # the longest cells first, so that the last ones to finish are short
-        longest = {"detect-rtdetr": 0, "detect": 0, "video": 1, "classify": 2}
+        longest = {"detect-rtdetr": 0, "detect-dfine": 0, "detect": 0, "video": 1, "classify": 2}
         todo.sort(key=lambda c: longest[c[0].task])
     results: dict[str, dict] = {p.key: {} for p in plans}
     seconds: dict[str, float] = {p.key: 0.0 for p in plans}

@@ -53,6 +53,7 @@ __all__ = [
     "PROTOCOLS",
     "ROTARY_ROWS",
     "RTDETR_EXTRA_ROWS",
+    "RTDETR_FAMILY",
     "RTDETR_ROWS",
     "VIDEO_ROTARY_ROWS",
     "Budget",
@@ -106,6 +107,9 @@ BUDGETS: dict[tuple[str, bool], Budget] = {
     # spread +-0.1 AP50, no conclusion; 8 epochs for a table that can say something)
     ("detect-rtdetr", False): Budget(epochs=8, n_train=512, n_val=100, train_size=96, batch_size=4),
     ("detect-rtdetr", True): Budget(epochs=1, n_train=8, n_val=4, train_size=64, batch_size=4),
+    # D-FINE (dfine_demo_tiny): RT-DETR's budget, so the two sections compare
+    ("detect-dfine", False): Budget(epochs=8, n_train=512, n_val=100, train_size=96, batch_size=4),
+    ("detect-dfine", True): Budget(epochs=1, n_train=8, n_val=4, train_size=64, batch_size=4),
     ("video", False): Budget(epochs=24, n_train=240, n_val=60, train_size=32, batch_size=8),
     ("video", True): Budget(epochs=1, n_train=12, n_val=6, train_size=32, batch_size=4),
 }
@@ -115,6 +119,14 @@ RTDETR_TRAIN_SCALES = (0.75, 0.875, 1.0, 1.125, 1.25)
 #: the RT-DETR rows of ``--task detect --arch rtdetr``; the others of :data:`RTDETR_EXTRA_ROWS` on ``--rows``
 RTDETR_ROWS = ("peg", "sincos", "none")
 RTDETR_EXTRA_ROWS = ("learned", *ROTARY_ROWS)
+#: ``--arch`` of the RT-DETR family -> (its demo recipe, its name, the model's description)
+RTDETR_FAMILY: dict[str, tuple[str, str, str]] = {
+    "rtdetr": ("rtdetr_demo_tiny", "RT-DETR",
+               "RT-DETR rtdetr_demo_tiny (tiny backbone, dim 32, 1 AIFI layer, 2 decoder layers, 20 queries)"),
+    "dfine": ("dfine_demo_tiny", "D-FINE",
+              "D-FINE dfine_demo_tiny (tiny backbone, dim 32, 1 AIFI layer, 2 decoder layers, 20 queries, "
+              "fine-grained distribution refinement)"),
+}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -609,22 +621,28 @@ def _detect_scores(plan: Plan, spec: RowSpec, ckpt: Path, data: Path) -> tuple[d
 
 def plan_detect_rtdetr(
     out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
-    train_size: int | None = None, test_sizes: Sequence[int] | None = None, rows: Sequence[str] = (), **_: Any,
+    train_size: int | None = None, test_sizes: Sequence[int] | None = None, rows: Sequence[str] = (),
+    arch: str = "rtdetr", **_: Any,
 ) -> Plan:  # fmt: skip
     """Tiny RT-DETR (``rtdetr_demo_tiny``) with peg / sincos / none in AIFI, trained multi-scale.
+
+    ``arch``: a detector of the RT-DETR family (:data:`RTDETR_FAMILY`: ``dfine`` trains
+    ``dfine_demo_tiny`` the same way, in its own section ``detect-dfine``).
 
     ``rows``: :data:`RTDETR_EXTRA_ROWS` named there (``learned``, the rotary rows) are added.
     Square sides: trained at :data:`RTDETR_TRAIN_SCALES` of ``train_size`` (one side per batch),
     evaluated at ``test_sizes`` (default :data:`IMAGE_SCALES` of it).
     """
-    budget = BUDGETS["detect-rtdetr", quick]
+    config, title, description = RTDETR_FAMILY[arch]
+    task = f"detect-{arch}"
+    budget = BUDGETS[task, quick]
     size = train_size or budget.train_size
     data, data_name = _detect_data(out, data, budget, size, seeds[0])
     sizes = _detect_sizes(size, test_sizes)
     train_sides = sorted({round(size * f) for f in RTDETR_TRAIN_SCALES})
     names = [*RTDETR_ROWS, *(e for e in RTDETR_EXTRA_ROWS if e in rows)]
     notes = [
-        f"Trained as RT-DETR is trained: one square side per batch from {', '.join(map(str, train_sides))} px "
+        f"Trained as {title} is trained: one square side per batch from {', '.join(map(str, train_sides))} px "
         f"(RT-DETR: 480..800 around 640), RT-DETR's augmentation, EMA weights evaluated; the test sizes "
         f"{', '.join(f'{s} px' for s in sizes if s > max(train_sides))} are larger than any training side.",
         "`sincos` is RT-DETR's formula computed for each input's grid (not a table cached for one size); "
@@ -632,11 +650,11 @@ def plan_detect_rtdetr(
         "in every row).",
     ]
     return Plan(
-        task="detect-rtdetr", key="detect-rtdetr", out=out, specs=[RowSpec(e, e, modes=_modes(e)) for e in names],
+        task=task, key=task, out=out, specs=[RowSpec(e, e, modes=_modes(e)) for e in names],
         seeds=seeds, budget=budget, epochs=epochs or budget.epochs, metric="AP50", sizes=sizes,
         labels=[f"{s} px" for s in sizes], train_label=f"{size} px",
-        data={"root": str(data), "train_sides": train_sides}, data_name=data_name,
-        model="RT-DETR rtdetr_demo_tiny (tiny backbone, dim 32, 1 AIFI layer, 2 decoder layers, 20 queries)",
+        data={"root": str(data), "train_sides": train_sides, "config": config}, data_name=data_name,
+        model=description,
         notes=notes, chance=0.0,
     )  # fmt: skip
 
@@ -647,7 +665,7 @@ def _rtdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellRes
 
     size, data = int(plan.train_label.split()[0]), Path(plan.data["root"])
     argv = [
-        "--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(run_dir), "--overwrite",
+        "--config", plan.data.get("config", "rtdetr_demo_tiny"), "--data-root", str(data), "--output-dir", str(run_dir), "--overwrite",
         "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(plan.epochs),
         "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
         "--train-sizes", ",".join(map(str, plan.data["train_sides"])), "--val-size", str(size),
@@ -846,6 +864,7 @@ _CELLS = {
     "classify": _classify_cell,
     "detect": _detect_cell,
     "detect-rtdetr": _rtdetr_cell,
+    "detect-dfine": _rtdetr_cell,
     "video": _video_cell,
 }
 
