@@ -110,7 +110,7 @@ def test_wheel_holds_only_its_package(wheels, package, own, needs):
     "package,extras",
     [
         ("peg-core", {"vision", "onnx", "safetensors", "quantize", "timm", "viz", "hub"}),
-        ("peg-detr", {"onnx", "safetensors", "hf", "hub"}),
+        ("peg-detr", {"onnx", "safetensors", "hf", "hub", "timm"}),
         ("peg-video", {"onnx", "safetensors", "hub"}),
     ],
 )
