@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -16,16 +16,27 @@ __all__ = ["DETR", "MLP", "to_image_batch"]
 
 
 class MLP(nn.Module):
-    """``num_layers`` linear layers with ReLU between them (keys ``layers.N.*``, as in DETR's box head)."""
+    """``num_layers`` linear layers with an activation between them (keys ``layers.N.*``, as in DETR's box head).
 
-    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> None:
+    ``activation``: ReLU (DETR, RT-DETR, D-FINE) or any elementwise function (DEIM's heads: SiLU).
+    """
+
+    def __init__(
+        self,
+        input_dim: int,
+        hidden_dim: int,
+        output_dim: int,
+        num_layers: int,
+        activation: Callable[[Tensor], Tensor] = F.relu,
+    ) -> None:
         super().__init__()
         dims = [input_dim] + [hidden_dim] * (num_layers - 1)
         self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, [*dims[1:], output_dim]))
+        self.activation = activation
 
     def forward(self, x: Tensor) -> Tensor:
         for i, layer in enumerate(self.layers):
-            x = layer(x) if i == len(self.layers) - 1 else F.relu(layer(x))
+            x = layer(x) if i == len(self.layers) - 1 else self.activation(layer(x))
         return x
 
 

@@ -1,0 +1,500 @@
+"""Hugging Face D-FINE folders in and out: ``config.json`` <-> peg_detr's :class:`~peg_detr.models.dfine.DFINE`, and the key map.
+
+A ``save_pretrained`` folder of ``DFineForObjectDetection`` (``model_type: "d_fine"``) holds
+``config.json`` and ``model.safetensors``.  :func:`dfine_build_options` reads every field the model
+needs (each checked, a :class:`WeightsError` naming it), :func:`dfine_from_hf_config` builds the
+model, :func:`dfine_from_hf` also loads the weights, :func:`export_hf_dfine` writes a folder back.
+
+Keys map by prefix (our modules keep transformers' names below them):
+
+=========================================  ==================================  ===============================
+Hugging Face                               ours                                what
+=========================================  ==================================  ===============================
+``model.backbone.model.*``                 ``backbone.*``                      HGNetV2 (:mod:`.hf_hgnetv2`)
+``model.encoder_input_proj.*``             ``encoder.input_proj.*``            1×1 conv + BN per level
+``model.encoder.*``                        ``encoder.*``                       AIFI (:mod:`.hf_rtdetr`'s two
+                                                                               layouts), FPN / PAN
+``model.denoising_class_embed``,           ``denoising_class_embed``,          the decoder side
+``model.enc_*``, ``model.decoder_input_    ``decoder.*``                       (:data:`DFINE_DECODER_PREFIXES`)
+proj``, ``model.decoder.*``
+``class_embed.*``, ``bbox_embed.*``        (none)                              transformers' tied copies of
+                                                                               ``model.decoder.*``: skipped
+=========================================  ==================================  ===============================
+
+Inside a decoder layer transformers writes ``fc1`` / ``fc2`` / ``self_attn.out_proj`` (its files) and
+holds ``mlp.layers.{0,1}`` / ``self_attn.o_proj`` (in memory); both are read, ours are the file names.
+
+What differs from transformers on purpose: the AIFI table is computed for the actual size in
+training and eval (transformers drops it in eval when ``eval_size`` is set), and the anchors are
+built for every call (``anchor_image_size`` is not used), so the model runs at any size.  The same
+weights load into any AIFI encoding: ``pos_enc="peg"`` adds a zero-initialised PEG (listed in
+``report.converted``): the model computes what ``"none"`` computes until fine-tuned.
+
+For the RT-DETR successors that share this layout (DEIMv2), the pieces are separate:
+:func:`dfine_key_from_hf` / :func:`dfine_key_to_hf` take extra ``(HF prefix, our prefix)`` rows
+and another backbone map; :func:`dfine_encoder_options` / :func:`dfine_decoder_options` read the
+shared fields, so another reader adds only its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
+from peg_core.interop.io import LoadReport, WeightsError
+
+from ..models.dfine.backbone import build_hgnetv2
+from ..models.dfine.decoder import DFineDecoder
+from ..models.dfine.encoder import DFineHybridEncoder
+from ..models.dfine.model import DFINE
+from .hf_detr import hf_num_labels
+from .hf_hgnetv2 import (
+    HF_BACKBONE_PREFIX,
+    hgnetv2_hf_config,
+    hgnetv2_hf_to_ours,
+    hgnetv2_options_from_hf,
+    hgnetv2_ours_to_hf,
+)
+from .hf_rtdetr import DECODER_PREFIXES, encoder_hf_to_ours, encoder_ours_to_hf
+
+__all__ = [
+    "DFINE_DECODER_PREFIXES",
+    "dfine_build_options",
+    "dfine_decoder_options",
+    "dfine_encoder_options",
+    "dfine_from_hf",
+    "dfine_from_hf_config",
+    "dfine_hf_config",
+    "dfine_hf_to_ours",
+    "dfine_key_from_hf",
+    "dfine_key_to_hf",
+    "dfine_ours_to_hf",
+    "export_hf_dfine",
+]
+
+_ACTIVATIONS = ("relu", "gelu", "silu")
+
+# ---------------------------------------------------------------- keys
+#: (Hugging Face prefix, ours) of the decoder side: RT-DETR's rows and D-FINE's own heads and constants
+DFINE_DECODER_PREFIXES: tuple[tuple[str, str], ...] = (
+    *DECODER_PREFIXES,
+    ("model.decoder.pre_bbox_head.", "decoder.pre_bbox_head."),
+    ("model.decoder.lqe_layers.", "decoder.lqe_layers."),
+    ("model.decoder.up", "decoder.up"),
+    ("model.decoder.reg_scale", "decoder.reg_scale"),
+)
+# transformers 5's in-memory names -> its file names (= ours), inside decoder and AIFI layers
+_DECODER_MEMORY = (
+    (".mlp.layers.0.", ".fc1."),
+    (".mlp.layers.1.", ".fc2."),
+    (".self_attn.o_proj.", ".self_attn.out_proj."),
+)
+_AIFI_MEMORY = ((".mlp.layers.0.", ".mlp.fc1."), (".mlp.layers.1.", ".mlp.fc2."))
+#: transformers' top-level copies of the decoder heads (tied to ``model.decoder.*``)
+_TIED = ("class_embed.", "bbox_embed.")
+_OURS_BACKBONE = "backbone."
+
+BackboneMap = Callable[[str], "str | None"]
+
+
+def _prefixed(key: str, rows: Sequence[tuple[str, str]], to_hf: bool) -> str | None:
+    for hf, ours in rows:
+        src, dst = (ours, hf) if to_hf else (hf, ours)
+        exact = not src.endswith(".")  # one-tensor rows (``up``, ``reg_scale``) match whole keys
+        if key == src if exact else key.startswith(src):
+            return dst + key[len(src) :]
+    return None
+
+
+def dfine_key_from_hf(
+    key: str,
+    *,
+    decoder_rows: Sequence[tuple[str, str]] = DFINE_DECODER_PREFIXES,
+    backbone: BackboneMap = hgnetv2_hf_to_ours,
+) -> str | None:
+    """Our key of a Hugging Face D-FINE-layout key (file or in-memory names); None when it has no place.
+
+    ``backbone`` maps a ``model.backbone.model.*`` key to the backbone module's own key;
+    ``decoder_rows`` are the decoder-side prefix pairs (a successor adds its rows).
+    """
+    if key.startswith(HF_BACKBONE_PREFIX):
+        ours = backbone(key)
+        return None if ours is None else _OURS_BACKBONE + ours
+    if key.startswith(("model.encoder.", "model.encoder_input_proj.")):
+        ours = encoder_hf_to_ours(key)  # RT-DETR's rule, either AIFI layout
+        if ours is not None and ours.startswith("encoder.aifi."):
+            for memory, file in _AIFI_MEMORY:
+                ours = ours.replace(memory, file)
+        return ours
+    ours = _prefixed(key, decoder_rows, to_hf=False)
+    if ours is not None and ours.startswith("decoder.layers."):
+        for memory, file in _DECODER_MEMORY:
+            ours = ours.replace(memory, file)
+    return ours
+
+
+def dfine_key_to_hf(
+    key: str,
+    *,
+    decoder_rows: Sequence[tuple[str, str]] = DFINE_DECODER_PREFIXES,
+    backbone: BackboneMap = hgnetv2_ours_to_hf,
+) -> str | None:
+    """The key ``save_pretrained`` writes for one of ours; None for ours only (PEG, learned table, rotary)."""
+    if key.startswith(_OURS_BACKBONE):
+        return backbone(key[len(_OURS_BACKBONE) :])
+    if key.startswith("encoder."):
+        return encoder_ours_to_hf(key, layout="file")
+    return _prefixed(key, decoder_rows, to_hf=True)
+
+
+def dfine_hf_to_ours(key: str) -> str | None:
+    """:func:`dfine_key_from_hf` with D-FINE's rows and HGNetV2."""
+    return dfine_key_from_hf(key)
+
+
+def dfine_ours_to_hf(key: str) -> str | None:
+    """:func:`dfine_key_to_hf` with D-FINE's rows and HGNetV2."""
+    return dfine_key_to_hf(key)
+
+
+# ---------------------------------------------------------------- config.json -> keywords
+def _backbone_options(config: Mapping[str, Any], where: Path) -> dict[str, Any]:
+    """``build_hgnetv2`` keywords of ``backbone_config`` (+ the detector's frozen-norm flag), checked."""
+    f = ConfigFields(config, where)
+    bb = f.section("backbone_config")
+    bb.choice("model_type", "hgnet_v2", ("hgnet_v2",))
+    try:
+        name, options = hgnetv2_options_from_hf(bb.data)
+    except ValueError as err:
+        raise WeightsError(f"{where.name} backbone_config: {err}", where) from err
+    # transformers sizes the input projections by ``hidden_sizes``, the stages by ``stage_out_channels``
+    widths = [stage[2] for stage in options["stages"]]
+    if bb.integers("hidden_sizes", widths) != widths:
+        bb.fail("hidden_sizes", f"the stage widths {widths} (stage_out_channels)")
+    # transformers freezes the norms only (its backbone trains otherwise)
+    return {
+        "name": name,
+        **options,
+        "freeze_bn": f.flag("freeze_backbone_batch_norms", True),
+        "freeze_at": -1,
+    }
+
+
+def dfine_encoder_options(f: ConfigFields, channels: Sequence[int], pos_enc: str) -> dict[str, Any]:
+    """:class:`DFineHybridEncoder` keywords (without the encoding) of a D-FINE-layout config, checked.
+
+    ``channels``: the backbone maps' widths, which ``encoder_in_channels`` must give.
+    """
+    channels = list(channels)
+    if f.integers("encoder_in_channels", channels) != channels:
+        f.fail("encoder_in_channels", f"the backbone's output widths {channels}")
+    levels = len(channels)
+    hidden = f.integer("encoder_hidden_dim", 256)
+    heads = f.integer("encoder_attention_heads", 8, max=hidden)
+    if hidden % heads:
+        f.fail("encoder_attention_heads", f"a divisor of encoder_hidden_dim {hidden}")
+    if pos_enc == "sincos" and hidden % 4:
+        f.fail("encoder_hidden_dim", "a multiple of 4 (the sin-cos table)")
+    return dict(
+        in_channels=channels, hidden_dim=hidden, num_heads=heads, dim_feedforward=f.integer("encoder_ffn_dim", 1024),
+        dropout=f.number("dropout", 0.0, min=0.0, below=1.0),
+        act=f.choice("encoder_activation_function", "gelu", _ACTIVATIONS),
+        conv_act=f.choice("activation_function", "silu", _ACTIVATIONS),
+        expansion=f.number("hidden_expansion", 1.0, above=0.0, max=64.0),
+        depth_mult=f.number("depth_mult", 1.0, above=0.0, max=64.0), num_layers=f.integer("encoder_layers", 1),
+        use_encoder_idx=f.integers("encode_proj_layers", [levels - 1], min=0, max=levels - 1),
+        temperature=f.number("positional_encoding_temperature", 10000, above=0.0),
+        normalize_before=f.flag("normalize_before", False),
+        layer_norm_eps=f.number("layer_norm_eps", 1e-5, above=0.0, below=1.0),
+        batch_norm_eps=f.number("batch_norm_eps", 1e-5, above=0.0, below=1.0),
+    )  # fmt: skip
+
+
+def dfine_decoder_options(
+    f: ConfigFields, encoder_hidden: int, levels: int, num_classes: int
+) -> dict[str, Any]:
+    """:class:`DFineDecoder` keywords of a D-FINE-layout config, checked (settings peg_detr lacks refused)."""
+    in_channels = f.integers("decoder_in_channels", [256] * levels)
+    if in_channels != [encoder_hidden] * levels:
+        f.fail("decoder_in_channels", f"the encoder's width {encoder_hidden} at each of its {levels} levels")
+    if f.integer("num_feature_levels", 3) != levels:
+        f.fail("num_feature_levels", f"the number of encoder levels {levels} (no extra stride-2 levels)")
+    d_model = f.integer("d_model", 256)
+    heads = f.integer("decoder_attention_heads", 8, max=d_model)
+    if d_model % heads:
+        f.fail("decoder_attention_heads", f"a divisor of d_model {d_model}")
+    points = f.data.get("decoder_n_points", 4)
+    points = (
+        [f.integer("decoder_n_points", 4)] * levels
+        if not isinstance(points, list)
+        else f.integers("decoder_n_points", length=levels)
+    )
+    layers = f.integer("decoder_layers", 6)
+    eval_idx = f.integer("eval_idx", -1, min=-layers, max=layers - 1)
+    if eval_idx % layers != layers - 1:
+        # transformers builds extra layers for an earlier eval_idx that its heads do not cover
+        f.fail("eval_idx", f"-1 or {layers - 1} (the last decoder layer)")
+    if f.number("layer_scale", 1.0, above=0.0) != 1.0:
+        f.fail("layer_scale", "1 (wider layers after eval_idx are not supported)")
+    f.choice("decoder_method", "default", ("default",))
+    if not f.flag("with_box_refine", True):
+        f.fail("with_box_refine", "true (D-FINE refines its boxes layer by layer)")
+    if not f.flag("use_focal_loss", True):
+        f.fail("use_focal_loss", "true (D-FINE scores classes with sigmoids)")
+    bins = f.integer("max_num_bins", 32, min=4)
+    if bins % 2:
+        f.fail("max_num_bins", "an even number >= 4")
+    return dict(
+        in_channels=in_channels, hidden_dim=d_model, num_classes=num_classes,
+        num_queries=f.integer("num_queries", 300), num_layers=layers, num_heads=heads,
+        dim_feedforward=f.integer("decoder_ffn_dim", 1024), dropout=f.number("dropout", 0.0, min=0.0, below=1.0),
+        activation=f.choice("decoder_activation_function", "relu", _ACTIVATIONS), num_points=points,
+        offset_scale=f.number("decoder_offset_scale", 0.5), eval_idx=eval_idx, max_num_bins=bins,
+        reg_scale=f.number("reg_scale", 4.0), up=f.number("up", 0.5), lqe_k=f.integer("top_prob_values", 4),
+        lqe_hidden_dim=f.integer("lqe_hidden_dim", 64), lqe_layers=f.integer("lqe_layers", 2),
+        learn_initial_query=f.flag("learn_initial_query", False),
+        layer_norm_eps=f.number("layer_norm_eps", 1e-5, above=0.0, below=1.0),
+        batch_norm_eps=f.number("batch_norm_eps", 1e-5, above=0.0, below=1.0),
+    )  # fmt: skip
+
+
+def dfine_build_options(
+    config: Mapping[str, Any], pos_enc: str = "sincos", where: str | os.PathLike = "config.json"
+) -> dict[str, dict[str, Any]]:
+    """The checked keywords of a ``DFineConfig``'s parts: ``{"backbone", "encoder", "decoder", "model"}``.
+
+    ``backbone``: :func:`~peg_detr.models.dfine.backbone.build_hgnetv2` keywords (``name`` first);
+    ``encoder`` / ``decoder``: :class:`DFineHybridEncoder` (without ``pos_enc``) / :class:`DFineDecoder`;
+    ``model``: :class:`DFINE`.  A field of the wrong type or range, or a setting peg_detr's D-FINE
+    lacks, is a :class:`WeightsError` naming ``where`` and the field.
+    """
+    where = Path(where)
+    f = ConfigFields(config, where)
+    backbone = _backbone_options(config, where)
+    stages, returned = backbone["stages"], backbone["return_idx"]
+    channels = [stages[i][2] for i in returned]
+    stride, all_strides = 4, []
+    for spec in stages:  # the stem is stride 4; a downsampling stage halves
+        stride *= 2 if spec[4] else 1
+        all_strides.append(stride)
+    strides = [all_strides[i] for i in returned]
+    if f.integers("feat_strides", strides) != list(strides):
+        f.fail("feat_strides", f"the backbone's output strides {list(strides)}")
+    encoder = dfine_encoder_options(f, channels, pos_enc)
+    num_classes = hf_num_labels(config, where)
+    decoder = dfine_decoder_options(f, encoder["hidden_dim"], len(channels), num_classes)
+    model = dict(
+        num_classes=num_classes, num_queries=decoder["num_queries"],
+        num_denoising=f.integer("num_denoising", 100, min=0),
+        label_noise_ratio=f.number("label_noise_ratio", 0.5, min=0.0, max=1.0),
+        box_noise_scale=f.number("box_noise_scale", 1.0, min=0.0), aux_loss=f.flag("auxiliary_loss", True),
+    )  # fmt: skip
+    return {"backbone": backbone, "encoder": encoder, "decoder": decoder, "model": model}
+
+
+def dfine_from_hf_config(
+    config: dict[str, Any],
+    pos_enc: str = "sincos",
+    *,
+    where: str | os.PathLike = "config.json",
+    **encoder_options: Any,
+) -> DFINE:
+    """peg_detr's D-FINE with the sizes of a ``DFineConfig`` (config.json as a dict); random weights.
+
+    ``encoder_options`` go to :class:`DFineHybridEncoder` (PEG options).  ``model.build_config`` is
+    ``{"hf_config": config, "pos_enc": pos_enc, **encoder_options}`` (a checkpoint rebuilds from it).
+    """
+    options = dfine_build_options(config, pos_enc, where)
+    backbone = build_hgnetv2(**options["backbone"])
+    encoder = DFineHybridEncoder(pos_enc=pos_enc, **options["encoder"], **encoder_options)
+    dec = dict(options["decoder"])
+    decoder = DFineDecoder(dec.pop("in_channels"), dec.pop("hidden_dim"), dec.pop("num_classes"), **dec)
+    model = DFINE(backbone, encoder, decoder, **options["model"])
+    model.build_config = json.loads(json.dumps({"hf_config": config, "pos_enc": pos_enc, **encoder_options}))
+    return model
+
+
+# ---------------------------------------------------------------- weights
+_CLASS_KEY = "model.enc_score_head.weight"
+
+
+def load_dfine_state(
+    model: DFINE,
+    state: Mapping[str, Tensor],
+    path: str | os.PathLike,
+    config: dict[str, Any] | None = None,
+    *,
+    to_ours: Callable[[str], str | None] = dfine_hf_to_ours,
+    to_hf: Callable[[str], str | None] = dfine_ours_to_hf,
+    title: str = "D-FINE",
+) -> LoadReport:
+    """Copy every mapped tensor into ``model``; the model keys without a Hugging Face name must be position modules.
+
+    A tensor of another shape, or a model key the file lacks, is a :class:`WeightsError` naming
+    ``path``; nothing is loaded then.  ``report.converted`` lists the position modules added at
+    their initialisation (a PEG at zero).
+    """
+    own = model.state_dict()
+    report = LoadReport(source=str(path), args=config)
+    mapped: dict[str, Tensor] = {}
+    for key, value in state.items():
+        if key.startswith(_TIED):
+            report.skipped[key] = "transformers' tied copy of model.decoder's head"
+            continue
+        ours = to_ours(key)
+        if ours is None or ours not in own:
+            if not key.endswith("num_batches_tracked"):  # frozen norms have none
+                report.skipped[key] = f"no place in peg_detr's {title}"
+            continue
+        if value.shape != own[ours].shape:
+            raise WeightsError(
+                f"key {key} has shape {tuple(value.shape)}, the model's {ours} {tuple(own[ours].shape)} "
+                "(config.json does not describe these weights)",
+                path,
+            )
+        mapped[ours] = value
+    absent = sorted(own.keys() - mapped.keys())
+    added = [k for k in absent if to_hf(k) is None]
+    missing = [k for k in absent if k not in added and not k.endswith("num_batches_tracked")]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise WeightsError(f"Hugging Face weights lack {len(missing)} model keys: {missing[:5]}{more}", path)
+    model.load_state_dict(mapped, strict=False)
+    report.copied = sorted(mapped)
+    why = (
+        f"added: not in Hugging Face {title} ({model.encoder.pos_enc}; a PEG starts at zero, so the model "
+        "computes what pos_enc='none' computes until fine-tuned)"
+    )
+    report.converted.update(dict.fromkeys(added, why))
+    return report
+
+
+def dfine_from_hf(folder: str | os.PathLike, pos_enc: str = "sincos") -> tuple[DFINE, LoadReport]:
+    """The D-FINE a Hugging Face ``d_fine`` folder describes, with its weights: ``(model in eval mode, report)``.
+
+    ``pos_enc``: AIFI's encoding (``sincos`` is transformers'; ``peg`` adds a zero-initialised PEG,
+    listed under ``report.converted``; ``none`` drops the table).  config.json's fields are checked
+    before any tensor is read; the class count against the classifier before the model is built.
+    :func:`peg_detr.interop.from_hf` dispatches here on ``model_type``.
+    """
+    path = Path(folder)
+    config = read_hf_config(path)
+    where = path / "config.json"
+    options = dfine_build_options(config, pos_enc, where)
+    state, weights = read_hf_weights(path)
+    weight = state.get(_CLASS_KEY)
+    num_classes = options["model"]["num_classes"]
+    if isinstance(weight, Tensor) and weight.dim() == 2 and weight.shape[0] != num_classes:
+        raise WeightsError(
+            f"config.json gives {num_classes} classes, but the weights' {_CLASS_KEY} has shape "
+            f"{tuple(weight.shape)} (expected {(num_classes, *weight.shape[1:])})",
+            where,
+        )
+    model = dfine_from_hf_config(config, pos_enc, where=where)
+    report = load_dfine_state(model, state, weights, config)
+    return model.eval(), report
+
+
+# ---------------------------------------------------------------- the way back: model -> folder
+_ENCODER_FIELDS = {
+    "in_channels": "encoder_in_channels", "hidden_dim": "encoder_hidden_dim", "num_heads": "encoder_attention_heads",
+    "dim_feedforward": "encoder_ffn_dim", "dropout": "dropout", "act": "encoder_activation_function",
+    "conv_act": "activation_function", "expansion": "hidden_expansion", "depth_mult": "depth_mult",
+    "num_layers": "encoder_layers", "use_encoder_idx": "encode_proj_layers",
+    "temperature": "positional_encoding_temperature", "normalize_before": "normalize_before",
+    "layer_norm_eps": "layer_norm_eps", "batch_norm_eps": "batch_norm_eps",
+}  # fmt: skip
+_DECODER_FIELDS = {
+    "hidden_dim": "d_model", "in_channels": "decoder_in_channels", "num_layers": "decoder_layers",
+    "num_heads": "decoder_attention_heads", "dim_feedforward": "decoder_ffn_dim",
+    "activation": "decoder_activation_function", "num_points": "decoder_n_points",
+    "offset_scale": "decoder_offset_scale", "eval_idx": "eval_idx", "max_num_bins": "max_num_bins",
+    "reg_scale": "reg_scale", "up": "up", "lqe_k": "top_prob_values", "lqe_hidden_dim": "lqe_hidden_dim",
+    "lqe_layers": "lqe_layers", "learn_initial_query": "learn_initial_query",
+}  # fmt: skip
+
+
+def dfine_hf_config(model: DFINE, id2label: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """A ``DFineConfig`` (config.json's dict) describing ``model``: the inverse of :func:`dfine_build_options`.
+
+    For a D-FINE with an HGNetv2 backbone and the ``sincos`` encoding; a ``ValueError`` otherwise.
+    """
+    if model.encoder.pos_enc != "sincos":
+        raise ValueError(
+            f"pos_enc {model.encoder.pos_enc!r} cannot be exported; transformers' D-FINE has only 'sincos'"
+        )
+    options = getattr(model.backbone, "build_options", None)
+    if options is None:
+        raise ValueError(
+            f"a {type(model.backbone).__name__} backbone has no transformers D-FINE counterpart (HGNetv2 only)"
+        )
+    if options.get("freeze_at", -1) not in (-1, 0):
+        raise ValueError("transformers' D-FINE freezes no backbone stages; freeze_at must be -1 or 0")
+    enc, dec = model.encoder.hparams, model.decoder.hparams
+    if enc.get("elan_act", "silu") != "silu":
+        raise ValueError("transformers' D-FINE fixes the RepNCSPELAN4 activation to silu")
+    config: dict[str, Any] = {
+        "model_type": "d_fine", "architectures": ["DFineForObjectDetection"],
+        "backbone_config": hgnetv2_hf_config(options), "freeze_backbone_batch_norms": bool(options["freeze_bn"]),
+        "feat_strides": list(model.feature_strides), "num_feature_levels": len(dec["in_channels"]),
+        "anchor_image_size": None, "eval_size": None, "num_queries": model.num_queries,
+        "num_denoising": model.num_denoising, "label_noise_ratio": model.label_noise_ratio,
+        "box_noise_scale": model.box_noise_scale, "auxiliary_loss": model.aux_loss, "layer_scale": 1.0,
+        "decoder_method": "default",
+    }  # fmt: skip
+    config.update({hf: enc[ours] for ours, hf in _ENCODER_FIELDS.items()})
+    config.update({hf: dec[ours] for ours, hf in _DECODER_FIELDS.items()})
+    for key in ("positional_encoding_temperature",):
+        if isinstance(config[key], float) and config[key].is_integer():
+            config[key] = int(config[key])  # DFineConfig validates an int
+    if dec["dropout"] != enc["dropout"] or dec["layer_norm_eps"] != enc["layer_norm_eps"]:
+        raise ValueError(
+            "the encoder and decoder differ in dropout / layer-norm eps; one DFineConfig holds one value"
+        )
+    names = dict(id2label or {})
+    config["id2label"] = {str(i): names.get(i) or f"LABEL_{i}" for i in range(model.num_classes)}
+    config["label2id"] = {name: int(i) for i, name in config["id2label"].items()}
+    return config
+
+
+def export_hf_dfine(
+    model: DFINE, out_dir: str | os.PathLike, id2label: Mapping[int, str] | None = None
+) -> Path:
+    """Write a D-FINE with the ``sincos`` encoding and an HGNetv2 backbone as a Hugging Face folder; returns ``out_dir``.
+
+    ``config.json`` is the folder's own ``hf_config`` for a model read from one (class names
+    updated from ``id2label``), else :func:`dfine_hf_config`; ``model.safetensors`` holds the
+    weights in ``save_pretrained``'s names.  Other encodings raise a ``ValueError`` before anything
+    is written.
+    """
+    model = getattr(model, "module", model)
+    if not isinstance(model, DFINE):
+        raise TypeError(f"export_hf_dfine takes a D-FINE, not a {type(model).__name__}")
+    cfg = getattr(model, "build_config", None) or {}
+    if isinstance(cfg.get("hf_config"), dict):
+        if model.encoder.pos_enc != "sincos":
+            raise ValueError(
+                f"pos_enc {model.encoder.pos_enc!r} cannot be exported; transformers' D-FINE has only 'sincos'"
+            )
+        config = dict(cfg["hf_config"])
+        if id2label:
+            own = config.get("id2label") or {}
+            config["id2label"] = {
+                str(i): id2label.get(i) or own.get(str(i)) or f"LABEL_{i}" for i in range(model.num_classes)
+            }
+            config["label2id"] = {n: int(i) for i, n in config["id2label"].items()}
+    else:
+        config = dfine_hf_config(model, id2label)
+    state = {}
+    for key, value in model.state_dict().items():
+        hf = dfine_ours_to_hf(key)
+        if hf is None:
+            raise ValueError(f"key {key} has no Hugging Face name")
+        state[hf] = value
+    return write_hf_folder(out_dir, {**config, "architectures": ["DFineForObjectDetection"]}, state)

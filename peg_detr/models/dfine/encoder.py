@@ -1,0 +1,228 @@
+"""D-FINE's hybrid encoder: RT-DETR's AIFI, then an FPN / PAN built of RepNCSPELAN4 blocks and SCDown.
+
+Data flow for the backbone maps (strides 8/16/32, or 16/32 for D-FINE N), finest first::
+
+    input_proj[l]        1×1 conv + BN to ``hidden_dim``                     (HF ``model.encoder_input_proj``)
+    aifi                 RT-DETR's AIFI on the coarsest map, any registry encoding
+    top-down (FPN)       lateral_convs[i] (1×1 conv + BN, no activation) -> nearest up to the finer
+                         map's size -> cat -> fpn_blocks[i] (RepNCSPELAN4)
+    bottom-up (PAN)      downsample_convs[i] (SCDown: 1×1 conv + BN, 3×3 depthwise stride-2 conv + BN)
+                         -> cat with the FPN map -> pan_blocks[i] (RepNCSPELAN4)
+
+The position encoding lives only in AIFI (:class:`peg_detr.models.rtdetr.encoder.AIFI`, reused as
+is): ``sincos`` is computed for the actual size on every call (D-FINE's formula, never the
+``eval_spatial_size`` table the reference implementations cache), ``peg`` is a zero-initialised
+PEG (so the model equals the ``none`` one until trained), and every other kind of
+:data:`~peg_detr.models.rtdetr.encoder.AIFI_ENCODINGS` works the same way as in RT-DETR.
+
+Module names follow transformers' ``DFineHybridEncoder`` (``fpn_blocks.{i}.{conv1,csp_rep1,conv2,
+csp_rep2,conv3,conv4}``, ``downsample_convs.{i}.{conv1,conv2}``), so :mod:`peg_detr.interop.hf_dfine`
+maps keys by prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..rtdetr.encoder import AIFI, AIFI_ENCODINGS, ConvNormLayer, CSPRepLayer
+
+__all__ = ["DFINE_ENCODINGS", "DFineHybridEncoder", "RepNCSPELAN4", "SCDown"]
+
+#: D-FINE's AIFI takes what RT-DETR's takes (the same module).
+DFINE_ENCODINGS = AIFI_ENCODINGS
+
+
+class _DepthwiseConvNorm(ConvNormLayer):
+    """``BN(depthwise conv k×k, stride s)``, no activation; keys ``conv.*``, ``norm.*`` (HF's ``DFineConvNormLayer``).
+
+    A :class:`ConvNormLayer` (its forward, and :func:`~peg_detr.models.rtdetr.fuse.fuse_for_deploy`
+    folds it like the others) whose convolution is grouped; RT-DETR's constructor has no ``groups``,
+    so the three modules are set here.
+    """
+
+    def __init__(self, channels: int, kernel_size: int, stride: int, eps: float = 1e-5) -> None:
+        nn.Module.__init__(self)
+        pad = (kernel_size - 1) // 2
+        self.conv = nn.Conv2d(channels, channels, kernel_size, stride, pad, groups=channels, bias=False)
+        self.norm = nn.BatchNorm2d(channels, eps)
+        self.activation = nn.Identity()
+
+
+class SCDown(nn.Module):
+    """Spatial-channel decoupled downsampling (YOLOv10's, D-FINE's PAN): 1×1 conv + BN, then depthwise k×k stride s + BN.
+
+    ``(B, C, H, W) -> (B, C, ceil(H / s), ceil(W / s))`` for ``k = 3, s = 2``; neither conv has an
+    activation (transformers' and D-FINE's ``SCDown``).
+    """
+
+    def __init__(self, channels: int, kernel_size: int = 3, stride: int = 2, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.conv1 = ConvNormLayer(channels, channels, 1, eps=eps)
+        self.conv2 = _DepthwiseConvNorm(channels, kernel_size, stride, eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv2(self.conv1(x))
+
+
+class RepNCSPELAN4(nn.Module):
+    """GELAN block of YOLOv9 as D-FINE uses it: ``(B, cin, H, W) -> (B, cout, H, W)``.
+
+    ``conv1`` (1×1, ``cin -> c3``) splits into two halves of ``c3 / 2``; the second half runs
+    through ``csp_rep1`` (CSP of RepVGG blocks to ``c4``) + ``conv2`` (3×3), then ``csp_rep2`` +
+    ``conv3`` (3×3); ``conv4`` (1×1) fuses the two halves and both branch outputs
+    (``c3 + 2 * c4 -> cout``).  D-FINE: ``cin = c3 = 2 * hidden``, ``cout = hidden``,
+    ``c4 = round(expansion * hidden // 2)``.
+    """
+
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        c3: int,
+        c4: int,
+        num_blocks: int = 3,
+        act: str | None = "silu",
+        conv_act: str | None = "silu",
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        if c3 % 2:
+            raise ValueError(f"RepNCSPELAN4 splits c3 in two halves; got c3={c3}")
+        self.half = c3 // 2
+        self.conv1 = ConvNormLayer(cin, c3, 1, act=act, eps=eps)
+        # the CSP layers keep their width (expansion 1: no conv3); their convs use the encoder's activation
+        self.csp_rep1 = CSPRepLayer(self.half, c4, num_blocks, 1.0, act=conv_act, eps=eps)
+        self.conv2 = ConvNormLayer(c4, c4, 3, act=act, eps=eps)
+        self.csp_rep2 = CSPRepLayer(c4, c4, num_blocks, 1.0, act=conv_act, eps=eps)
+        self.conv3 = ConvNormLayer(c4, c4, 3, act=act, eps=eps)
+        self.conv4 = ConvNormLayer(c3 + 2 * c4, cout, 1, act=act, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        a, b = self.conv1(x).split((self.half, self.half), dim=1)
+        b1 = self.conv2(self.csp_rep1(b))
+        b2 = self.conv3(self.csp_rep2(b1))
+        return self.conv4(torch.cat([a, b, b1, b2], dim=1))
+
+
+class DFineHybridEncoder(nn.Module):
+    """D-FINE's hybrid encoder (module docstring).
+
+    Args:
+        in_channels: channels of the backbone maps, finest first (HGNetv2-B4: ``(512, 1024, 2048)``).
+        hidden_dim: width of every encoder map (HF ``encoder_hidden_dim``).
+        num_heads, dim_feedforward, dropout, act: AIFI's heads, MLP width, dropout and MLP activation.
+        conv_act: activation of the RepVGG / CSP convolutions (HF ``activation_function``, ``silu``).
+        elan_act: activation of the RepNCSPELAN4 convolutions (D-FINE: ``silu``, fixed in transformers).
+        expansion: RepNCSPELAN4 branch width ``c4 = round(expansion * hidden_dim // 2)`` (HF ``hidden_expansion``).
+        depth_mult: RepVGG blocks per CSP layer ``round(3 * depth_mult)``.
+        num_layers, use_encoder_idx, pos_enc, temperature, normalize_before, layer_norm_eps,
+        batch_norm_eps, peg_*, learned_grid, pos_interpolation: as in
+            :class:`peg_detr.models.rtdetr.encoder.HybridEncoder` (AIFI is that module).
+
+    ``forward(feats: list of (B, in_channels[l], H_l, W_l)) -> list of (B, hidden_dim, H_l, W_l)``,
+    finest first.  :attr:`hparams` holds every constructor argument (json-safe).
+    """
+
+    def __init__(
+        self,
+        in_channels: Sequence[int] = (512, 1024, 2048),
+        hidden_dim: int = 256,
+        *,
+        num_heads: int = 8,
+        dim_feedforward: int = 1024,
+        dropout: float = 0.0,
+        act: str = "gelu",
+        conv_act: str | None = "silu",
+        elan_act: str | None = "silu",
+        expansion: float = 1.0,
+        depth_mult: float = 1.0,
+        num_layers: int = 1,
+        use_encoder_idx: Sequence[int] = (2,),
+        pos_enc: str = "sincos",
+        temperature: float = 10000.0,
+        normalize_before: bool = False,
+        layer_norm_eps: float = 1e-5,
+        batch_norm_eps: float = 1e-5,
+        peg_at: Sequence[int] | str = (-1,),
+        peg_kernel_size: int = 3,
+        peg_separable: bool = False,
+        peg_padding: str = "zeros",
+        peg_dynamic: bool = False,
+        peg_num_kernels: int = 4,
+        learned_grid: tuple[int, int] = (20, 20),
+        pos_interpolation: str = "bicubic",
+    ) -> None:
+        hparams = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        super().__init__()
+        self.hparams = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in hparams.items()}
+        levels = len(in_channels)
+        if levels < 2:
+            raise ValueError(f"the hybrid encoder fuses >= 2 levels; got in_channels={list(in_channels)}")
+        if any(not -levels <= i < levels for i in use_encoder_idx):
+            raise ValueError(f"use_encoder_idx={list(use_encoder_idx)} out of range for {levels} levels")
+        self.in_channels = list(in_channels)
+        self.hidden_dim = hidden_dim
+        self.use_encoder_idx = [i % levels for i in use_encoder_idx]
+        self.out_channels = [hidden_dim] * levels
+        self.pos_enc = pos_enc
+        # transformers keeps these BNs at torch's default eps (as in RT-DETR)
+        self.input_proj = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(c, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim))
+            for c in in_channels
+        )
+        peg_options = dict(kernel_size=peg_kernel_size, separable=peg_separable, padding_mode=peg_padding,
+                           dynamic=peg_dynamic, num_kernels=peg_num_kernels)  # fmt: skip
+        layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, act=act, normalize_before=normalize_before,
+                     eps=layer_norm_eps)  # fmt: skip
+        aifi = dict(num_layers=num_layers, layer_options=layer, pos_enc=pos_enc, temperature=temperature,
+                    peg_at=peg_at, peg_options=peg_options, learned_grid=learned_grid,
+                    pos_interpolation=pos_interpolation)  # fmt: skip
+        self.aifi = nn.ModuleList(AIFI(hidden_dim, num_heads, **aifi) for _ in self.use_encoder_idx)
+        n = levels - 1
+        blocks = round(3 * depth_mult)
+        c4 = round(expansion * hidden_dim // 2)
+        elan = dict(num_blocks=blocks, act=elan_act, conv_act=conv_act, eps=batch_norm_eps)
+        # module creation order as transformers' (lateral, fpn per level; then downsample, pan)
+        self.lateral_convs = nn.ModuleList()
+        self.fpn_blocks = nn.ModuleList()
+        for _ in range(n):
+            self.lateral_convs.append(ConvNormLayer(hidden_dim, hidden_dim, 1, eps=batch_norm_eps))
+            self.fpn_blocks.append(RepNCSPELAN4(2 * hidden_dim, hidden_dim, 2 * hidden_dim, c4, **elan))
+        self.downsample_convs = nn.ModuleList()
+        self.pan_blocks = nn.ModuleList()
+        for _ in range(n):
+            self.downsample_convs.append(SCDown(hidden_dim, 3, 2, eps=batch_norm_eps))
+            self.pan_blocks.append(RepNCSPELAN4(2 * hidden_dim, hidden_dim, 2 * hidden_dim, c4, **elan))
+
+    def project(self, feats: Sequence[Tensor]) -> list[Tensor]:
+        """The per-level input projections (HF ``encoder_input_proj``) alone."""
+        if len(feats) != len(self.input_proj):
+            raise ValueError(f"the encoder takes {len(self.input_proj)} maps; got {len(feats)}")
+        return [proj(f) for proj, f in zip(self.input_proj, feats)]
+
+    def fuse(self, maps: Sequence[Tensor]) -> list[Tensor]:
+        """AIFI + FPN + PAN on projected maps ``(B, hidden_dim, H_l, W_l)`` (HF ``model.encoder``)."""
+        maps = list(maps)
+        for aifi, idx in zip(self.aifi, self.use_encoder_idx):
+            maps[idx] = aifi(maps[idx])
+        # Top-down: inner[0] is the running coarse map.  Upsampling to the finer map's size is 2×
+        # nearest for sides that are multiples of the coarsest stride, and runs at any other size.
+        inner = [maps[-1]]
+        for i, (lateral, block) in enumerate(zip(self.lateral_convs, self.fpn_blocks)):
+            finer = maps[-2 - i]
+            top = lateral(inner[0])
+            inner[0] = top
+            up = F.interpolate(top, size=finer.shape[-2:], mode="nearest")
+            inner.insert(0, block(torch.cat([up, finer], dim=1)))
+        # Bottom-up: outs[-1] is the running fine map.
+        outs = [inner[0]]
+        for i, (down, block) in enumerate(zip(self.downsample_convs, self.pan_blocks)):
+            outs.append(block(torch.cat([down(outs[-1]), inner[i + 1]], dim=1)))
+        return outs
+
+    def forward(self, feats: Sequence[Tensor]) -> list[Tensor]:
+        return self.fuse(self.project(feats))
