@@ -28,11 +28,23 @@ from torch import nn
 
 from peg_core.registry import EncodingSupport
 
-from .configs import RTDETR_DEFAULTS
+from .configs import DEIMV2_DEFAULTS, DFINE_DEFAULTS, RTDETR_DEFAULTS
 from .data import RTDETR_SIZE
+from .interop.hf_deimv2 import deimv2_from_hf_config, export_hf_deimv2
 from .interop.hf_detr import export_hf_detr
+from .interop.hf_dfine import dfine_from_hf_config, export_hf_dfine
 from .interop.hf_rtdetr import export_hf_rtdetr, load_rtdetr_backbone, rtdetr_from_hf_config
 from .models import BACKBONES, DETR, DETR_ENCODINGS, PostProcess, build_detr
+from .models.deimv2 import DEIMV2_SIZES, DINOV3_VITS, DEIMv2, build_deimv2, deimv2_training_parts
+from .models.dfine import (
+    DFINE,
+    DFINE_BACKBONES,
+    DFINE_ENCODINGS,
+    DFINE_SIZES,
+    build_dfine,
+    dfine_training_parts,
+)
+from .models.dfine.backbone import HGNETV2_BACKBONES
 from .models.rtdetr import AIFI_ENCODINGS, RTDETR
 from .models.rtdetr.build import RTDETR_BACKBONES, build_rtdetr, rtdetr_training_parts
 
@@ -85,6 +97,10 @@ class Arch:
             ``i``'s name, ``""`` for an unused id); None: not exportable.
         fuse: whether ``export`` folds conv + BN and RepVGG branches by default.
         recipe_defaults: the ``train`` defaults when ``--arch`` is given without ``--config``.
+        sizes: ``--model-size`` presets, ``name -> builder keywords`` (flags and a recipe's values
+            win over them); empty: the arch has none.
+        loss_options: the ``train`` destinations that shape the loss rather than the model
+            (``training_parts`` takes them as keywords; a run records them in its ``model_config``).
     """
 
     name: str
@@ -106,6 +122,8 @@ class Arch:
     export_hf: Callable[..., Any] | None = None
     fuse: bool = False
     recipe_defaults: dict[str, Any] = field(default_factory=dict)
+    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    loss_options: tuple[str, ...] = ()
 
     @property
     def square_inputs(self) -> bool:
@@ -190,5 +208,77 @@ register_arch(
         export_hf=_export_hf_rtdetr,
         fuse=True,
         recipe_defaults=RTDETR_DEFAULTS,
+    )
+)
+
+
+def _export_hf_dfine(model: nn.Module, out: Any, classes: list[str]) -> Any:
+    return export_hf_dfine(model, out, {i: name for i, name in enumerate(classes) if name})
+
+
+#: ``--model-size tiny``: the CPU demo's D-FINE (the tiny ResNet-vd, width 32, D-FINE's other settings)
+_DFINE_TINY: dict[str, Any] = dict(
+    backbone="tiny", hidden_dim=32, num_heads=2, dim_feedforward=64, dec_layers=2, encoder_expansion=0.5,
+    depth_mult=0.34, num_points=[3, 6, 3],
+)  # fmt: skip
+
+register_arch(
+    Arch(
+        name="dfine",
+        title="D-FINE",
+        family="rtdetr",
+        build=build_dfine,
+        backbones=DFINE_BACKBONES,
+        backbone="hgnetv2_b4",
+        pos_enc="sincos",
+        options=(
+            *RTDETR_OPTIONS,
+            "decoder_activation",
+            "mlp_activation",
+            "cls_loss",
+            "freeze_backbone_bn",
+            "backbone_freeze_at",
+        ),
+        model_cls=DFINE,
+        encodings=DFINE_ENCODINGS,
+        eval_size=RTDETR_SIZE,
+        hf_model_types=("d_fine",),
+        from_hf_config=dfine_from_hf_config,
+        postprocess=lambda model: dfine_training_parts(model)[1],
+        training_parts=dfine_training_parts,
+        export_hf=_export_hf_dfine,
+        fuse=True,
+        recipe_defaults=DFINE_DEFAULTS,
+        sizes={**DFINE_SIZES, "tiny": _DFINE_TINY},
+        loss_options=("cls_loss",),
+    )
+)
+
+
+def _export_hf_deimv2(model: nn.Module, out: Any, classes: list[str]) -> Any:
+    return export_hf_deimv2(model, out, {i: name for i, name in enumerate(classes) if name})
+
+
+register_arch(
+    Arch(
+        name="deimv2",
+        title="DEIMv2",
+        family="rtdetr",
+        build=build_deimv2,
+        backbones=(*DINOV3_VITS, *HGNETV2_BACKBONES),
+        backbone="vit_tiny",
+        pos_enc="sincos",
+        options=RTDETR_OPTIONS,
+        model_cls=DEIMv2,
+        encodings=AIFI_ENCODINGS,
+        eval_size=RTDETR_SIZE,
+        hf_model_types=("deimv2",),
+        from_hf_config=deimv2_from_hf_config,
+        postprocess=lambda model: deimv2_training_parts(model)[1],
+        training_parts=deimv2_training_parts,
+        export_hf=_export_hf_deimv2,
+        fuse=True,
+        recipe_defaults=DEIMV2_DEFAULTS,
+        sizes=DEIMV2_SIZES,
     )
 )

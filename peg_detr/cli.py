@@ -72,6 +72,8 @@ from .data import LABEL_MODES, SHAPES
 from .evaluation import BACKENDS
 from .make_data import write_shapes_coco
 from .models import BACKBONES, DECODER_KEY_POS, DETR_ENCODINGS
+from .models.dfine.build import CLS_LOSSES
+from .models.rtdetr.decoder import ACTIVATIONS
 from .task import LR_SCHEDULES, DetectTask
 
 __all__ = [
@@ -286,6 +288,50 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     # --init (the run group) takes official DETR .pth files and Hugging Face DETR folders / weights files
     add_alias(m, "--pretrained", dest="init", type=Path)
     _add_rtdetr_args(p)
+    _add_dfine_args(p)
+
+
+def _epoch_window(text: str) -> list[int]:
+    """``argparse`` type: ``"4,29"`` -> ``[4, 29]``; ``"29"`` -> ``[0, 29]`` (epochs, START <= END)."""
+    try:
+        parts = [int(p) for p in str(text).split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1:
+        parts = [0, *parts]
+    if len(parts) != 2 or min(parts) < 0 or parts[0] > parts[1]:
+        raise argparse.ArgumentTypeError(
+            f"expected START,END epochs with 0 <= START <= END, e.g. 4,29; got {text!r}"
+        )
+    return parts
+
+
+def _add_dfine_args(p: argparse.ArgumentParser) -> None:
+    """The options of the RT-DETR successors (``--arch dfine``): size presets, DEIM's loss and activations."""
+    sizes = sorted({name for arch in ARCHS.values() for name in arch.sizes})
+    d = p.add_argument_group("dfine (--arch dfine; DEIM trains the same model)")
+    d.add_argument("--model-size", choices=sizes, help="the published size's model (D-FINE n/s/m/l/x: backbone, "
+                   "widths, depths, points; tiny: the CPU demo's); other model flags override it")  # fmt: skip
+    d.add_argument("--cls-loss", choices=CLS_LOSSES, help="classification loss: vfl (D-FINE), mal (DEIM's "
+                   "matchability-aware loss, gamma 1.5), focal")  # fmt: skip
+    d.add_argument("--decoder-act", dest="decoder_activation", choices=ACTIVATIONS,
+                   help="the decoder FFN's activation (D-FINE relu, DEIM silu)")  # fmt: skip
+    d.add_argument("--head-act", dest="mlp_activation", choices=ACTIVATIONS,
+                   help="the box / position heads' activation (D-FINE relu, DEIM silu)")  # fmt: skip
+    d.add_argument("--freeze-backbone-bn", action=argparse.BooleanOptionalAction, default=None,
+                   help="frozen backbone norms (default: the size's; D-FINE L/X frozen, DEIM unfreezes)")  # fmt: skip
+    d.add_argument("--backbone-freeze-at", type=int, help="frozen backbone parts: -1 none, 0 the stem, k the stem "
+                   "and k stages (default: the size's; D-FINE L/X 0, DEIM -1)")  # fmt: skip
+    o = p.add_argument_group("dense one-to-one matching (DEIM)")
+    o.add_argument("--mosaic-prob", type=unit_fraction, help="chance that a training image is a 2x2 mosaic of "
+                   "four (DEIM: 0.5); more targets per image for the one-to-one matching")  # fmt: skip
+    o.add_argument("--mosaic-epochs", type=_epoch_window, metavar="START,END",
+                   help="epochs [START, END) with mosaics (DEIM: 4,29; one number N: 0,N)")  # fmt: skip
+    o.add_argument("--mixup-prob", type=unit_fraction, help="chance that a batch is mixed: each image blended with the previous one, "
+                   "the targets of both kept (DEIM: 0.5)")  # fmt: skip
+    o.add_argument(
+        "--mixup-epochs", type=_epoch_window, metavar="START,END", help="epochs [START, END) with mixup"
+    )
 
 
 def _add_rtdetr_args(p: argparse.ArgumentParser) -> None:
@@ -384,7 +430,8 @@ def build_predict_parser() -> argparse.ArgumentParser:
 _FOLDER_FIXED = (
     "backbone", "backbone_weights", "hidden_dim", "num_heads", "enc_layers", "dec_layers", "dim_feedforward",
     "dropout", "num_queries", "encoder_expansion", "num_denoising", "label_noise_ratio", "box_noise_scale",
-    "aux_loss", *PEG_OPTIONS, "learned_grid", "pos_interpolation",
+    "aux_loss", *PEG_OPTIONS, "learned_grid", "pos_interpolation", "model_size", "decoder_activation",
+    "mlp_activation", "freeze_backbone_bn", "backbone_freeze_at",
 )  # fmt: skip
 
 
@@ -404,7 +451,20 @@ def refuse_unused_model_flags(args: argparse.Namespace) -> None:
         reasons |= dict.fromkeys(_FOLDER_FIXED, why)
     for dest, why in unused_pos_flags(pos_enc, args.peg_dynamic, f"--pos-enc {pos_enc}").items():
         reasons.setdefault(dest, why)
-    if arch_of(args).family == "detr":  # DETR's StepLR has neither
+    arch = arch_of(args)
+    dfine_only = (
+        "cls_loss",
+        "decoder_activation",
+        "mlp_activation",
+        "freeze_backbone_bn",
+        "backbone_freeze_at",
+    )
+    for dest in dfine_only:
+        if dest not in arch.options:
+            reasons.setdefault(dest, f"applies to --arch dfine only (not --arch {arch.name})")
+    if not arch.sizes:
+        reasons.setdefault("model_size", f"--arch {arch.name} has no size presets")
+    if arch.family == "detr":  # DETR's StepLR has neither
         reasons |= dict.fromkeys(
             ("lr_schedule", "flat_epochs", "lr_gamma"), "applies to the RT-DETR family only"
         )

@@ -31,7 +31,15 @@ from typing import Any
 
 from peg_core.interop.resolve import PublicModel
 
-__all__ = ["CONFIGS", "DEFAULTS", "DESCRIPTIONS", "PUBLIC_MODELS", "PUBLISHED_AP", "RTDETR_DEFAULTS"]
+__all__ = [
+    "CONFIGS",
+    "DEFAULTS",
+    "DESCRIPTIONS",
+    "DFINE_DEFAULTS",
+    "PUBLIC_MODELS",
+    "PUBLISHED_AP",
+    "RTDETR_DEFAULTS",
+]
 
 # DETR's multi-scale training sizes (short side 480..800 step 32, long side <= 1333).
 _DETR_DATA: dict[str, Any] = {
@@ -190,6 +198,102 @@ CONFIGS.update(
     }
 )
 
+# D-FINE (Peterande/D-FINE configs/dfine/: include/{optimizer,dataloader,dfine_hgnetv2}.yml and
+# dfine_hgnetv2_{n,s,m,l,x}_coco.yml).  The model of each size is --model-size's preset
+# (peg_detr.models.dfine.DFINE_SIZES); a recipe sets only what is not the model's.  lr_drop 1000:
+# D-FINE's MultiStepLR milestone [500] never reached, i.e. a constant lr after the 500-step warm-up.
+# The 640 side repeats scale_ori_repeat times among the multi-scale sides (D-FINE's collate does so).
+_DFINE_SIDES = (480, 512, 544, 576, 608, 672, 704, 736, 768, 800)
+_DFINE_BASE: dict[str, Any] = {
+    "arch": "dfine", "pos_enc": "sincos", "enc_layers": 1, "dropout": 0.0, "num_queries": 300,
+    "num_denoising": 100, "label_noise_ratio": 0.5, "box_noise_scale": 1.0, "val_size": 640,
+    "lr": 2e-4, "lr_backbone": 2e-5, "weight_decay": 1e-4, "lr_drop": 1000, "warmup_steps": 500,
+    "total_batch_size": 64, "clip_max_norm": 0.1, "ema_decay": 0.9999, "ema_warmups": 1000,
+    "labels": "contiguous",
+}  # fmt: skip
+
+
+def _dfine(size: str, epochs: int, stop: int, lr: float, lr_backbone: float, weight_decay: float,
+           repeat_640: int) -> dict[str, Any]:  # fmt: skip
+    """D-FINE's recipe of ``size``: its epochs, the epoch its strong augmentation and multi-scale stop, its lrs."""
+    sides = sorted([*_DFINE_SIDES, *[640] * repeat_640])
+    return {**_DFINE_BASE, "model_size": size, "backbone": _DFINE_BACKBONE[size], "epochs": epochs,
+            "no_aug_epochs": epochs - stop, "lr": lr, "lr_backbone": lr_backbone, "weight_decay": weight_decay,
+            "train_scales": ",".join(map(str, sides))}  # fmt: skip
+
+
+#: D-FINE's backbone of each size (its --model-size preset's; the recipe names it, as DETR's defaults name a ResNet)
+_DFINE_BACKBONE = {
+    "n": "hgnetv2_b0",
+    "s": "hgnetv2_b0",
+    "m": "hgnetv2_b2",
+    "l": "hgnetv2_b4",
+    "x": "hgnetv2_b5",
+}
+_DFINE_RECIPES = {
+    "n": _dfine("n", 160, 148, 8e-4, 4e-4, 1e-4, 0),  # batch 64 as the others (dfine_hgnetv2_n_coco.yml)
+    "s": _dfine("s", 130, 120, 2.5e-4, 1.25e-4, 1.25e-4, 20),
+    "m": _dfine("m", 130, 120, 2.5e-4, 2.5e-5, 1.25e-4, 6),
+    "l": _dfine("l", 80, 72, 2.5e-4, 1.25e-5, 1.25e-4, 4),
+    "x": _dfine("x", 80, 72, 2.5e-4, 2.5e-6, 1.25e-4, 4),
+}
+CONFIGS.update({f"dfine_{size}": recipe for size, recipe in _DFINE_RECIPES.items()})
+CONFIGS.update({f"dfine_{size}_peg": {**recipe, "pos_enc": "peg"} for size, recipe in _DFINE_RECIPES.items()})
+# Seconds on a CPU for the synthetic shapes: rtdetr_demo_tiny's training with D-FINE's decoder and losses
+CONFIGS["dfine_demo_tiny"] = {
+    **CONFIGS["rtdetr_demo_tiny"], "arch": "dfine", "model_size": "tiny", "backbone": "tiny",
+}  # fmt: skip
+#: ``train --arch dfine`` without ``--config``: D-FINE-L's recipe
+DFINE_DEFAULTS: dict[str, Any] = {k: v for k, v in _DFINE_RECIPES["l"].items() if k != "arch"}
+
+# DEIM on D-FINE (ShihuaHuang95/DEIM configs/base/deim.yml on top of the D-FINE recipes, read in
+# public copies of the repository): dense one-to-one matching (mosaic and mixup at 0.5 from epoch 4),
+# MAL (gamma 1.5), SiLU in the decoder and its heads, the backbone unfrozen, DEIM's flat-cosine lr
+# (2,000 warm-up steps, down to 0.5x), about half of D-FINE's epochs.  Per size (epochs, the
+# mosaic / mixup end, the last unaugmented epochs, flat epochs, lr, backbone lr, weight decay): N, S
+# and X from their deim_hgnetv2_*_coco.yml; M and L's files were not available here, so they take
+# deim.yml's schedule (X's) with D-FINE-M / L's learning rates.
+_DEIM_BASE: dict[str, Any] = {
+    "cls_loss": "mal", "decoder_activation": "silu", "mlp_activation": "silu", "freeze_backbone_bn": False,
+    "backbone_freeze_at": -1, "mosaic_prob": 0.5, "mixup_prob": 0.5, "lr_schedule": "flatcosine",
+    "lr_gamma": 0.5, "warmup_steps": 2000, "total_batch_size": 32,
+}  # fmt: skip
+
+
+def _deim(size: str, epochs: int, aug_end: int, stop: int, flat: int, lr: float, lr_backbone: float,
+          weight_decay: float, lr_gamma: float = 0.5) -> dict[str, Any]:  # fmt: skip
+    """DEIM's recipe of ``size`` on D-FINE's model of that size."""
+    return {**_DFINE_RECIPES[size], **_DEIM_BASE, "epochs": epochs, "no_aug_epochs": epochs - stop,
+            "mosaic_epochs": [4, aug_end], "mixup_epochs": [4, aug_end], "flat_epochs": flat, "lr": lr,
+            "lr_backbone": lr_backbone, "weight_decay": weight_decay, "lr_gamma": lr_gamma}  # fmt: skip
+
+
+_DEIM_RECIPES = {
+    "n": _deim("n", 160, 78, 148, 7800, 8e-4, 4e-4, 1e-4, lr_gamma=1.0),  # flat_epoch 7800: a flat lr
+    "s": _deim("s", 132, 64, 120, 64, 4e-4, 2e-4, 1e-4),
+    "m": _deim("m", 58, 29, 50, 29, 2.5e-4, 2.5e-5, 1.25e-4),
+    "l": _deim("l", 58, 29, 50, 29, 2.5e-4, 1.25e-5, 1.25e-4),
+    "x": _deim("x", 58, 29, 50, 29, 2.5e-4, 2.5e-6, 1.25e-4),
+}
+CONFIGS.update({f"deim_dfine_{size}": recipe for size, recipe in _DEIM_RECIPES.items()})
+CONFIGS.update(
+    {f"deim_dfine_{size}_peg": {**recipe, "pos_enc": "peg"} for size, recipe in _DEIM_RECIPES.items()}
+)
+
+# DEIMv2 (Intellindust-AI-Lab/DEIMv2 configs/deimv2/deimv2_dinov3_s_coco.yml, read in a public copy):
+# the S model (--model-size s: DINOv3 ViT-Tiny + STA), AdamW lr 5e-4 (ViT 2.5e-5), weight decay 1e-4,
+# 132 epochs with DEIM's flat-cosine schedule (flat to 64, the last 12 unaugmented), mosaic and mixup.
+_DEIMV2_S: dict[str, Any] = {
+    **_DFINE_BASE, "arch": "deimv2", "model_size": "s", "backbone": "vit_tiny", "total_batch_size": 32,
+    "lr": 5e-4, "lr_backbone": 2.5e-5, "weight_decay": 1e-4, "epochs": 132, "no_aug_epochs": 12,
+    "lr_schedule": "flatcosine", "flat_epochs": 64, "lr_gamma": 0.5, "warmup_steps": 2000,
+    "train_scales": ",".join(map(str, sorted([*_DFINE_SIDES, *[640] * 20]))),
+}  # fmt: skip
+CONFIGS["deimv2_s"] = _DEIMV2_S
+CONFIGS["deimv2_s_peg"] = {**_DEIMV2_S, "pos_enc": "peg"}
+#: ``train --arch deimv2`` without ``--config``: DEIMv2-S's recipe
+DEIMV2_DEFAULTS: dict[str, Any] = {k: v for k, v in _DEIMV2_S.items() if k != "arch"}
+
 #: ``train --arch rtdetr`` without ``--config``: the R50vd 6x recipe's values instead of DETR's
 RTDETR_DEFAULTS: dict[str, Any] = {k: v for k, v in _RTDETR_R50VD.items() if k != "arch"}
 
@@ -213,7 +317,18 @@ DESCRIPTIONS: dict[str, str] = {
     "rtdetr_r18vd_6x_peg": "rtdetr_r18vd_6x with a PEG in AIFI instead of the sin-cos table (any input size)",
     "rtdetr_r50vd_6x_peg": "rtdetr_r50vd_6x with a PEG in AIFI instead of the sin-cos table (any input size)",
     "rtdetr_demo_tiny": "RT-DETR with a tiny backbone and a PEG for the synthetic shapes: seconds on a CPU",
-}
+    **{f"dfine_{s}": f"D-FINE-{s.upper()} as published: HGNetv2 {b[-2:].upper()}, sin-cos AIFI, {r['epochs']} epochs, "
+       f"batch 64, EMA ({ap} COCO AP)" for (s, r), b, ap in zip(_DFINE_RECIPES.items(), _DFINE_BACKBONE.values(),
+                                                                (42.8, 48.5, 52.3, 54.0, 55.8))},
+    **{f"dfine_{s}_peg": f"dfine_{s} with a PEG in AIFI instead of the sin-cos table (any input size)" for s in _DFINE_RECIPES},
+    "dfine_demo_tiny": "D-FINE with a tiny backbone and a PEG for the synthetic shapes: seconds on a CPU",
+    **{f"deim_dfine_{s}": f"DEIM-D-FINE-{s.upper()}: D-FINE-{s.upper()} trained with dense one-to-one matching and "
+       f"MAL, {r['epochs']} epochs, flat-cosine lr ({ap} COCO AP)" for (s, r), ap in zip(_DEIM_RECIPES.items(),
+                                                                            (43.0, 49.0, 52.7, 54.7, 56.5))},
+    **{f"deim_dfine_{s}_peg": f"deim_dfine_{s} with a PEG in AIFI instead of the sin-cos table" for s in _DEIM_RECIPES},
+    "deimv2_s": "DEIMv2-S: DINOv3 ViT-Tiny + STA, sin-cos AIFI, 132 epochs, flat-cosine lr (50.9 COCO AP)",
+    "deimv2_s_peg": "deimv2_s with a PEG in AIFI instead of the sin-cos table (any input size)",
+}  # fmt: skip
 
 PUBLISHED_AP: dict[str, float] = {
     "detr_r50_500ep": 42.0,
@@ -223,6 +338,12 @@ PUBLISHED_AP: dict[str, float] = {
     # lyuwenyu/RT-DETR README (COCO val2017, 640x640, 72 epochs)
     "rtdetr_r18vd_6x": 46.5,
     "rtdetr_r50vd_6x": 53.1,
+    # Peterande/D-FINE README (COCO val2017, 640x640, trained on COCO only)
+    **dict(zip((f"dfine_{s}" for s in "nsmlx"), (42.8, 48.5, 52.3, 54.0, 55.8))),
+    # ShihuaHuang95/DEIM README
+    **dict(zip((f"deim_dfine_{s}" for s in "nsmlx"), (43.0, 49.0, 52.7, 54.7, 56.5))),
+    # Intellindust-AI-Lab/DEIMv2 README
+    "deimv2_s": 50.9,
 }
 
 

@@ -94,9 +94,10 @@ def build_model(
 def _from_hf_config(arch: Arch, kw: dict[str, Any]) -> tuple[nn.Module, nn.Module, nn.Module]:
     """A model whose ``model_config`` is ``{"hf_config": config.json, "pos_enc", **encoder options}``."""
     kw.pop("num_classes", None)  # recorded for eval / predict; the config's id2label sets it
+    losses = {k: kw.pop(k) for k in arch.loss_options if k in kw}  # the criterion's, not the model's
     model = arch.from_hf_config(kw.pop("hf_config"), kw.pop("pos_enc", arch.pos_enc), **kw)
-    model.build_config = {**model.build_config, "num_classes": model.num_classes}
-    return model, *arch.training_parts(model)
+    model.build_config = {**model.build_config, **losses, "num_classes": model.num_classes}
+    return model, *arch.training_parts(model, **losses)
 
 
 def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[str, Any]:
@@ -106,21 +107,35 @@ def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[s
         for dest, flag in (("dilation", "--dilation"), ("decoder_key_pos", "--decoder-key-pos")):
             if getattr(args, dest, None):
                 raise UserError("applies to --arch detr only", flag)
-    kw: dict[str, Any] = {
-        "arch": arch.name,
+    size = getattr(args, "model_size", None)
+    if size is not None and size not in arch.sizes:
+        raise UserError(f"--arch {arch.name} has no size presets" if not arch.sizes else
+                        f"--arch {arch.name} has the sizes {sorted(arch.sizes)}", f"--model-size {size}")  # fmt: skip
+    preset = arch.sizes[size] if size is not None else {}
+    # Precedence: flags of the command line > a --model-size preset named there > the recipe's values
+    # > a preset the recipe names (a recipe is written around its own size) > the builder's defaults.
+    explicit = set(getattr(args, "cli_flags", None) or ())
+    over_recipe = "model_size" in explicit
+
+    def wins(dest: str) -> bool:
+        """Whether ``args.<dest>`` (not None) is used over the preset's value."""
+        return not (over_recipe and dest in preset and dest not in explicit)
+
+    given = {
         "backbone": args.backbone,
         "pos_enc": args.pos_enc,
-        "num_classes": num_classes,
         "num_queries": args.num_queries,
         "aux_loss": args.aux_loss,
         **peg_kwargs(args),
+        **{name: getattr(args, name, None) for name in arch.options},
     }
+    kw: dict[str, Any] = {"arch": arch.name, **preset}
+    for dest, value in given.items():
+        if value is not None and wins(dest):
+            kw[dest] = str(value) if isinstance(value, Path) else value
+    kw["num_classes"] = num_classes
     if arch.family == "detr":
         kw["dilation"] = args.dilation
-    for name in arch.options:
-        value = getattr(args, name, None)
-        if value is not None:
-            kw[name] = str(value) if isinstance(value, Path) else value
     return kw
 
 

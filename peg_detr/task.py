@@ -60,6 +60,7 @@ from .data import (
     resolve_coco_paths,
     scaled_max_size,
 )
+from .data.dense_o2o import MixupCollate, Mosaic, MosaicDataset, dense_o2o_from_args, make_mosaic_transforms
 from .evaluation import evaluate_coco
 from .interop import from_hf, hf_label_names, hf_num_labels, load_official_checkpoint
 from .model import build_model, load_model, model_config_from_args
@@ -459,7 +460,7 @@ def rtdetr_stop_epoch(args: argparse.Namespace) -> int | None:
 
 def _train_set(
     args: argparse.Namespace, label_map: LabelMap | None = None, annotations: CocoAnnotations | None = None
-) -> tuple[CocoDetr, Path]:
+) -> tuple[CocoDetr | MosaicDataset, Path]:
     """The augmented training split and its annotation file (``annotations``: that file already read)."""
     img_dir, ann = _split_paths(args.data_root, "train", args.train_json)
     stop = rtdetr_stop_epoch(args)
@@ -477,11 +478,17 @@ def _train_set(
         )
     # seeded: a sample's augmentation is a function of (seed, epoch, index), whatever --workers says
     ds = CocoDetr(img_dir, annotations or load_coco_annotations(ann), transforms, label_map, seed=args.seed)
+    dense = dense_o2o_from_args(args)  # DEIM's mosaic: None (no wrapper) unless --mosaic-prob asks for it
+    if dense is not None and dense.uses_mosaic:
+        # tiles at half the training side (DEIM: 320 for 640); RT-DETR-family mosaics skip the
+        # zoom-out and IoU crop, as DEIM's; DETR's own pipeline follows its mosaics
+        follow = make_mosaic_transforms(args.val_size) if arch_of(args).square_inputs else None
+        ds = MosaicDataset(ds, dense, Mosaic(output_size=max(args.val_size // 2, 1)), follow)
     return ds, ann
 
 
 def _train_loader(
-    ds: CocoDetr, batch: int, args: argparse.Namespace, ctx: RunContext
+    ds: CocoDetr | MosaicDataset, batch: int, args: argparse.Namespace, ctx: RunContext
 ) -> tuple[DataLoader, Callable[[int], None]]:
     """The loader and its ``on_epoch_start``: order and worker seeds are functions of (seed, epoch)."""
     sampler = DistributedSampler(ds, ctx.dist.world_size, ctx.dist.rank, shuffle=True, seed=args.seed)
@@ -491,6 +498,9 @@ def _train_loader(
         if arch_of(args).square_inputs
         else collate_detr
     )
+    dense = dense_o2o_from_args(args)  # DEIM's mixup: before the multi-scale resize, as DEIM's collate
+    if dense is not None and dense.uses_mixup:
+        collate = MixupCollate(collate, dense, seed=args.seed)
     loader = DataLoader(
         SkipBroken(ds), batch, sampler=sampler, collate_fn=skipping_collate(collate),
         num_workers=args.workers, drop_last=True, generator=generator,
@@ -502,7 +512,7 @@ def _train_loader(
         generator.manual_seed(args.seed * 1000 + epoch)
         # --no-aug-epochs: before this epoch's iterator (and its workers' copies) is made
         for policy in (ds.transforms, collate):
-            if isinstance(policy, (StopEpochTransforms, MultiScaleCollate)):
+            if isinstance(policy, (StopEpochTransforms, MultiScaleCollate, MixupCollate)):
                 policy.set_epoch(epoch)
 
     return loader, on_epoch_start
@@ -549,9 +559,11 @@ def _from_hf_folder(
             f"the folder holds a {found.title}, not a {arch.title}; use --arch {found.name}", args.init
         )
     ctx.print(f"--init {args.init}: {str(report).splitlines()[0]}")
+    # the loss flags (DEIM's --cls-loss mal) shape the criterion of the folder's model, and a resumed run's
+    losses = {k: getattr(args, k) for k in arch.loss_options if getattr(args, k, None) is not None}
     # num_classes too: eval / predict read it from every detector's model_config
-    model.build_config = {"arch": arch.name, **model.build_config, "num_classes": model.num_classes}
-    return model.train(), *arch.training_parts(model)
+    model.build_config = {"arch": arch.name, **model.build_config, **losses, "num_classes": model.num_classes}
+    return model.train(), *arch.training_parts(model, **losses)
 
 
 def _rtdetr_optimization(

@@ -372,8 +372,8 @@ def interpret(result: TaskResult) -> list[str]:
     if peg is not None and sincos is not None and big != train:  # RT-DETR's own encoding is the reference
         verdict, why = _size_sentence(out, peg, sincos, big, train, chance)
         claim = (
-            "a PEG in AIFI holds up at a larger input without fine-tuning better than the sin-cos codes "
-            "(RT-DETR's formula) computed for that input's grid"
+            f"a PEG in AIFI holds up at a larger input without fine-tuning better than "
+            f"{RTDETR_FAMILY[result.task.removeprefix('detect-')][1]}'s sin-cos codes computed for that input's grid"
         )
         out.append(
             f"This table draws no conclusion on the claim that {claim} ({why})."

@@ -1,8 +1,9 @@
-"""Data for DETR: checked COCO-format datasets, DETR's v2 augmentation, and a synthetic shapes generator."""
+"""Data for DETR: checked COCO-format datasets, DETR's v2 augmentation, DEIM's mosaic / mixup, synthetic shapes."""
 
 from ..labels import LABEL_MODES, LabelMap, match_label_names
 from .annotations import CocoAnnotationError, CocoAnnotations, CocoDataError, load_coco_annotations
 from .coco import CocoDetr, collate_detr, infer_num_classes, read_rgb, resolve_coco_paths
+from .dense_o2o import DenseO2O, MixupCollate, Mosaic, MosaicDataset, active_augmentations
 from .synthetic import SHAPES, SyntheticSpec, make_synthetic_coco
 from .transforms import (
     IMAGENET_MEAN,
@@ -31,11 +32,16 @@ __all__ = [
     "CocoAnnotations",
     "CocoDataError",
     "CocoDetr",
+    "DenseO2O",
     "LabelMap",
+    "MixupCollate",
+    "Mosaic",
+    "MosaicDataset",
     "MultiScaleCollate",
     "RandomSizeCrop",
     "StopEpochTransforms",
     "SyntheticSpec",
+    "active_augmentations",
     "collate_detr",
     "infer_num_classes",
     "load_coco_annotations",

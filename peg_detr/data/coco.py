@@ -118,6 +118,17 @@ class CocoDetr(Dataset):
         self.epoch = epoch
 
     def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Any]]:
+        image, target = self.load_item(index)
+        return self.finish_item(image, target, index)
+
+    def load_item(self, index: int) -> tuple[Image.Image, dict[str, Any]]:
+        """Sample ``index`` before augmentation: the RGB image and its target.
+
+        ``target["boxes"]`` is a XYXY pixel ``BoundingBoxes`` on the image, ``labels`` int64
+        ``(n,)``, ``image_id`` and ``orig_size`` as in :meth:`__getitem__`.  A
+        :class:`~peg_core.engine.BrokenSample` when the image or its annotations cannot be used.
+        (:class:`~peg_detr.data.dense_o2o.MosaicDataset` reads its partner images through it.)
+        """
         image_id = self.ids[index]
         path = self.root / self.coco.imgs[image_id]["file_name"]
         if image_id in self.annotations.broken:
@@ -140,11 +151,21 @@ class CocoDetr(Dataset):
             "image_id": torch.tensor(image_id),
             "orig_size": torch.tensor([h, w]),
         }
-        if self.transforms is not None and self.seed is not None:
+        return image, target
+
+    def finish_item(
+        self, image: Any, target: dict[str, Any], index: int, transforms: Callable | None = None
+    ) -> tuple[Tensor, dict[str, Any]]:
+        """``transforms`` (default: the dataset's) under sample ``index``'s seed, then DETR's target.
+
+        ``image`` and ``target`` as :meth:`load_item` returns them (or a mosaic of several).
+        """
+        transforms = self.transforms if transforms is None else transforms
+        if transforms is not None and self.seed is not None:
             with seeded(sample_seed(self.seed, self.epoch, index)):
-                image, target = self.transforms(image, target)
-        elif self.transforms is not None:
-            image, target = self.transforms(image, target)
+                image, target = transforms(image, target)
+        elif transforms is not None:
+            image, target = transforms(image, target)
         if not isinstance(image, Tensor):
             raise TypeError(f"transforms must end with a tensor image, got {type(image).__name__}")
         return image, to_detr_target(target, image)

@@ -8,7 +8,9 @@
 * :mod:`.hf_rtdetr`: Hugging Face ``RTDetrForObjectDetection``: the one config <-> keyword mapping
   (:func:`rtdetr_build_options` / :func:`rtdetr_hf_config`), the key map, :func:`rtdetr_from_hf`,
   :func:`export_hf_rtdetr`, :func:`load_rtdetr_backbone` (a folder's ResNet-vd alone);
-* :mod:`.hf`: :func:`from_hf`, a folder of either kind by its ``model_type``.
+* :mod:`.hf_dfine`: Hugging Face ``DFineForObjectDetection``: :func:`dfine_from_hf`,
+  :func:`export_hf_dfine`, the config reader and key map (shared with its successors);
+* :mod:`.hf`: :func:`from_hf`, a folder of any of these kinds by its ``model_type``.
 
 Library below the application: these modules import :mod:`peg_detr.models` and :mod:`peg_core`,
 never ``peg_detr.model`` / ``task`` / ``cli``; export functions take a model (the command line
@@ -20,6 +22,7 @@ named) and ``ValueError`` / ``TypeError`` (a model a format cannot hold).
 from peg_core.interop.io import LoadReport
 
 from .hf import FROM_HF, SUPPORTED_MODEL_TYPES, detr_from_hf, from_hf
+from .hf_deimv2 import deimv2_from_hf, deimv2_from_hf_config, deimv2_hf_config, export_hf_deimv2
 from .hf_detr import (
     HF_DETR_BACKBONES,
     check_detr_config,
@@ -34,6 +37,7 @@ from .hf_detr import (
     official_to_hf,
     read_hf_state,
 )
+from .hf_dfine import dfine_from_hf, dfine_from_hf_config, dfine_hf_config, export_hf_dfine
 from .hf_rtdetr import (
     DECODER_PREFIXES,
     ENCODER_HF_PREFIXES,
@@ -64,14 +68,22 @@ __all__ = [
     "check_detr_config",
     "decoder_key_from_hf",
     "decoder_key_to_hf",
+    "deimv2_from_hf",
+    "deimv2_from_hf_config",
+    "deimv2_hf_config",
     "detr_build_options",
     "detr_from_hf",
     "detr_hf_config",
+    "dfine_from_hf",
+    "dfine_from_hf_config",
+    "dfine_hf_config",
     "encoder_hf_config",
     "encoder_hf_keys",
     "encoder_hf_to_ours",
     "encoder_ours_to_hf",
+    "export_hf_deimv2",
     "export_hf_detr",
+    "export_hf_dfine",
     "export_hf_rtdetr",
     "from_hf",
     "hf_label_names",

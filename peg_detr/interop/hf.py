@@ -3,7 +3,8 @@
 ``config.json``'s ``model_type`` picks the reader: ``detr`` (``DetrForObjectDetection``,
 :mod:`.hf_detr`: built by :func:`~peg_detr.models.build_detr`, loaded by
 :func:`~peg_detr.interop.official.load_official_checkpoint`) or ``rt_detr``
-(``RTDetrForObjectDetection``, :func:`.hf_rtdetr.rtdetr_from_hf`).  A new detector format adds
+(``RTDetrForObjectDetection``, :func:`.hf_rtdetr.rtdetr_from_hf`) or ``d_fine``
+(``DFineForObjectDetection``, :func:`.hf_dfine.dfine_from_hf`).  A new detector format adds
 its module here and one entry to :data:`FROM_HF`.
 """
 
@@ -20,7 +21,9 @@ from peg_core.interop.io import LoadReport
 from peg_core.interop.resolve import resolve_weights
 
 from ..models import build_detr
+from .hf_deimv2 import deimv2_from_hf
 from .hf_detr import detr_build_options, read_hf_state
+from .hf_dfine import dfine_from_hf
 from .hf_rtdetr import rtdetr_from_hf
 from .official import load_official_checkpoint
 
@@ -45,6 +48,8 @@ def detr_from_hf(folder: str | os.PathLike, pos_enc: str = "sine") -> tuple[nn.M
 FROM_HF: dict[str, tuple[Callable[..., tuple[nn.Module, LoadReport]], str]] = {
     "detr": (detr_from_hf, "sine"),
     "rt_detr": (rtdetr_from_hf, "sincos"),
+    "d_fine": (dfine_from_hf, "sincos"),
+    "deimv2": (deimv2_from_hf, "sincos"),
 }
 SUPPORTED_MODEL_TYPES = tuple(FROM_HF)
 
@@ -58,8 +63,8 @@ def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.M
             (``"PekingU/rtdetr_r50vd"``, ``"facebook/detr-resnet-50@main"``) fetched once into the hub
             cache (:func:`peg_core.interop.resolve_weights`; ``HF_HUB_OFFLINE=1``: the cache only).
         pos_enc: the encoder's position encoding; default the folder's (RT-DETR ``sincos``, DETR
-            ``sine``).  For RT-DETR any AIFI encoding (``peg``: zero-initialised, listed under
-            ``report.converted``); for DETR any of :data:`peg_detr.models.DETR_ENCODINGS`.
+            ``sine``, D-FINE ``sincos``).  For RT-DETR and D-FINE any AIFI encoding (``peg``:
+            zero-initialised, listed under ``report.converted``); for DETR any of :data:`peg_detr.models.DETR_ENCODINGS`.
 
     Returns the model in eval mode and a :class:`~peg_core.interop.LoadReport`: ``copied`` (our keys
     loaded), ``converted`` (our keys added at their initialisation), ``skipped`` (file keys left
@@ -68,13 +73,13 @@ def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.M
     Raises:
         WeightsError: no folder, no config.json or weights, unreadable files, tensors that do not
             fit the config (key and shapes named).
-        ValueError: a ``model_type`` other than ``detr`` / ``rt_detr``, or settings peg_detr lacks.
+        ValueError: a ``model_type`` not in :data:`FROM_HF`, or settings peg_detr lacks.
     """
     path = resolve_weights(folder, kind="folder").path  # a hub id: its snapshot (a Path stays a path)
     kind = read_hf_config(path).get("model_type")
     if kind not in FROM_HF:
         raise ValueError(
-            f"{path / 'config.json'}: model_type {kind!r} is not supported (expected 'detr' or 'rt_detr')"
+            f"{path / 'config.json'}: model_type {kind!r} is not supported (expected one of {', '.join(map(repr, SUPPORTED_MODEL_TYPES))})"
         )
     reader, default = FROM_HF[kind]
     return reader(path, pos_enc or default)

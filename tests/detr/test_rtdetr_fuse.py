@@ -163,7 +163,7 @@ def test_fuse_flag_by_arch(tmp_path, capsys):
                                      "dec_layers": 1, "dim_feedforward": 32}, seed=0)  # fmt: skip
     assert cli(["export", str(ckpt), str(tmp_path / "detr.onnx"), "--fuse"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: applies to --arch rtdetr checkpoints only") and err.count("\n") == 1, err
+    assert err.startswith("error: applies to the RT-DETR family only") and err.count("\n") == 1, err
     assert not (tmp_path / "detr.onnx").exists()
 
 

@@ -200,6 +200,10 @@ def test_named_configs():
     assert PUBLISHED_AP == {
         "detr_r50_500ep": 42.0, "cpvt_sine_50ep": 33.7, "cpvt_none_50ep": 32.8, "cpvt_peg_50ep": 33.9,
         "rtdetr_r18vd_6x": 46.5, "rtdetr_r50vd_6x": 53.1,
+        # the READMEs of Peterande/D-FINE, ShihuaHuang95/DEIM and Intellindust-AI-Lab/DEIMv2
+        "dfine_n": 42.8, "dfine_s": 48.5, "dfine_m": 52.3, "dfine_l": 54.0, "dfine_x": 55.8,
+        "deim_dfine_n": 43.0, "deim_dfine_s": 49.0, "deim_dfine_m": 52.7, "deim_dfine_l": 54.7, "deim_dfine_x": 56.5,
+        "deimv2_s": 50.9,
     }  # fmt: skip
     assert set(PUBLISHED_AP) < set(CONFIGS) and "demo_tiny" in CONFIGS
     assert per_process_batch(b, 8) == 8
