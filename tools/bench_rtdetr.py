@@ -1,21 +1,34 @@
-"""Time peg_detr's RT-DETR against transformers' ``RTDetrForObjectDetection`` with the same weights.
+"""Time peg_detr's RT-DETR, D-FINE and DEIMv2 against transformers' models with the same weights.
 
-    python tools/bench_rtdetr.py                 # the default R50vd config, 640x640, batch 2, 1 thread
-    python tools/bench_rtdetr.py --small --size 320 --rounds 2   # a small ResNet config, seconds
+    python tools/bench_rtdetr.py                 # RT-DETR R50vd (default RTDetrConfig), 640x640, batch 2, 1 thread
+    python tools/bench_rtdetr.py --model dfine   # D-FINE-S (HGNetv2 B0, hidden 256, 3 decoder layers, 300 queries)
+    python tools/bench_rtdetr.py --model deimv2  # DEIMv2-S-like (DINOv3 ViT-Tiny layout + STA, hidden 192)
+    python tools/bench_rtdetr.py --model all --small --size 320 --rounds 2   # small configs, seconds
 
-A randomly initialised ``RTDetrForObjectDetection`` (``anchor_image_size=None``: anchors for the
-actual input) is saved with ``save_pretrained`` and rebuilt by :func:`peg_detr.from_hf`, so both
-models hold the same weights.  Two measurements, in one process, one intra-op thread:
+Per family a randomly initialised transformers model (``RTDetrForObjectDetection``,
+``DFineForObjectDetection``, ``Deimv2ForObjectDetection``; anchors for the actual input) is saved
+with ``save_pretrained`` and rebuilt by :func:`peg_detr.from_hf` (DEIMv2: its reader,
+:func:`peg_detr.interop.hf_deimv2.deimv2_from_hf`), so both models hold the same
+weights.  Three measurements, in one process, one intra-op thread:
 
 * ``eval``: ``torch.no_grad`` forward in eval mode;
 * ``eval_fused``: the same, of peg_detr's model after :func:`~peg_detr.models.rtdetr.fuse_for_deploy`
   (what ``export`` writes: every conv + BN folded, RepVGG blocks merged) against the same
   transformers eval forward;
-* ``train``: forward with targets (denoising queries on), the loss, ``backward``.
+* ``train``: forward with targets (denoising queries on), each library's own loss on the same
+  targets (transformers: ``labels=``; ours: the criterion of the arch's ``training_parts``), ``backward``.
 
 The rounds interleave the two implementations (ours, theirs, ours, ...) after one warm-up call
-each, so slow drifts of the machine hit both; the script prints a Markdown table of the medians
-and the ratio ours / transformers (below 1.0: ours is faster).
+each, so slow drifts of the machine hit both; the script prints, per family, a Markdown table of
+the medians and the ratio ours / transformers (below 1.0: ours is faster).  ``--json`` prints the
+table (one family) or ``{family: table}`` (``--model all``).
+
+Configs: ``--small`` builds each family in about a second (RT-DETR: a small ResNet; D-FINE: a
+tiny HGNetv2; DEIMv2: a 3-block DINOv3 ViT).  The default D-FINE is D-FINE-S exactly
+(:data:`peg_detr.models.dfine.DFINE_SIZES` ``"s"`` written as a ``DFineConfig``); the default
+DEIMv2 is DEIMv2-S's layout (ViT-Tiny: hidden 192, 12 blocks, 3 heads, maps from blocks 5 / 8 / 11,
+STA, hidden 192, 4 decoder layers, 300 queries) in transformers' DINOv3 backbone, which normalises
+the selected blocks' outputs (the published S does not: a few LayerNorms more on both sides).
 """
 
 from __future__ import annotations
@@ -26,11 +39,21 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["hf_config", "main", "make_pair", "run_bench"]
+from peg_detr import from_hf
+from peg_detr.archs import ARCHS
+from peg_detr.interop.hf_deimv2 import deimv2_from_hf
+from peg_detr.interop.hf_dfine import dfine_hf_config
+from peg_detr.models.dfine import DFINE_SIZES, build_dfine
+from peg_detr.models.rtdetr import fuse_for_deploy
+
+# transformers (the reference, a test extra) is imported where a config or model is built
+
+__all__ = ["FAMILIES", "Family", "hf_config", "main", "make_pair", "run_bench"]
 
 
 def hf_config(small: bool) -> Any:
@@ -49,20 +72,110 @@ def hf_config(small: bool) -> Any:
     )  # fmt: skip
 
 
-def make_pair(small: bool, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
-    """``(ours, our criterion, transformers' model)`` with the same random weights."""
-    from transformers import RTDetrForObjectDetection
+def dfine_config(small: bool) -> Any:
+    """D-FINE-S as a ``DFineConfig``, or a tiny HGNetv2 one (widths 16-64, hidden 32) that builds in < 1 s."""
+    import transformers
 
-    from peg_detr import from_hf
-    from peg_detr.models.rtdetr.build import rtdetr_training_parts
+    if not small:
+        # the published S settings, through the one mapping (transformers' defaults are D-FINE-L)
+        return transformers.DFineConfig.from_dict(dfine_hf_config(build_dfine(**DFINE_SIZES["s"])[0]))
+    backbone = transformers.HGNetV2Config(
+        stem_channels=[3, 8, 8], stage_in_channels=[8, 16, 32, 64], stage_mid_channels=[8, 8, 16, 16],
+        stage_out_channels=[16, 32, 64, 64], hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 1, 1],
+        stage_num_blocks=[1, 1, 1, 1], stage_numb_of_layers=[2, 2, 2, 2],
+        stage_downsample=[False, True, True, True], stage_light_block=[False, False, True, True],
+        stage_kernel_size=[3, 3, 5, 5], use_learnable_affine_block=True, out_indices=[2, 3, 4],
+    )  # fmt: skip
+    return transformers.DFineConfig(
+        backbone_config=backbone, encoder_in_channels=[32, 64, 64], encoder_hidden_dim=32, d_model=32,
+        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=4,
+        decoder_attention_heads=4, decoder_layers=3, num_queries=100, max_num_bins=8, decoder_n_points=[3, 4, 2],
+        num_labels=80, hidden_expansion=0.5, depth_mult=0.34, lqe_hidden_dim=16,
+    )  # fmt: skip
 
+
+def deimv2_config(small: bool) -> Any:
+    """DEIMv2-S's layout in transformers' DINOv3 backbone, or a 3-block ViT one that builds in < 1 s."""
+    import transformers
+
+    if small:
+        vit = transformers.DINOv3ViTConfig(
+            hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64, patch_size=16,
+            num_register_tokens=2, out_indices=[1, 2, 3], apply_layernorm=False, layerscale_value=0.5,
+        )  # fmt: skip
+        width = dict(
+            encoder_hidden_dim=32, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=2
+        )
+        return transformers.Deimv2Config(
+            backbone_config=vit, encoder_in_channels=[32] * 3, decoder_in_channels=[32] * 3,
+            encoder_attention_heads=2, decoder_attention_heads=2, spatial_tuning_adapter_inplanes=8,
+            encoder_has_trailing_conv=False, depth_mult=0.34, num_queries=100, num_labels=80, **width,
+        )  # fmt: skip
+    # DEIMv2-S (peg_detr.models.deimv2.DEIMV2_SIZES["s"]): ViT-Tiny, STA 16, hidden 192, FFN 512
+    vit = transformers.DINOv3ViTConfig(
+        hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768, patch_size=16,
+        num_register_tokens=4, out_indices=[5, 8, 11],
+    )  # fmt: skip
+    return transformers.Deimv2Config(
+        backbone_config=vit, encoder_in_channels=[192] * 3, decoder_in_channels=[192] * 3, encoder_hidden_dim=192,
+        d_model=192, encoder_ffn_dim=512, decoder_ffn_dim=512, encoder_attention_heads=8, decoder_attention_heads=8,
+        decoder_layers=4, num_queries=300, decoder_n_points=[3, 6, 3], hidden_expansion=0.34, depth_mult=0.67,
+        spatial_tuning_adapter_inplanes=16, encoder_has_trailing_conv=False, num_labels=80,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Family:
+    """One detector family to compare: how to build transformers' model and how to read it into ours.
+
+    ``config(small)``: the transformers config; ``hf_class``: the ``transformers`` model class name;
+    ``loader(folder)``: ``(our model, report)`` from a ``save_pretrained`` folder; ``arch``: the
+    :data:`peg_detr.archs.ARCHS` entry whose ``training_parts`` gives our criterion; ``labels``:
+    the two config descriptions (small, default) for the table's title.
+    """
+
+    config: Callable[[bool], Any]
+    hf_class: str
+    loader: Callable[[str], tuple[torch.nn.Module, Any]]
+    arch: str
+    labels: tuple[str, str]
+
+
+#: the families ``--model`` chooses from (``all``: every one, in this order)
+FAMILIES: dict[str, Family] = {
+    "rtdetr": Family(
+        hf_config,
+        "RTDetrForObjectDetection",
+        from_hf,
+        "rtdetr",
+        ("small ResNet", "R50vd (default RTDetrConfig)"),
+    ),
+    "dfine": Family(
+        dfine_config, "DFineForObjectDetection", from_hf, "dfine", ("D-FINE tiny HGNetv2", "D-FINE-S")
+    ),
+    "deimv2": Family(
+        deimv2_config,
+        "Deimv2ForObjectDetection",
+        deimv2_from_hf,
+        "deimv2",
+        ("DEIMv2 tiny DINOv3", "DEIMv2-S layout (DINOv3 ViT-Tiny)"),
+    ),
+}
+
+
+def make_pair(
+    small: bool, seed: int = 0, model: str = "rtdetr"
+) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """``(ours, our criterion, transformers' model)`` of family ``model`` with the same random weights."""
+    import transformers
+
+    family = FAMILIES[model]
     torch.manual_seed(seed)
-    theirs = RTDetrForObjectDetection(hf_config(small)).eval()
+    theirs = getattr(transformers, family.hf_class)(family.config(small)).eval()
     with tempfile.TemporaryDirectory() as folder:
         theirs.save_pretrained(folder)
-        loaded = from_hf(folder)
-    ours = loaded[0] if isinstance(loaded, tuple) else loaded
-    criterion, _ = rtdetr_training_parts(ours)
+        ours, _ = family.loader(folder)
+    criterion, _ = ARCHS[family.arch].training_parts(ours)
     return ours.eval(), criterion, theirs
 
 
@@ -83,8 +196,6 @@ def _calls(
     ours, criterion, theirs, images, targets
 ) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     """Per measurement: ``(ours, theirs)`` zero-argument calls."""
-    from peg_detr.models.rtdetr import fuse_for_deploy
-
     hf_labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
 
     def ours_eval() -> None:
@@ -127,9 +238,11 @@ def _seconds(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def run_bench(small: bool, size: int, batch: int, rounds: int, seed: int = 0) -> dict[str, dict[str, float]]:
-    """``{"eval": {"ours": s, "transformers": s, "ratio": r}, "train": {...}}``: median seconds per call."""
-    ours, criterion, theirs = make_pair(small, seed)
+def run_bench(
+    small: bool, size: int, batch: int, rounds: int, seed: int = 0, model: str = "rtdetr"
+) -> dict[str, dict[str, float]]:
+    """``{"eval": {"ours": s, "transformers": s, "ratio": r}, "train": {...}}``: median seconds per call of family ``model``."""
+    ours, criterion, theirs = make_pair(small, seed, model)
     images = torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
     table = {}
     for name, (a, b) in _calls(ours, criterion, theirs, images, _targets(batch, seed)).items():
@@ -145,7 +258,12 @@ def run_bench(small: bool, size: int, batch: int, rounds: int, seed: int = 0) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--small", action="store_true", help="a small ResNet config instead of the default R50vd")
+    p.add_argument(
+        "--model", choices=[*FAMILIES, "all"], default="rtdetr", help="the family (all: each in turn)"
+    )
+    p.add_argument(
+        "--small", action="store_true", help="small configs (seconds) instead of the published sizes"
+    )
     p.add_argument("--size", type=int, default=640, help="square input side")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds per measurement")
@@ -153,16 +271,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the table as JSON instead of Markdown")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    table = run_bench(args.small, args.size, args.batch, args.rounds)
+    models = list(FAMILIES) if args.model == "all" else [args.model]
+    tables = {m: run_bench(args.small, args.size, args.batch, args.rounds, model=m) for m in models}
     if args.json:
-        print(json.dumps(table))
+        print(json.dumps(tables if args.model == "all" else tables[args.model]))
         return 0
-    config = "small ResNet" if args.small else "R50vd (default RTDetrConfig)"
-    print(f"{config}, {args.size}x{args.size}, batch {args.batch}, {args.threads} thread(s), "
-          f"median of {args.rounds} interleaved rounds")  # fmt: skip
-    print("\n| measurement | peg_detr (s) | transformers (s) | ratio |\n|---|---|---|---|")
-    for name, row in table.items():
-        print(f"| {name} | {row['ours']:.3f} | {row['transformers']:.3f} | {row['ratio']:.2f}x |")
+    for i, (model, table) in enumerate(tables.items()):
+        config = FAMILIES[model].labels[0 if args.small else 1]
+        print(("\n" if i else "") + f"{config}, {args.size}x{args.size}, batch {args.batch}, {args.threads} thread(s), "
+              f"median of {args.rounds} interleaved rounds")  # fmt: skip
+        print("\n| measurement | peg_detr (s) | transformers (s) | ratio |\n|---|---|---|---|")
+        for name, row in table.items():
+            print(f"| {name} | {row['ours']:.3f} | {row['transformers']:.3f} | {row['ratio']:.2f}x |")
     return 0
 
 
