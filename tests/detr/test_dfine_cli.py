@@ -234,8 +234,9 @@ def test_init_from_a_hugging_face_folder_trains_with_a_peg_and_resumes(data, tmp
     assert len(err) == 1 and "holds a D-FINE, not a RT-DETR; use --arch dfine" in err[0], err
 
 
-def test_deimv2_trains_evaluates_and_exports_to_hugging_face(data, tmp_path, capsys):
-    """DEIMv2-Pico (HGNetv2 + lite encoder) from its preset: one epoch, eval at two sizes, export-hf."""
+@pytest.mark.slow  # one epoch, export-hf and the ONNX export
+def test_deimv2_trains_evaluates_and_exports(data, tmp_path, capsys):
+    """DEIMv2-Pico (HGNetv2 + lite encoder) from its preset: one epoch, eval at two sizes, export-hf, ONNX."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("timm")
     out = tmp_path / "deimv2"
@@ -255,6 +256,27 @@ def test_deimv2_trains_evaluates_and_exports_to_hugging_face(data, tmp_path, cap
         want, got = hf(pixel_values=x), loaded.model(x)
     torch.testing.assert_close(got["pred_logits"], want.logits, atol=1e-4, rtol=0)
     torch.testing.assert_close(got["pred_boxes"], want.pred_boxes, atol=1e-4, rtol=0)
+    # ONNX with dynamic sizes, fused, equal to PyTorch in onnxruntime at a size other than the example's
+    ort = pytest.importorskip("onnxruntime")
+    onnx_path = tmp_path / "deimv2.onnx"
+    argv = [
+        "export",
+        str(out / "checkpoint.pth"),
+        str(onnx_path),
+        "--height",
+        "96",
+        "--width",
+        "96",
+        "--check",
+    ]
+    assert cli(argv) == 0
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    x = torch.rand(2, 3, 128, 64, generator=torch.Generator().manual_seed(1))
+    logits, boxes = session.run(None, {"images": x.numpy()})
+    with torch.no_grad():
+        want = loaded.model(x)
+    torch.testing.assert_close(torch.from_numpy(logits), want["pred_logits"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(boxes), want["pred_boxes"], atol=1e-4, rtol=0)
 
 
 def test_deim_trains_with_dense_one_to_one_matching(data, tmp_path):
