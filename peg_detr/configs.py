@@ -291,6 +291,18 @@ _DEIMV2_S: dict[str, Any] = {
 }  # fmt: skip
 CONFIGS["deimv2_s"] = _DEIMV2_S
 CONFIGS["deimv2_s_peg"] = {**_DEIMV2_S, "pos_enc": "peg"}
+# The other published sizes: their --model-size preset with S's schedule (their own config files were
+# not available here).  The preset's backbone, encoding (the lite encoder of atto / femto / pico has
+# no attention: none) and query count are the recipe's, since a recipe's values win over its preset.
+_DEIMV2_MODELS = {"atto": ("hgnetv2_atto", "none", 100), "femto": ("hgnetv2_femto", "none", 150),
+                  "pico": ("hgnetv2_pico", "none", 200), "n": ("hgnetv2_b0", "sincos", 300),
+                  "m": ("vit_tinyplus", "sincos", 300), "l": ("dinov3_vits16", "sincos", 300)}  # fmt: skip
+for _size, (_backbone, _pos, _queries) in _DEIMV2_MODELS.items():
+    CONFIGS[f"deimv2_{_size}"] = {**_DEIMV2_S, "model_size": _size, "backbone": _backbone, "pos_enc": _pos,
+                                  "num_queries": _queries}  # fmt: skip
+    if _pos != "none":
+        CONFIGS[f"deimv2_{_size}_peg"] = {**CONFIGS[f"deimv2_{_size}"], "pos_enc": "peg"}
+del _size, _backbone, _pos, _queries
 #: ``train --arch deimv2`` without ``--config``: DEIMv2-S's recipe
 DEIMV2_DEFAULTS: dict[str, Any] = {k: v for k, v in _DEIMV2_S.items() if k != "arch"}
 
@@ -328,6 +340,9 @@ DESCRIPTIONS: dict[str, str] = {
     **{f"deim_dfine_{s}_peg": f"deim_dfine_{s} with a PEG in AIFI instead of the sin-cos table" for s in _DEIM_RECIPES},
     "deimv2_s": "DEIMv2-S: DINOv3 ViT-Tiny + STA, sin-cos AIFI, 132 epochs, flat-cosine lr (50.9 COCO AP)",
     "deimv2_s_peg": "deimv2_s with a PEG in AIFI instead of the sin-cos table (any input size)",
+    **{f"deimv2_{s}": f"DEIMv2-{s.capitalize() if len(s) > 1 else s.upper()}: its model with deimv2_s's schedule "
+       f"({ap} COCO AP)" for s, ap in zip(_DEIMV2_MODELS, (23.8, 31.0, 38.5, 43.0, 53.0, 56.0))},
+    **{f"deimv2_{s}_peg": f"deimv2_{s} with a PEG in AIFI instead of the sin-cos table" for s in ("n", "m", "l")},
 }  # fmt: skip
 
 PUBLISHED_AP: dict[str, float] = {
@@ -344,6 +359,12 @@ PUBLISHED_AP: dict[str, float] = {
     **dict(zip((f"deim_dfine_{s}" for s in "nsmlx"), (43.0, 49.0, 52.7, 54.7, 56.5))),
     # Intellindust-AI-Lab/DEIMv2 README
     "deimv2_s": 50.9,
+    **dict(
+        zip(
+            (f"deimv2_{s}" for s in ("atto", "femto", "pico", "n", "m", "l")),
+            (23.8, 31.0, 38.5, 43.0, 53.0, 56.0),
+        )
+    ),
 }
 
 

@@ -70,6 +70,18 @@ def test_size_presets_build_the_published_parameter_counts():
         assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(millions, abs=0.1)
 
 
+def test_deimv2_recipes_build_their_published_sizes():
+    # DEIMv2 README: atto 0.5, femto 1.0, pico 1.5, N 3.6, S 9.7, M 18.1, L 32.2 M parameters
+    pytest.importorskip("timm")
+    published = {"atto": 0.5, "femto": 1.0, "pico": 1.5, "n": 3.6, "s": 9.7, "m": 18.1, "l": 32.2}
+    for size, millions in published.items():
+        a = parse_train_args(["--config", f"deimv2_{size}", "--data-root", "x"])
+        assert (a.arch, a.model_size, a.epochs, a.lr_schedule) == ("deimv2", size, 132, "flatcosine")
+        model, criterion, _ = build_model(model_config_from_args(a, 80))
+        assert arch_of_model(model).name == "deimv2" and criterion.losses[0] == "mal"
+        assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(millions, rel=0.06), size
+
+
 def test_flags_override_the_preset_and_misuse_is_refused():
     a = parse_train_args(["--config", "dfine_demo_tiny", "--data-root", "x", "--dec-layers", "3",
                           "--cls-loss", "mal", "--decoder-act", "silu", "--head-act", "silu"])  # fmt: skip

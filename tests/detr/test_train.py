@@ -203,7 +203,8 @@ def test_named_configs():
         # the READMEs of Peterande/D-FINE, ShihuaHuang95/DEIM and Intellindust-AI-Lab/DEIMv2
         "dfine_n": 42.8, "dfine_s": 48.5, "dfine_m": 52.3, "dfine_l": 54.0, "dfine_x": 55.8,
         "deim_dfine_n": 43.0, "deim_dfine_s": 49.0, "deim_dfine_m": 52.7, "deim_dfine_l": 54.7, "deim_dfine_x": 56.5,
-        "deimv2_s": 50.9,
+        "deimv2_s": 50.9, "deimv2_atto": 23.8, "deimv2_femto": 31.0, "deimv2_pico": 38.5, "deimv2_n": 43.0,
+        "deimv2_m": 53.0, "deimv2_l": 56.0,
     }  # fmt: skip
     assert set(PUBLISHED_AP) < set(CONFIGS) and "demo_tiny" in CONFIGS
     assert per_process_batch(b, 8) == 8
