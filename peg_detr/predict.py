@@ -161,7 +161,7 @@ class Predictor(FilePredictor):
 
     def _check_fits(self, image: Tensor) -> None:
         """An :class:`InputError` when DETR's resize would leave ``image`` without a pixel on its short side."""
-        if self.arch == "rtdetr":  # a square resize: any image fits
+        if arch_named(self.arch).square_inputs:  # a square resize: any image fits
             return
         h, w = image.shape[-2:]
         short, long = min(h, w), max(h, w)

@@ -170,6 +170,20 @@ def test_model_runs_at_other_sizes_and_the_eval_and_predict_verbs(trained, data,
     ]
     assert cli(argv) == 0
     assert any(out_dir.iterdir())  # the drawn image / detections of the one file
+    # a square resize, as RT-DETR's: an image too elongated for DETR's short-side resize still fits
+    from PIL import Image
+
+    thin = tmp_path / "thin.png"
+    Image.new("RGB", (3000, 4), (120, 30, 200)).save(thin)
+    argv = [
+        "predict",
+        str(thin),
+        "--checkpoint",
+        str(out / "checkpoint.pth"),
+        "--out",
+        str(tmp_path / "thin_out"),
+    ]
+    assert cli(argv) == 0
 
 
 @pytest.mark.slow  # torch.export capture and the ONNX decompositions
