@@ -625,7 +625,7 @@ def export_hf_rtdetr(
     anything is written.
     """
     model = getattr(model, "module", model)
-    if not isinstance(model, RTDETR):
+    if type(model) is not RTDETR:  # D-FINE / DEIMv2 subclass it and have their own exports
         raise TypeError(f"export_hf_rtdetr takes an RT-DETR, not a {type(model).__name__}")
     names = dict(id2label or {})
     cfg = getattr(model, "build_config", None) or {}

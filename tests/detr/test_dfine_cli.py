@@ -318,3 +318,15 @@ def test_deim_trains_with_dense_one_to_one_matching(data, tmp_path):
     config = read_checkpoint(out / "checkpoint.pth", "detect")["model_config"]
     assert (config["cls_loss"], config["decoder_activation"]) == ("mal", "silu")
     assert "loss_mal" in report["train"] or any(k.startswith("loss_mal") for k in report["train"])
+
+
+def test_rtdetr_export_refuses_its_successors(tmp_path):
+    from peg_detr.interop import export_hf_rtdetr
+    from peg_detr.models.dfine import build_dfine
+
+    model, _, _ = build_dfine(
+        "tiny", "sincos", num_classes=3, hidden_dim=32, num_heads=2, dec_layers=1, num_queries=5
+    )
+    with pytest.raises(TypeError, match="takes an RT-DETR, not a DFINE"):
+        export_hf_rtdetr(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
