@@ -439,6 +439,9 @@ def dfine_hf_config(model: DFINE, id2label: Mapping[int, str] | None = None) -> 
     enc, dec = model.encoder.hparams, model.decoder.hparams
     if enc.get("elan_act", "silu") != "silu":
         raise ValueError("transformers' D-FINE fixes the RepNCSPELAN4 activation to silu")
+    if dec.get("mlp_activation", "relu") != "relu":  # DEIM's --head-act silu
+        raise ValueError(f"transformers' D-FINE fixes its box / position heads to relu (this model: "
+                         f"{dec['mlp_activation']})")  # fmt: skip
     config: dict[str, Any] = {
         "model_type": "d_fine", "architectures": ["DFineForObjectDetection"],
         "backbone_config": hgnetv2_hf_config(options), "freeze_backbone_batch_norms": bool(options["freeze_bn"]),

@@ -330,3 +330,16 @@ def test_rtdetr_export_refuses_its_successors(tmp_path):
     with pytest.raises(TypeError, match="takes an RT-DETR, not a DFINE"):
         export_hf_rtdetr(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_hugging_face_export_refuses_deims_head_activation(tmp_path):
+    pytest.importorskip("timm")
+    from peg_detr.interop import export_hf_dfine
+    from peg_detr.models.dfine import build_dfine
+
+    model, _, _ = build_dfine(
+        "hgnetv2_b0", "sincos", num_classes=3, dec_layers=1, num_queries=5, mlp_activation="silu"
+    )
+    with pytest.raises(ValueError, match="fixes its box / position heads to relu"):
+        export_hf_dfine(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
