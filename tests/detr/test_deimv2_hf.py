@@ -32,12 +32,24 @@ from peg_detr.interop.hf_deimv2 import (
     export_hf_deimv2,
 )
 from peg_detr.models.deimv2 import build_deimv2
+from peg_detr.models.deimv2.backbone import IMAGENET_MEAN, IMAGENET_STD
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("timm.models.hgnet")
 
 TOL = 1e-4
 SIZES = [(64, 64), (64, 96)]  # square; non-square
+
+
+def _hf_pixels(x: torch.Tensor, kind: str = "dinov3") -> torch.Tensor:
+    """What transformers' model takes for our ``x``: the DINOv3 sizes standardise their input inside
+    peg_detr's backbone (pixels in [0, 1] in), in transformers' image processor (normalised in)."""
+    if kind not in ("dinov3", "built"):
+        return x
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
+    return (x - mean) / std
+
+
 HGNET = dict(
     stem_channels=[3, 8, 12], stage_in_channels=[12, 16, 24, 32], stage_mid_channels=[8, 8, 12, 16],
     stage_out_channels=[16, 24, 32, 48], hidden_sizes=[16, 24, 32, 48], stage_num_blocks=[1, 2, 2, 1],
@@ -112,7 +124,7 @@ def test_deimv2_from_hf_matches_transformers(kind: str, tmp_path: Path) -> None:
         x = torch.randn(2, 3, *size, generator=g)
         with torch.no_grad():
             # transformers' backbone output includes the input projections (ours: the encoder's)
-            feats_hf = hf.model.conv_encoder(x)
+            feats_hf = hf.model.conv_encoder(_hf_pixels(x, kind))
             feats = ours.backbone(x)
             projected = [proj(f) for proj, f in zip(ours.encoder.input_proj, feats)] if kind == "n" else feats
             assert _max(feats_hf, projected) <= TOL, "backbone maps"
@@ -120,7 +132,7 @@ def test_deimv2_from_hf_matches_transformers(kind: str, tmp_path: Path) -> None:
             enc = ours.encoder(feats)
             assert _max(enc_hf, enc) <= TOL, "encoder maps"
             # the query selection's input: the class scores of every cell before top-k
-            out_hf = hf(pixel_values=x)
+            out_hf = hf(pixel_values=_hf_pixels(x, kind))
             memory, shapes = ours.decoder.flatten_features(enc)
             _, cell_logits, _ = ours.decoder.score_cells(memory, shapes)
             assert _max([out_hf.enc_outputs_class], [cell_logits]) <= TOL, "pre-top-k scores"
@@ -191,7 +203,7 @@ def test_export_hf_round_trip_through_transformers(kind: str, tmp_path: Path) ->
     assert back.config.id2label[0] == "cat"
     x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
-        a, b = ours(x), back(pixel_values=x)
+        a, b = ours(x), back(pixel_values=_hf_pixels(x, kind))
     assert _max([a["pred_logits"]], [b.logits]) <= TOL and _max([a["pred_boxes"]], [b.pred_boxes]) <= TOL
 
 
@@ -211,5 +223,5 @@ def test_export_hf_of_a_model_built_here(tmp_path: Path) -> None:
     assert back.config.backbone_config.key_bias  # the perturbed key bias is written, not dropped
     x = torch.randn(1, 3, 96, 64, generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
-        a, b = model(x), back(pixel_values=x)
+        a, b = model(x), back(pixel_values=_hf_pixels(x, "built"))
     assert _max([a["pred_logits"]], [b.logits]) <= TOL and _max([a["pred_boxes"]], [b.pred_boxes]) <= TOL

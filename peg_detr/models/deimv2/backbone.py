@@ -32,7 +32,18 @@ from peg_core.models.cpvt import CPVT
 
 from ..rtdetr.encoder import ConvNormLayer
 
-__all__ = ["DINOV3_VITS", "DINOv3STABackbone", "SpatialTuningAdapter", "build_dinov3_sta"]
+__all__ = [
+    "DINOV3_VITS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "DINOv3STABackbone",
+    "SpatialTuningAdapter",
+    "build_dinov3_sta",
+]
+
+#: the mean / std DEIMv2's DINOv3 sizes standardise their input with (its dataloader's Normalize)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 #: DEIMv2's ViTs: CPVT's shape keywords (``embed_dim``, ``depth``, ``num_heads``, ``mlp_ratio``,
 #: ``num_reg_tokens``, ``norm_eps``) and the backbone's defaults (``layer_scale``: the blocks' layer-scale
@@ -94,6 +105,11 @@ class DINOv3STABackbone(nn.Module):
             ``apply_layernorm`` says (transformers' ``DINOv3ViTBackbone`` always normalises its last
             stage; DEIMv2's distilled ViTs have no norm at all).
         batch_norm_eps: eps of the STA's and projections' batch norms.
+        normalize_input: standardise the image with ImageNet's mean / std first, as DEIMv2's DINOv3
+            sizes are trained (their data pipeline normalises).  The detector then takes pixels in
+            ``[0, 1]`` like every RT-DETR-family model here (the training pipeline, ``predict`` and the
+            ONNX export feed that); transformers' model takes the normalised image instead (its image
+            processor normalises), so ``ours(x)`` equals ``theirs(pixel_values=(x - mean) / std)``.
 
     Each selected ViT map (``ceil(H / 16) x ceil(W / 16)`` cells: the image is zero-padded to the
     patch) is resized bilinearly (``align_corners=False``) to the STA map of its stride and
@@ -112,8 +128,13 @@ class DINOv3STABackbone(nn.Module):
         apply_layernorm: bool = True,
         final_norm: bool = True,
         batch_norm_eps: float = 1e-5,
+        normalize_input: bool = True,
     ) -> None:
         super().__init__()
+        self.normalize_input = normalize_input
+        # not in the state dict: the input convention, not a weight (a checkpoint loads either way)
+        self.register_buffer("input_mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("input_std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
         depth = len(vit.blocks)
         out_indices = [int(i) % depth for i in out_indices]
         if len(out_indices) != 3:
@@ -165,6 +186,8 @@ class DINOv3STABackbone(nn.Module):
     def forward(self, x: Tensor) -> list[Tensor]:
         if x.dim() != 4:
             raise ValueError(f"expected images (B, 3, H, W); got shape {tuple(x.shape)}")
+        if self.normalize_input:  # [0, 1] pixels -> DINOv3's standardised input (ViT and STA both)
+            x = (x - self.input_mean.to(x.dtype)) / self.input_std.to(x.dtype)
         feats = self.semantic_features(x)
         details = self.spatial_tuning_adapter(x)
         outs = []
