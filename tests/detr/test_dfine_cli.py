@@ -343,3 +343,20 @@ def test_hugging_face_export_refuses_deims_head_activation(tmp_path):
     with pytest.raises(ValueError, match="fixes its box / position heads to relu"):
         export_hf_dfine(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("pos_enc", ["alibi-2d", "fire", "lookhere", "peg+fire", "rope-axial"])
+def test_dfine_aifi_takes_the_bias_and_rotary_kinds(pos_enc):
+    """D-FINE's AIFI is RT-DETR's: the registry's bias and rotary kinds train and run at other sizes."""
+    from peg_detr.models.dfine import build_dfine
+
+    model, criterion, _ = build_dfine("tiny", pos_enc, num_classes=3, hidden_dim=32, num_heads=2, dec_layers=1,
+                                      num_queries=5, num_denoising=4)  # fmt: skip
+    targets = [{"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.3, 0.2]])}]
+    criterion.total(criterion(model.train()(torch.rand(1, 3, 96, 64), targets), targets)).backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.encoder.aifi.parameters())
+    model.eval()
+    with torch.no_grad():
+        for size in ((64, 64), (96, 160), (97, 131)):
+            out = model(torch.rand(1, 3, *size))
+            assert out["pred_boxes"].shape == (1, 5, 4) and torch.isfinite(out["pred_logits"]).all()
