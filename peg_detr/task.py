@@ -42,7 +42,7 @@ from peg_core.engine import (
 from peg_core.interop.hf_folder import read_hf_config
 from peg_core.interop.io import WeightsError
 
-from .archs import arch_named, arch_of, arch_of_model
+from .archs import ARCHS, arch_named, arch_of, arch_of_model
 from .data import (
     CocoAnnotations,
     CocoDetr,
@@ -548,16 +548,19 @@ def _from_hf_folder(
             args.init,
         )
     try:
+        kind = read_hf_config(args.init).get("model_type")
+    except WeightsError as e:
+        raise UserError(e.what, e.where) from e
+    if kind not in arch.hf_model_types:  # before any model is built: name the arch whose folders these are
+        found = next((a for a in ARCHS.values() if kind in a.hf_model_types), None)
+        what, use = (found.title, f"; use --arch {found.name}") if found else (f"model_type {kind!r}", "")
+        raise UserError(f"the folder holds a {what}, not a {arch.title}{use}", args.init)
+    try:
         model, report = from_hf(args.init, pos_enc=args.pos_enc)
     except WeightsError as e:
         raise UserError(e.what, e.where) from e
-    except ValueError as e:  # another model_type, settings peg_detr lacks
+    except ValueError as e:  # settings peg_detr lacks
         raise UserError(f"invalid Hugging Face folder ({e})", args.init) from None
-    found = arch_of_model(model)
-    if found is not arch:
-        raise UserError(
-            f"the folder holds a {found.title}, not a {arch.title}; use --arch {found.name}", args.init
-        )
     ctx.print(f"--init {args.init}: {str(report).splitlines()[0]}")
     # the loss flags (DEIM's --cls-loss mal) shape the criterion of the folder's model, and a resumed run's
     losses = {k: getattr(args, k) for k in arch.loss_options if getattr(args, k, None) is not None}
