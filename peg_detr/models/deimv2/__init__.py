@@ -11,7 +11,7 @@ D-FINE's fine-grained distribution refinement with DEIMv2's RMSNorm / SwiGLU / g
 
 from .backbone import DINOV3_VITS, DINOv3STABackbone, SpatialTuningAdapter, build_dinov3_sta
 from .build import DEIMV2_LOSSES, DEIMV2_SIZES, build_deimv2, deimv2_training_parts
-from .decoder import DEIMv2Decoder, DEIMv2DecoderLayer, MLPHead, RMSGate, SwiGLUFFN
+from .decoder import DEIMv2Decoder, DEIMv2DecoderLayer, RMSGate, SwiGLUFFN
 from .encoder import DEIMv2HybridEncoder, LiteEncoder, RepNCSPELAN5
 from .model import DEIMv2
 
@@ -25,7 +25,6 @@ __all__ = [
     "DEIMv2HybridEncoder",
     "DINOv3STABackbone",
     "LiteEncoder",
-    "MLPHead",
     "RMSGate",
     "RepNCSPELAN5",
     "SpatialTuningAdapter",

@@ -33,30 +33,11 @@ from collections.abc import Sequence
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..detr import MLP
 from ..dfine.decoder import DFineDecoder, Gate, MSDeformableAttentionV2
-from ..rtdetr.decoder import QueryAttention
+from ..rtdetr.decoder import ACTIVATIONS, QueryAttention
 
-__all__ = ["DEIMv2Decoder", "DEIMv2DecoderLayer", "MLPHead", "RMSGate", "SwiGLUFFN"]
-
-_ACTS = {"relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
-
-
-class MLPHead(nn.Module):
-    """``num_layers`` linears with ``act`` between them; keys ``layers.N.*`` (D-FINE's ``DFineMLP``)."""
-
-    def __init__(self, cin: int, hidden: int, cout: int, num_layers: int, act: str = "relu") -> None:
-        super().__init__()
-        if act not in _ACTS:
-            raise ValueError(f"activation must be one of {sorted(_ACTS)}; got {act!r}")
-        dims = [cin] + [hidden] * (num_layers - 1)
-        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, [*dims[1:], cout]))
-        self.act = _ACTS[act]()
-
-    def forward(self, x: Tensor) -> Tensor:
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            x = layer(x) if i == last else self.act(layer(x))
-        return x
+__all__ = ["DEIMv2Decoder", "DEIMv2DecoderLayer", "RMSGate", "SwiGLUFFN"]
 
 
 class SwiGLUFFN(nn.Module):
@@ -174,6 +155,11 @@ class DEIMv2Decoder(DFineDecoder):
         share_bbox_head: bool = False,
         query_pos_act: str = "relu",
     ) -> None:
+        if query_pos_act not in ACTIVATIONS:
+            raise ValueError(f"query_pos_act must be one of {sorted(ACTIVATIONS)}; got {query_pos_act!r}")
+        # read by make_layer / make_query_pos_head, which D-FINE's constructor calls (plain values,
+        # so they may be set before nn.Module's own __init__)
+        self.use_gateway, self.query_pos_act = use_gateway, query_pos_act
         super().__init__(
             in_channels, hidden_dim, num_classes, num_queries=num_queries, num_layers=num_layers,
             num_heads=num_heads, dim_feedforward=dim_feedforward, dropout=dropout, num_points=num_points,
@@ -185,18 +171,25 @@ class DEIMv2Decoder(DFineDecoder):
         self.hparams.update(
             use_gateway=use_gateway, share_bbox_head=share_bbox_head, query_pos_act=query_pos_act
         )
-        d = hidden_dim
-        layer = dict(
-            num_points=self.hparams["num_points"],
-            offset_scale=offset_scale,
-            dropout=dropout,
-            use_gateway=use_gateway,
-        )
-        self.layers = nn.ModuleList(
-            DEIMv2DecoderLayer(d, num_heads, dim_feedforward, **layer) for _ in range(num_layers)
-        )
-        self.query_pos_head = MLPHead(4, d, d, 3, query_pos_act)
         self.share_bbox_head = share_bbox_head
         if share_bbox_head:  # one module in every slot: DFineDecoder.refine indexes bbox_embed[i]
             self.bbox_embed = nn.ModuleList([self.bbox_embed[0]] * num_layers)
-        self.reset_parameters()
+
+    def make_layer(
+        self,
+        d_model: int,
+        num_heads: int,
+        dim_feedforward: int,
+        dropout: float,
+        activation: str,
+        num_points: list[int],
+        offset_scale: float,
+        layer_norm_eps: float,
+    ) -> nn.Module:
+        """DEIMv2's layer: RMSNorm, SwiGLU (no ``activation``), the gate or an RMSNorm residual."""
+        return DEIMv2DecoderLayer(d_model, num_heads, dim_feedforward, num_points=num_points,
+                                  offset_scale=offset_scale, dropout=dropout, use_gateway=self.use_gateway)  # fmt: skip
+
+    def make_query_pos_head(self, d_model: int, activation: nn.Module) -> nn.Module:
+        """DEIMv2's ``4 -> D -> D -> D`` head with ``query_pos_act`` (D-FINE: ``4 -> 2D -> D``, ReLU)."""
+        return MLP(4, d_model, d_model, 3, ACTIVATIONS[self.query_pos_act]())

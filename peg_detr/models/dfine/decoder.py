@@ -344,12 +344,12 @@ class DFineDecoder(nn.Module):
         self.enc_bbox_head = MLP(d, d, 4, 3, act)
         self.weight_embedding = nn.Embedding(num_queries, d) if learn_initial_query else None
         self.layers = nn.ModuleList(
-            DFineDecoderLayer(
+            self.make_layer(
                 d, num_heads, dim_feedforward, dropout, activation, points, offset_scale, layer_norm_eps
             )
             for _ in range(num_layers)
         )
-        self.query_pos_head = MLP(4, 2 * d, d, 2, act)
+        self.query_pos_head = self.make_query_pos_head(d, act)
         self.pre_bbox_head = MLP(d, d, 4, 3, act)
         self.class_embed = nn.ModuleList(nn.Linear(d, num_classes) for _ in range(num_layers))
         self.bbox_embed = nn.ModuleList(MLP(d, d, 4 * (max_num_bins + 1), 3, act) for _ in range(num_layers))
@@ -360,6 +360,26 @@ class DFineDecoder(nn.Module):
         self.up = nn.Parameter(torch.tensor([float(up)]), requires_grad=False)
         self.reg_scale = nn.Parameter(torch.tensor([float(reg_scale)]), requires_grad=False)
         self.reset_parameters()
+
+    def make_layer(
+        self,
+        d_model: int,
+        num_heads: int,
+        dim_feedforward: int,
+        dropout: float,
+        activation: str,
+        num_points: list[int],
+        offset_scale: float,
+        layer_norm_eps: float,
+    ) -> nn.Module:
+        """One decoder layer (called by the constructor): D-FINE's; a variant's decoder overrides it."""
+        return DFineDecoderLayer(
+            d_model, num_heads, dim_feedforward, dropout, activation, num_points, offset_scale, layer_norm_eps
+        )
+
+    def make_query_pos_head(self, d_model: int, activation: nn.Module) -> nn.Module:
+        """The reference boxes' position head ``(..., 4) -> (..., D)`` (called by the constructor)."""
+        return MLP(4, 2 * d_model, d_model, 2, activation)
 
     def reset_parameters(self, prior_prob: float = 0.01) -> None:
         """D-FINE's init: class biases at the ``prior_prob`` logit, box heads' last layers at zero."""
