@@ -10,9 +10,10 @@ float mask to ``q k^T / sqrt(d)``)::
 The bias is computed from the grid on every call (no cache, no training-size table), so any size,
 aspect and clip length runs, and ``torch.export`` with dynamic sizes traces it.  Rows and columns
 of the ``P`` prefix tokens (class / register tokens) are zero: prefix tokens are attended to and
-attend without a bias.  A model computes the bias once per forward and hands the same tensor to
-every layer (a learned bias such as :class:`FIREBias` shares its parameters across layers, as
-FIRE does).
+attend without a bias.  A model computes the bias once per forward and gives block ``i``
+``layer_bias(bias, i)``: the same tensor for every block, unless the bias has a per-layer schedule
+(:class:`LookHereBias`'s ``layer_slopes``).  A learned bias such as :class:`FIREBias` shares its
+parameters across layers, as FIRE does.
 
 Padding: a padding ``mask`` ``(B, *size)`` (True = padding, at the end of each axis as the suite's
 detection batches pad, bottom / right) is accepted and changes nothing: the biases here depend on
@@ -122,6 +123,15 @@ class AttentionBias(nn.Module):
     def grid_bias(self, coords: Tensor) -> Tensor:
         """Coordinates ``(N, k)`` in the compute dtype -> the bias of the grid tokens ``(heads, N, N)``."""
         raise NotImplementedError
+
+    def layer_bias(self, bias: Tensor, layer: int) -> Tensor:
+        """The bias block ``layer`` adds, from the tensor :meth:`forward` returned this forward.
+
+        A model calls it in every block (``layer`` counts from 0); the base returns ``bias`` itself,
+        one tensor for every layer.  A bias with a per-layer schedule (:class:`LookHereBias`'s
+        ``layer_slopes``) returns its layer's version; ``bias`` may carry ``-inf`` key padding.
+        """
+        return bias
 
     def _compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """float64 when asked for it (references), else float32: half precision only for the result."""
@@ -274,22 +284,42 @@ class LookHereBias(AttentionBias):
     ``bias[h, i, j] = -m_h * |p_i - p_j|`` (Euclidean) for visible keys and ``LOOKHERE_MASKED``
     (``-max bfloat16``, LookHere's fill) outside the field of view; a query always sees itself.
     Prefix (class) tokens are neither masked nor penalised (LookHere's zero class row and column).
-    Not implemented: LookHere's per-layer slope schedule (``layer_slopes``, interpolated over depth),
-    its 45-degree ("eighths" / "triangles") and mixed-head configurations; here every layer shares
-    one bias (a schedule of ``(1, 1)``).  Heads need not be a multiple of 4 (LookHere's configs use
-    4k heads): the directions simply cycle.
+
+    Per-layer schedule (LookHere's ``layer_slopes``): block ``l`` of ``depth`` multiplies the
+    penalties by ``s_l``, ``s`` linear from ``layer_slopes[0]`` (first block) to ``layer_slopes[1]``
+    (last), masked keys staying masked: :meth:`forward` returns the bias at scale 1 and
+    :meth:`layer_bias` scales it per block.  The default ``(1, 1)`` gives every block the same bias.  Not implemented: LookHere's 45-degree ("eighths" / "triangles") and
+    mixed-head configurations.  Heads need not be a multiple of 4 (LookHere's configs use 4k
+    heads): the directions simply cycle.
     """
 
-    def __init__(self, num_heads: int, ndim: int = 2, *, fov: int = 180, global_slope: float = 1.0) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        ndim: int = 2,
+        *,
+        fov: int = 180,
+        global_slope: float = 1.0,
+        layer_slopes: tuple[float, float] = (1.0, 1.0),
+        depth: int = 1,
+    ) -> None:
         super().__init__(num_heads, ndim)
         if ndim != 2:
             raise ValueError(f"LookHere's directions are 2-D; got ndim={ndim}")
         if fov not in LOOKHERE_FOVS:
             raise ValueError(f"fov must be one of {LOOKHERE_FOVS}; got {fov!r}")
+        layer_slopes = tuple(float(v) for v in layer_slopes)
+        if len(layer_slopes) != 2 or min(layer_slopes) < 0 or depth < 1:
+            raise ValueError(f"layer_slopes must be two values >= 0 and depth >= 1; got {layer_slopes}, {depth}")
         self.fov = fov
         self.global_slope = float(global_slope)
+        self.layer_slopes = layer_slopes
+        self.depth = depth
         slopes = [self.global_slope * 2.0 ** -(h // 4 + 1) for h in range(num_heads)]
         self.register_buffer("slopes", torch.tensor(slopes, dtype=torch.float64), persistent=False)
+        # python floats, not a buffer: a constant per block under torch.export / ONNX
+        a, b = layer_slopes
+        self._layer_scale = [a + (b - a) * (i / (depth - 1) if depth > 1 else 0.0) for i in range(depth)]
 
     def grid_bias(self, coords: Tensor) -> Tensor:
         row, col = coords[:, 0], coords[:, 1]
@@ -304,5 +334,21 @@ class LookHereBias(AttentionBias):
         penalty = -self.slopes.to(coords.dtype)[:, None, None] * grid_distance(coords)
         return penalty.masked_fill(~visible, LOOKHERE_MASKED)
 
+    def layer_bias(self, bias: Tensor, layer: int) -> Tensor:
+        """``bias`` (from :meth:`forward`, layer scale 1) with block ``layer``'s scale ``s_layer``.
+
+        Masked entries (``<= LOOKHERE_MASKED``, which includes ``-inf`` key padding) stay as they
+        are: LookHere fills masked positions after scaling.  A scale of 1 returns ``bias`` itself.
+        """
+        if not 0 <= layer < self.depth:
+            raise IndexError(f"layer {layer} of a {self.depth}-block LookHere schedule")
+        scale = self._layer_scale[layer]
+        if scale == 1.0:
+            return bias
+        return torch.where(bias <= LOOKHERE_MASKED, bias, bias * scale)
+
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, fov={self.fov}, global_slope={self.global_slope}"
+        text = f"num_heads={self.num_heads}, fov={self.fov}, global_slope={self.global_slope}"
+        if self.layer_slopes != (1.0, 1.0):
+            text += f", layer_slopes={self.layer_slopes}, depth={self.depth}"
+        return text

@@ -437,7 +437,7 @@ def _fire(ctx: EncodingContext) -> nn.Module:
 
 
 def _lookhere(ctx: EncodingContext) -> nn.Module:
-    return LookHereBias(ctx.num_heads, ctx.ndim, **ctx.options)
+    return LookHereBias(ctx.num_heads, ctx.ndim, depth=ctx.depth, **ctx.options)
 
 
 _ROPE_DIMS = {"rope-3d": (3,)}

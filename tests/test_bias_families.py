@@ -23,6 +23,7 @@ from peg_detr.models import DETR_ENCODINGS
 from peg_detr.models.rtdetr import AIFI_ENCODINGS
 from peg_detr.models.rtdetr.encoder import AIFI
 from peg_detr.models.transformer import rotary_self_attention
+from peg_core.bias import LookHereBias
 from peg_video.models import VIDEO_ENCODINGS, VideoTransformer
 
 BIASES = ["alibi-2d", "fire", "lookhere"]
@@ -326,6 +327,36 @@ def test_aifi_adds_one_bias_to_every_layer(pos_enc):
         ((q @ k.transpose(-1, -2) / math.sqrt(8) + bias).softmax(-1) @ v).transpose(1, 2).reshape(2, 12, 32)
     )
     torch.testing.assert_close(attn(x, None, None, bias), attn.o_proj(want), atol=1e-12, rtol=0)
+
+
+# ------------------------------------------------------------------------ LookHere's layer schedule
+
+
+def test_lookhere_layer_schedule_reaches_every_block_of_the_2d_families():
+    """With ``layer_slopes`` each block of CPVT, DETR's encoder and AIFI gets its own scaled bias."""
+    torch.manual_seed(0)
+    cpvt = CPVT(**SMALL, pos_enc="lookhere", global_pool="token")
+    detr_model = detr("lookhere")
+    aifi = AIFI(32, 4, num_layers=2, pos_enc="lookhere")
+    cases = [  # (the module that holds attn_bias, the blocks' attentions (DETR: layers), the bias argument)
+        (cpvt, [b.attn for b in cpvt.blocks], 2, lambda: cpvt(torch.randn(1, 3, 24, 40))),
+        (detr_model.transformer.encoder, list(detr_model.transformer.encoder.layers), 4,
+         lambda: detr_model([torch.randn(3, 64, 96)])),
+        (aifi, [lay.self_attn for lay in aifi.layers], 3, lambda: aifi(torch.randn(1, 32, 3, 5))),
+    ]  # fmt: skip
+    for holder, attns, index, run in cases:
+        heads = holder.attn_bias.num_heads
+        holder.attn_bias = LookHereBias(heads, layer_slopes=(2.0, 0.5), depth=len(attns))
+        seen = []
+        for attn in attns:
+            attn.register_forward_hook(lambda m, a, out, i=index: seen.append(a[i]))
+        with torch.no_grad():
+            run()
+        assert len(seen) == len(attns) == 2
+        first, last = seen
+        visible = first > -1e30
+        assert torch.equal(visible, last > -1e30)  # the same directions masked
+        torch.testing.assert_close(last[visible] * 4, first[visible])  # slopes 2.0 then 0.5
 
 
 # ----------------------------------------------------------------------------------------- video

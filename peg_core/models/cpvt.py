@@ -290,7 +290,8 @@ class CPVT(nn.Module):
         if "-1" in self.pos_blocks:
             x = self.pos_blocks["-1"](x, size)
         rope = None if self.rope is None else self.rope(size, num_prefix_tokens=self.num_prefix_tokens)
-        # (1, heads, P + N, P + N), shared by every block
+        # (1, heads, P + N, P + N), computed once; each block takes its layer_bias (the same tensor
+        # unless the bias has a per-layer schedule)
         bias = None
         if self.attn_bias is not None:
             bias = self.attn_bias(
@@ -299,7 +300,7 @@ class CPVT(nn.Module):
         for i, blk in enumerate(self.blocks):
             if bias is not None:
                 table = None if rope is None else (rope[0][i], rope[1][i]) if self.rope.learned else rope
-                x = blk(x, table, bias)
+                x = blk(x, table, self.attn_bias.layer_bias(bias, i))
             elif rope is None:
                 x = blk(x)
             else:  # mixed: one table per block (depth, heads, N, D); the others share one (N, D)

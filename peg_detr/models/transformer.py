@@ -317,7 +317,10 @@ class TransformerEncoder(nn.Module):
             bias = with_key_padding(self.attn_bias(size, mask, dtype=src.dtype, device=src.device), kpm)
         for i, layer in enumerate(self.layers):
             table = None if rope is None else (rope[0][i], rope[1][i]) if self.rope.learned else rope
-            out = layer(src, pos, kpm, table) if bias is None else layer(src, pos, kpm, table, bias)
+            if bias is None:
+                out = layer(src, pos, kpm, table)
+            else:
+                out = layer(src, pos, kpm, table, self.attn_bias.layer_bias(bias, i))
             src, peg_out = self._peg(i, out, size, mask, peg_out)
         if self.norm is not None:
             src = self.norm(src)

@@ -591,7 +591,10 @@ class VideoTransformer(nn.Module):
         bias = self._attn_biases(size, x)
         for i, blk in enumerate(self.blocks):
             if bias is not None:
-                x = blk(x, size, p, rope, bias) if isinstance(blk, DividedBlock) else blk(x, rope, bias)
+                if isinstance(blk, DividedBlock):  # (time, space) biases
+                    x = blk(x, size, p, rope, tuple(self.attn_bias.layer_bias(b, i) for b in bias))
+                else:
+                    x = blk(x, rope, self.attn_bias.layer_bias(bias, i))
             else:
                 x = blk(x, size, p, rope) if isinstance(blk, DividedBlock) else blk(x, rope)
             x = self._peg(x, i, size)

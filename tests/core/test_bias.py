@@ -128,6 +128,35 @@ def test_lookhere_matches_the_reference(size, heads, fov):
         LookHereBias(4, fov=45)
 
 
+def test_lookhere_layer_schedule_matches_the_reference():
+    """LookHere's per-layer schedule: block l scales the penalties by linspace(a, b, depth)[l], masks stay."""
+    size, heads, depth = (3, 4), 8, 4
+    bias = LookHereBias(heads, fov=90, global_slope=0.5, layer_slopes=(1.5, 0.25), depth=depth)
+    base = bias(size, num_prefix_tokens=1, dtype=torch.float64)
+    ref = _lookhere_reference(size, heads, 90, 0.5)
+    for layer, scale in enumerate([1.5, 1.5 - 1.25 / 3, 1.5 - 2.5 / 3, 0.25]):
+        got = bias.layer_bias(base, layer)[0]
+        want = torch.where(ref == LOOKHERE_MASKED, ref, scale * ref)
+        torch.testing.assert_close(got[:, 1:, 1:], want, atol=1e-12, rtol=0)
+        assert (got[:, 0] == 0).all() and (got[:, :, 0] == 0).all()  # the class token stays unbiased
+    # -inf key padding and bf16's masked value survive the scaling
+    padded = with_key_padding(base, torch.tensor([[False] * 12 + [True]]))
+    assert bias.layer_bias(padded, 3)[..., -1].isinf().all()
+    low = bias.layer_bias(bias(size, dtype=torch.bfloat16), 0)
+    assert low.dtype == torch.bfloat16 and (low == LOOKHERE_MASKED).sum() == (ref == LOOKHERE_MASKED).sum()
+    # the default schedule hands every block the forward's tensor itself; the registry passes the depth
+    flat = LookHereBias(heads, depth=3)
+    t = flat(size)
+    assert all(flat.layer_bias(t, i) is t for i in range(3))
+    built = get_encoding("lookhere").build(EncodingContext(8, (4, 4), num_heads=4, depth=6,
+                                                           options={"layer_slopes": (2.0, 1.0)}))  # fmt: skip
+    assert built.depth == 6 and built._layer_scale[-1] == 1.0 and built._layer_scale[0] == 2.0
+    with pytest.raises(IndexError, match="layer 4 of a 4-block"):
+        bias.layer_bias(base, 4)
+    with pytest.raises(ValueError, match="layer_slopes"):
+        LookHereBias(4, layer_slopes=(1.0, -1.0))
+
+
 @pytest.mark.parametrize("name", ["alibi-2d", "fire", "lookhere"])
 def test_prefix_tokens_are_unbiased_and_sizes_are_free(name):
     torch.manual_seed(0)

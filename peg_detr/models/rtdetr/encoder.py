@@ -378,7 +378,10 @@ class AIFI(nn.Module):
         tokens = self._peg(-1, tokens, size)
         for i, layer in enumerate(self.layers):
             table = None if rope is None else (rope[0][i], rope[1][i]) if self.rope.learned else rope
-            out = layer(tokens, pos, table) if bias is None else layer(tokens, pos, table, bias)
+            if bias is None:
+                out = layer(tokens, pos, table)
+            else:
+                out = layer(tokens, pos, table, self.attn_bias.layer_bias(bias, i))
             tokens = self._peg(i, out, size)
         out = tokens.transpose(1, 2).reshape(b, c, h, w)  # channels-last strides
         if x.is_contiguous(memory_format=torch.channels_last):
