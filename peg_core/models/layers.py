@@ -7,6 +7,9 @@ onto them one to one.  Tokens stay ``(B, N, C)`` throughout.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -83,7 +86,12 @@ class Attention(nn.Module):
     ``(1|B, heads, N, N)`` from :class:`peg_core.bias.AttentionBias`, cast to the queries' dtype
     as SDPA requires, e.g. under autocast).  No parameters are added: the state-dict
     keys stay ``qkv.{weight,bias}``, ``proj.{weight,bias}``.
+
+    ``probe`` (class attribute, normally None): a callable ``(module, q, k, attn_mask)`` that sees
+    every attention's rotated queries and keys, set by :func:`peg_core.models.probe.attention_probe`.
     """
+
+    probe: ClassVar[Callable[..., None] | None] = None
 
     def __init__(
         self,
@@ -116,6 +124,9 @@ class Attention(nn.Module):
             k = apply_rope(k, sin, cos, half=self.rope_half)
         if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.dtype != q.dtype:
             attn_mask = attn_mask.to(q.dtype)
+        probe = type(self).probe  # diagnostics only (peg_core.models.probe): None in training and export
+        if probe is not None:
+            probe(self, q, k, attn_mask)
         p = self.attn_drop if self.training else 0.0
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
         return self.proj(x.transpose(1, 2).reshape(b, n, c))
