@@ -41,10 +41,9 @@ import argparse
 import json
 import multiprocessing
 import platform
+import shlex
 import sys
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
@@ -55,24 +54,25 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from peg_core.engine.cli import positive_int, positive_int_list
+from tools.study_runner import devices_arg, resolve_devices, row_seconds, run_cells
 from tools.study_tasks import (
     ABLATIONS,
+    BIAS_ROWS,
+    EXTRAPOLATION_SCALES,
     PLANS,
     PRETRAINED_GROUP,
     ROTARY_ROWS,
     RTDETR_FAMILY,
     TASKS,
+    VIDEO_BIAS_ROWS,
     VIDEO_ROTARY_ROWS,
-    CellResult,
     Plan,
     Row,
     TaskResult,
     assemble,
-    cells_of,
     classify_specs,
     mean_std,
     plan_detect_rtdetr,
-    run_cell,
 )
 
 __all__ = [
@@ -260,6 +260,108 @@ def task_figure(result: TaskResult) -> Figure:
     return fig
 
 
+def _diagnosed(result: TaskResult) -> list[Row]:
+    return [r for r in result.rows if r.group == "encoding" and r.diagnostics]
+
+
+def attention_figure(result: TaskResult) -> Figure | None:
+    """Per layer (a row of panels): mean attention entropy and mean attention distance against the test
+    size, one line per encoding row (the same styles as :func:`task_figure`); None without diagnostics."""
+    rows = _diagnosed(result)
+    if not rows:
+        return None
+    cols = [c for c in square_columns(result) if all(c in r.diagnostics for r in rows)]
+    depth = max(len(r.diagnostics[cols[0]]["entropy"]) for r in rows)
+    fig = Figure(figsize=(8.4, 2.1 * depth + 0.6), dpi=100)
+    FigureCanvasAgg(fig)
+    styles = row_styles([r.label for r in rows])
+    axes = fig.subplots(depth, 2, squeeze=False, sharex=True)
+    for layer in range(depth):
+        for j, (q, unit) in enumerate((("entropy", "nats"), ("distance", "grid cells"))):
+            ax = axes[layer][j]
+            for r in rows:
+                values = [r.diagnostics[c][q] for c in cols]
+                if layer < len(values[0]):
+                    colour, marker = styles[r.label]
+                    ax.plot(range(len(cols)), [v[layer] for v in values], color=colour, marker=marker,
+                            markersize=3, label=r.label)  # fmt: skip
+            ax.set_ylabel(f"layer {layer + 1}\n{q} ({unit})", fontsize=7)
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=7)
+            if layer == depth - 1:
+                ax.set_xticks(range(len(cols)), cols, fontsize=7)
+                ax.set_xlabel(f"test size (trained at {result.train_size})", fontsize=7)
+    axes[0][0].set_title("mean attention entropy (grid queries)", fontsize=8)
+    axes[0][1].set_title("mean attention distance to the grid keys", fontsize=8)
+    axes[0][1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"{result.task}: attention diagnostics, mean over {len(result.seeds)} seed(s)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def diagnostics_table(result: TaskResult) -> str | None:
+    """Entropy / distance of the first and last layer at the training and the largest test size, per row."""
+    rows = _diagnosed(result)
+    if not rows:
+        return None
+    train, big = result.train_size, largest_column(result)
+    head = ["encoding", f"entropy {train}", f"entropy {big}", f"distance {train}", f"distance {big}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def pair(r: Row, col: str, q: str) -> str:
+        v = r.diagnostics[col][q]
+        return f"{v[0]:.2f} / {v[-1]:.2f}"
+
+    for r in rows:
+        cells = [r.label] + [pair(r, c, q) for q in ("entropy", "distance") for c in (train, big)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+#: the attention-diagnostic sentence needs this many rows and a rank correlation this certain
+MIN_ROWS_FOR_RANKS, RANK_P = 5, 0.05
+
+
+def diagnostics_sentences(result: TaskResult) -> list[str]:
+    """Do the rows that lose most at the largest size change their last layer's attention most?
+
+    Spearman's rank correlation over the encoding rows between the metric's drop (training size ->
+    largest size) and the change of the last layer's mean entropy / distance; a conclusion only with
+    at least 2 seeds, :data:`MIN_ROWS_FOR_RANKS` rows and ``p <`` :data:`RANK_P`.
+    """
+    from scipy.stats import spearmanr
+
+    rows = _diagnosed(result)
+    train, big = result.train_size, largest_column(result)
+    rows = [r for r in rows if train in r.diagnostics and big in r.diagnostics]
+    if not rows or big == train:
+        return []
+    drop = [r.scores[train] - r.scores[big] for r in rows]
+    out = []
+    for q, grows in (("entropy", "rises"), ("distance", "grows")):
+        change = [r.diagnostics[big][q][-1] - r.diagnostics[train][q][-1] for r in rows]
+        moved = ", ".join(f"`{r.label}` {c:+.2f}" for r, c in sorted(zip(rows, change, strict=True),
+                                                                    key=lambda rc: -abs(rc[1]))[:3])  # fmt: skip
+        head = f"Last layer's attention {q} from {train} to {big}: largest changes {moved}"
+        if len(result.seeds) < 2:
+            out.append(f"{head}; {_no_conclusion('one seed: a rank correlation needs at least 2 seeds')}.")
+            continue
+        if len(rows) < MIN_ROWS_FOR_RANKS or len(set(drop)) < 2 or len(set(change)) < 2:
+            out.append(f"{head}; {_no_conclusion(f'{len(rows)} rows: too few to rank')}.")
+            continue
+        rho, pval = spearmanr(drop, change)
+        stat = f"Spearman rho = {rho:.2f}, p = {pval:.3f}, n = {len(rows)} rows"
+        if pval < RANK_P:
+            way = "more" if rho > 0 else "less"
+            out.append(
+                f"{head}. The rows that lose most {result.metric} are those whose {q} {grows} {way} ({stat})."
+            )
+        else:
+            out.append(f"{head}; a row's {result.metric} drop and its {q} change: "
+                       f"{_no_conclusion(stat + ', not below ' + str(RANK_P))}.")  # fmt: skip
+    return out
+
+
 def plot_task(result: TaskResult, path: Path) -> Path:
     """:func:`task_figure` written to ``path`` as a PNG."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -346,7 +448,7 @@ def interpret(result: TaskResult) -> list[str]:
     if result.protocol in PROTOCOL_TEXT:
         out.append(PROTOCOL_TEXT[result.protocol])
     train = result.train_size
-    big = max(result.sizes, key=_size_key) if result.task != "video" else result.sizes[2]
+    big = largest_column(result)
     peg = _find(result, "peg", "peg3d")
     learned = _find(result, "learned (bicubic)", "learned")
     none = _find(result, "none")
@@ -392,6 +494,11 @@ def interpret(result: TaskResult) -> list[str]:
     ]
     if peg is not None and rotary and big != train:
         out.append(_rotary_sentence(peg, rotary, big, train, chance))
+    biases = [
+        r for r in result.rows if r.group == "encoding" and r.encoding in (*BIAS_ROWS, *VIDEO_BIAS_ROWS)
+    ]
+    if peg is not None and biases and big != train:
+        out.append(_rotary_sentence(peg, biases, big, train, chance, "attention-bias"))
     pad = {r.label: r for r in result.rows if r.group == "padding"}
     if "zero padding" in pad and "circular padding" in pad:
         z, c = pad["zero padding"], pad["circular padding"]
@@ -430,15 +537,75 @@ def _size_sentence(
     return verdict, why
 
 
-def _rotary_sentence(peg: Row, rotary: list[Row], big: str, train: str, chance: float | None) -> str:
-    """The best rotary row against the PEG at ``big``: who is ahead beyond the spread, or no conclusion."""
+def _rotary_sentence(
+    peg: Row, rotary: list[Row], big: str, train: str, chance: float | None, family: str = "rotary"
+) -> str:
+    """The best row of ``family`` against the PEG at ``big``: who is ahead beyond the spread, or no conclusion."""
     best = max(rotary, key=lambda r: r.scores[big])
     verdict, why = judge(best, peg, big, chance=chance)
     reading = {1: f"{best.label} is ahead", -1: f"{peg.label} is ahead", 0: _no_conclusion(why)}[verdict]
     return (
-        f"Rotary against PEG at {big} (trained at {train}): the best rotary row {best.label} "
+        f"{family.capitalize()} against PEG at {big} (trained at {train}): the best {family} row {best.label} "
         f"{_holds(best, big, train, chance)} while {peg.label} {_holds(peg, big, train, chance)}: {reading}."
     )
+
+
+def largest_column(result: TaskResult) -> str:
+    """The column of the largest square test size (video: the longest clip at the training crop)."""
+    if result.task == "video":
+        return max((c for c in result.sizes if "," not in c), key=_size_key)
+    return max(result.sizes, key=_size_key)
+
+
+def square_columns(result: TaskResult) -> list[str]:
+    """The columns of one scale axis: square sizes (video: clip lengths at the training crop), in order."""
+    cols = [c for c in result.sizes if "x" not in c.split()[0] and "," not in c]
+    return sorted(cols, key=_size_key)
+
+
+#: the encoding families of the three-families paragraph, in its order: label -> rows' encodings
+FAMILIES = {
+    "conditional (PEG)": ("peg", "peg3d"),
+    "table": ("learned", "sincos", "sine"),
+    "rotary": (*ROTARY_ROWS, *VIDEO_ROTARY_ROWS),
+    "attention bias": (*BIAS_ROWS, *VIDEO_BIAS_ROWS),
+}
+
+
+def _family_of(row: Row) -> str | None:
+    enc = row.encoding
+    for name, members in FAMILIES.items():
+        if enc in members and "+" not in enc:
+            return name
+    return "PEG pair" if enc.startswith("peg") and "+" in enc else None
+
+
+def families_sentences(result: TaskResult) -> list[str]:
+    """The best row of each family (PEG, table, rotary, bias, PEG pair) at the training size and the
+    largest one, and which families are ahead of which beyond the spread there (generated from the numbers)."""
+    rows = [r for r in result.rows if r.group == "encoding" and r.mode in (None, "bicubic")]
+    fams: dict[str, list[Row]] = {}
+    for r in rows:
+        f = _family_of(r)
+        if f is not None:
+            fams.setdefault(f, []).append(r)
+    if len(fams) < 2:
+        return []
+    train, big = result.train_size, largest_column(result)
+    out = []
+    for col in (train, big):
+        best = {f: max(rs, key=lambda r: r.scores[col]) for f, rs in fams.items()}
+        ranked = sorted(best.items(), key=lambda kv: kv[1].scores[col], reverse=True)
+        listing = "; ".join(f"{f} `{r.label}` {_cell(r, col)}" for f, r in ranked)
+        (f1, top), (f2, second) = ranked[0], ranked[1]
+        sign, why = judge(top, second, col, chance=result.chance)
+        lead = (f"the {f1} family leads, ahead of the next ({f2}) beyond the spread" if sign == 1
+                else f"no family leads: {_no_conclusion(why)} between {f1} and {f2}")  # fmt: skip
+        behind = [f for f, r in ranked[1:] if judge(top, r, col, chance=result.chance)[0] == 1]
+        tail = f"; {f1} is ahead of {', '.join(behind)}" if behind and sign != 1 else ""
+        where = "the training size" if col == train else "the largest test size"
+        out.append(f"{result.task}, best row per family at {col} ({where}): {listing}. Here {lead}{tail}.")
+    return out
 
 
 def _size_key(label: str) -> float:
@@ -475,6 +642,15 @@ def task_section(result: TaskResult) -> str:
         "",
         *[f"* {s}" for s in interpret(result)],
     ]
+    fam = families_sentences(result)
+    if fam:
+        lines += ["", "Three families (conditional, table, rotary, attention bias; and the PEG pairs):", "",
+                  *[f"* {s}" for s in fam]]  # fmt: skip
+    diag = diagnostics_table(result)
+    if diag is not None:
+        lines += ["", "Attention diagnostics (`--diagnose`, `peg_core.models.probe`; first / last layer, mean "
+                  "over seeds; entropy in nats over all keys, distance in grid cells to the attended grid keys):",
+                  "", diag, "", *[f"* {s}" for s in diagnostics_sentences(result)]]  # fmt: skip
     for group, table in ablation_tables(result):
         if group == PRETRAINED_GROUP:  # not an ablation: a table row and a PEG row from the same weights
             lines += ["", f"**{group}** (a Hugging Face folder through `train --init`; same data, budget and "
@@ -528,6 +704,10 @@ def write_report(
     for r in results:
         png = plot_task(r, out / f"{r.task}.png")
         parts += ["", task_section(r), "", f"![{r.task}]({png.name})"]
+        fig = attention_figure(r)
+        if fig is not None:
+            fig.savefig(out / f"{r.task}_attention.png")
+            parts += ["", f"![{r.task}: attention entropy and distance per layer]({r.task}_attention.png)"]
     if cost:
         parts += ["", cost]
     (out / "report.md").write_text("\n".join(parts) + "\n")
@@ -551,6 +731,19 @@ def _ablate_list(text: str) -> list[str]:
     return axes
 
 
+def _scale_list(text: str) -> list[float]:
+    """``argparse`` type: comma-separated positive scales (``0.5,1,2,4``)."""
+    try:
+        scales = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        scales = []
+    if not scales or any(not (0 < v <= 16) for v in scales):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated scales in (0, 16], e.g. 0.5,1,2,4; got {text!r}"
+        )
+    return sorted(set(scales))
+
+
 def _name_list(text: str) -> list[str]:
     """``argparse`` type: comma-separated row names."""
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -566,6 +759,7 @@ def _check_rows(names: list[str], parser: argparse.ArgumentParser) -> None:
         "peg3d",
         "peg3d-factorized",
         *VIDEO_ROTARY_ROWS,
+        *VIDEO_BIAS_ROWS,
     }
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -609,9 +803,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--train-size", type=positive_int, help="image tasks: training size (default: the budget's)"
     )
     p.add_argument("--test-sizes", type=positive_int_list, help="image tasks: test sizes, e.g. 36,48,72,96")
+    p.add_argument(
+        "--test-scales",
+        type=_scale_list,
+        help="test sizes (video: clip lengths) as fractions of the training one, e.g. 0.5,1,2,4",
+    )
+    p.add_argument(
+        "--aspect",
+        action="store_true",
+        help="classify: also test at height:width 1:2 and 2:1 (trained square)",
+    )
+    p.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="per-layer mean attention entropy and distance at every test size (classify, video)",
+    )
+    p.add_argument("--train-args", default="",
+                   help="flags appended to every cell's train command, which win over the study's, e.g. "
+                   "\"--arch cpvt_tiny --epochs 100 --batch-size 256 --workers 8\" for real data")  # fmt: skip
+    p.add_argument("--extrapolate", action="store_true",
+                   help=f"the extrapolation protocol: --test-scales {','.join(map(str, EXTRAPOLATION_SCALES))} "
+                   "--aspect --diagnose")  # fmt: skip
     p.add_argument("--rows", type=_name_list,
                    help="only these encoding rows, e.g. peg,learned (default: all; ablation rows stay)")  # fmt: skip
-    p.add_argument("--jobs", type=positive_int, default=1, help="cells trained at once (worker processes)")
+    p.add_argument("--jobs", type=positive_int, default=1,
+                   help="CPU: cells trained at once (worker processes); with GPUs, one worker per GPU")  # fmt: skip
+    p.add_argument("--devices", type=devices_arg, default="auto",
+                   help="auto (every visible GPU when CUDA is available, else the CPU), cpu, cuda (every GPU) "
+                   "or cuda:0,cuda:2: one worker per GPU listed, each pinned to its GPU")  # fmt: skip
+    p.add_argument("--retrain", action="store_true",
+                   help="train every cell again (default: a cell whose cell.json in --out matches is reused)")  # fmt: skip
     p.add_argument(
         "--threads",
         type=positive_int,
@@ -624,7 +845,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _plans(args: argparse.Namespace, tasks: list[str], seeds: list[int]) -> list[Plan]:
     plans = []
     for task in tasks:
-        kw = {"ablate": args.ablate, "train_size": args.train_size, "test_sizes": args.test_sizes}
+        kw = {"ablate": args.ablate, "train_size": args.train_size, "test_sizes": args.test_sizes,
+              "test_scales": args.test_scales, "diagnose": args.diagnose}  # fmt: skip
         if task == "classify":
             protocols = ["quadrant", "scale"] if args.protocol == "both" else [args.protocol]
             if args.data is not None:
@@ -632,7 +854,7 @@ def _plans(args: argparse.Namespace, tasks: list[str], seeds: list[int]) -> list
             for protocol in protocols:
                 sub = args.out / ("classify" if protocol == "quadrant" else f"classify-{protocol}")
                 plans.append(PLANS[task](sub, args.quick, seeds, args.data, args.epochs, protocol=protocol,
-                                         quantize=args.quantize == "int8", **kw))  # fmt: skip
+                                         quantize=args.quantize == "int8", aspect=args.aspect, **kw))  # fmt: skip
         elif task == "detect":
             if args.arch in ("detr", "both"):
                 plans.append(PLANS[task](args.out / task, args.quick, seeds, args.data, args.epochs, **kw))
@@ -646,45 +868,6 @@ def _plans(args: argparse.Namespace, tasks: list[str], seeds: list[int]) -> list
     return plans
 
 
-def _run_cells(plans: list[Plan], jobs: int, threads: int, done: Callable[[Plan, dict, float], None]) -> None:
-    """Train every cell of ``plans``; call ``done(plan, cells, seconds)`` as each plan completes.
-
-    ``jobs > 1``: a pool of spawned worker processes (one torch each), longest tasks submitted first.
-    """
-    todo = [(p, s, seed) for p in plans for s in cells_of(p) for seed in p.seeds]
-    if jobs > 1:  # the longest cells first, so that the last ones to finish are short
-        longest = {"detect-rtdetr": 0, "detect-dfine": 0, "detect": 0, "video": 1, "classify": 2}
-        todo.sort(key=lambda c: longest[c[0].task])
-    results: dict[str, dict] = {p.key: {} for p in plans}
-    seconds: dict[str, float] = {p.key: 0.0 for p in plans}
-    need = {p.key: sum(1 for c in todo if c[0] is p) for p in plans}
-
-    def collect(plan: Plan, name: str, seed: int, run: Callable[[], CellResult]) -> None:
-        try:
-            res: CellResult | None = run()
-            seconds[plan.key] += res.seconds
-        except Exception as e:  # one failed cell drops its row, not the hours of the others
-            print(f"[study {plan.key}] {name} seed {seed} FAILED: {type(e).__name__}: {e}", flush=True)
-            res = None
-        results[plan.key][name, seed] = res
-        if len(results[plan.key]) == need[plan.key]:
-            done(plan, results[plan.key], seconds[plan.key])
-
-    if jobs == 1:
-        for plan, spec, seed in todo:
-            collect(plan, spec.name, seed, lambda p=plan, s=spec, k=seed: run_cell(p, s, k, threads))
-        return
-    ctx = multiprocessing.get_context("spawn")  # a fresh torch per worker: no fork of a threaded runtime
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures: dict[Future, tuple[Plan, str, int]] = {
-            pool.submit(run_cell, plan, spec, seed, threads): (plan, spec.name, seed)
-            for plan, spec, seed in todo
-        }
-        for fut in as_completed(futures):
-            plan, name, seed = futures[fut]
-            collect(plan, name, seed, fut.result)
-
-
 def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -696,8 +879,17 @@ def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
         parser.error(f"--data {args.data} does not exist ({DATA_HELP[args.task]})")
     if args.task == "video" and (args.train_size or args.test_sizes):
         parser.error("--train-size / --test-sizes are for the image tasks (classify, detect)")
+    if args.extrapolate:
+        args.test_scales = args.test_scales or list(EXTRAPOLATION_SCALES)
+        args.aspect = args.diagnose = True
+    if args.test_sizes and args.test_scales:
+        parser.error("--test-sizes and --test-scales (or --extrapolate) both set the test sizes; give one")
     if args.arch != "detr" and args.task not in ("detect", "all"):
         parser.error("--arch is for the detect task (--task detect or all)")
+    try:
+        devices = resolve_devices(args.devices)
+    except ValueError as e:  # InputError: a GPU this machine does not have
+        parser.error(str(e))
     threads = args.threads or 1
     torch.set_num_threads(threads)
     tasks = list(TASKS) if args.task == "all" else [args.task]
@@ -707,6 +899,11 @@ def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
     if args.rows:
         _check_rows(args.rows, parser)
     plans = _plans(args, tasks, seeds)
+    extra = tuple(shlex.split(args.train_args))
+    for plan in plans:
+        plan.train_args = extra
+        if extra:
+            plan.notes.append(f"Every cell's train command ends with `{shlex.join(extra)}` (`--train-args`).")
     if args.rows:
         _keep_rows(plans, args.rows)
     order = [p.key for p in plans]
@@ -714,10 +911,11 @@ def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
 
     def done(plan: Plan, cells: dict, secs: float) -> None:
         results[plan.key] = assemble(plan, cells, secs)
+        results[plan.key].cell_seconds = row_seconds(plan, cells)
         ordered = [results[k] for k in order if k in results]
         write_report(ordered, args.out, command)  # finished tasks survive a crash
 
-    _run_cells(plans, args.jobs, threads, done)
+    run_cells(plans, args.jobs, threads, done, devices, retrain=args.retrain)
     results = {k: results[k] for k in order}
     wall = time.time() - t0
     cost = None if args.quick else _cost_section()  # CPVT-Ti/S/B on the meta device: a minute on a busy CPU

@@ -64,6 +64,8 @@ __all__ = [
     "TaskResult",
     "ablation_specs",
     "assemble",
+    "cell_device",
+    "cell_dir",
     "mean_std",
     "plan_classify",
     "plan_detect",
@@ -114,11 +116,20 @@ BUDGETS: dict[tuple[str, bool], Budget] = {
     ("video", True): Budget(epochs=1, n_train=12, n_val=6, train_size=32, batch_size=4),
 }
 IMAGE_SCALES = (0.75, 1.0, 1.5, 2.0)
+#: the extrapolation protocol's scales (``--test-scales``): 0.5x .. 4x of the training size / clip length
+EXTRAPOLATION_SCALES = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+#: ``--aspect``: test grids of height : width 1 : 2 and 2 : 1 (the longer side twice the training size)
+ASPECTS = ((1, 2), (2, 1))
+#: the attention rows of the bias kinds and their PEG pairs (image tasks; video: no lookhere, peg3d pairs)
+BIAS_ROWS = ("alibi-2d", "fire", "lookhere", "peg+alibi-2d", "peg+fire")
+VIDEO_BIAS_ROWS = ("alibi-2d", "fire", "peg3d+alibi-2d", "peg3d+fire")
+#: validation scenes / clips the attention diagnostics average over per test size
+DIAGNOSE_IMAGES = 64
 #: RT-DETR's multi-scale training sides as fractions of its size (480..800 around 640: 0.75x..1.25x)
 RTDETR_TRAIN_SCALES = (0.75, 0.875, 1.0, 1.125, 1.25)
 #: the RT-DETR rows of ``--task detect --arch rtdetr``; the others of :data:`RTDETR_EXTRA_ROWS` on ``--rows``
 RTDETR_ROWS = ("peg", "sincos", "none")
-RTDETR_EXTRA_ROWS = ("learned", *ROTARY_ROWS)
+RTDETR_EXTRA_ROWS = ("learned", *ROTARY_ROWS, *BIAS_ROWS)
 #: ``--arch`` of the RT-DETR family -> (its demo recipe, its name, the model's description)
 RTDETR_FAMILY: dict[str, tuple[str, str, str]] = {
     "rtdetr": ("rtdetr_demo_tiny", "RT-DETR",
@@ -153,6 +164,8 @@ class Row:
     group: str = "encoding"  # "encoding" or the ablation axis
     int8: dict[str, list[float]] = field(default_factory=dict)
     repeats: str | None = None  # the row whose trained models this row shows (an ablation's baseline)
+    #: test-size label -> {"entropy": [per layer], "distance": [per layer]}, means over the seeds
+    diagnostics: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -169,6 +182,8 @@ class TaskResult:
     seeds: list[int] = field(default_factory=lambda: [0])
     protocol: str | None = None
     chance: float | None = None  # the metric of a model that learned nothing (1 / classes; AP: 0)
+    #: trained row -> its training seconds per cell (mean over the seeds)
+    cell_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -237,6 +252,9 @@ class Plan:
     views: list[tuple[str, int, int]] = field(default_factory=list)  # video: (label, frames, crop)
     chance: float | None = None  # the metric at chance (see TaskResult.chance)
     init: str | None = None  # video: the Hugging Face folder of the "from pre-trained weights" rows
+    aspects: list[tuple[str, int, int]] = field(default_factory=list)  # classify: (label, height, width)
+    diagnose: bool = False  # per-layer attention entropy / distance at every test size (ViT rows)
+    train_args: tuple[str, ...] = ()  # --train-args: flags appended to every cell's train command (they win)
 
 
 @dataclass
@@ -249,6 +267,8 @@ class CellResult:
     flops: int
     int8: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    #: test-size label -> {"entropy": [per layer], "distance": [per layer]} (peg_core.models.probe)
+    diagnostics: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
 
 def _modes(enc: str) -> tuple[str | None, ...]:
@@ -306,6 +326,7 @@ def classify_specs(train_size: int, epochs: int, ablate: Sequence[str] = ()) -> 
         RowSpec("learned + multi-scale", "learned", ("--train-sizes", f"{lo},{train_size},{hi}")),
         RowSpec("learned + progressive", "learned", ("--progressive-sizes", ",".join(map(str, stages)))),
         *(RowSpec(e, e) for e in ROTARY_ROWS),
+        *(RowSpec(e, e) for e in BIAS_ROWS),
     ]
     specs += ablation_specs(ablate, depth, base_at)
     return specs
@@ -377,18 +398,22 @@ def plan_classify(
     out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
     protocol: str = "quadrant", ablate: Sequence[str] = (), quantize: bool = False,
     train_size: int | None = None, test_sizes: Sequence[int] | None = None,
+    test_scales: Sequence[float] | None = None, aspect: bool = False, diagnose: bool = False,
 ) -> Plan:  # fmt: skip
     """CPVT (small, :data:`peg_core.classify.DEMO_CONFIG`) on generated shapes (``protocol``) or ``data``.
 
     Generated data is written once (scene seed = the first seed) as ImageFolder trees: ``train/``
     and ``val/`` at the training size, and ``at<S>/val/`` with the same validation scenes
     rendered at each test size ``S``.  A user's ``data`` is resized to each test size by ``eval``.
+    ``test_scales``: test sizes as fractions of the training size (default :data:`IMAGE_SCALES`);
+    ``aspect``: also the non-square grids of :data:`ASPECTS` (generated data: the same scenes rendered
+    at ``H x W``); ``diagnose``: per-layer attention entropy and distance at every test size.
     """
     from peg_core.classify import DEMO_CONFIG, make_shape_splits, scaled_sizes
 
     budget = BUDGETS["classify", quick]
     size = train_size or budget.train_size
-    sizes = list(test_sizes) if test_sizes else scaled_sizes(size, IMAGE_SCALES)
+    sizes = list(test_sizes) if test_sizes else scaled_sizes(size, test_scales or IMAGE_SCALES)
     if size not in sizes:
         sizes = sorted([*sizes, size])
     key = "classify" if protocol == "quadrant" or data is not None else f"classify-{protocol}"
@@ -420,8 +445,18 @@ def plan_classify(
         )
     if axes and protocol == "quadrant" and data is None:
         notes.append("The ablation rows use the quadrant protocol only (the budget of the full run).")
+    aspects = [(f"{size * h}x{size * w} px", size * h, size * w) for h, w in ASPECTS] if aspect else []
+    if aspects and data is not None:
+        notes.append("The aspect columns need generated data (the scenes rendered at H x W); left out.")
+        aspects = []
+    if aspects:
+        notes.append(
+            "Aspect columns: the validation scenes rendered at height x width 1:2 and 2:1 (the longer side "
+            "twice the training size; shapes stretched with the canvas), evaluated in the study's process."
+        )
     return Plan(
-        task="classify", key=key, out=out, specs=specs, seeds=seeds, budget=budget, epochs=epochs, metric="top-1", sizes=sizes, labels=[f"{s} px" for s in sizes],
+        task="classify", key=key, out=out, specs=specs, seeds=seeds, budget=budget, epochs=epochs, metric="top-1", sizes=sizes,
+        labels=[f"{s} px" for s in sizes] + [a[0] for a in aspects], aspects=aspects, diagnose=diagnose,
         train_label=f"{size} px", data=info, data_name=data_name, model=_describe(DEMO_CONFIG),
         quantize=quantize, protocol=protocol if data is None else None, notes=notes,
         chance=_folder_chance(Path(info["root"]) / "train"),
@@ -432,7 +467,7 @@ def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellR
     from peg_core.classify.cli import evaluate, train
     from peg_core.classify.model import load_model
 
-    common = ["--device", "cpu", "--no-progress", "--workers", "0"]
+    common = ["--device", cell_device(), "--no-progress", "--workers", "0"]
     size = int(plan.train_label.split()[0])
     argv = [*common, "--seed", str(seed), "--epochs", str(plan.epochs), "--img-size", str(size),
             "--batch-size", str(plan.budget.batch_size), "--eval-every", "0", "--data-root", plan.data["root"],
@@ -441,7 +476,7 @@ def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellR
         "generated"
     ]:  # whole images in the scenes' own 2 rgb - 1 scaling; no flip (left/right classes)
         argv += ["--augment", "none", "--crop-ratio", "1", "--normalize", "half"]
-    train(argv)
+    train([*argv, *plan.train_args])
     ckpt = run_dir / "checkpoint.pth"
     model = load_model(ckpt).model
     x = torch.zeros(1, 3, size, size)
@@ -454,17 +489,74 @@ def _classify_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellR
             rep = evaluate([*flags, "--eval-sizes", ",".join(map(str, plan.sizes)),
                             "--output-dir", str(run_dir / f"eval_{mode or 'default'}")])  # fmt: skip
             by_size = rep["eval"]["top1_by_size"]
-            return {lab: by_size[str(s)] for lab, s in zip(plan.labels, plan.sizes, strict=True)}
+            return {lab: by_size[str(s)] for lab, s in zip(plan.labels, plan.sizes)}
         scores = {}
-        for lab, s in zip(plan.labels, plan.sizes, strict=True):  # the scenes rendered at each size
+        for lab, s in zip(plan.labels, plan.sizes):  # the scenes rendered at each size (not the aspects)
             rep = evaluate([*flags, "--eval-sizes", str(s), "--data-root", str(Path(plan.data["root"]) / f"at{s}"),
                             "--output-dir", str(run_dir / f"eval_{mode or 'default'}_{s}")])  # fmt: skip
             scores[lab] = rep["eval"]["top1_by_size"][str(s)]
         return scores
 
     scores = {str(m): at_sizes(m) for m in spec.modes}
+    diagnostics = {}
+    if plan.aspects or plan.diagnose:
+        scenes = _val_scenes(plan)
+        for m in spec.modes:
+            loaded = load_model(ckpt, pos_interpolation=m).model
+            for lab, h, w in plan.aspects:
+                scores[str(m)][lab] = _scenes_top1(loaded, scenes, (h, w))
+            if (
+                plan.diagnose and m == spec.modes[0]
+            ):  # one mode: a resize mode changes the table, not the probe
+                grids = [(lab, (s, s)) for lab, s in zip(plan.labels, plan.sizes)]
+                grids += [(lab, (h, w)) for lab, h, w in plan.aspects]
+                diagnostics = {lab: _scenes_attention(loaded, scenes, hw) for lab, hw in grids}
     int8 = _classify_int8(plan, ckpt) if plan.quantize and spec.name in INT8_ROWS else {}
-    return CellResult(scores, {}, cost.params, cost.flops, int8)
+    return CellResult(scores, {}, cost.params, cost.flops, int8, diagnostics=diagnostics)
+
+
+def _val_scenes(plan: Plan) -> Any:
+    """The plan's generated validation scenes (the same ones its ``at<S>/val`` folders show)."""
+    from peg_core.classify import make_shape_splits
+
+    labeling = "shape" if plan.protocol == "scale" else "quadrant"
+    return make_shape_splits(plan.budget.n_train, plan.budget.n_val, seed=plan.seeds[0], labeling=labeling)[1]
+
+
+def _scene_batch(scenes: Any, hw: tuple[int, int]) -> torch.Tensor:
+    """The scenes at ``H x W`` as the classifier sees their PNGs: 8-bit, then ``--normalize half`` (2x - 1)."""
+    return ((scenes.images(hw) + 1) * 127.5).round().clamp(0, 255) / 127.5 - 1
+
+
+@torch.no_grad()
+def _scenes_top1(model: torch.nn.Module, scenes: Any, hw: tuple[int, int], batch: int = 64) -> float:
+    """Top-1 of ``model`` on ``scenes`` rendered at ``H x W`` (no resize: the grid is ``H/p x W/p``).
+
+    The model's class ``c`` is the ``c``-th class folder in sorted order (ImageFolder's rule).
+    """
+    names = scenes.class_names
+    folder_index = {n: i for i, n in enumerate(sorted(names))}
+    y = torch.tensor([folder_index[names[int(label)]] for label in scenes.labels])
+    x = _scene_batch(scenes, hw)
+    hits = sum(
+        int((model(x[i : i + batch]).argmax(1) == y[i : i + batch]).sum()) for i in range(0, len(y), batch)
+    )
+    return hits / len(y)
+
+
+@torch.no_grad()
+def _scenes_attention(model: torch.nn.Module, scenes: Any, hw: tuple[int, int]) -> dict[str, list[float]]:
+    """Per-layer attention entropy / distance of ``model`` on the first :data:`DIAGNOSE_IMAGES` scenes at ``H x W``."""
+    from peg_core.models.probe import AttentionStats, attention_probe
+
+    patch = model.patch_size
+    stats = AttentionStats(
+        (-(-hw[0] // patch), -(-hw[1] // patch)), num_prefix_tokens=model.num_prefix_tokens
+    )
+    x = _scene_batch(scenes.subset(slice(0, DIAGNOSE_IMAGES)), hw)
+    with attention_probe(stats):
+        model(x)
+    return stats.summary()
 
 
 INT8_ROWS = ("peg", "peg-dynamic", "learned", "sincos", "none")
@@ -530,7 +622,7 @@ def _detr_eval(
     argv = [
         "--checkpoint", str(ckpt_path), "--data-root", str(coco), "--eval-sizes", ",".join(map(str, sizes)),
         "--batch-size", str(batch), "--output-dir", str(ckpt_path.parent / f"eval_{mode or 'default'}"),
-        "--workers", "0", "--no-progress", "--device", "cpu",
+        "--workers", "0", "--no-progress", "--device", cell_device(),
     ] + (["--pos-interpolation", mode] if mode else [])  # fmt: skip
     return cli.evaluate(argv)["eval"]["sizes"]
 
@@ -548,29 +640,36 @@ def _detect_data(out: Path, data: Path | None, budget: Budget, size: int, seed: 
     return data, f"synthetic COCO shapes ({budget.n_train} train / {budget.n_val} val, {size} px)"
 
 
-def _detect_sizes(size: int, test_sizes: Sequence[int] | None) -> list[int]:
-    """Test sides: ``test_sizes`` or :data:`IMAGE_SCALES` of ``size``, the training size always among them."""
-    sizes = list(test_sizes) if test_sizes else [round(size * s) for s in IMAGE_SCALES]
+def _detect_sizes(
+    size: int, test_sizes: Sequence[int] | None, test_scales: Sequence[float] | None = None
+) -> list[int]:
+    """Test sides: ``test_sizes``, or ``test_scales`` (default :data:`IMAGE_SCALES`) of ``size``; the
+    training size always among them."""
+    sizes = list(test_sizes) if test_sizes else [round(size * s) for s in (test_scales or IMAGE_SCALES)]
     return sizes if size in sizes else sorted([*sizes, size])
 
 
 def plan_detect(
     out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
-    train_size: int | None = None, test_sizes: Sequence[int] | None = None, **_: Any,
+    train_size: int | None = None, test_sizes: Sequence[int] | None = None,
+    test_scales: Sequence[float] | None = None, **_: Any,
 ) -> Plan:  # fmt: skip
-    """Tiny DETR (``demo_tiny`` recipe) with peg / sine / learned / none / the rotary rows in the encoder."""
+    """Tiny DETR (``demo_tiny`` recipe) with peg / sine / learned / none / the rotary and bias rows in the encoder."""
     budget = BUDGETS["detect", quick]
     size = train_size or budget.train_size
     data, data_name = _detect_data(out, data, budget, size, seeds[0])
-    sizes = _detect_sizes(size, test_sizes)
+    sizes = _detect_sizes(size, test_sizes, test_scales)
     notes = [
         "Decoder cross-attention keys use DETR's sine codes for every encoder variant "
         "(peg_detr's default `decoder_key_pos=sine`), so the rows differ in the encoder only "
-        "(the rotary rows too: RoPE rotates q and k of the encoder's self-attention).",
+        "(the rotary rows too: RoPE rotates q and k of the encoder's self-attention; the bias rows add "
+        "their bias to the encoder's self-attention logits).",
         "The learned table of peg_detr is built for an 800x1333 image and resized to each image's "
         "feature grid, so it is interpolated even at the training size.",
     ]
-    specs = [RowSpec(e, e, modes=_modes(e)) for e in ("peg", "sine", "learned", "none", *ROTARY_ROWS)]
+    specs = [
+        RowSpec(e, e, modes=_modes(e)) for e in ("peg", "sine", "learned", "none", *ROTARY_ROWS, *BIAS_ROWS)
+    ]
     return Plan(
         task="detect", key="detect", out=out, specs=specs, seeds=seeds, budget=budget,
         epochs=epochs or budget.epochs, metric="AP50", sizes=sizes, labels=[f"{s} px" for s in sizes],
@@ -591,9 +690,9 @@ def _detect_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellRes
         # one training size (no multi-scale, no crop): every other test size is unseen
         "--train-sizes", str(size), "--crop-resize", "", "--val-size", str(size),
         "--max-size", str(2 * size), "--eval-sizes", str(size), "--eval-every", "0",
-        "--workers", "0", "--no-progress", "--device", "cpu",
+        "--workers", "0", "--no-progress", "--device", cell_device(),
     ]  # fmt: skip
-    train(argv)
+    train([*argv, *plan.train_args])
     ckpt = run_dir / "checkpoint.pth"
     model = load_detector(ckpt).model
     enc = model.transformer.encoder
@@ -622,7 +721,7 @@ def _detect_scores(plan: Plan, spec: RowSpec, ckpt: Path, data: Path) -> tuple[d
 def plan_detect_rtdetr(
     out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
     train_size: int | None = None, test_sizes: Sequence[int] | None = None, rows: Sequence[str] = (),
-    arch: str = "rtdetr", **_: Any,
+    arch: str = "rtdetr", test_scales: Sequence[float] | None = None, **_: Any,
 ) -> Plan:  # fmt: skip
     """Tiny RT-DETR (``rtdetr_demo_tiny``) with peg / sincos / none in AIFI, trained multi-scale.
 
@@ -638,7 +737,7 @@ def plan_detect_rtdetr(
     budget = BUDGETS[task, quick]
     size = train_size or budget.train_size
     data, data_name = _detect_data(out, data, budget, size, seeds[0])
-    sizes = _detect_sizes(size, test_sizes)
+    sizes = _detect_sizes(size, test_sizes, test_scales)
     train_sides = sorted({round(size * f) for f in RTDETR_TRAIN_SCALES})
     names = [*RTDETR_ROWS, *(e for e in RTDETR_EXTRA_ROWS if e in rows)]
     notes = [
@@ -669,9 +768,9 @@ def _rtdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellRes
         "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(plan.epochs),
         "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
         "--train-sizes", ",".join(map(str, plan.data["train_sides"])), "--val-size", str(size),
-        "--eval-sizes", str(size), "--eval-every", "0", "--workers", "0", "--no-progress", "--device", "cpu",
+        "--eval-sizes", str(size), "--eval-every", "0", "--workers", "0", "--no-progress", "--device", cell_device(),
     ]  # fmt: skip
-    train(argv)
+    train([*argv, *plan.train_args])
     ckpt = run_dir / "checkpoint.pth"
     model = load_detector(ckpt).model.eval()
     aifis = list(model.encoder.aifi)
@@ -685,29 +784,58 @@ def _rtdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellRes
 # ---------------------------------------------------------------------------------------------- video
 
 
-def _video_views(train_frames: int, crop: int, tubelet_hw: int) -> list[tuple[str, int, int]]:
-    """(label, frames, crop): half, same and double clip length, then a larger crop."""
-    big = crop + 2 * tubelet_hw
-    return [
-        (f"{train_frames // 2} fr", train_frames // 2, crop),
-        (f"{train_frames} fr", train_frames, crop),
-        (f"{train_frames * 2} fr", train_frames * 2, crop),
-        (f"{train_frames} fr, {big} px", train_frames, big),
-    ]
+def _video_views(
+    train_frames: int, crop: int, tubelet: Sequence[int], scales: Sequence[float] | None = None
+) -> list[tuple[str, int, int]]:
+    """(label, frames, crop): the clip lengths, then a larger crop at the training length.
+
+    Clip lengths: half, same and double by default, else ``scales`` of ``train_frames`` rounded to a
+    multiple of the tubelet's time side (at least one tubelet); the training length is always among them.
+    """
+    tt, hw = int(tubelet[0]), int(tubelet[-1])
+    big = crop + 2 * hw
+    if scales is None:
+        frames = [train_frames // 2, train_frames, train_frames * 2]
+    else:
+        frames = sorted({max(tt, round(train_frames * f / tt) * tt) for f in scales} | {train_frames})
+    return [(f"{t} fr", t, crop) for t in frames] + [(f"{train_frames} fr, {big} px", train_frames, big)]
 
 
-def _video_eval(ckpt_path: Path, frames: int, crop: int, mode: str | None, batch: int) -> dict[str, Any]:
+def _train_view(plan: Plan) -> tuple[str, int, int]:
+    """The view at the training clip length and crop."""
+    return next(v for v in plan.views if v[0] == plan.train_label)
+
+
+def _video_eval(
+    ckpt_path: Path,
+    frames: int,
+    crop: int,
+    mode: str | None,
+    batch: int,
+    tubelet: Sequence[int] | None = None,
+) -> dict[str, Any]:
     """``python -m peg_video eval`` on a checkpoint at ``frames`` x ``crop``; a learned table resized with ``mode``.
 
-    Each view writes its ``report.json`` to its own folder beside the checkpoint.
+    Each view writes its ``report.json`` to its own folder beside the checkpoint.  With ``tubelet``
+    the result also holds ``"attention"``: the per-layer entropy / distance over every test clip
+    (:mod:`peg_core.models.probe`; joint attention on the ``(T', H', W')`` grid, divided attention on
+    ``(H', W')`` and ``(T',)``).
     """
+    from peg_core.models.probe import AttentionStats, attention_probe
     from peg_video import cli
 
     out = ckpt_path.parent / f"eval_{frames}fr_{crop}px_{mode or 'default'}"
     argv = ["--checkpoint", str(ckpt_path), "--num-frames", str(frames), "--crop", str(crop)]
-    argv += ["--batch-size", str(batch), "--device", "cpu", "--no-progress", "--workers", "0"]
+    argv += ["--batch-size", str(batch), "--device", cell_device(), "--no-progress", "--workers", "0"]
     argv += ["--output-dir", str(out)] + (["--pos-interpolation", mode] if mode is not None else [])
-    return cli.evaluate(argv)["eval"]
+    if tubelet is None:
+        return cli.evaluate(argv)["eval"]
+    grid = (frames // tubelet[0], -(-crop // tubelet[1]), -(-crop // tubelet[2]))
+    stats = AttentionStats(grid, also=(grid[1:], grid[:1]))
+    with attention_probe(stats):
+        result = dict(cli.evaluate(argv)["eval"])
+    result["attention"] = stats.summary()
+    return result
 
 
 def _video_chance(data: Path) -> float | None:
@@ -725,29 +853,36 @@ def _video_chance(data: Path) -> float | None:
 
 def plan_video(
     out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
-    ablate: Sequence[str] = (), **_: Any,
+    ablate: Sequence[str] = (), test_scales: Sequence[float] | None = None, diagnose: bool = False, **_: Any,
 ) -> Plan:  # fmt: skip
-    """Tiny video ViT (``synthetic_tiny``) with peg3d / peg3d-factorized / learned / none / rope-3d / peg3d+rope-3d.
+    """Tiny video ViT (``synthetic_tiny``) with peg3d / peg3d-factorized / learned / none / the rotary and bias rows.
 
     ``data``: a folder with ``train.csv`` + ``val.csv`` (or ``train.txt`` + ``val.txt``) and the videos.
     ``ablate`` with ``"video"`` adds the 3D PEG after the first block only (the recipe: before every block).
+    ``test_scales``: clip lengths as fractions of the training length (default half, same, double);
+    generated videos are then long enough for the longest clip (the default set's 24 frames otherwise).
+    ``diagnose``: per-layer attention entropy and distance at every view.
     """
     from peg_video.configs import CONFIGS
+    from peg_video.data.sampling import clip_span
     from peg_video.data.synthetic import SyntheticSpec, make_synthetic_kinetics
 
     budget = BUDGETS["video", quick]
+    cfg = CONFIGS["synthetic_tiny"]
+    views = _video_views(cfg["num_frames"], budget.train_size, cfg["tubelet"], test_scales)
     if data is None:
-        data = out / "data"
+        frames = max(SyntheticSpec.frames, clip_span(max(v[1] for v in views), cfg["stride"]))
+        data = out / ("data" if frames == SyntheticSpec.frames else f"data_{frames}f")
         if not (data / "val.csv").is_file() and not (data / "val.txt").is_file():
             make_synthetic_kinetics(
-                data, SyntheticSpec(num_train=budget.n_train, num_val=budget.n_val, seed=seeds[0])
+                data,
+                SyntheticSpec(num_train=budget.n_train, num_val=budget.n_val, seed=seeds[0], frames=frames),
             )
-        data_name = f"synthetic Kinetics moving shapes ({budget.n_train} train / {budget.n_val} val videos)"
+        data_name = (f"synthetic Kinetics moving shapes ({budget.n_train} train / {budget.n_val} val videos, "
+                     f"{frames} frames each)")  # fmt: skip
     else:
         data_name = str(data)
-    cfg = CONFIGS["synthetic_tiny"]
-    views = _video_views(cfg["num_frames"], budget.train_size, cfg["tubelet"][1])
-    encodings = ("peg3d", "peg3d-factorized", "learned", "none", *VIDEO_ROTARY_ROWS)
+    encodings = ("peg3d", "peg3d-factorized", "learned", "none", *VIDEO_ROTARY_ROWS, *VIDEO_BIAS_ROWS)
     specs = [RowSpec(e, e, modes=_modes(e)) for e in encodings]
     if "video" in ablate:
         depth = cfg["model_opts"]["depth"]
@@ -761,7 +896,7 @@ def plan_video(
     specs += pretrained_specs()
     init = write_videomae_stand_in(out / "videomae_init", cfg, budget.train_size, seeds[0])
     notes = [
-        "Clip length changes the number of frames at the training stride (2); "
+        f"Clip length changes the number of frames at the training stride ({cfg['stride']}); "
         f"the larger crop shows {views[-1][2]} px instead of {budget.train_size} px. "
         "A learned table's temporal part is resized linearly, its spatial part with the mode shown.",
         f"Rows *{PRETRAINED_GROUP}*: `train --init FOLDER` from a VideoMAE folder of the recipe's size "
@@ -772,9 +907,9 @@ def plan_video(
     return Plan(
         task="video", key="video", out=out, specs=specs, seeds=seeds, budget=budget,
         epochs=epochs or budget.epochs, metric="top-1", sizes=[], labels=[v[0] for v in views],
-        train_label=views[1][0], data={"root": str(data)}, data_name=data_name,
+        train_label=f"{cfg['num_frames']} fr", data={"root": str(data)}, data_name=data_name,
         model=_describe(_video_model_keys(cfg), f"video {cfg['arch']}"), notes=notes, views=views,
-        chance=_video_chance(data), init=str(init),
+        chance=_video_chance(data), init=str(init), diagnose=diagnose,
     )  # fmt: skip
 
 
@@ -828,14 +963,14 @@ def _video_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResu
 
     root = Path(plan.data["root"])
     ann = {split: _annotation(root, split) for split in ("train", "val")}
-    frames, crop = plan.views[1][1], plan.views[1][2]
+    _, frames, crop = _train_view(plan)
     argv = [
         "--config", "synthetic_tiny", "--train-ann", str(ann["train"]), "--val-ann", str(ann["val"]),
         "--pos-enc", spec.encoding, *spec.argv, *(["--init", plan.init] if spec.group == PRETRAINED_GROUP else []),
         "--output-dir", str(run_dir), "--overwrite", "--epochs", str(plan.epochs), "--batch-size", str(plan.budget.batch_size),
-        "--crop", str(crop), "--seed", str(seed), "--eval-every", "0", "--device", "cpu", "--no-progress",
+        "--crop", str(crop), "--seed", str(seed), "--eval-every", "0", "--device", cell_device(), "--no-progress",
     ]  # fmt: skip
-    report = cli.train(argv)
+    report = cli.train([*argv, *plan.train_args])
     ckpt_path = Path(report["checkpoint"])
     ckpt = read_checkpoint(ckpt_path, "video")
     seed_everything(seed)
@@ -843,12 +978,17 @@ def _video_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResu
     x = torch.zeros(1, 3, frames, crop, crop)
     cost = encoding_cost({"pos_enc": model.pos_enc, "pos_blocks": model.pos_blocks, "rope": model.rope},
                          lambda: model(x), rotated=_attentions(model))  # fmt: skip
-    scores, extra = {}, {}
+    scores, extra, diagnostics = {}, {}, {}
+    tubelet = tuple(ckpt["model_config"].get("tubelet") or (1, 1, 1))
     for mode in spec.modes:
-        res = {lab: _video_eval(ckpt_path, t, c, mode, plan.budget.batch_size) for lab, t, c in plan.views}
+        probe = tubelet if plan.diagnose and mode == spec.modes[0] else None
+        res = {
+            lab: _video_eval(ckpt_path, t, c, mode, plan.budget.batch_size, probe) for lab, t, c in plan.views
+        }
         scores[str(mode)] = {k: v["top1"] for k, v in res.items()}
         extra[str(mode)] = {"top-5": {k: v["top5"] for k, v in res.items()}}
-    return CellResult(scores, extra, cost.params, cost.flops)
+        diagnostics = diagnostics or {k: v["attention"] for k, v in res.items() if "attention" in v}
+    return CellResult(scores, extra, cost.params, cost.flops, diagnostics=diagnostics)
 
 
 def _annotation(root: Path, split: str) -> Path:
@@ -869,11 +1009,27 @@ _CELLS = {
 }
 
 
-def run_cell(plan: Plan, spec: RowSpec, seed: int, threads: int = 1) -> CellResult:
-    """Train and evaluate one row with one seed under ``plan.out/<row>/seed<seed>``."""
+#: the device of the cell being trained (:func:`run_cell` sets it; one cell at a time per process)
+_DEVICE = "cpu"
+
+
+def cell_device() -> str:
+    """The device the current cell trains and evaluates on (``--device`` of the package commands)."""
+    return _DEVICE
+
+
+def cell_dir(plan: Plan, spec: RowSpec, seed: int) -> Path:
+    """The run folder of one cell: its checkpoint, evaluations and ``cell.json``."""
+    return plan.out / spec.slug / f"seed{seed}"
+
+
+def run_cell(plan: Plan, spec: RowSpec, seed: int, threads: int = 1, device: str = "cpu") -> CellResult:
+    """Train and evaluate one row with one seed under ``plan.out/<row>/seed<seed>`` on ``device``."""
+    global _DEVICE
+    _DEVICE = device
     torch.set_num_threads(threads)
     t0 = time.time()
-    result = _CELLS[plan.task](plan, spec, seed, plan.out / spec.slug / f"seed{seed}")
+    result = _CELLS[plan.task](plan, spec, seed, cell_dir(plan, spec, seed))
     result.seconds = round(time.time() - t0, 1)
     msg = ", ".join(f"{k} {v:.3f}" for k, v in next(iter(result.scores.values())).items())
     print(f"[study {plan.key}] {spec.name} seed {seed} ({result.seconds} s): {msg}", flush=True)
@@ -912,6 +1068,7 @@ def assemble(plan: Plan, cells: dict[tuple[str, int], CellResult | None], second
             rows.append(Row(
                 label, spec.encoding, mode, {k: v[0] for k, v in stats.items()}, runs[0].params, runs[0].flops,
                 extra, {k: v[1] for k, v in stats.items() if v[1] is not None}, per_seed, spec.group, int8, spec.same_as,
+                _mean_diagnostics([r.diagnostics for r in runs]) if mode == spec.modes[0] else {},
             ))  # fmt: skip
     b = plan.budget
     budget = {**asdict(b), "epochs": plan.epochs, "model": plan.model, "seeds": plan.seeds}
@@ -919,6 +1076,18 @@ def assemble(plan: Plan, cells: dict[tuple[str, int], CellResult | None], second
         budget["train_size"] = int(plan.train_label.split()[0])
     return TaskResult(plan.key, plan.metric, plan.train_label, list(plan.labels), rows, budget, plan.data_name,
                       round(seconds, 1), notes, list(plan.seeds), plan.protocol, plan.chance)  # fmt: skip
+
+
+def _mean_diagnostics(per_seed: list[dict[str, dict[str, list[float]]]]) -> dict[str, dict[str, list[float]]]:
+    """Per test size and quantity, the per-layer mean over the seeds (sizes every seed has)."""
+    if not per_seed or not all(per_seed):
+        return {}
+    out: dict[str, dict[str, list[float]]] = {}
+    for lab in per_seed[0]:
+        if all(lab in d for d in per_seed):
+            out[lab] = {q: [math.fsum(vals) / len(vals) for vals in zip(*(d[lab][q] for d in per_seed), strict=True)]
+                        for q in per_seed[0][lab]}  # fmt: skip
+    return out
 
 
 def cells_of(plan: Plan) -> list[RowSpec]:

@@ -15,8 +15,11 @@ from peg_core.classify import DEMO_CONFIG
 from peg_core.classify.shapes import SHAPES, sample_scenes
 from peg_video import PEG3d
 from tools.study import (
+    attention_figure,
     compare,
+    diagnostics_sentences,
     error_bars,
+    families_sentences,
     fmt_ms,
     int8_table,
     interpret,
@@ -29,6 +32,8 @@ from tools.study import (
 )
 from tools.study_cost import encoding_cost
 from tools.study_tasks import (
+    BIAS_ROWS,
+    VIDEO_BIAS_ROWS,
     Budget,
     CellResult,
     Plan,
@@ -208,6 +213,7 @@ EXPECTED_ROWS = {
         "rope-axial",
         "rope-mixed",
         "peg+rope-mixed",
+        *BIAS_ROWS,
     ],
     "detect": [
         "peg",
@@ -219,6 +225,7 @@ EXPECTED_ROWS = {
         "rope-axial",
         "rope-mixed",
         "peg+rope-mixed",
+        *BIAS_ROWS,
     ],
     "video": [
         "peg3d",
@@ -229,6 +236,7 @@ EXPECTED_ROWS = {
         "none",
         "rope-3d",
         "peg3d+rope-3d",
+        *VIDEO_BIAS_ROWS,
         "VideoMAE init, its table",
         "VideoMAE init, peg3d",
     ],
@@ -665,3 +673,120 @@ def test_study_rtdetr_rows_and_arch_flag(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):  # --arch is the detect task's
         main(["--task", "classify", "--arch", "rtdetr", "--quick", "--out", str(tmp_path / "x")])
     assert not (tmp_path / "x").exists()
+
+
+# ----------------------------------------------------------------------- the extrapolation protocol
+
+
+def test_extrapolation_protocol_quick(tmp_path: Path) -> None:
+    """``--extrapolate``: 0.5x-4x, the two aspects, per-layer diagnostics in the JSON, report and figure."""
+    threads = torch.get_num_threads()
+    try:
+        results = main(["--task", "classify", "--quick", "--extrapolate", "--rows", "peg,lookhere,fire",
+                        "--out", str(tmp_path / "c"), "--threads", "1"])  # fmt: skip
+        video = main(["--task", "video", "--quick", "--test-scales", "0.5,1,4", "--diagnose", "--rows",
+                      "peg3d,alibi-2d", "--out", str(tmp_path / "v"), "--threads", "1"])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    c = results["classify"]
+    # 32 px x (0.5, 0.75, 1, 1.5, 2, 3, 4), then 1:2 and 2:1 at twice the training size on the long side
+    assert c.sizes == ["16 px", "24 px", "32 px", "48 px", "64 px", "96 px", "128 px", "32x64 px", "64x32 px"]
+    depth = DEMO_CONFIG["depth"]
+    for row in c.rows:
+        assert list(row.scores) == c.sizes
+        assert set(row.diagnostics) == set(c.sizes)
+        for d in row.diagnostics.values():
+            assert len(d["entropy"]) == len(d["distance"]) == depth
+            assert all(e > 0 for e in d["entropy"]) and all(v >= 0 for v in d["distance"])
+    rows = {r.label: r for r in c.rows}
+    # an untrained-ish model's attention spreads over more keys at a larger grid: entropy grows with it
+    peg = rows["peg"].diagnostics
+    assert peg["128 px"]["entropy"][0] > peg["32 px"]["entropy"][0] > peg["16 px"]["entropy"][0]
+    # LookHere masks half of the keys of every head: lower entropy than a model that sees all of them
+    assert rows["lookhere"].diagnostics["128 px"]["entropy"][0] < peg["128 px"]["entropy"][0]
+    report = (tmp_path / "c" / "report.md").read_text()
+    assert "Attention diagnostics" in report and "Three families" in report
+    assert (tmp_path / "c" / "classify_attention.png").is_file()
+    doc = json.loads((tmp_path / "c" / "study.json").read_text())
+    assert doc["tasks"]["classify"]["rows"][0]["diagnostics"]["32 px"]["entropy"]
+    # video: clip lengths 0.5x / 1x / 4x (tubelet 2), the data long enough for 32 frames at stride 2
+    v = video["video"]
+    assert v.sizes == ["4 fr", "8 fr", "32 fr", "8 fr, 48 px"]
+    assert (tmp_path / "v" / "video" / "data_63f" / "val.csv").is_file()
+    enc = [r for r in v.rows if r.group == "encoding"]
+    assert all(set(r.diagnostics) == set(v.sizes) for r in enc)
+    assert enc[0].diagnostics["32 fr"]["distance"][-1] > enc[0].diagnostics["4 fr"]["distance"][-1]
+
+
+def test_in_process_top1_equals_the_eval_command(tmp_path: Path) -> None:
+    """The aspect columns' in-process top-1 at a square size equals ``evaluate``'s on the rendered PNGs."""
+    from tools.study_tasks import _scenes_top1, _val_scenes, plan_classify, run_cell
+
+    plan = plan_classify(tmp_path, True, [0], test_scales=(1.0,), aspect=True)
+    spec = next(s for s in plan.specs if s.name == "peg")
+    cell = run_cell(plan, spec, 0)
+    from peg_core.classify.model import load_model
+
+    model = load_model(tmp_path / "peg" / "seed0" / "checkpoint.pth").model
+    assert _scenes_top1(model, _val_scenes(plan), (32, 32)) == cell.scores["None"]["32 px"]
+    assert set(cell.scores["None"]) == {"32 px", "32x64 px", "64x32 px"}
+
+
+def _diag_row(label: str, means, stds, ent, dist) -> Row:
+    row = _row(label, means, stds)
+    row.diagnostics = {"48 px": {"entropy": [1.0, ent[0]], "distance": [1.0, dist[0]]},
+                       "96 px": {"entropy": [1.0, ent[1]], "distance": [1.0, dist[1]]}}  # fmt: skip
+    return row
+
+
+def test_family_and_diagnostic_sentences_follow_the_numbers() -> None:
+    rows = [
+        _diag_row("peg", (0.9, 0.8), (0.01, 0.01), (2.0, 2.5), (1.0, 1.5)),
+        _diag_row("learned (bicubic)", (0.9, 0.5), (0.01, 0.01), (2.0, 3.5), (1.0, 1.2)),
+        _diag_row("rope-axial", (0.9, 0.3), (0.01, 0.01), (2.0, 3.9), (1.0, 1.1)),
+        _diag_row("alibi-2d", (0.9, 0.7), (0.01, 0.01), (2.0, 2.9), (1.0, 1.6)),
+        _diag_row("fire", (0.9, 0.6), (0.01, 0.01), (2.0, 3.2), (1.0, 1.4)),
+        _diag_row("peg+fire", (0.9, 0.85), (0.01, 0.01), (2.0, 2.2), (1.0, 1.3)),
+    ]
+    rows[-1].encoding = "peg+fire"
+    toy = _toy(rows, "scale")
+    toy.seeds = [0, 1]
+    fam = families_sentences(toy)
+    assert fam[0].startswith("classify, best row per family at 48 px (the training size):")
+    assert "no family leads: no conclusion (the difference 0.000 is within the spread" in fam[0]
+    assert fam[1] == (
+        "classify, best row per family at 96 px (the largest test size): PEG pair `peg+fire` 0.850 ± 0.010; "
+        "conditional (PEG) `peg` 0.800 ± 0.010; attention bias `alibi-2d` 0.700 ± 0.010; table "
+        "`learned (bicubic)` 0.500 ± 0.010; rotary `rope-axial` 0.300 ± 0.010. Here the PEG pair family leads, "
+        "ahead of the next (conditional (PEG)) beyond the spread."
+    )
+    diag = diagnostics_sentences(toy)
+    # the drop ranks the rows exactly as the entropy rise does: rho = 1; distance: no clear rank order
+    assert diag[0].endswith("The rows that lose most top-1 are those whose entropy rises more "
+                            "(Spearman rho = 1.00, p = 0.000, n = 6 rows).")  # fmt: skip
+    assert "no conclusion (Spearman rho = " in diag[1]
+    toy.seeds = [0]
+    assert "one seed: a rank correlation needs at least 2 seeds" in diagnostics_sentences(toy)[0]
+    assert attention_figure(toy) is not None
+    assert attention_figure(_toy([_row("peg", (0.9, 0.8), None)], "scale")) is None
+
+
+def test_extrapolation_flags_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(["--task", "classify", "--quick", "--test-scales", "0,1", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        main(["--task", "classify", "--quick", "--test-scales", "1,2", "--test-sizes", "32,64",
+              "--out", str(tmp_path)])  # fmt: skip
+
+
+def test_train_args_reach_every_cell_and_the_report(tmp_path: Path) -> None:
+    results = main(["--task", "classify", "--quick", "--rows", "peg", "--train-args", "--epochs 2 --lr 0.001",
+                    "--out", str(tmp_path), "--threads", "1"])  # fmt: skip
+    from peg_core.engine import read_checkpoint
+
+    ckpt = read_checkpoint(tmp_path / "classify" / "peg" / "seed0" / "checkpoint.pth", "classify")
+    assert ckpt["args"]["epochs"] == 2 and ckpt["args"]["lr"] == 0.001
+    assert (
+        "Every cell's train command ends with `--epochs 2 --lr 0.001` (`--train-args`)."
+        in results["classify"].notes
+    )
