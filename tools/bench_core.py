@@ -1,7 +1,7 @@
-"""Benchmark PEG2d against the naive formulation and a plain memory copy.
+"""Benchmark PEG2d (against a naive formulation and a memory copy), the rotary path and attention biases.
 
 Run ``python tools/bench_core.py`` (``--quick`` for a short run, ``--json PATH``
-to save the figures).  For each shape it times the forward and the
+to save the figures, ``--min-run-time S`` per timing block).  For each shape it times the forward and the
 forward+backward pass of
 
 * ``peg``: :class:`peg_core.PEG2d` (channels-last view, residual added in place);
@@ -31,24 +31,60 @@ next to timm's ``apply_rot_embed_cat`` on the same tensors as timm's attention u
 off the prefix, rotate, concatenate back; target ``rope/timm <= 1``), and
 :class:`peg_core.models.layers.Attention` with a mixed-RoPE table next to the same attention
 without one (``attn+rope/attn``).  timm is needed for the first ratio only.
+
+A fourth table times the attention biases (``--only bias`` runs it alone) on one ViT-S/16 attention
+layer (:class:`peg_core.models.layers.Attention`, dim 384, 6 heads of 64, a class token, ``--batch``
+images, default 1) at 224 px (14×14 grid) and 448 px (28×28), next to the same layer as plain SDPA
+(``plain``, no mask) and with each rotary kind.  Every bias kind (``alibi-2d``, ``fire``,
+``lookhere``) and 2-D rotary kind (``rope-axial``, ``rope-mixed``, ``rope-dinov3``) of
+:mod:`peg_core.registry` is built as a ViT-S model builds it (training grid 14×14, 12 layers), and
+three calls are timed per kind, forward and forward+backward:
+
+* ``pos``: what a model computes once per forward: the bias ``(1, heads, 1 + N, 1 + N)``, or the
+  rotary table (all 12 layers' tables for ``rope-mixed``); in the forward+backward pass with its
+  backward when the kind is learned (``fire``, ``rope-mixed``), the forward alone otherwise;
+* ``attn+pos``: one attention layer with that computation inside the call;
+* ``attn``: the attention alone with a precomputed bias / table (a leaf that takes a gradient when
+  the kind is learned, as the shared bias does in a model),
+
+printed as ``attn+pos/plain``, ``attn/plain`` and the 12-layer ratio ``(pos + 12 attn) / (12 plain)``,
+the bias cost per forward amortised over the layers that share it.  Run it with ``--threads 1``.
+A memory table follows for the 4× size (896 px, 56×56 grid + class token, 6 heads): the bytes of the
+returned bias in float32 and bfloat16 (from the shape), the largest intermediate from the shapes
+(FIRE's ``(N, N, hidden)`` MLP hidden layer; the float32 ``(heads, N, N)`` grid bias for the others),
+and the measured peak: the rise of the resident set size over the call (result included, no
+gradient), read from ``/proc/self/status`` after resetting the high-water mark through
+``/proc/self/clear_refs`` (Linux only; ``n/a`` elsewhere), in a fresh subprocess whose glibc maps
+every buffer of 64 KiB or more on its own (``MALLOC_MMAP_THRESHOLD_``), so no buffer is served from
+heap pages already resident.  A measurement whose estimate exceeds 3.5 GiB is skipped.  ``--quick`` shrinks the table to dim 64, 2 heads of 32,
+4×4 and 6×6 grids, and the memory table to a 16×16 grid.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import math
+import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.benchmark import Timer
 
 from peg_core import PEG2d, apply_rope
+from peg_core.bias import AttentionBias, FIREBias
+from peg_core.models.layers import Attention
 from peg_core.peg import peg2d_reference, tokens_to_grid
+from peg_core.registry import EncodingContext, encoding_names, get_encoding
 
 
 @dataclass
@@ -287,7 +323,6 @@ def measure_rope(
     from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 
     from peg_core import build_rope
-    from peg_core.models.layers import Attention
 
     d, size, p = 64, (14, 14), 1
     n = p + size[0] * size[1]
@@ -336,6 +371,307 @@ def markdown_rope(rows: list[RopeRow]) -> str:
     return "\n".join(lines)
 
 
+#: layers of the ViT-S model whose per-forward position cost the bias table amortises
+BIAS_DEPTH = 12
+#: the training grid the models are built for (ViT-S/16 at 224 px): FIRE's threshold follows from it
+BIAS_TRAIN_GRID = (14, 14)
+#: memory measurements whose estimated peak exceeds this are skipped (the machine is shared)
+BIAS_MEMORY_LIMIT = 3.5 * 2**30
+
+
+@dataclass
+class BiasCase:
+    name: str
+    batch: int
+    dim: int
+    heads: int
+    size: tuple[int, int]
+
+
+@dataclass
+class BiasRow:
+    case: str
+    batch: int
+    pass_: str
+    kind: str
+    pos_us: float  # the bias / rotary table alone, once per forward
+    call_us: float  # attention with the bias / table computed in the call
+    attn_us: float  # attention with a precomputed bias / table
+    plain_us: float  # plain SDPA attention, no mask
+    depth: int = BIAS_DEPTH
+
+    @property
+    def call_vs_plain(self) -> float:
+        return self.call_us / self.plain_us
+
+    @property
+    def attn_vs_plain(self) -> float:
+        return self.attn_us / self.plain_us
+
+    @property
+    def model_vs_plain(self) -> float:
+        """``(pos + depth * attn) / (depth * plain)``: the position cost of a ``depth``-layer forward."""
+        return (self.pos_us + self.depth * self.attn_us) / (self.depth * self.plain_us)
+
+
+def bias_cases(quick: bool, batch: int) -> list[BiasCase]:
+    """ViT-S/16 at 224 and 448 px (class token); ``quick``: dim 64, 2 heads, 4x4 and 6x6 grids."""
+    if quick:
+        return [BiasCase(f"{h}x{h}+cls", batch, 64, 2, (h, h)) for h in (4, 6)]
+    return [BiasCase(f"{16 * h}px {h}x{h}+cls", batch, 384, 6, (h, h)) for h in (14, 28)]
+
+
+def build_position(kind: str, head_dim: int, heads: int) -> nn.Module:
+    """A registered bias / rotary kind as a ViT-S model builds it (training grid, 12 layers, class token)."""
+    ctx = EncodingContext(head_dim, BIAS_TRAIN_GRID, num_prefix_tokens=1, num_heads=heads, depth=BIAS_DEPTH)
+    return get_encoding(kind).build(ctx)
+
+
+def position_kinds() -> list[str]:
+    """The registry's 2-D bias kinds, then its 2-D rotary kinds."""
+    return encoding_names(kind="bias", ndim=2) + encoding_names(kind="rotate", ndim=2)
+
+
+def _learned(module: nn.Module) -> bool:
+    return any(t.requires_grad for t in module.parameters())
+
+
+def measure_bias(
+    case: BiasCase, threads: int, min_run_time: float, repeats: int, cpu_time: bool
+) -> list[BiasRow]:
+    """Plain attention vs attention with each bias / rotary kind (in the call, precomputed, alone)."""
+    b, c, heads, size = case.batch, case.dim, case.heads, case.size
+    attn = Attention(c, heads)
+    attn_half = Attention(c, heads, rope_half=True)  # DINOv3's pair layout, same weights
+    attn_half.load_state_dict(attn.state_dict())
+    attn_params = [*attn.parameters(), *attn_half.parameters()]
+    x = torch.randn(b, 1 + size[0] * size[1], c)
+    kinds = position_kinds()
+    modules = {kind: build_position(kind, c // heads, heads) for kind in kinds}
+
+    def per_forward(kind: str) -> Tensor | tuple[Tensor, Tensor]:
+        """What the model computes once per forward: the bias, or the rotary table of every layer."""
+        mod = modules[kind]
+        if isinstance(mod, AttentionBias):
+            return mod(size, num_prefix_tokens=1, dtype=x.dtype)
+        return mod(size, num_prefix_tokens=1)
+
+    def layer_input(kind: str, out: Tensor | tuple[Tensor, Tensor]) -> Tensor | tuple[Tensor, Tensor]:
+        """Layer 0's share: the bias itself, or its rotary table (rope-mixed: (depth, heads, P + N, D))."""
+        if isinstance(out, Tensor) or not modules[kind].learned:
+            return out
+        return out[0][0], out[1][0]
+
+    def layer(kind: str, t: Tensor, inp: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+        if isinstance(inp, Tensor):
+            return attn(t, None, inp)
+        return (attn_half if modules[kind].half else attn)(t, inp)
+
+    def precomputed(kind: str, grad: bool) -> Tensor | tuple[Tensor, Tensor]:
+        """Layer 0's input computed once: a leaf that takes a gradient when the kind is learned (with
+        ``grad``), as the shared bias / table does in a model."""
+        with torch.no_grad():
+            inp = layer_input(kind, per_forward(kind))
+        flag = grad and _learned(modules[kind])
+        if isinstance(inp, Tensor):
+            return inp.detach().requires_grad_(flag)
+        return inp[0].detach().requires_grad_(flag), inp[1].detach().requires_grad_(flag)
+
+    rows = []
+    for pass_ in ("fwd", "fwd+bwd"):
+        grad = pass_ != "fwd"
+        impls: dict[str, tuple[Tensor, Callable[[Tensor], Tensor], list[Tensor]]] = {
+            "plain": (x, attn, list(attn.parameters()))
+        }
+        for kind in kinds:
+            pre = precomputed(kind, grad)
+            leaves = [t for t in ([pre] if isinstance(pre, Tensor) else pre) if t.requires_grad]
+            impls[f"{kind}:call"] = (
+                x,
+                lambda t, kind=kind: layer(kind, t, layer_input(kind, per_forward(kind))),
+                attn_params + list(modules[kind].parameters()),
+            )
+            impls[f"{kind}:attn"] = (
+                x,
+                lambda t, kind=kind, pre=pre: layer(kind, t, pre),
+                attn_params + leaves,
+            )
+            if not grad:
+                torch.testing.assert_close(impls[f"{kind}:call"][1](x), impls[f"{kind}:attn"][1](x))
+        calls = pass_calls(impls, pass_)
+        for kind in kinds:
+            calls[f"{kind}:pos"] = _pos_call(
+                lambda kind=kind: per_forward(kind), list(modules[kind].parameters()), grad
+            )
+        us = best_of(calls, grad, threads, min_run_time, repeats, cpu_time)
+        rows += [
+            BiasRow(case.name, b, pass_, k, us[f"{k}:pos"], us[f"{k}:call"], us[f"{k}:attn"], us["plain"])
+            for k in kinds
+        ]
+    return rows
+
+
+def _pos_call(fn: Callable[[], object], params: list[Tensor], grad: bool) -> Callable[[], object]:
+    """The per-forward bias / table alone; with ``grad``, its backward too when it has parameters."""
+
+    def step() -> None:
+        for t in params:
+            t.grad = None
+        out = fn()
+        outs = [out] if isinstance(out, Tensor) else list(out)
+        if grad and outs[0].requires_grad:
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+
+    return step
+
+
+def markdown_bias(rows: list[BiasRow], threads: int, cpu_time: bool) -> str:
+    depth = rows[0].depth if rows else BIAS_DEPTH
+    clock = "thread CPU time" if cpu_time else "wall clock"
+    lines = [
+        f"Attention biases and rotary kinds on one attention layer vs plain SDPA ({threads} threads); median "
+        f"µs per call, {clock} (pos: the bias / table per forward; {depth}-layer = (pos + {depth} attn) / "
+        f"({depth} plain))",
+        "",
+        "| shape | B | pass | kind | pos µs | attn+pos µs | attn µs | plain µs | attn+pos/plain | attn/plain "
+        f"| {depth}-layer/plain |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.case} | {r.batch} | {r.pass_} | {r.kind} | {r.pos_us:.0f} | {r.call_us:.0f} "
+            f"| {r.attn_us:.0f} | {r.plain_us:.0f} | {r.call_vs_plain:.2f} | {r.attn_vs_plain:.2f} "
+            f"| {r.model_vs_plain:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+@dataclass
+class BiasMemRow:
+    kind: str
+    size: tuple[int, int]
+    heads: int
+    tokens: int  # P + N
+    float32_bytes: int  # the returned bias, from its shape
+    bfloat16_bytes: int
+    largest: str  # the largest intermediate, from the shapes
+    largest_bytes: int
+    peak_float32_bytes: float  # measured RSS rise over the call (nan: not measured)
+    peak_bfloat16_bytes: float
+
+
+def bias_bytes(heads: int, size: tuple[int, ...], num_prefix_tokens: int, itemsize: int) -> int:
+    """Bytes of the bias ``(1, heads, P + N, P + N)`` a model gets, ``N = prod(size)``."""
+    m = num_prefix_tokens + math.prod(size)
+    return heads * m * m * itemsize
+
+
+def largest_intermediate(module: nn.Module, size: tuple[int, ...]) -> tuple[str, int]:
+    """The largest float32 tensor computing the bias makes, from the shapes (grid tokens only)."""
+    n = math.prod(size)
+    if isinstance(module, FIREBias):
+        hidden = module.mlp[0].out_features
+        return f"(N, N, {hidden}) MLP hidden", n * n * hidden * 4
+    return f"({module.num_heads}, N, N) grid bias", module.num_heads * n * n * 4
+
+
+def _proc_status_bytes(field: str) -> int:
+    """``VmRSS`` / ``VmHWM`` of this process in bytes (``/proc/self/status`` gives kB)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"{field} not in /proc/self/status")
+
+
+def bias_peaks_here(kinds: list[str], heads: int, size: tuple[int, int], dtypes: list[str],
+                    limits: dict[str, float]) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Peak RSS rise (bytes) of each bias call, in this process: ``{kind: {dtype: bytes}}``.
+
+    The high-water mark is reset to the current RSS (``/proc/self/clear_refs``, Linux >= 4.0) before
+    each call, so the figure is the call's own peak, its result included.  Run with glibc's mmap
+    threshold fixed low (``MALLOC_MMAP_THRESHOLD_``, :func:`measure_bias_memory`) so that buffers are
+    mapped when allocated and returned when freed, not served from resident heap pages.  Linux
+    counts RSS in per-thread batches, so figures below about a MiB are rough.  ``nan`` where the
+    reset is unavailable or the estimate in ``limits`` is above :data:`BIAS_MEMORY_LIMIT`.
+    """
+    out: dict[str, dict[str, float]] = {}
+    with torch.no_grad():
+        for kind in kinds:
+            mod = build_position(kind, 64, heads)
+            mod((2, 2), num_prefix_tokens=1)  # warm-up: kernels, lazy state
+            out[kind] = {}
+            for name in dtypes:
+                peak = float("nan")
+                if limits.get(kind, 0.0) <= BIAS_MEMORY_LIMIT:
+                    gc.collect()
+                    try:
+                        with open("/proc/self/clear_refs", "w") as fh:
+                            fh.write("5")
+                        rss0 = _proc_status_bytes("VmRSS")
+                        bias = mod(size, num_prefix_tokens=1, dtype=getattr(torch, name))
+                        peak = float(_proc_status_bytes("VmHWM") - rss0)
+                        del bias
+                    except OSError:
+                        pass
+                out[kind][name] = peak
+    return out
+
+
+def measure_bias_memory(heads: int, size: tuple[int, int], threads: int) -> list[BiasMemRow]:
+    """The memory table: bytes from the shapes, and the peaks measured in a fresh subprocess."""
+    kinds = encoding_names(kind="bias", ndim=2)
+    rows, limits = [], {}
+    for kind in kinds:
+        mod = build_position(kind, 64, heads)
+        what, nbytes = largest_intermediate(mod, size)
+        f32 = bias_bytes(heads, size, 1, 4)
+        # FIRE keeps its linear output and its ReLU output at once
+        limits[kind] = (2 if isinstance(mod, FIREBias) else 1) * nbytes + 2 * f32
+        bf16 = bias_bytes(heads, size, 1, 2)
+        nan = float("nan")
+        rows.append(BiasMemRow(kind, size, heads, 1 + math.prod(size), f32, bf16, what, nbytes, nan, nan))
+    spec = {"kinds": kinds, "heads": heads, "size": list(size), "dtypes": ["float32", "bfloat16"],
+            "limits": limits, "threads": threads}  # fmt: skip
+    # a fresh interpreter, where glibc maps every buffer of 64 KiB or more on its own and unmaps it on
+    # free: no buffer of the call lands in heap pages that are already resident (then RSS would not rise)
+    env = os.environ | {"MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--bias-memory-child", json.dumps(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    if proc.returncode:
+        print(f"bias memory measurement failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}",
+              file=sys.stderr)  # fmt: skip
+        return rows
+    peaks = json.loads(proc.stdout.strip().splitlines()[-1])
+    for r in rows:
+        r.peak_float32_bytes = peaks[r.kind]["float32"]
+        r.peak_bfloat16_bytes = peaks[r.kind]["bfloat16"]
+    return rows
+
+
+def _mib(nbytes: float) -> str:
+    return "n/a" if math.isnan(nbytes) else f"{nbytes / 2**20:.1f}"
+
+
+def markdown_bias_memory(rows: list[BiasMemRow]) -> str:
+    lines = [
+        "Attention-bias memory (MiB): the returned bias (1, heads, P + N, P + N) from its shape, the "
+        "largest intermediate from the shapes, and the measured peak RSS rise over the call (result "
+        "included, no grad)",
+        "",
+        "| kind | grid | heads | P + N | bias f32 | bias bf16 | largest intermediate | MiB | peak f32 "
+        "| peak bf16 |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.kind} | {r.size[0]}x{r.size[1]}+cls | {r.heads} | {r.tokens} | {_mib(r.float32_bytes)} "
+            f"| {_mib(r.bfloat16_bytes)} | {r.largest} | {_mib(r.largest_bytes)} "
+            f"| {_mib(r.peak_float32_bytes)} | {_mib(r.peak_bfloat16_bytes)} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(rows: list[Row], threads: int, cpu_time: bool) -> str:
     clock = "thread CPU time" if cpu_time else "wall clock"
     lines = [
@@ -359,23 +695,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
     parser.add_argument("--repeats", type=int, default=None, help="timing rounds per implementation")
-    parser.add_argument("--only", choices=("peg", "rope"), default=None, help="run one part (default: all)")
+    parser.add_argument("--min-run-time", type=float, default=None, metavar="S",
+                        help="seconds per timing block (default 0.5; 0.2 with --quick)")  # fmt: skip
+    parser.add_argument(
+        "--only", choices=("peg", "rope", "bias"), default=None, help="run one part (default: all)"
+    )
+    parser.add_argument("--batch", type=int, default=1, help="images in the attention-bias table (default 1)")
     parser.add_argument(
         "--cpu-time",
         action="store_true",
         help="time with this thread's CPU time instead of the wall clock (needs --threads 1): "
         "robust when other processes load the machine, since descheduled time is not counted",
     )
+    # internal: the fresh interpreter that measures the bias memory (measure_bias_memory)
+    parser.add_argument("--bias-memory-child", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.bias_memory_child:
+        spec = json.loads(args.bias_memory_child)
+        torch.set_num_threads(spec["threads"])
+        peaks = bias_peaks_here(
+            spec["kinds"], spec["heads"], tuple(spec["size"]), spec["dtypes"], spec["limits"]
+        )
+        print(json.dumps(peaks))
+        return
     if args.cpu_time and args.threads != 1:
         parser.error("--cpu-time only sees the calling thread; use it with --threads 1")
+    if args.batch < 1:
+        parser.error(f"--batch must be >= 1; got {args.batch}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    min_run_time = 0.2 if args.quick else 0.5
+    min_run_time = args.min_run_time or (0.2 if args.quick else 0.5)
     repeats = args.repeats or (2 if args.quick else 3)
     payload: dict = {"threads": args.threads, "clock": "thread_cpu" if args.cpu_time else "wall",
                      "torch": torch.__version__}  # fmt: skip
-    if args.only != "peg":
+    if args.only in (None, "rope"):
         rope_rows = [
             row
             for b, heads in ((8, 3), (32, 6) if not args.quick else (8, 6))
@@ -385,31 +738,26 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nworst rope/timm = {max(r.vs_timm for r in rope_rows):.2f} (target <= 1)")
         payload["rope_rows"] = [asdict(r) | {"vs_timm": r.vs_timm, "attn_vs_plain": r.attn_vs_plain}
                                 for r in rope_rows]  # fmt: skip
-    if args.only == "rope":
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(payload, fh, indent=2)
-        return
-    rows = [
-        row
-        for case in cases(args.quick)
-        for row in measure(case, args.threads, min_run_time, repeats, args.cpu_time)
-    ]
-    print(markdown(rows, args.threads, args.cpu_time))
-    worst_naive = max(r.vs_naive for r in rows)
-    worst_copy = max(r.vs_copy for r in rows)
-    print(
-        f"\nworst PEG2d/naive = {worst_naive:.2f} (target <= 1), "
-        f"worst PEG2d/copy = {worst_copy:.1f} (target <= 4)"
-    )
-    dyn_rows = [
-        row
-        for case in cases(args.quick)
-        for row in measure_dynamic(case, args.threads, min_run_time, repeats, args.cpu_time)
-    ]
-    print("\n" + markdown_dynamic(dyn_rows))
-    print(f"\nworst dynamic/static = {max(r.vs_static for r in dyn_rows):.2f}")
-    if args.json:
+    if args.only in (None, "peg"):
+        rows = [
+            row
+            for case in cases(args.quick)
+            for row in measure(case, args.threads, min_run_time, repeats, args.cpu_time)
+        ]
+        print(markdown(rows, args.threads, args.cpu_time))
+        worst_naive = max(r.vs_naive for r in rows)
+        worst_copy = max(r.vs_copy for r in rows)
+        print(
+            f"\nworst PEG2d/naive = {worst_naive:.2f} (target <= 1), "
+            f"worst PEG2d/copy = {worst_copy:.1f} (target <= 4)"
+        )
+        dyn_rows = [
+            row
+            for case in cases(args.quick)
+            for row in measure_dynamic(case, args.threads, min_run_time, repeats, args.cpu_time)
+        ]
+        print("\n" + markdown_dynamic(dyn_rows))
+        print(f"\nworst dynamic/static = {max(r.vs_static for r in dyn_rows):.2f}")
         payload |= {
             "rows": [
                 asdict(r) | {"vs_naive": r.vs_naive, "vs_copy": r.vs_copy, "conv_vs_copy": r.conv_vs_copy}
@@ -419,6 +767,34 @@ def main(argv: list[str] | None = None) -> None:
                 asdict(r) | {"vs_static": r.vs_static, "nchw_vs_dynamic": r.nchw_vs_dynamic} for r in dyn_rows
             ],
         }
+    if args.only in (None, "bias"):
+        bias_list = bias_cases(args.quick, args.batch)
+        bias_rows = [
+            row
+            for case in bias_list
+            for row in measure_bias(case, args.threads, min_run_time, repeats, args.cpu_time)
+        ]
+        if args.only is None:
+            print()
+        print(markdown_bias(bias_rows, args.threads, args.cpu_time))
+        last = bias_list[-1].name
+        ratios: dict[str, list[str]] = {}
+        for r in bias_rows:
+            if r.case == last:
+                ratios.setdefault(r.kind, []).append(f"{r.model_vs_plain:.2f}")
+        summary = ", ".join(f"{kind} {' / '.join(v)}" for kind, v in ratios.items())
+        print(f"\n{BIAS_DEPTH}-layer/plain at {last} (fwd / fwd+bwd): {summary}")
+        first = bias_list[0]
+        mem_size = (4 * first.size[0], 4 * first.size[1])  # 4x the first resolution (896 px for ViT-S)
+        mem_rows = measure_bias_memory(first.heads, mem_size, args.threads)
+        print("\n" + markdown_bias_memory(mem_rows))
+        payload["bias_rows"] = [
+            asdict(r) | {"call_vs_plain": r.call_vs_plain, "attn_vs_plain": r.attn_vs_plain,
+                         "model_vs_plain": r.model_vs_plain}
+            for r in bias_rows
+        ]  # fmt: skip
+        payload["bias_memory"] = [asdict(r) for r in mem_rows]
+    if args.json:
         with open(args.json, "w") as fh:
             json.dump(payload, fh, indent=2)
 
