@@ -54,6 +54,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from peg_core.engine.cli import positive_int, positive_int_list
+from peg_video.configs import CONFIGS as VIDEO_CONFIGS
 from tools.study_runner import devices_arg, resolve_devices, row_seconds, run_cells
 from tools.study_tasks import (
     ABLATIONS,
@@ -731,6 +732,13 @@ def _ablate_list(text: str) -> list[str]:
     return axes
 
 
+def _video_configs() -> list[str]:
+    """The peg_video recipes the video plan can train: the transformers (an X3D has no token grid)."""
+    return sorted(
+        name for name, cfg in VIDEO_CONFIGS.items() if not str(cfg.get("arch", "")).startswith("x3d")
+    )
+
+
 def _scale_list(text: str) -> list[float]:
     """``argparse`` type: comma-separated positive scales (``0.5,1,2,4``)."""
     try:
@@ -821,6 +829,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-args", default="",
                    help="flags appended to every cell's train command, which win over the study's, e.g. "
                    "\"--arch cpvt_tiny --epochs 100 --batch-size 256 --workers 8\" for real data")  # fmt: skip
+    p.add_argument("--video-config", default="synthetic_tiny", choices=_video_configs(),
+                   help="video: the peg_video recipe every cell trains (its clip length, stride and tubelet)")  # fmt: skip
     p.add_argument("--extrapolate", action="store_true",
                    help=f"the extrapolation protocol: --test-scales {','.join(map(str, EXTRAPOLATION_SCALES))} "
                    "--aspect --diagnose")  # fmt: skip
@@ -863,8 +873,9 @@ def _plans(args: argparse.Namespace, tasks: list[str], seeds: list[int]) -> list
             ):
                 plans.append(plan_detect_rtdetr(args.out / f"detect-{arch}", args.quick, seeds, args.data,
                                                 args.epochs, rows=args.rows or (), arch=arch, **kw))  # fmt: skip
-        else:
-            plans.append(PLANS[task](args.out / task, args.quick, seeds, args.data, args.epochs, **kw))
+        else:  # video
+            plans.append(PLANS[task](args.out / task, args.quick, seeds, args.data, args.epochs,
+                                     config=args.video_config, **kw))  # fmt: skip
     return plans
 
 
@@ -877,8 +888,12 @@ def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
         )
     if args.data is not None and not args.data.exists():
         parser.error(f"--data {args.data} does not exist ({DATA_HELP[args.task]})")
-    if args.task == "video" and (args.train_size or args.test_sizes):
-        parser.error("--train-size / --test-sizes are for the image tasks (classify, detect)")
+    if args.task == "video" and args.test_sizes:
+        parser.error(
+            "--test-sizes is for the image tasks (classify, detect); video: --test-scales (clip lengths)"
+        )
+    if args.video_config != "synthetic_tiny" and args.task not in ("video", "all"):
+        parser.error("--video-config is for the video task (--task video or all)")
     if args.extrapolate:
         args.test_scales = args.test_scales or list(EXTRAPOLATION_SCALES)
         args.aspect = args.diagnose = True

@@ -853,23 +853,28 @@ def _video_chance(data: Path) -> float | None:
 
 def plan_video(
     out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
-    ablate: Sequence[str] = (), test_scales: Sequence[float] | None = None, diagnose: bool = False, **_: Any,
+    ablate: Sequence[str] = (), test_scales: Sequence[float] | None = None, diagnose: bool = False,
+    config: str = "synthetic_tiny", train_size: int | None = None, **_: Any,
 ) -> Plan:  # fmt: skip
-    """Tiny video ViT (``synthetic_tiny``) with peg3d / peg3d-factorized / learned / none / the rotary and bias rows.
+    """A video ViT recipe (default the tiny ``synthetic_tiny``) with peg3d / peg3d-factorized / learned / none /
+    the rotary and bias rows.
 
     ``data``: a folder with ``train.csv`` + ``val.csv`` (or ``train.txt`` + ``val.txt``) and the videos.
     ``ablate`` with ``"video"`` adds the 3D PEG after the first block only (the recipe: before every block).
     ``test_scales``: clip lengths as fractions of the training length (default half, same, double);
     generated videos are then long enough for the longest clip (the default set's 24 frames otherwise).
-    ``diagnose``: per-layer attention entropy and distance at every view.
+    ``diagnose``: per-layer attention entropy and distance at every view.  ``config``: the
+    ``peg_video`` recipe every cell trains (its clip length, stride and tubelet set the views);
+    ``train_size``: the training crop (default: the budget's on generated data, the recipe's on ``data``).
     """
     from peg_video.configs import CONFIGS
     from peg_video.data.sampling import clip_span
     from peg_video.data.synthetic import SyntheticSpec, make_synthetic_kinetics
 
     budget = BUDGETS["video", quick]
-    cfg = CONFIGS["synthetic_tiny"]
-    views = _video_views(cfg["num_frames"], budget.train_size, cfg["tubelet"], test_scales)
+    cfg = CONFIGS[config]
+    crop = train_size or (budget.train_size if data is None else cfg["crop"])
+    views = _video_views(cfg["num_frames"], crop, cfg["tubelet"], test_scales)
     if data is None:
         frames = max(SyntheticSpec.frames, clip_span(max(v[1] for v in views), cfg["stride"]))
         data = out / ("data" if frames == SyntheticSpec.frames else f"data_{frames}f")
@@ -894,10 +899,10 @@ def plan_video(
             RowSpec("full, after block 0", "peg3d", ("--peg-at", "0"), group="video"),
         ]
     specs += pretrained_specs()
-    init = write_videomae_stand_in(out / "videomae_init", cfg, budget.train_size, seeds[0])
+    init = write_videomae_stand_in(out / "videomae_init", cfg, crop, seeds[0])
     notes = [
         f"Clip length changes the number of frames at the training stride ({cfg['stride']}); "
-        f"the larger crop shows {views[-1][2]} px instead of {budget.train_size} px. "
+        f"the larger crop shows {views[-1][2]} px instead of {crop} px. "
         "A learned table's temporal part is resized linearly, its spatial part with the mode shown.",
         f"Rows *{PRETRAINED_GROUP}*: `train --init FOLDER` from a VideoMAE folder of the recipe's size "
         "(`save_pretrained` of a randomly initialised `VideoMAEForVideoClassification`, the stand-in for "
@@ -907,7 +912,7 @@ def plan_video(
     return Plan(
         task="video", key="video", out=out, specs=specs, seeds=seeds, budget=budget,
         epochs=epochs or budget.epochs, metric="top-1", sizes=[], labels=[v[0] for v in views],
-        train_label=f"{cfg['num_frames']} fr", data={"root": str(data)}, data_name=data_name,
+        train_label=f"{cfg['num_frames']} fr", data={"root": str(data), "config": config}, data_name=data_name,
         model=_describe(_video_model_keys(cfg), f"video {cfg['arch']}"), notes=notes, views=views,
         chance=_video_chance(data), init=str(init), diagnose=diagnose,
     )  # fmt: skip
@@ -965,7 +970,7 @@ def _video_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResu
     ann = {split: _annotation(root, split) for split in ("train", "val")}
     _, frames, crop = _train_view(plan)
     argv = [
-        "--config", "synthetic_tiny", "--train-ann", str(ann["train"]), "--val-ann", str(ann["val"]),
+        "--config", plan.data.get("config", "synthetic_tiny"), "--train-ann", str(ann["train"]), "--val-ann", str(ann["val"]),
         "--pos-enc", spec.encoding, *spec.argv, *(["--init", plan.init] if spec.group == PRETRAINED_GROUP else []),
         "--output-dir", str(run_dir), "--overwrite", "--epochs", str(plan.epochs), "--batch-size", str(plan.budget.batch_size),
         "--crop", str(crop), "--seed", str(seed), "--eval-every", "0", "--device", cell_device(), "--no-progress",

@@ -790,3 +790,39 @@ def test_train_args_reach_every_cell_and_the_report(tmp_path: Path) -> None:
         "Every cell's train command ends with `--epochs 2 --lr 0.001` (`--train-args`)."
         in results["classify"].notes
     )
+
+
+def test_video_plan_takes_a_real_recipe_and_crop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--video-config`` / ``--train-size`` for real clips: the recipe's length, tubelet and crop set the views."""
+    import tools.study_tasks as tasks
+
+    monkeypatch.setattr(
+        tasks, "write_videomae_stand_in", lambda folder, *a: folder
+    )  # no ViT-S folder written
+    (tmp_path / "k400").mkdir()
+    plan = tasks.plan_video(tmp_path / "out", False, [0], tmp_path / "k400", config="k400_vit_s_16x4_peg3d",
+                            test_scales=(0.5, 1, 4))  # fmt: skip
+    assert plan.views == [
+        ("8 fr", 8, 224),
+        ("16 fr", 16, 224),
+        ("64 fr", 64, 224),
+        ("16 fr, 256 px", 16, 256),
+    ]
+    assert plan.train_label == "16 fr" and plan.data["config"] == "k400_vit_s_16x4_peg3d"
+    smaller = tasks.plan_video(tmp_path / "out", False, [0], tmp_path / "k400", config="k400_vit_s_16x4_peg3d",
+                               train_size=160)  # fmt: skip
+    assert [v[2] for v in smaller.views] == [160, 160, 160, 192]
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "--task",
+                "classify",
+                "--quick",
+                "--video-config",
+                "k400_vit_s_16x4_peg3d",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+    with pytest.raises(SystemExit):
+        main(["--task", "video", "--quick", "--video-config", "k400_x3d_xs", "--out", str(tmp_path)])
