@@ -233,3 +233,35 @@ def test_video_onnx_through_the_export_command(tmp_path, capsys, onnxruntime):
     assert diff <= ONNX_ATOL, diff
     effect = bias_effect(model, x, want)
     assert effect > 10 * ONNX_ATOL, effect
+
+
+@pytest.mark.slow
+def test_rtdetr_onnx_through_the_export_command(tmp_path, capsys, onnxruntime):
+    """``python -m peg_detr export --check`` of a ``lookhere`` RT-DETR (fused, the default) at 96 x 128, run at 64 x 160.
+
+    LookHere's masked keys (``-max bfloat16``) and distances must follow the stride-32 grid of the new size.
+    """
+    from peg_detr.__main__ import main
+
+    torch.manual_seed(0)
+    model, _, _ = build_rtdetr(
+        "tiny", "lookhere", num_classes=3, hidden_dim=32, num_heads=4, dec_layers=1, dim_feedforward=64,
+        num_queries=10, num_denoising=0, encoder_expansion=0.5, depth_mult=0.34,
+    )  # fmt: skip
+    model = nontrivial(model).eval()
+    ckpt, out = tmp_path / "rtdetr.pth", tmp_path / "rtdetr.onnx"
+    categories = [{"id": i, "name": f"c{i}"} for i in range(3)]
+    save_checkpoint(
+        model, "detect", {"arch": "rtdetr", **model.build_config}, {"categories": categories}, ckpt
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["export", str(ckpt), str(out), "--height", "96", "--width", "128", "--check"]) == 0
+    report = last_json(capsys)
+    assert report["max_abs_diff"] <= ONNX_ATOL
+    x = torch.randn(1, 3, 64, 160)
+    wrapper = DetrForExport(model)
+    with torch.no_grad():
+        want = wrapper(x)
+    diff = max_diff(run_onnx(onnxruntime, out, "images", x), want)
+    assert diff <= ONNX_ATOL, diff
