@@ -288,9 +288,10 @@ class LookHereBias(AttentionBias):
     Per-layer schedule (LookHere's ``layer_slopes``): block ``l`` of ``depth`` multiplies the
     penalties by ``s_l``, ``s`` linear from ``layer_slopes[0]`` (first block) to ``layer_slopes[1]``
     (last), masked keys staying masked: :meth:`forward` returns the bias at scale 1 and
-    :meth:`layer_bias` scales it per block.  The default ``(1, 1)`` gives every block the same bias.  Not implemented: LookHere's 45-degree ("eighths" / "triangles") and
-    mixed-head configurations.  Heads need not be a multiple of 4 (LookHere's configs use 4k
-    heads): the directions simply cycle.
+    :meth:`layer_bias` scales it per block.  The default ``(1, 1)`` gives every block the same
+    bias.  Not implemented: LookHere's 45-degree ("eighths" / "triangles") and mixed-head
+    configurations.  Heads need not be a multiple of 4 (LookHere's configs use 4k heads): the
+    directions simply cycle.
     """
 
     def __init__(
@@ -310,7 +311,9 @@ class LookHereBias(AttentionBias):
             raise ValueError(f"fov must be one of {LOOKHERE_FOVS}; got {fov!r}")
         layer_slopes = tuple(float(v) for v in layer_slopes)
         if len(layer_slopes) != 2 or min(layer_slopes) < 0 or depth < 1:
-            raise ValueError(f"layer_slopes must be two values >= 0 and depth >= 1; got {layer_slopes}, {depth}")
+            raise ValueError(
+                f"layer_slopes must be two values >= 0 and depth >= 1; got {layer_slopes}, {depth}"
+            )
         self.fov = fov
         self.global_slope = float(global_slope)
         self.layer_slopes = layer_slopes

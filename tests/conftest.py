@@ -11,3 +11,12 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (tiny models: faster, and the same kernels on every machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

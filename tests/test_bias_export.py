@@ -50,12 +50,7 @@ EXPORT_ATOL = 1e-5
 ONNX_ATOL = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def nontrivial(model: nn.Module) -> nn.Module:

@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from peg_core.bias import LookHereBias
 from peg_core.engine import read_checkpoint
 from peg_core.models import CPVT
 from peg_core.models.cpvt import CPVT_ENCODINGS
@@ -23,7 +24,6 @@ from peg_detr.models import DETR_ENCODINGS
 from peg_detr.models.rtdetr import AIFI_ENCODINGS
 from peg_detr.models.rtdetr.encoder import AIFI
 from peg_detr.models.transformer import rotary_self_attention
-from peg_core.bias import LookHereBias
 from peg_video.models import VIDEO_ENCODINGS, VideoTransformer
 
 BIASES = ["alibi-2d", "fire", "lookhere"]
@@ -35,12 +35,7 @@ def without_bias(pos_enc: str) -> str:
     return "+".join(p for p in pos_enc.split("+") if p not in BIASES) or "none"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------ the family rules
@@ -349,7 +344,7 @@ def test_lookhere_layer_schedule_reaches_every_block_of_the_2d_families():
         holder.attn_bias = LookHereBias(heads, layer_slopes=(2.0, 0.5), depth=len(attns))
         seen = []
         for attn in attns:
-            attn.register_forward_hook(lambda m, a, out, i=index: seen.append(a[i]))
+            attn.register_forward_hook(lambda m, a, out, i=index, s=seen: s.append(a[i]))
         with torch.no_grad():
             run()
         assert len(seen) == len(attns) == 2
