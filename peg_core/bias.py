@@ -219,6 +219,11 @@ class FIREBias(AttentionBias):
     ``L``).  Unlike causal FIRE the ratio can exceed 1 in a bidirectional grid (a key can lie
     farther than the origin); the MLP takes that value as it is.
 
+    ``per_axis=True`` applies FIRE to each axis on its own and sums:
+    ``bias = sum_a f_a(psi(|x_ia - x_ja|) / psi(max(L, x_ia)))``, one MLP ``f_a`` per axis (keys
+    ``axis_mlps.{a}.*`` instead of ``mlp.*``; ``c`` and ``L`` shared), so a head can weigh rows and
+    columns (and frames) apart, as RoPE's axial split does; ``ndim`` times the compute and memory.
+
     State-dict keys: ``mlp.0.{weight,bias}``, ``mlp.2.{weight,bias}``, ``c``, ``threshold_scale``,
     ``init_threshold``.  Memory: the MLP's hidden layer is an ``(N, N, hidden)`` float32 tensor
     (4096 grid tokens, a 1024-px ViT/16: 2 GiB at ``hidden=32``), against ``(heads, N, N)`` for
@@ -234,11 +239,20 @@ class FIREBias(AttentionBias):
         init_c: float = 0.1,
         init_threshold: float = 8.0,
         eps: float = 1e-6,
+        per_axis: bool = False,
     ) -> None:
         super().__init__(num_heads, ndim)
         if hidden < 1 or init_threshold <= 0:
             raise ValueError(f"hidden must be >= 1 and init_threshold > 0; got {hidden}, {init_threshold}")
-        self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_heads))
+        self.per_axis = per_axis
+
+        def mlp() -> nn.Sequential:
+            return nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_heads))
+
+        if per_axis:
+            self.axis_mlps = nn.ModuleList(mlp() for _ in range(ndim))
+        else:
+            self.mlp = mlp()
         self.c = nn.Parameter(torch.tensor(float(init_c)))
         self.threshold_scale = nn.Parameter(torch.tensor(1.0))
         self.register_buffer("init_threshold", torch.tensor(float(init_threshold)))
@@ -249,20 +263,30 @@ class FIREBias(AttentionBias):
         return {"c", "threshold_scale"}
 
     def grid_bias(self, coords: Tensor) -> Tensor:
-        dt = coords.dtype
+        if not self.per_axis:  # the distance and the query's distance to the origin
+            rel = grid_distance(coords)  # (N, N)
+            return self._fire(rel, coords.square().sum(-1).sqrt(), self.mlp)
+        out = None
+        for a, mlp in enumerate(self.axis_mlps):  # each axis on its own: |x_ia - x_ja| and x_ia
+            axis = coords[:, a]
+            term = self._fire((axis[:, None] - axis[None, :]).abs(), axis, mlp)
+            out = term if out is None else out + term
+        return out
+
+    def _fire(self, rel: Tensor, extent: Tensor, mlp: nn.Sequential) -> Tensor:
+        """``f(psi(rel) / psi(max(L, extent)))``: distances ``(N, N)``, query extents ``(N,)`` -> ``(heads, N, N)``."""
+        dt = rel.dtype
         c = self.c.to(dt)
-        rel = grid_distance(coords)  # (N, N)
-        extent = coords.square().sum(-1).sqrt()  # (N,): the query's distance to the origin
         threshold = (self.threshold_scale.to(dt) * self.init_threshold.to(dt)).abs()
         norm = torch.log((c * torch.maximum(extent, threshold)).abs() + 1.0) + self.eps
         x = torch.log((c * rel).abs() + 1.0) / norm[:, None]  # (N, N)
-        lin1, _, lin2 = self.mlp
+        lin1, _, lin2 = mlp
         h = F.relu(F.linear(x.unsqueeze(-1), lin1.weight.to(dt), lin1.bias.to(dt)))
         out = F.linear(h, lin2.weight.to(dt), lin2.bias.to(dt))  # (N, N, heads)
         return out.permute(2, 0, 1)
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, ndim={self.ndim}, eps={self.eps}"
+        return f"num_heads={self.num_heads}, ndim={self.ndim}, eps={self.eps}, per_axis={self.per_axis}"
 
 
 #: LookHere's field-of-view options: 180 (its "halves": up, down, left, right) and 90 ("corners")

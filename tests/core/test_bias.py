@@ -96,6 +96,49 @@ def test_fire_matches_the_reference(size, heads):
     assert {"c", "threshold_scale", "init_threshold", "mlp.0.weight", "mlp.2.bias"} <= set(fire.state_dict())
 
 
+@torch.no_grad()
+def _fire_per_axis_reference(module: FIREBias, size):
+    """Per-axis FIRE element by element: ``sum_a f_a(psi(|x_ia - x_ja|) / psi(max(L, x_ia)))``, float64."""
+    c = module.c.item()
+    threshold = abs(module.threshold_scale.item() * module.init_threshold.item())
+    pos = _positions(size)
+
+    def psi(x: float) -> float:
+        return math.log(abs(c * x) + 1.0)
+
+    out = torch.zeros(module.num_heads, len(pos), len(pos), dtype=torch.float64)
+    for a, mlp in enumerate(module.axis_mlps):
+        w1, b1 = mlp[0].weight.double()[:, 0], mlp[0].bias.double()
+        w2, b2 = mlp[2].weight.double(), mlp[2].bias.double()
+        for i, p in enumerate(pos):
+            for j, q in enumerate(pos):
+                u = psi(abs(p[a] - q[a])) / (psi(max(threshold, p[a])) + module.eps)
+                out[:, i, j] += w2 @ torch.relu(w1 * u + b1) + b2
+    return out
+
+
+@pytest.mark.parametrize(("size", "heads"), [((3, 5), 4), ((2, 3, 2), 3)])
+def test_fire_per_axis_matches_the_reference(size, heads):
+    torch.manual_seed(0)
+    fire = FIREBias(heads, len(size), hidden=8, init_c=0.7, init_threshold=2.0, per_axis=True)
+    got = fire(size, num_prefix_tokens=1, dtype=torch.float64)
+    torch.testing.assert_close(got[0, :, 1:, 1:], _fire_per_axis_reference(fire, size), atol=1e-12, rtol=0)
+    assert (got[0, :, 0] == 0).all() and (got[0, :, :, 0] == 0).all()
+    keys = set(fire.state_dict())
+    assert {f"axis_mlps.{a}.0.weight" for a in range(len(size))} <= keys and not any(
+        k.startswith("mlp.") for k in keys
+    )
+    if len(size) != 2:
+        return
+    # rows and columns apart: a row offset and a column offset of the same length differ in general
+    flat = fire((3, 3))[0]
+    assert not torch.allclose(flat[:, 4, 1], flat[:, 4, 3])  # key above vs key to the left of the centre
+    fire((4, 6)).sum().backward()  # every axis's MLP and c get gradients
+    assert all(p.grad is not None for p in fire.parameters())
+    built = get_encoding("fire").build(EncodingContext(8, (4, 4), num_heads=2, options={"per_axis": True}))
+    assert built.per_axis and len(built.axis_mlps) == 2
+
+
 def _lookhere_reference(size, heads, fov, global_slope):
     """LookHere element by element: head h looks in direction h mod 4 with slope 2^-(h // 4 + 1)."""
     pos = _positions(size)
