@@ -876,15 +876,18 @@ def plan_video(
     crop = train_size or (budget.train_size if data is None else cfg["crop"])
     views = _video_views(cfg["num_frames"], crop, cfg["tubelet"], test_scales)
     if data is None:
+        # long enough for the longest clip; a longer video keeps the default set's motion speed (its
+        # motion takes the default 24 frames and goes on), so a training-length clip shows what it does there
         frames = max(SyntheticSpec.frames, clip_span(max(v[1] for v in views), cfg["stride"]))
-        data = out / ("data" if frames == SyntheticSpec.frames else f"data_{frames}f")
+        longer = frames > SyntheticSpec.frames
+        data = out / (f"data_{frames}f_wrap" if longer else "data")
         if not (data / "val.csv").is_file() and not (data / "val.txt").is_file():
-            make_synthetic_kinetics(
-                data,
-                SyntheticSpec(num_train=budget.n_train, num_val=budget.n_val, seed=seeds[0], frames=frames),
-            )
-        data_name = (f"synthetic Kinetics moving shapes ({budget.n_train} train / {budget.n_val} val videos, "
-                     f"{frames} frames each)")  # fmt: skip
+            spec = SyntheticSpec(num_train=budget.n_train, num_val=budget.n_val, seed=seeds[0], frames=frames,
+                                 motion_frames=SyntheticSpec.frames if longer else None)  # fmt: skip
+            make_synthetic_kinetics(data, spec)
+        data_name = f"synthetic Kinetics moving shapes ({budget.n_train} train / {budget.n_val} val videos"
+        data_name += (f", {frames} frames each, the motion at the speed of the {SyntheticSpec.frames}-frame set, "
+                      "wrapping around the frame)" if longer else ")")  # fmt: skip
     else:
         data_name = str(data)
     encodings = ("peg3d", "peg3d-factorized", "learned", "none", *VIDEO_ROTARY_ROWS, *VIDEO_BIAS_ROWS)

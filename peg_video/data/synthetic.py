@@ -65,7 +65,15 @@ class FrameSizeError(InputError):
 
 @dataclass(frozen=True)
 class SyntheticSpec:
-    """Size of the generated set.  ``width``/``height`` must be even (yuv420p)."""
+    """Size of the generated set.  ``width``/``height`` must be even (yuv420p).
+
+    ``motion_frames``: the number of frames one motion takes (default: the whole video, ``frames``).
+    Shorter than ``frames``, the motion keeps its speed past it: a circle keeps turning and a shape
+    that moves leaves one side of the frame and comes back at the opposite side (so its direction,
+    the label, never changes).  A long video then shows a clip of the training length exactly as a
+    ``motion_frames``-frame video does, and a longer clip more of the same action, the clip-length axis
+    of the extrapolation study.
+    """
 
     num_train: int = 120
     num_val: int = 60
@@ -75,13 +83,21 @@ class SyntheticSpec:
     fps: int = 12
     seed: int = 0
     codec: str = "libx264"
+    motion_frames: int | None = None
 
 
-def _draw(frame: np.ndarray, kind: int, cy: float, cx: float, r: float, color: np.ndarray) -> None:
-    """Paint a filled square (0), disc (1) or diamond (2) of half-size ``r`` centred at (cy, cx)."""
+def _draw(
+    frame: np.ndarray, kind: int, cy: float, cx: float, r: float, color: np.ndarray, wrap: bool = False
+) -> None:
+    """Paint a filled square (0), disc (1) or diamond (2) of half-size ``r`` centred at (cy, cx).
+
+    ``wrap``: on a torus (the part past one border shows at the opposite one).
+    """
     h, w, _ = frame.shape
     yy, xx = np.mgrid[0:h, 0:w]
     dy, dx = np.abs(yy - cy), np.abs(xx - cx)
+    if wrap:
+        dy, dx = np.minimum(dy, h - dy), np.minimum(dx, w - dx)
     if kind == 0:
         mask = (dy <= r) & (dx <= r)
     elif kind == 1:
@@ -108,7 +124,9 @@ def render_video(label: int, spec: SyntheticSpec, rng: np.random.Generator) -> n
         )
         for _ in range(int(rng.integers(1, 3)))
     ]
-    s = np.linspace(0.0, 1.0, t)
+    wrap = spec.motion_frames is not None
+    # 0 .. 1 over the motion's frames (beyond 1 past them)
+    s = np.arange(t) / max(spec.motion_frames - 1, 1) if wrap else np.linspace(0.0, 1.0, t)
     motion = MOTIONS[label]
     if motion.startswith("move"):
         # Travel 45-60 % of the frame from a random start; the cross-axis position is random.
@@ -116,9 +134,11 @@ def render_video(label: int, spec: SyntheticSpec, rng: np.random.Generator) -> n
         start = rng.uniform(0.1, 0.9 - travel)
         along = start + travel * s
         across = np.full(t, rng.uniform(0.2, 0.8))
-        if motion in ("move left", "move up"):
-            along = along[::-1]
+        if motion in ("move left", "move up"):  # the same path backwards (from its end, at the same speed)
+            along = start + travel * (1.0 - s) if wrap else along[::-1]
         ys, xs = (across, along) if motion in ("move right", "move left") else (along, across)
+        if wrap:  # past the motion's frames: out at one side, in at the other
+            ys, xs = ys % 1.0, xs % 1.0
         ys, xs = ys * h, xs * w
     else:
         # Three quarters of a turn around the centre, clockwise on screen when y points down.
@@ -133,7 +153,7 @@ def render_video(label: int, spec: SyntheticSpec, rng: np.random.Generator) -> n
         frame[:] = bg
         for kind, dy, dx, dr, color in distractors:
             _draw(frame, kind, dy, dx, dr, color)
-        _draw(frame, actor_kind, ys[i], xs[i], r, actor_color)
+        _draw(frame, actor_kind, ys[i], xs[i], r, actor_color, wrap=wrap)
     return video
 
 

@@ -712,7 +712,7 @@ def test_extrapolation_protocol_quick(tmp_path: Path) -> None:
     # video: clip lengths 0.5x / 1x / 4x (tubelet 2), the data long enough for 32 frames at stride 2
     v = video["video"]
     assert v.sizes == ["4 fr", "8 fr", "32 fr", "8 fr, 48 px"]
-    assert (tmp_path / "v" / "video" / "data_63f" / "val.csv").is_file()
+    assert (tmp_path / "v" / "video" / "data_63f_wrap" / "val.csv").is_file()
     enc = [r for r in v.rows if r.group == "encoding"]
     assert all(set(r.diagnostics) == set(v.sizes) for r in enc)
     assert enc[0].diagnostics["32 fr"]["distance"][-1] > enc[0].diagnostics["4 fr"]["distance"][-1]

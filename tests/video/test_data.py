@@ -186,3 +186,16 @@ def test_sizes_decord_misreads_are_refused(tmp_path):
         ValueError, match=r"decord reads the videos as .* frame size .*: --width 48 --height 40$"
     ):
         make_synthetic_kinetics(tmp_path, BAD_SIZE)
+
+
+def test_long_videos_keep_the_motions_speed():
+    """``motion_frames``: a 63-frame video starts as the 24-frame one and then continues the same motion."""
+    from peg_video.data.synthetic import MOTIONS
+
+    long, short = SyntheticSpec(frames=63, motion_frames=24), SyntheticSpec(frames=24)
+    for label in range(len(MOTIONS)):
+        v = render_video(label, long, np.random.default_rng(7))
+        assert v.shape[0] == 63
+        assert np.array_equal(v[:24], render_video(label, short, np.random.default_rng(7)))
+        # past the motion's frames the shape keeps moving (a move wraps around, a circle keeps turning)
+        assert all((v[t] != v[t - 1]).any() for t in range(24, 63))
