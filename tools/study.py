@@ -593,8 +593,10 @@ def families_sentences(result: TaskResult) -> list[str]:
     if len(fams) < 2:
         return []
     train, big = result.train_size, largest_column(result)
+    # the training size, twice it (where the families still differ on toy data) and the largest size
+    double = [c for c in square_columns(result) if _size_key(c) == 2 * _size_key(train)]
     out = []
-    for col in (train, big):
+    for col in dict.fromkeys([train, *double, big]):
         best = {f: max(rs, key=lambda r: r.scores[col]) for f, rs in fams.items()}
         ranked = sorted(best.items(), key=lambda kv: kv[1].scores[col], reverse=True)
         listing = "; ".join(f"{f} `{r.label}` {_cell(r, col)}" for f, r in ranked)
@@ -604,7 +606,7 @@ def families_sentences(result: TaskResult) -> list[str]:
                 else f"no family leads: {_no_conclusion(why)} between {f1} and {f2}")  # fmt: skip
         behind = [f for f, r in ranked[1:] if judge(top, r, col, chance=result.chance)[0] == 1]
         tail = f"; {f1} is ahead of {', '.join(behind)}" if behind and sign != 1 else ""
-        where = "the training size" if col == train else "the largest test size"
+        where = {train: "the training size", big: "the largest test size"}.get(col, "twice the training size")
         out.append(f"{result.task}, best row per family at {col} ({where}): {listing}. Here {lead}{tail}.")
     return out
 
