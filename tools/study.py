@@ -33,6 +33,17 @@ and prints the tables.  Tasks and rows:
     python -m tools.study --task classify --data /data/imagenet100 --train-size 160 --test-sizes 128,160,224
     python -m tools.study --task detect --data /data/coco --epochs 50
     python -m tools.study --task detect --arch rtdetr --seeds 3 --jobs 2    # ~14 min on 2 CPU cores
+    python -m tools.study --task all --extrapolate --seeds 3 --jobs 2 --protocol both   # 0.5x-4x, aspect,
+        # clip length, attention diagnostics, the bias rows: ~2 h of cell time (README: the extrapolation run)
+    python -m tools.study --task video --data /data/k400 --video-config k400_vit_s_16x4_peg3d --epochs 50 \
+        --train-args "--batch-size 64 --workers 8"    # a GPU node: one cell per GPU; a rerun resumes
+
+Every row also has the attention-bias encodings (``alibi-2d``, ``fire``, ``lookhere``, ``peg+alibi-2d``,
+``peg+fire``; video without ``lookhere``, with ``peg3d`` pairs).  ``--extrapolate``: test sizes 0.5x-4x
+(video: clip lengths), classification at 1:2 and 2:1, and per-layer attention entropy / distance
+(``peg_core.models.probe``), tabled, plotted and read by a sentence.  Cells run one per visible GPU
+(``--devices``) or ``--jobs`` CPU workers; a finished cell's ``cell.json`` is reused by a rerun with the
+same ``--out`` (``--retrain`` trains it again).
 """
 
 from __future__ import annotations
