@@ -821,7 +821,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "test scenes rendered larger), or both")  # fmt: skip
     p.add_argument("--quantize", choices=("int8",), help="also evaluate each classifier quantized (PT2E)")
     p.add_argument(
-        "--train-size", type=positive_int, help="image tasks: training size (default: the budget's)"
+        "--train-size",
+        type=positive_int,
+        help="image tasks: training size; --task video: the crop (default: the budget's, or the recipe's on --data)",
     )
     p.add_argument("--test-sizes", type=positive_int_list, help="image tasks: test sizes, e.g. 36,48,72,96")
     p.add_argument(
@@ -887,8 +889,10 @@ def _plans(args: argparse.Namespace, tasks: list[str], seeds: list[int]) -> list
                 plans.append(plan_detect_rtdetr(args.out / f"detect-{arch}", args.quick, seeds, args.data,
                                                 args.epochs, rows=args.rows or (), arch=arch, **kw))  # fmt: skip
         else:  # video
+            # --train-size is the video crop with --task video only (with all, the image tasks' size)
+            video_kw = {**kw, "train_size": args.train_size if args.task == "video" else None}
             plans.append(PLANS[task](args.out / task, args.quick, seeds, args.data, args.epochs,
-                                     config=args.video_config, **kw))  # fmt: skip
+                                     config=args.video_config, **video_kw))  # fmt: skip
     return plans
 
 
@@ -907,6 +911,10 @@ def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
         )
     if args.video_config != "synthetic_tiny" and args.task not in ("video", "all"):
         parser.error("--video-config is for the video task (--task video or all)")
+    tubelet = VIDEO_CONFIGS[args.video_config]["tubelet"]
+    if args.task == "video" and args.train_size and args.train_size % tubelet[-1]:
+        parser.error(f"--train-size {args.train_size}: the video crop must be a multiple of {args.video_config}'s "
+                     f"tubelet side {tubelet[-1]}")  # fmt: skip
     if args.extrapolate:
         args.test_scales = args.test_scales or list(EXTRAPOLATION_SCALES)
         args.aspect = args.diagnose = True
