@@ -186,24 +186,41 @@ def run_onnx(onnxruntime: ModuleType, path: Path, name: str, x: torch.Tensor) ->
     return tuple(torch.from_numpy(a) for a in session.run(None, {name: x.numpy()}))
 
 
-def test_detr_onnx_through_the_export_command(tmp_path, capsys, onnxruntime):
-    """``python -m peg_detr export --check`` of a ``peg+fire`` DETR at 2 x 64 x 80, run at 3 x 96 x 48."""
+def detector_onnx_matches(
+    model: nn.Module,
+    config: dict,
+    classes: int,
+    size: tuple[int, int],
+    x: torch.Tensor,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    onnxruntime: ModuleType,
+) -> tuple[nn.Module, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """``python -m peg_detr export --check`` of ``model`` at ``size``, then onnxruntime at ``x``'s size equals
+    PyTorch (≤ :data:`ONNX_ATOL`); returns the export wrapper, ``x`` and PyTorch's outputs."""
     from peg_detr.__main__ import main
 
-    model = nontrivial(detr("peg+fire", enc_layers=1, dec_layers=1))
-    ckpt, out = tmp_path / "detr.pth", tmp_path / "detr.onnx"
-    categories = [{"id": i, "name": f"c{i}"} for i in range(5)]
-    save_checkpoint(model, "detect", model.build_config, {"categories": categories}, ckpt)
+    ckpt, out = tmp_path / "detector.pth", tmp_path / "detector.onnx"
+    categories = [{"id": i, "name": f"c{i}"} for i in range(classes)]
+    save_checkpoint(model, "detect", config, {"categories": categories}, ckpt)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert main(["export", str(ckpt), str(out), "--height", "64", "--width", "80", "--check"]) == 0
+        argv = ["export", str(ckpt), str(out), "--height", str(size[0]), "--width", str(size[1]), "--check"]
+        assert main(argv) == 0
     assert last_json(capsys)["max_abs_diff"] <= ONNX_ATOL
-    x = torch.randn(3, 3, 96, 48)
     wrapper = DetrForExport(model)
     with torch.no_grad():
         want = wrapper(x)
     diff = max_diff(run_onnx(onnxruntime, out, "images", x), want)
     assert diff <= ONNX_ATOL, diff
+    return wrapper, x, want
+
+
+def test_detr_onnx_through_the_export_command(tmp_path, capsys, onnxruntime):
+    """``python -m peg_detr export --check`` of a ``peg+fire`` DETR at 2 x 64 x 80, run at 3 x 96 x 48."""
+    model = nontrivial(detr("peg+fire", enc_layers=1, dec_layers=1))
+    wrapper, x, want = detector_onnx_matches(model, model.build_config, 5, (64, 80), torch.randn(3, 3, 96, 48),
+                                             tmp_path, capsys, onnxruntime)  # fmt: skip
     effect = bias_effect(wrapper, x, want)
     assert effect > 10 * ONNX_ATOL, effect
 
@@ -236,27 +253,13 @@ def test_rtdetr_onnx_through_the_export_command(tmp_path, capsys, onnxruntime):
 
     LookHere's masked keys (``-max bfloat16``) and distances must follow the stride-32 grid of the new size.
     """
-    from peg_detr.__main__ import main
-
     torch.manual_seed(0)
     model, _, _ = build_rtdetr(
         "tiny", "lookhere", num_classes=3, hidden_dim=32, num_heads=4, dec_layers=1, dim_feedforward=64,
         num_queries=10, num_denoising=0, encoder_expansion=0.5, depth_mult=0.34,
     )  # fmt: skip
     model = nontrivial(model).eval()
-    ckpt, out = tmp_path / "rtdetr.pth", tmp_path / "rtdetr.onnx"
-    categories = [{"id": i, "name": f"c{i}"} for i in range(3)]
-    save_checkpoint(
-        model, "detect", {"arch": "rtdetr", **model.build_config}, {"categories": categories}, ckpt
+    config = {"arch": "rtdetr", **model.build_config}
+    detector_onnx_matches(
+        model, config, 3, (96, 128), torch.randn(1, 3, 64, 160), tmp_path, capsys, onnxruntime
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main(["export", str(ckpt), str(out), "--height", "96", "--width", "128", "--check"]) == 0
-    report = last_json(capsys)
-    assert report["max_abs_diff"] <= ONNX_ATOL
-    x = torch.randn(1, 3, 64, 160)
-    wrapper = DetrForExport(model)
-    with torch.no_grad():
-        want = wrapper(x)
-    diff = max_diff(run_onnx(onnxruntime, out, "images", x), want)
-    assert diff <= ONNX_ATOL, diff
