@@ -25,10 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..rtdetr.encoder import AIFI, AIFI_ENCODINGS, ConvNormLayer, CSPRepLayer
+from ..rtdetr.encoder import AIFI_ENCODINGS, ConvNormLayer, CSPRepLayer, HybridEncoderBase
 
 __all__ = ["DFINE_ENCODINGS", "DFineHybridEncoder", "RepNCSPELAN4", "SCDown"]
 
@@ -108,7 +107,7 @@ class RepNCSPELAN4(nn.Module):
         return self.conv4(torch.cat([a, b, b1, b2], dim=1))
 
 
-class DFineHybridEncoder(nn.Module):
+class DFineHybridEncoder(HybridEncoderBase):
     """D-FINE's hybrid encoder (module docstring).
 
     Args:
@@ -156,32 +155,9 @@ class DFineHybridEncoder(nn.Module):
         learned_grid: tuple[int, int] = (20, 20),
         pos_interpolation: str = "bicubic",
     ) -> None:
-        hparams = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
-        self.hparams = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in hparams.items()}
+        self._build_input_and_aifi({k: v for k, v in locals().items() if k not in ("self", "__class__")})
         levels = len(in_channels)
-        if levels < 2:
-            raise ValueError(f"the hybrid encoder fuses >= 2 levels; got in_channels={list(in_channels)}")
-        if any(not -levels <= i < levels for i in use_encoder_idx):
-            raise ValueError(f"use_encoder_idx={list(use_encoder_idx)} out of range for {levels} levels")
-        self.in_channels = list(in_channels)
-        self.hidden_dim = hidden_dim
-        self.use_encoder_idx = [i % levels for i in use_encoder_idx]
-        self.out_channels = [hidden_dim] * levels
-        self.pos_enc = pos_enc
-        # transformers keeps these BNs at torch's default eps (as in RT-DETR)
-        self.input_proj = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(c, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim))
-            for c in in_channels
-        )
-        peg_options = dict(kernel_size=peg_kernel_size, separable=peg_separable, padding_mode=peg_padding,
-                           dynamic=peg_dynamic, num_kernels=peg_num_kernels)  # fmt: skip
-        layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, act=act, normalize_before=normalize_before,
-                     eps=layer_norm_eps)  # fmt: skip
-        aifi = dict(num_layers=num_layers, layer_options=layer, pos_enc=pos_enc, temperature=temperature,
-                    peg_at=peg_at, peg_options=peg_options, learned_grid=learned_grid,
-                    pos_interpolation=pos_interpolation)  # fmt: skip
-        self.aifi = nn.ModuleList(AIFI(hidden_dim, num_heads, **aifi) for _ in self.use_encoder_idx)
         n = levels - 1
         blocks = round(3 * depth_mult)
         c4 = round(expansion * hidden_dim // 2)
@@ -197,32 +173,3 @@ class DFineHybridEncoder(nn.Module):
         for _ in range(n):
             self.downsample_convs.append(SCDown(hidden_dim, 3, 2, eps=batch_norm_eps))
             self.pan_blocks.append(RepNCSPELAN4(2 * hidden_dim, hidden_dim, 2 * hidden_dim, c4, **elan))
-
-    def project(self, feats: Sequence[Tensor]) -> list[Tensor]:
-        """The per-level input projections (HF ``encoder_input_proj``) alone."""
-        if len(feats) != len(self.input_proj):
-            raise ValueError(f"the encoder takes {len(self.input_proj)} maps; got {len(feats)}")
-        return [proj(f) for proj, f in zip(self.input_proj, feats)]
-
-    def fuse(self, maps: Sequence[Tensor]) -> list[Tensor]:
-        """AIFI + FPN + PAN on projected maps ``(B, hidden_dim, H_l, W_l)`` (HF ``model.encoder``)."""
-        maps = list(maps)
-        for aifi, idx in zip(self.aifi, self.use_encoder_idx):
-            maps[idx] = aifi(maps[idx])
-        # Top-down: inner[0] is the running coarse map.  Upsampling to the finer map's size is 2×
-        # nearest for sides that are multiples of the coarsest stride, and runs at any other size.
-        inner = [maps[-1]]
-        for i, (lateral, block) in enumerate(zip(self.lateral_convs, self.fpn_blocks)):
-            finer = maps[-2 - i]
-            top = lateral(inner[0])
-            inner[0] = top
-            up = F.interpolate(top, size=finer.shape[-2:], mode="nearest")
-            inner.insert(0, block(torch.cat([up, finer], dim=1)))
-        # Bottom-up: outs[-1] is the running fine map.
-        outs = [inner[0]]
-        for i, (down, block) in enumerate(zip(self.downsample_convs, self.pan_blocks)):
-            outs.append(block(torch.cat([down(outs[-1]), inner[i + 1]], dim=1)))
-        return outs
-
-    def forward(self, feats: Sequence[Tensor]) -> list[Tensor]:
-        return self.fuse(self.project(feats))

@@ -60,6 +60,7 @@ __all__ = [
     "CSPRepLayer",
     "ConvNormLayer",
     "HybridEncoder",
+    "HybridEncoderBase",
     "RTDetrSinCos2d",
     "RepVggBlock",
     "rtdetr_sincos_2d",
@@ -389,7 +390,77 @@ class AIFI(nn.Module):
         return out.contiguous()
 
 
-class HybridEncoder(nn.Module):
+class HybridEncoderBase(nn.Module):
+    """What RT-DETR's and D-FINE's hybrid encoders share.
+
+    :meth:`_build_input_and_aifi` checks the levels and builds the input projections and the AIFI
+    layers (in that order, transformers' module order); the subclass then builds its
+    ``lateral_convs``, ``fpn_blocks``, ``downsample_convs`` and ``pan_blocks``, which :meth:`fuse`
+    runs top-down then bottom-up.
+    """
+
+    def _build_input_and_aifi(self, hparams: dict) -> None:
+        """From the constructor's arguments ``hparams`` (kept json-safe as :attr:`hparams`)."""
+        self.hparams = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in hparams.items()}
+        in_channels, hidden_dim = hparams["in_channels"], hparams["hidden_dim"]
+        use_encoder_idx = hparams["use_encoder_idx"]
+        levels = len(in_channels)
+        if levels < 2:
+            raise ValueError(f"the hybrid encoder fuses >= 2 levels; got in_channels={list(in_channels)}")
+        if any(not -levels <= i < levels for i in use_encoder_idx):
+            raise ValueError(f"use_encoder_idx={list(use_encoder_idx)} out of range for {levels} levels")
+        self.in_channels = list(in_channels)
+        self.hidden_dim = hidden_dim
+        self.use_encoder_idx = [i % levels for i in use_encoder_idx]
+        self.out_channels = [hidden_dim] * levels
+        self.pos_enc = hparams["pos_enc"]
+        # HF keeps these BNs at torch's default eps (its encoder_input_proj ignores batch_norm_eps).
+        self.input_proj = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(c, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim))
+            for c in in_channels
+        )
+        peg_options = dict(kernel_size=hparams["peg_kernel_size"], separable=hparams["peg_separable"],
+                           padding_mode=hparams["peg_padding"], dynamic=hparams["peg_dynamic"],
+                           num_kernels=hparams["peg_num_kernels"])  # fmt: skip
+        layer = dict(dim_feedforward=hparams["dim_feedforward"], dropout=hparams["dropout"], act=hparams["act"],
+                     normalize_before=hparams["normalize_before"], eps=hparams["layer_norm_eps"])  # fmt: skip
+        aifi = dict(num_layers=hparams["num_layers"], layer_options=layer, pos_enc=self.pos_enc,
+                    temperature=hparams["temperature"], peg_at=hparams["peg_at"], peg_options=peg_options,
+                    learned_grid=hparams["learned_grid"], pos_interpolation=hparams["pos_interpolation"])  # fmt: skip
+        self.aifi = nn.ModuleList(
+            AIFI(hidden_dim, hparams["num_heads"], **aifi) for _ in self.use_encoder_idx
+        )
+
+    def project(self, feats: Sequence[Tensor]) -> list[Tensor]:
+        """The per-level input projections (HF ``encoder_input_proj``) alone."""
+        if len(feats) != len(self.input_proj):
+            raise ValueError(f"the encoder takes {len(self.input_proj)} maps; got {len(feats)}")
+        return [proj(f) for proj, f in zip(self.input_proj, feats)]
+
+    def fuse(self, maps: list[Tensor]) -> list[Tensor]:
+        """AIFI + FPN / PAN on already projected maps ``(B, hidden_dim, H_l, W_l)`` (HF ``model.encoder``)."""
+        maps = list(maps)
+        for aifi, idx in zip(self.aifi, self.use_encoder_idx):
+            maps[idx] = aifi(maps[idx])
+        # Top-down: inner[0] is the running coarse map; each step adds one finer level.
+        inner = [maps[-1]]
+        for i, (lateral, block) in enumerate(zip(self.lateral_convs, self.fpn_blocks)):
+            finer = maps[-2 - i]
+            top = lateral(inner[0])
+            inner[0] = top
+            up = F.interpolate(top, size=finer.shape[-2:], mode="nearest")
+            inner.insert(0, block(torch.cat([up, finer], dim=1)))
+        # Bottom-up: outs[-1] is the running fine map; each step adds one coarser level.
+        outs = [inner[0]]
+        for i, (down, block) in enumerate(zip(self.downsample_convs, self.pan_blocks)):
+            outs.append(block(torch.cat([down(outs[-1]), inner[i + 1]], dim=1)))
+        return outs
+
+    def forward(self, feats: Sequence[Tensor]) -> list[Tensor]:
+        return self.fuse(self.project(feats))
+
+
+class HybridEncoder(HybridEncoderBase):
     """RT-DETR's hybrid encoder: input projections, AIFI on the coarsest map, CCFM fusion.
 
     Args:
@@ -447,32 +518,9 @@ class HybridEncoder(nn.Module):
         learned_grid: tuple[int, int] = (20, 20),
         pos_interpolation: str = "bicubic",
     ) -> None:
-        hparams = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
-        self.hparams = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in hparams.items()}
+        self._build_input_and_aifi({k: v for k, v in locals().items() if k not in ("self", "__class__")})
         levels = len(in_channels)
-        if levels < 2:
-            raise ValueError(f"the hybrid encoder fuses >= 2 levels; got in_channels={list(in_channels)}")
-        if any(not -levels <= i < levels for i in use_encoder_idx):
-            raise ValueError(f"use_encoder_idx={list(use_encoder_idx)} out of range for {levels} levels")
-        self.in_channels = list(in_channels)
-        self.hidden_dim = hidden_dim
-        self.use_encoder_idx = [i % levels for i in use_encoder_idx]
-        self.out_channels = [hidden_dim] * levels
-        self.pos_enc = pos_enc
-        # HF keeps these BNs at torch's default eps (its encoder_input_proj ignores batch_norm_eps).
-        self.input_proj = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(c, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim))
-            for c in in_channels
-        )
-        peg_options = dict(kernel_size=peg_kernel_size, separable=peg_separable, padding_mode=peg_padding,
-                           dynamic=peg_dynamic, num_kernels=peg_num_kernels)  # fmt: skip
-        layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, act=act, normalize_before=normalize_before,
-                     eps=layer_norm_eps)  # fmt: skip
-        aifi = dict(num_layers=num_layers, layer_options=layer, pos_enc=pos_enc, temperature=temperature,
-                    peg_at=peg_at, peg_options=peg_options, learned_grid=learned_grid,
-                    pos_interpolation=pos_interpolation)  # fmt: skip
-        self.aifi = nn.ModuleList(AIFI(hidden_dim, num_heads, **aifi) for _ in self.use_encoder_idx)
         blocks = round(3 * depth_mult)
         csp = dict(num_blocks=blocks, expansion=expansion, act=conv_act, eps=batch_norm_eps)
         n = levels - 1
@@ -484,31 +532,3 @@ class HybridEncoder(nn.Module):
             ConvNormLayer(hidden_dim, hidden_dim, 3, 2, act=conv_act, eps=batch_norm_eps) for _ in range(n)
         )
         self.pan_blocks = nn.ModuleList(CSPRepLayer(2 * hidden_dim, hidden_dim, **csp) for _ in range(n))
-
-    def project(self, feats: Sequence[Tensor]) -> list[Tensor]:
-        """The per-level input projections (HF ``encoder_input_proj``) alone."""
-        if len(feats) != len(self.input_proj):
-            raise ValueError(f"the encoder takes {len(self.input_proj)} maps; got {len(feats)}")
-        return [proj(f) for proj, f in zip(self.input_proj, feats)]
-
-    def fuse(self, maps: list[Tensor]) -> list[Tensor]:
-        """AIFI + CCFM on already projected maps ``(B, hidden_dim, H_l, W_l)`` (HF ``model.encoder``)."""
-        maps = list(maps)
-        for aifi, idx in zip(self.aifi, self.use_encoder_idx):
-            maps[idx] = aifi(maps[idx])
-        # Top-down: inner[0] is the running coarse map; each step adds one finer level.
-        inner = [maps[-1]]
-        for i, (lateral, block) in enumerate(zip(self.lateral_convs, self.fpn_blocks)):
-            finer = maps[-2 - i]
-            top = lateral(inner[0])
-            inner[0] = top
-            up = F.interpolate(top, size=finer.shape[-2:], mode="nearest")
-            inner.insert(0, block(torch.cat([up, finer], dim=1)))
-        # Bottom-up: outs[-1] is the running fine map; each step adds one coarser level.
-        outs = [inner[0]]
-        for i, (down, block) in enumerate(zip(self.downsample_convs, self.pan_blocks)):
-            outs.append(block(torch.cat([down(outs[-1]), inner[i + 1]], dim=1)))
-        return outs
-
-    def forward(self, feats: Sequence[Tensor]) -> list[Tensor]:
-        return self.fuse(self.project(feats))
