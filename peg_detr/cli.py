@@ -27,6 +27,7 @@ from peg_core.engine import (
     Summary,
     add_alias,
     add_arch_arg,
+    add_class_map_arg,
     add_data_root_arg,
     add_eval_args,
     add_json_arg,
@@ -215,6 +216,7 @@ def _add_train_data_args(p: argparse.ArgumentParser) -> None:
         help="ids: label = COCO category id (DETR, the default); contiguous: label k = k-th category by id "
         "(RT-DETR's recipes; 80 for COCO); a Hugging Face --init folder whose id2label names match decides",
     )
+    add_class_map_arg(g)
     g.add_argument(
         "--num-classes",
         type=positive_int,

@@ -24,12 +24,14 @@ from torch import nn
 
 from peg_core.engine import LoadedModel, UserError, checkpoint_and_where, load_model_state, read_state_file
 from peg_core.engine.cli import peg_kwargs
-from peg_core.interop.io import WeightsError
+from peg_core.interop.classes import match_classes, transfer_class_rows
+from peg_core.interop.io import LoadReport, WeightsError
 from peg_core.interop.resolve import resolve_weights
 
 from .archs import ARCHS, Arch, arch_named, arch_of, arch_of_model
 from .interop.hf import from_hf
 from .interop.hf_detr import hf_label_names
+from .interop.hf_rtdetr import with_label_names
 from .labels import LabelMap
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "load_hf_model",
     "load_model",
     "model_config_from_args",
+    "relabel",
     "upgrade_config",
 ]
 
@@ -137,6 +140,46 @@ def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[s
     if arch.family == "detr":
         kw["dilation"] = args.dilation
     return kw
+
+
+def relabel(
+    model: nn.Module,
+    names: list[str],
+    start_names: list[str] | None,
+    class_map: Mapping[str, str] | None = None,
+    source: Any = "",
+) -> tuple[nn.Module, nn.Module, nn.Module, LoadReport]:
+    """The detector ``model`` rebuilt for the label set ``names``, keeping the classes it shares by name.
+
+    Every class-dependent tensor (``model.class_parameters()``: DETR's ``class_embed``; the RT-DETR
+    family's per-layer and encoder score heads and the denoising class embedding) is rebuilt for
+    ``len(names)`` classes at the family's initialisation (the focal prior bias, ...); a class whose
+    name (case- and whitespace-insensitive, or a ``class_map`` synonym) is one of ``start_names``
+    keeps that start class's rows.  Every other tensor is the start's.  ``names[label]``: ``""``
+    for a label no category uses; ``start_names`` ``None``: the start's names are unknown (nothing
+    is kept).  ``model.build_config`` (with ``arch``) rebuilds the model: a Hugging Face folder's
+    config gets the new ``id2label``.
+
+    Returns ``(model, criterion, postprocessor, report)``; ``report.classes`` says what was kept.
+    A ``class_map`` naming a class neither side has is a ``ValueError``.
+    """
+    transfer = match_classes(names, start_names or [], class_map)
+    config = {"arch": arch_of_model(model).name, **model.build_config, "num_classes": len(names)}
+    if "hf_config" in config:  # the folder's config decides the class count: give it the new names
+        own = {
+            k: v for k, v in config["hf_config"].items() if k not in ("id2label", "label2id", "num_labels")
+        }
+        config["hf_config"] = with_label_names(own, dict(enumerate(names)), len(names))
+    with warnings.catch_warnings():  # "ResNet starts from random weights": the start's weights follow
+        warnings.simplefilter("ignore", UserWarning)
+        fresh, criterion, postprocessor = build_model(config, source or "the start model")
+    state, converted = transfer_class_rows(
+        fresh.state_dict(), model.state_dict(), fresh.class_parameters(), transfer
+    )
+    fresh.load_state_dict(state)
+    fresh.train(model.training)
+    copied = [k for k in state if k not in converted]
+    return fresh, criterion, postprocessor, LoadReport(str(source), copied, converted, classes=transfer)
 
 
 def eval_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,12 +35,17 @@ from peg_core.engine import (
     TrainParts,
     UserError,
     param_groups,
+    read_state_file,
     refuse_changed_on_resume,
     refuse_without_effect,
     skipping_collate,
 )
+from peg_core.engine.cli import peg_kwargs
+from peg_core.interop.classes import read_class_map
 from peg_core.interop.hf_folder import read_hf_config
 from peg_core.interop.io import WeightsError
+from peg_core.jsonfile import JsonError, read_json
+from peg_core.peg import PEG2d
 
 from .archs import ARCHS, arch_named, arch_of, arch_of_model
 from .data import (
@@ -63,7 +68,7 @@ from .data import (
 from .data.dense_o2o import MixupCollate, Mosaic, MosaicDataset, dense_o2o_from_args, make_mosaic_transforms
 from .evaluation import evaluate_coco
 from .interop import from_hf, hf_label_names, hf_num_labels, load_official_checkpoint
-from .model import build_model, load_model, model_config_from_args
+from .model import build_model, load_model, model_config_from_args, relabel
 from .structures import targets_to, to_float
 
 __all__ = [
@@ -277,7 +282,7 @@ def resolve_label_map(
     line is a :class:`UserError` naming both); a Hugging Face ``--init`` folder
     whose ``id2label`` names are the categories' (case-insensitive; in id order: ``contiguous``,
     at their ids: ``ids``) decides it instead, said in one line.  ``--num-classes`` defaults to
-    the map's size.  An RT-DETR folder fixes the classifier: another class count is a UserError.
+    the map's size.  A start with other classes is rebuilt for these labels (:func:`_init_model`).
     """
     mode = getattr(args, "labels", None) or "ids"
     if ckpt is not None:  # written before meta["labels"]: ids, the only mode there was
@@ -297,13 +302,6 @@ def resolve_label_map(
         num_classes = infer_num_classes(categories, ann, mode)
         what = f"max category id in {ann.name} + 1" if mode == "ids" else f"categories in {ann.name}"
         ctx.print(f"--num-classes not given: using {num_classes} ({what})")
-    if folder is not None and arch_of(args).training_parts is not None and folder[1] != num_classes:
-        why = "its id2label names are not" if folder[0] else "it has no id2label to match"
-        raise UserError(
-            f"the folder's model has {folder[1]} classes, the data {num_classes} (--labels {mode}); "
-            f"{why} the {len(categories)} category names of {ann.name}",
-            args.init,
-        )
     return label_map, num_classes
 
 
@@ -518,35 +516,119 @@ def _train_loader(
     return loader, on_epoch_start
 
 
+def _class_map(args: argparse.Namespace) -> dict[str, str] | None:
+    """``--class-map FILE.json`` read and checked (``{"data name": "start name"}``); None without it."""
+    path = getattr(args, "class_map", None)
+    if path is None:
+        return None
+    try:
+        return read_class_map(read_json(path, "--class-map file"), path)
+    except JsonError as e:
+        raise UserError(e.what, e.where) from None
+    except ValueError as e:
+        raise UserError(str(e).removeprefix(f"{path}: "), path) from None
+
+
 def _init_model(
-    args: argparse.Namespace, num_classes: int, ckpt: dict[str, Any] | None, ctx: RunContext
-) -> tuple[nn.Module, nn.Module, nn.Module]:
-    """The model from the flags, with ``--init`` weights unless the run resumes (it has its own)."""
+    args: argparse.Namespace,
+    label_map: LabelMap,
+    num_classes: int,
+    ckpt: dict[str, Any] | None,
+    ctx: RunContext,
+) -> tuple[nn.Module, nn.Module, nn.Module, dict[str, Any] | None]:
+    """The model from the flags, or from ``--init`` rebuilt for the data's labels; ``(model, criterion, post, classes)``.
+
+    ``--init`` takes a Hugging Face folder (or hub id, already fetched), a checkpoint of
+    ``peg_detr train`` or an official DETR file.  A folder or a checkpoint names its classes, so
+    the model is rebuilt for the data's ``num_classes`` labels keeping the rows of every class the
+    data shares with it by name (:func:`peg_detr.model.relabel`; ``--class-map`` adds synonyms);
+    ``classes`` is what was kept, for the run's ``meta``.  A resumed run has its own weights.
+    """
     init = args.init if ckpt is None else None
-    if arch_of(args).training_parts is not None and init is not None:
-        return _from_hf_folder(args, num_classes, ctx)
-    if ckpt is not None and "hf_config" in (ckpt.get("model_config") or {}):  # resuming a --init FOLDER run
-        return build_model(ckpt["model_config"], "the resumed checkpoint")
-    model, criterion, postprocessor = build_model(model_config_from_args(args, num_classes))
-    if init is not None:
-        load_official_checkpoint(model, init, num_classes=num_classes)
-    return model, criterion, postprocessor
+    if ckpt is not None and (run_args(ckpt).get("init") or "hf_config" in (ckpt.get("model_config") or {})):
+        # resuming a run that started from --init: the start's architecture, recorded, not the flags'
+        return *build_model(ckpt["model_config"], "the resumed checkpoint"), None
+    if init is None:
+        return *build_model(model_config_from_args(args, num_classes)), None
+    class_map = _class_map(args)
+    if (Path(init) / "config.json").is_file():
+        start, start_names = _from_hf_folder(args, ctx), _folder_names(init)
+    else:
+        obj = read_state_file(init, what="--init checkpoint")
+        if not (isinstance(obj, dict) and obj.get("task") == "detect" and "model_config" in obj):
+            if class_map is not None:  # an official DETR file names no classes
+                refuse_without_effect(args, ["class_map"], {"class_map": f"--init {init} names no classes "
+                                      "(an official DETR file; a folder or a peg_detr checkpoint does)"})  # fmt: skip
+            model, criterion, postprocessor = build_model(model_config_from_args(args, num_classes))
+            load_official_checkpoint(model, init, num_classes=num_classes)
+            return model, criterion, postprocessor, None
+        start, start_names = _from_checkpoint(args, obj, ctx)
+    try:
+        model, criterion, postprocessor, report = relabel(
+            start, label_map.names(num_classes), start_names, class_map, init
+        )
+    except ValueError as e:  # a --class-map entry naming no class
+        raise UserError(str(e), getattr(args, "class_map", None) or init) from None
+    ctx.print(f"--init {init}: {report.classes.line()}")
+    return model, criterion, postprocessor, report.classes.to_json()
 
 
-def _from_hf_folder(
-    args: argparse.Namespace, num_classes: int, ctx: RunContext
-) -> tuple[nn.Module, nn.Module, nn.Module]:
-    """``--arch rtdetr --init FOLDER`` (and its successors): the detector a Hugging Face folder describes.
+def _folder_names(folder: Path) -> list[str] | None:
+    """``id2label`` names of a Hugging Face folder (None without one)."""
+    where = Path(folder) / "config.json"
+    try:
+        return hf_label_names(read_hf_config(folder), where)
+    except WeightsError as e:
+        raise UserError(e.what, e.where) from e
 
-    The folder fixes the architecture (backbone, widths, classes); ``--pos-enc`` still applies
+
+def _from_checkpoint(
+    args: argparse.Namespace, ckpt: dict[str, Any], ctx: RunContext
+) -> tuple[nn.Module, list[str]]:
+    """``--init CHECKPOINT`` of ``peg_detr train``: its model (the recorded config) and its class names.
+
+    The checkpoint's architecture is kept; ``--pos-enc`` (and the PEG flags), when typed, replace
+    its encoder's encoding as they do for a folder: the other weights load, a new PEG starts at zero.
+    """
+    config = dict(ckpt["model_config"])
+    arch = arch_of(config)
+    if arch.name != arch_of(args).name and "arch" in getattr(args, "cli_flags", ()):
+        raise UserError(f"the checkpoint holds a {arch.title}, not a {arch_of(args).title}; use --arch {arch.name}",
+                        args.init)  # fmt: skip
+    typed = set(getattr(args, "cli_flags", ()))
+    encoding = {"pos_enc": args.pos_enc, **peg_kwargs(args)}
+    changed = {k: v for k, v in encoding.items() if k in typed and v is not None and config.get(k) != v}
+    loaded = load_model(ckpt, args.init)
+    start = loaded.model
+    if changed:
+        start = _with_encoding(start, {**loaded.config, **changed}, args.init, ctx)
+    names = LabelMap.from_meta(loaded.meta).names(int(loaded.config["num_classes"]))
+    return start.train(), names
+
+
+def _with_encoding(model: nn.Module, config: dict[str, Any], where: Any, ctx: RunContext) -> nn.Module:
+    """``model`` rebuilt from ``config`` (another encoding): its weights where they fit, a new PEG at zero."""
+    fresh, _, _ = build_model(config, where)
+    own, state = fresh.state_dict(), model.state_dict()
+    fits = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    fresh.load_state_dict(fits, strict=False)
+    new = sorted(own.keys() - fits.keys())
+    with torch.no_grad():  # a new PEG adds nothing until trained: the start computes what it did
+        for name, module in fresh.named_modules():
+            if isinstance(module, PEG2d) and any(k.startswith(f"{name}.") for k in new):
+                for p in module.parameters():
+                    p.zero_()
+    ctx.print(f"--init {where}: encoding {config.get('pos_enc')}; {len(fits)} tensors loaded, {len(new)} new")
+    return fresh
+
+
+def _from_hf_folder(args: argparse.Namespace, ctx: RunContext) -> nn.Module:
+    """``--init FOLDER``: the detector a Hugging Face folder describes, with the folder's classes.
+
+    The folder fixes the architecture (backbone, widths); ``--pos-enc`` still applies
     (``peg`` adds a zero-initialised PEG, so training starts from what the folder computes).
     """
     arch = arch_of(args)
-    if not (Path(args.init) / "config.json").is_file():
-        raise UserError(
-            f"--arch {arch.name} --init takes a Hugging Face {arch.title} folder (config.json + weights)",
-            args.init,
-        )
     try:
         kind = read_hf_config(args.init).get("model_type")
     except WeightsError as e:
@@ -565,8 +647,8 @@ def _from_hf_folder(
     # the loss flags (DEIM's --cls-loss mal) shape the criterion of the folder's model, and a resumed run's
     losses = {k: getattr(args, k) for k in arch.loss_options if getattr(args, k, None) is not None}
     # num_classes too: eval / predict read it from every detector's model_config
-    model.build_config = {"arch": arch.name, **model.build_config, **losses, "num_classes": model.num_classes}
-    return model.train(), *arch.training_parts(model, **losses)
+    model.build_config = {**model.build_config, **losses, "num_classes": model.num_classes}
+    return model.train()
 
 
 def _rtdetr_optimization(
@@ -617,7 +699,9 @@ class DetectTask:
         train_ds, _ = _train_set(args, label_map, annotations)
         if len(train_ds) < batch * ctx.dist.world_size:
             raise UserError(
-                f"{len(train_ds)} training images are fewer than one batch ({batch} per process)", ann
+                f"{len(train_ds)} training images are fewer than one batch ({batch} per process); pass a "
+                "smaller --batch-size (per process) or --total-batch-size",
+                ann,
             )
         val = ValSets(
             args.data_root, args.val_json, args.eval_sizes or [args.val_size], args.val_size,
@@ -625,7 +709,7 @@ class DetectTask:
         )  # fmt: skip
         _check_categories(val, num_classes)
 
-        model, criterion, postprocessor = _init_model(args, num_classes, ckpt, ctx)
+        model, criterion, postprocessor, kept = _init_model(args, label_map, num_classes, ckpt, ctx)
         _check_input_sides(model, args.train_scales or [], "--train-sizes")
         _check_input_sides(model, args.eval_sizes or [args.val_size], _sizes_flag(args))
         model.to(ctx.device)
@@ -653,6 +737,7 @@ class DetectTask:
             meta=dict(
                 categories=train_ds.categories,
                 labels=label_map.to_json(),  # label -> category id and name, for eval / predict / export
+                **({"init_classes": kept} if kept is not None else {}),  # what --init's classes gave
                 num_classes=num_classes,
                 val_size=args.val_size,
                 batch_size=batch,

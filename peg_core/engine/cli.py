@@ -30,6 +30,7 @@ __all__ = [
     "RESIZE_MODES",
     "add_alias",
     "add_arch_arg",
+    "add_class_map_arg",
     "add_data_root_arg",
     "add_eval_args",
     "add_layer_decay_arg",
@@ -459,6 +460,16 @@ TRAIN_OVERWRITE_HELP = (
     "start a new run in an --output-dir that holds one (its checkpoints, report and log are removed "
     "when training starts; default: refuse, and --resume auto continues it)"
 )
+
+
+def add_class_map_arg(g: argparse._ActionsContainer) -> None:
+    """``--class-map FILE.json``: synonyms between the data's class names and ``--init``'s (detection, video)."""
+    g.add_argument(
+        "--class-map",
+        type=Path,
+        help='JSON {"data name": "start name"}: a class of --init kept under another name (motorbike -> '
+        "motorcycle); equal names (any case) are kept without it, other classes start fresh",
+    )
 
 
 def add_overwrite_arg(group: argparse._ActionsContainer, *, help: str = OVERWRITE_HELP) -> None:

@@ -6,6 +6,8 @@ imported when a ``.safetensors`` file is used, timm by ``import peg_core.interop
 * :mod:`.io`: :func:`read_state_file` / :func:`write_state_file` (``.pth`` with
   ``weights_only=True``, ``.safetensors``), :func:`unwrap_state_dict`, :func:`strip_prefixes`,
   the one :class:`LoadReport` and :class:`WeightsError`;
+* :mod:`.classes`: a start's classes carried over to another label set by name
+  (:func:`match_classes`, :func:`transfer_class_rows`);
 * :mod:`.surgery`: resize the position table of a ViT checkpoint, or turn it into a CPVT one;
 * :mod:`.convert`: turn a live timm / torchvision ViT into a CPVT (PEGs instead of its table);
 * :mod:`.deit`: :func:`load_timm_deit`, a timm DeiT / ViT (or torchvision ViT) state dict into a CPVT;
@@ -21,6 +23,7 @@ Errors: library functions here raise :class:`WeightsError` (a ``ValueError``) or
 ``UserError``.
 """
 
+from .classes import ClassParam, ClassTransfer, class_key, match_classes, read_class_map, transfer_class_rows
 from .convert import convert_to_cpvt
 from .deit import load_timm_deit
 from .from_timm import from_timm, from_timm_file
@@ -49,6 +52,8 @@ from .surgery import (
 
 __all__ = [
     "HF_WEIGHT_FILES",
+    "ClassParam",
+    "ClassTransfer",
     "ConfigFields",
     "ConversionReport",
     "LoadReport",
@@ -56,6 +61,7 @@ __all__ = [
     "TableChange",
     "WeightsError",
     "atomic_save",
+    "class_key",
     "convert_to_cpvt",
     "find_pos_embed_key",
     "from_timm",
@@ -65,6 +71,8 @@ __all__ = [
     "load_state_strict",
     "load_timm_deit",
     "locate_state_dict",
+    "match_classes",
+    "read_class_map",
     "read_hf_config",
     "read_hf_weights",
     "read_json_object",
@@ -73,6 +81,7 @@ __all__ = [
     "resolve_weights",
     "strip_prefixes",
     "torchvision_vit_to_deit",
+    "transfer_class_rows",
     "unwrap_state_dict",
     "write_state_file",
 ]

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, require
+from .classes import ClassTransfer
 
 __all__ = [
     "PREFIXES",
@@ -332,6 +333,8 @@ class LoadReport:
         missing: model keys left at their initial values.
         args: settings stored with the weights (an official DETR file's ``args``, a Hugging
             Face ``config.json``), or ``None``.
+        classes: which of the start's classes the model kept by name and which start fresh
+            (:class:`~peg_core.interop.classes.ClassTransfer`), when the load changed the label set.
     """
 
     source: str = ""
@@ -340,6 +343,7 @@ class LoadReport:
     skipped: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     args: dict[str, Any] | None = None
+    classes: ClassTransfer | None = None
 
     def _counts(self) -> str:
         return (
@@ -353,12 +357,14 @@ class LoadReport:
         e.g. ``52 copied, 1 converted, 0 source keys skipped, 0 model keys left at init; converted
         pos_enc.pos_embed: resized (1, 5, 16) -> (1, 17, 16)``.
         """
-        details = [f"converted {k}: {v}" for k, v in self.converted.items()]
+        details = [f"classes: {self.classes.line()}"] if self.classes is not None else []
+        details += [f"converted {k}: {v}" for k, v in self.converted.items()]
         details += [f"skipped {k}: {v}" for k, v in self.skipped.items()]
         return "; ".join([self._counts(), *details])
 
     def __str__(self) -> str:
         lines = [f"{self.source + ': ' if self.source else ''}{self._counts()}"]
+        lines += [f"  classes: {self.classes.line()}"] if self.classes is not None else []
         lines += [f"  converted {k}: {v}" for k, v in self.converted.items()]
         lines += [f"  skipped {k}: {v}" for k, v in self.skipped.items()]
         lines += [f"  missing {k}" for k in self.missing]

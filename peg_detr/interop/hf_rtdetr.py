@@ -79,6 +79,7 @@ __all__ = [
     "rtdetr_hf_config",
     "rtdetr_hf_to_ours",
     "rtdetr_ours_to_hf",
+    "with_label_names",
 ]
 
 # Stride of each ResNet stage (stage1 .. stage4) without downsample_in_first_stage.
@@ -633,7 +634,7 @@ def export_hf_rtdetr(
     # a model from a folder goes back with that folder's config (and the run's class names, when a
     # checkpoint records them); any other is described from its modules
     if isinstance(cfg.get("hf_config"), dict):
-        hf_config = _with_label_names(cfg["hf_config"], names, model.num_classes)
+        hf_config = with_label_names(cfg["hf_config"], names, model.num_classes)
     else:
         hf_config = rtdetr_hf_config(model, names)
     state = {}
@@ -646,7 +647,7 @@ def export_hf_rtdetr(
     return write_hf_folder(out_dir, config, state)
 
 
-def _with_label_names(config: dict[str, Any], names: Mapping[int, str], num_classes: int) -> dict[str, Any]:
+def with_label_names(config: dict[str, Any], names: Mapping[int, str], num_classes: int) -> dict[str, Any]:
     """``config`` with ``id2label`` / ``label2id`` naming label ``i`` ``names[i]`` (else the config's own name)."""
     if not names:
         return config

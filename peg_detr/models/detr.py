@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from peg_core.interop.classes import ClassParam
+
 from ..structures import ImageBatch, pad_images
 from .backbone import Joiner
 from .transformer import Transformer
@@ -121,6 +123,10 @@ class DETR(nn.Module):
                 {"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])
             ]
         return out
+
+    def class_parameters(self) -> tuple[ClassParam, ...]:
+        """The tensors with a row per class: ``class_embed`` (its last row is "no object", not a class)."""
+        return (ClassParam("class_embed.weight", extra=1), ClassParam("class_embed.bias", extra=1))
 
     def no_weight_decay(self) -> set[str]:
         """Parameters trained without weight decay: the learned rotary frequencies (``rope-mixed``).

@@ -228,23 +228,17 @@ def test_export_hf_writes_the_recorded_names_and_init_picks_contiguous(
     assert load_model(run / "checkpoint.pth").classes == ["square", "disc", "triangle"]
 
 
-def test_init_with_another_class_count_and_no_name_match_is_one_error_line(data, tmp_path, capsys):
-    """Refused from config.json alone, before any weights are read or any step is taken."""
+def test_a_batch_larger_than_the_data_names_the_flags(data, tmp_path, capsys):
+    """The refusal says which flags make the batch fit (the data has 4 training images)."""
     from peg_detr.__main__ import main as cli
 
-    folder = tmp_path / "hf5"
-    folder.mkdir()
-    id2label = {str(i): f"LABEL_{i}" for i in range(5)}  # transformers' default names
-    (folder / "config.json").write_text(json.dumps({"model_type": "rt_detr", "id2label": id2label}))
     out = tmp_path / "run"
     argv = ["train", "--config", "rtdetr_r18vd_6x", "--data-root", str(data), "--output-dir", str(out),
-            "--init", str(folder), "--epochs", "1", "--workers", "0", "--no-progress"]  # fmt: skip
+            "--epochs", "1", "--workers", "0", "--no-progress"]  # fmt: skip
     assert cli(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        "error: the folder's model has 5 classes, the data 3 (--labels contiguous); its id2label names are not "
-        f"the 3 category names of instances_train2017.json: {folder}"
-    ]
+    assert len(err) == 1 and "fewer than one batch (16 per process)" in err[0]
+    assert "--batch-size" in err[0] and "--total-batch-size" in err[0]
     assert not (out / "checkpoint.pth").exists()
 
 

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from peg_core.errors import InputError
+from peg_core.interop.classes import ClassParam
 from peg_core.resize import is_tracing
 
 from ...structures import ImageBatch
@@ -90,6 +91,17 @@ class RTDETR(nn.Module):
         )
         if self.denoising_class_embed is not None:
             nn.init.xavier_uniform_(self.denoising_class_embed.weight)
+
+    def class_parameters(self) -> tuple[ClassParam, ...]:
+        """The tensors with a row per class: every decoder layer's score head, the encoder's score
+        head (query selection) and the denoising class embedding (its last row embeds padding)."""
+        heads = [f"decoder.class_embed.{i}" for i in range(len(self.decoder.class_embed))]
+        params = [
+            ClassParam(f"{h}.{p}") for h in (*heads, "decoder.enc_score_head") for p in ("weight", "bias")
+        ]
+        if self.denoising_class_embed is not None:
+            params.append(ClassParam("denoising_class_embed.weight", extra=1))
+        return tuple(params)
 
     @property
     def feature_strides(self) -> list[int]:
