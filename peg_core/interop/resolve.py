@@ -29,6 +29,14 @@ when the snapshot has no safetensors (read later by :func:`~peg_core.interop.io.
 ``TRANSFORMERS_OFFLINE=1`` reads the caches only.  Each remote spec prints one line on stderr saying
 what was found or fetched and where it lies.
 
+Fail fast offline: before asking the hub (its ``HF_ENDPOINT``) or a download URL for anything, the
+host (or the proxy the environment names for it) is connected to once, for at most
+:data:`REACH_TIMEOUT` seconds (:func:`unreachable`).  A host that does not answer makes the call
+read the caches only, as ``HF_HUB_OFFLINE=1`` does: what is cached is used, what is not is one
+line naming the host and why (``127.0.0.1:9: Connection refused``), within seconds, whatever the
+library's retry policy (huggingface_hub retries a refused connection five times with back-off,
+~50 s and ten warning lines per file).
+
 Every failure is one :class:`~peg_core.interop.io.WeightsError` line (an id not in the cache while
 offline names the id and the cache folder looked in; a revision the hub or the cache lacks names
 it); a hub id without ``huggingface_hub`` is a :class:`~peg_core.errors.MissingDependency` naming the
@@ -37,9 +45,15 @@ extra ``pip install 'peg-core[hub]'``.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
+import socket
 import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -52,6 +66,7 @@ __all__ = [
     "HF_ALLOW_PATTERNS",
     "HF_PICKLE_PATTERNS",
     "PUBLIC_MODELS_NOTE",
+    "REACH_TIMEOUT",
     "PublicModel",
     "ResolvedWeights",
     "format_public_models",
@@ -61,6 +76,7 @@ __all__ = [
     "resolve_path_arg",
     "resolve_weights",
     "resolve_weights_arg",
+    "unreachable",
 ]
 
 #: what a Hugging Face model folder is fetched with (the loaders read nothing else)
@@ -144,6 +160,57 @@ def _torch_checkpoints() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints"
 
 
+#: seconds a download host has to accept a connection before the caches alone are read
+REACH_TIMEOUT = 3.0
+#: how long a host's answer is remembered (a run resolving several specs asks once)
+_REACH_MEMO_SECONDS = 60.0
+_reach_memo: dict[tuple[str, int], tuple[float, str | None]] = {}
+
+
+def _connect(host: str, port: int, out: list[str | None]) -> None:
+    try:
+        socket.create_connection((host, port), timeout=REACH_TIMEOUT).close()
+        out.append(None)
+    except OSError as e:
+        out.append(e.strerror or str(e) or type(e).__name__)
+
+
+def unreachable(url: str) -> str | None:
+    """Why the host of ``url`` cannot be reached now, or ``None`` when it accepts a connection.
+
+    One TCP connection to the host (or to the proxy ``HTTPS_PROXY`` / ``HTTP_PROXY`` names for it,
+    unless ``NO_PROXY`` exempts the host), given :data:`REACH_TIMEOUT` seconds in all, the name
+    look-up included (it runs in a daemon thread, so a resolver that hangs is not waited for).
+    The answer is remembered for a minute.  Nothing is sent: an answering host is "reachable"
+    whatever it would say to a request.
+    """
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        host, port = via.hostname or host, via.port or 80
+    now = time.monotonic()
+    memo = _reach_memo.get((host, port))
+    if memo is not None and now - memo[0] < _REACH_MEMO_SECONDS:
+        return memo[1]
+    out: list[str | None] = []
+    worker = threading.Thread(target=_connect, args=(host, port, out), daemon=True)
+    worker.start()
+    worker.join(REACH_TIMEOUT + 0.5)
+    if out and out[0] is None:
+        why = None
+    else:
+        why = f"{host}:{port}: " + (out[0] if out else f"no answer in {REACH_TIMEOUT:g} s")
+    _reach_memo[(host, port)] = (now, why)
+    return why
+
+
+def _hub_endpoint() -> str:
+    """The hub huggingface_hub talks to (``HF_ENDPOINT``, read by it at import)."""
+    return importlib.import_module("huggingface_hub.constants").ENDPOINT
+
+
 def _say(line: str) -> None:
     """The one line a remote spec prints: what was found or fetched, and where it lies."""
     print(line, file=sys.stderr, flush=True)
@@ -206,8 +273,13 @@ def _repo_folder(cache: Path, repo: str) -> Path:
     return cache / ("models--" + repo.replace("/", "--"))
 
 
-def _hub_error(e: Exception, repo: str, revision: str | None, cache: Path, offline: bool) -> WeightsError:
-    """huggingface_hub's exception as one line naming the id, the revision and the cache folder."""
+def _hub_error(
+    e: Exception, repo: str, revision: str | None, cache: Path, offline: bool, down: str | None = None
+) -> WeightsError:
+    """huggingface_hub's exception as one line naming the id, the revision and the cache folder.
+
+    ``down``: why the hub could not be reached (:func:`unreachable`), when the caches alone were read.
+    """
     from huggingface_hub import errors  # huggingface_hub is present: the caller imported it
 
     shown = f"{repo}@{revision}" if revision else repo
@@ -222,7 +294,13 @@ def _hub_error(e: Exception, repo: str, revision: str | None, cache: Path, offli
         return WeightsError(f"no Hugging Face repository {repo!r} (or it is private: log in with hf auth login)",
                             f"https://huggingface.co/{repo}")  # fmt: skip
     if isinstance(e, errors.EntryNotFoundError | errors.LocalEntryNotFoundError | FileNotFoundError):
-        why = "offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)" if offline else "the hub could not be reached"
+        why = (
+            "offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)"
+            if offline
+            else f"the hub could not be reached ({down})"
+            if down
+            else "the hub could not be reached"
+        )
         if revision and folder.is_dir():
             return WeightsError(f"Hugging Face id {shown!r}: revision {revision!r} is not in the cache; {why}",
                                 folder)  # fmt: skip
@@ -244,8 +322,10 @@ def _hub_failures() -> tuple[type[Exception], ...]:
 def _snapshot(
     hub: ModuleType, repo: str, revision: str | None, patterns: tuple[str, ...], cache: Path
 ) -> Path:
-    """``snapshot_download`` of the files matching ``patterns`` (the cache only when offline)."""
+    """``snapshot_download`` of the files matching ``patterns`` (the cache only when offline, or when
+    the hub does not answer: :func:`unreachable`)."""
     offline = is_offline()
+    down = None if offline else unreachable(_hub_endpoint())
     try:
         return Path(
             hub.snapshot_download(
@@ -253,11 +333,11 @@ def _snapshot(
                 revision=revision,
                 cache_dir=cache,
                 allow_patterns=list(patterns),
-                local_files_only=offline,
+                local_files_only=offline or down is not None,
             )
         )
     except _hub_failures() as e:
-        raise _hub_error(e, repo, revision, cache, offline) from None
+        raise _hub_error(e, repo, revision, cache, offline, down) from None
 
 
 def _fetch_hf(text: str) -> ResolvedWeights:
@@ -300,6 +380,9 @@ def _fetch_url(url: str, what: str) -> tuple[Path, bool]:
         raise WeightsError(
             f"{what} is not in the cache; offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)", path
         )
+    down = unreachable(url)
+    if down is not None:
+        raise WeightsError(f"{what} is not in the cache; its host could not be reached ({down})", path)
     import torch.hub  # the download itself; torch is a dependency
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -320,17 +403,18 @@ def _fetch_timm(name: str) -> ResolvedWeights:
         hub = require("huggingface_hub", "hub", what=f"the timm weights {name!r}")
         repo, revision = _split_revision(cfg.hf_hub_id)
         cache, offline = hf_cache_dir(), is_offline()
+        down = None if offline else unreachable(_hub_endpoint())
         names = [cfg.hf_hub_filename] if cfg.hf_hub_filename else list(_WEIGHT_FILES)
         last: Exception | None = None
         for filename in names:
             try:
                 path = Path(hub.hf_hub_download(repo, filename, revision=revision, cache_dir=cache,
-                                                local_files_only=offline))  # fmt: skip
+                                                local_files_only=offline or down is not None))  # fmt: skip
             except _hub_failures() as e:  # this file name is not there: try the next
                 last = e
                 continue
             return ResolvedWeights(path, "timm", name, path.parent.name, (filename,), cache)
-        raise _hub_error(last, repo, revision, cache, offline)  # type: ignore[arg-type]
+        raise _hub_error(last, repo, revision, cache, offline, down)  # type: ignore[arg-type]
     if cfg.url:
         path, _ = _fetch_url(cfg.url, f"timm weights {name!r}")
         return ResolvedWeights(path, "timm", name, None, (path.name,), path.parent)

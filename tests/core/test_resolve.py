@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import peg_core.interop.resolve as resolve
 from peg_core.engine.cli import json_safe
 from peg_core.errors import MissingDependency
 from peg_core.interop import WeightsError, read_hf_weights
@@ -282,6 +283,7 @@ def test_online_fetch_asks_for_the_loaders_files_only(hf_home, tmp_path, monkeyp
     ``snapshot_download`` is replaced by a recorder that serves the cache (the machines are offline).
     """
     monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(resolve, "unreachable", lambda url: None)  # the hub "answers": the recorder serves it
     put_in_hf_cache(hf_home, "org/tiny", _tiny_folder(tmp_path))
     pickled = tmp_path / "pickled"
     pickled.mkdir()
@@ -326,6 +328,7 @@ def test_hub_answers_are_one_line(hf_home, monkeypatch, error, message):
     from huggingface_hub import errors
 
     monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(resolve, "unreachable", lambda url: None)  # the hub answers (with the error below)
     cls = getattr(errors, error)
     raised = cls.__new__(cls)  # its __init__ wants an HTTP response; the message is all that is read
     Exception.__init__(raised, "404 Client Error")
