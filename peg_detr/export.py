@@ -50,7 +50,8 @@ from peg_core.interop.io import WeightsError
 
 from .archs import arch_named, arch_of_model
 from .labels import LabelMap
-from .model import load_model
+from .model import load_model, only_named
+from .models.postprocess import mask_unnamed
 from .models.rtdetr import fuse_for_deploy, fusion_stats
 
 __all__ = [
@@ -75,16 +76,20 @@ def side_arg(text: str) -> int:
 class DetrForExport(nn.Module):
     """``images (B, 3, H, W) -> (pred_logits (B, Q, K+1), pred_boxes (B, Q, 4))``; no auxiliary outputs.
 
-    (RT-DETR: ``pred_logits`` ``(B, Q, K)``, sigmoid classes.)
+    (RT-DETR: ``pred_logits`` ``(B, Q, K)``, sigmoid classes.)  ``named`` ``(K,)`` bool: the labels
+    that stand for a category; the others' logits are the lowest float32 (sigmoid and softmax 0), so
+    a deployment reading the graph never reports an id without a category.
     """
 
-    def __init__(self, detr: nn.Module) -> None:
+    def __init__(self, detr: nn.Module, named: Tensor | None = None) -> None:
         super().__init__()
         self.detr = detr
+        self.named = None if named is None or bool(named.all()) else named
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
         out = self.detr(images)
-        return out["pred_logits"], out["pred_boxes"]
+        logits = mask_unnamed(out["pred_logits"], self.named, torch.finfo(torch.float32).min)
+        return logits, out["pred_boxes"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,7 +127,9 @@ def main(argv: list[str]) -> int:
     loaded = load_model(args.checkpoint)
     model, meta = loaded.model.cpu().eval(), loaded.meta
     exported, fused = deploy_form(model, loaded.config.get("arch", "detr"), args.fuse)
-    wrapper = DetrForExport(exported).eval()
+    label_map = LabelMap.from_meta(meta)
+    named = label_map.named(int(loaded.config["num_classes"])) if label_map.categories else None
+    wrapper = DetrForExport(exported, named).eval()
     # Batch 2: a batch of 1 would be traced as a constant (PyTorch specialises sizes 0 and 1).
     example = torch.randn(2, 3, args.height, args.width, generator=torch.Generator().manual_seed(0))
     # At least two feature cells per side: a one-cell side would be traced as a constant.
@@ -152,7 +159,7 @@ def main(argv: list[str]) -> int:
     result["fused"] = fused
     if args.check:
         with torch.no_grad():
-            expected = DetrForExport(model)(example)
+            expected = DetrForExport(model, named)(example)
         result["max_abs_diff"] = compare_onnxruntime(args.out, {"images": example}, expected)
     print(json.dumps(result))
     return 0
@@ -195,7 +202,15 @@ def main_hf(argv: list[str] | None = None) -> Path:
     try:
         if arch.export_hf is None:
             raise ValueError(f"peg_detr has no Hugging Face export for {arch.title} yet")
-        out = arch.export_hf(model, a.out, loaded.classes)  # the run's --labels names
+        # labels without a category (id gaps) are left out: the folder's id2label names categories only
+        label_map = LabelMap.from_meta(loaded.meta)
+        named = (
+            label_map.named(len(loaded.classes))
+            if label_map.categories
+            else torch.ones(len(loaded.classes), dtype=torch.bool)
+        )
+        model, classes = only_named(model, loaded.classes, named)
+        out = arch.export_hf(model, a.out, classes)  # the run's --labels names
     except WeightsError as e:
         raise UserError(e.what, e.where) from None
     except ValueError as e:  # a model Hugging Face cannot hold: refused before anything is written

@@ -79,6 +79,19 @@ class LabelMap:
             return dict(self.categories)
         return dict(enumerate(n for _, n in self.categories))
 
+    def named(self, num_labels: int) -> Tensor:
+        """``(num_labels,)`` bool: whether label ``i`` stands for a category (False: an id gap, a label past them).
+
+        Post-processing masks the others before its top-k, so a detection always names a category.
+        """
+        named = torch.zeros(num_labels, dtype=torch.bool)
+        if self.mode == "ids":
+            ids = [c for c, _ in self.categories if c < num_labels]
+            named[ids] = True
+        else:
+            named[: min(len(self.categories), num_labels)] = True
+        return named
+
     def names(self, num_labels: int) -> list[str]:
         """``names[label]`` for every label of a ``num_labels``-way classifier (``""`` for no category)."""
         return [self.name(i) for i in range(num_labels)]

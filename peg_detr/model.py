@@ -20,11 +20,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from peg_core.engine import LoadedModel, UserError, checkpoint_and_where, load_model_state, read_state_file
 from peg_core.engine.cli import peg_kwargs
-from peg_core.interop.classes import match_classes, transfer_class_rows
+from peg_core.interop.classes import ClassTransfer, match_classes, transfer_class_rows
 from peg_core.interop.io import LoadReport, WeightsError
 from peg_core.interop.resolve import resolve_weights
 
@@ -41,7 +41,10 @@ __all__ = [
     "load_hf_model",
     "load_model",
     "model_config_from_args",
+    "only_named",
+    "rebuild_classes",
     "relabel",
+    "set_named",
     "upgrade_config",
 ]
 
@@ -163,7 +166,14 @@ def relabel(
     Returns ``(model, criterion, postprocessor, report)``; ``report.classes`` says what was kept.
     A ``class_map`` naming a class neither side has is a ``ValueError``.
     """
-    transfer = match_classes(names, start_names or [], class_map)
+    return rebuild_classes(model, match_classes(names, start_names or [], class_map), source)
+
+
+def rebuild_classes(
+    model: nn.Module, transfer: ClassTransfer, source: Any = ""
+) -> tuple[nn.Module, nn.Module, nn.Module, LoadReport]:
+    """``model`` rebuilt for ``transfer.names``, each class row from ``transfer.source`` (:func:`relabel`'s core)."""
+    names = list(transfer.names)
     config = {"arch": arch_of_model(model).name, **model.build_config, "num_classes": len(names)}
     if "hf_config" in config:  # the folder's config decides the class count: give it the new names
         own = {
@@ -180,6 +190,27 @@ def relabel(
     fresh.train(model.training)
     copied = [k for k in state if k not in converted]
     return fresh, criterion, postprocessor, LoadReport(str(source), copied, converted, classes=transfer)
+
+
+def only_named(model: nn.Module, classes: list[str], named: Tensor) -> tuple[nn.Module, list[str]]:
+    """``model`` with the class rows of the ``named`` labels alone, and their names (for ``export-hf``).
+
+    Exact for the sigmoid families (RT-DETR, D-FINE, DEIMv2: classes are independent).  DETR's
+    softmax is then over the kept classes: each score gains the probability the model gave the
+    ids without a category (about zero once trained, as they are never a target), where ``eval``
+    and ``predict`` keep the full softmax's.  A folder's labels then all name categories.
+    """
+    if bool(named.all()):
+        return model, classes
+    keep = [i for i in range(len(classes)) if bool(named[i])]
+    transfer = ClassTransfer(tuple(classes[i] for i in keep), tuple(classes), tuple(keep))
+    compact, _, _, _ = rebuild_classes(model, transfer)
+    return compact.eval(), [classes[i] for i in keep]
+
+
+def set_named(postprocessor: nn.Module, named: Tensor) -> None:
+    """Mask the labels that name no category in ``postprocessor`` (``named`` ``(C,)`` bool; all True: none)."""
+    postprocessor.named = None if bool(named.all()) else named
 
 
 def eval_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -220,9 +251,12 @@ def load_model(
     load_model_state(model, eval_state_dict(ckpt["model"]), where)
     meta = ckpt.get("meta") if isinstance(ckpt.get("meta"), dict) else {}
     try:
-        classes = LabelMap.from_meta(meta).names(int(config["num_classes"]))
+        label_map = LabelMap.from_meta(meta)
     except ValueError as e:  # a meta["labels"] that is not one
         raise UserError(f"checkpoint's label map is malformed ({e})", where) from None
+    classes = label_map.names(int(config["num_classes"]))
+    if label_map.categories:  # labels without a category (id gaps, past the categories) are never predicted
+        set_named(postprocessor, label_map.named(int(config["num_classes"])))
     args = ckpt.get("args") if isinstance(ckpt.get("args"), dict) else {}
     return LoadedModel(model.eval(), config, classes, meta, dict(args), postprocessor)
 

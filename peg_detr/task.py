@@ -49,26 +49,24 @@ from peg_core.peg import PEG2d
 
 from .archs import ARCHS, arch_named, arch_of, arch_of_model
 from .data import (
-    CocoAnnotations,
     CocoDetr,
     LabelMap,
     MultiScaleCollate,
     StopEpochTransforms,
     collate_detr,
     infer_num_classes,
-    load_coco_annotations,
     make_rtdetr_train_transforms,
     make_rtdetr_val_transforms,
     make_train_transforms,
     make_val_transforms,
     match_label_names,
-    resolve_coco_paths,
     scaled_max_size,
 )
 from .data.dense_o2o import MixupCollate, Mosaic, MosaicDataset, dense_o2o_from_args, make_mosaic_transforms
+from .data.layouts import DataSplit, layout_from_args
 from .evaluation import evaluate_coco
 from .interop import from_hf, hf_label_names, hf_num_labels, load_official_checkpoint
-from .model import build_model, load_model, model_config_from_args, relabel
+from .model import build_model, load_model, model_config_from_args, relabel, set_named
 from .structures import targets_to, to_float
 
 __all__ = [
@@ -224,16 +222,22 @@ def run_args(ckpt: dict[str, Any]) -> dict[str, Any]:
     return {_RENAMED_ARGS.get(k, k): v for k, v in run.items()}
 
 
-def _split_paths(data_root: Path, split: str, ann_json: str | None) -> tuple[Path, Path]:
-    """``(image folder, annotation json)`` of a split; a missing one is a :class:`UserError`."""
-    if not Path(data_root).is_dir():
-        raise UserError("--data-root folder not found", data_root)
-    img_dir, ann = resolve_coco_paths(data_root, split, ann_json)
-    if not ann.is_file():
-        raise UserError("annotation file not found" + (f" (--{split}-json)" if ann_json else ""), ann)
-    if not img_dir.is_dir():
-        raise UserError(f"image folder of the {split} split not found", img_dir)
-    return img_dir, ann
+def _eval_data_flags(args: argparse.Namespace, run: dict[str, Any]) -> argparse.Namespace:
+    """``eval``'s data flags (``--data-root``, ``--val-json``, ``--val-ann``, ``--val-images``), else the run's.
+
+    Given ``--data-root`` or ``--val-ann``, the command's flags say where the data is; otherwise the
+    run's recorded ones do, and its layout is detected again.
+    """
+    keys = ("data_root", "val_json", "val_ann", "val_images")
+    flags = argparse.Namespace(**{k: getattr(args, k, None) for k in keys})
+    if flags.data_root is None and flags.val_ann is None:
+        if not run.get("data_root") and not run.get("val_ann"):
+            raise UserError(
+                "--data-root is required (the checkpoint does not name its data)", args.checkpoint
+            )
+        for k in keys:
+            setattr(flags, k, getattr(flags, k) or run.get(k))
+    return flags
 
 
 def _check_categories(val: ValSets, num_classes: int) -> None:
@@ -345,13 +349,13 @@ def _val_transforms(arch: str, size: int) -> Callable:
 class ValSets:
     """The validation split at each evaluation size: one checked annotation file, one dataset per size.
 
+    ``val``: the split as its layout gives it (:meth:`peg_detr.data.layouts.DataLayout.split`).
     The numbers at ``val_size`` (the first size when it is not among them) are the headline.
     """
 
     def __init__(
         self,
-        data_root: Path,
-        val_json: str | None,
+        val: DataSplit,
         sizes: list[int],
         val_size: int,
         backend: str = "faster",
@@ -359,8 +363,7 @@ class ValSets:
         label_map: LabelMap | None = None,
     ) -> None:
         self.backend = backend  # COCO evaluation backend (peg_detr.evaluation.BACKENDS)
-        img_dir, self.ann_path = _split_paths(data_root, "val", val_json)
-        annotations = load_coco_annotations(self.ann_path)
+        img_dir, self.ann_path, annotations = val.images, val.source, val.annotations
         self.categories = annotations.categories
         # the run's labels (those of the training categories); predictions go back to category ids
         self.label_map = label_map or LabelMap.from_categories(self.categories, "ids")
@@ -457,10 +460,10 @@ def rtdetr_stop_epoch(args: argparse.Namespace) -> int | None:
 
 
 def _train_set(
-    args: argparse.Namespace, label_map: LabelMap | None = None, annotations: CocoAnnotations | None = None
+    args: argparse.Namespace, label_map: LabelMap | None = None, train: DataSplit | None = None
 ) -> tuple[CocoDetr | MosaicDataset, Path]:
-    """The augmented training split and its annotation file (``annotations``: that file already read)."""
-    img_dir, ann = _split_paths(args.data_root, "train", args.train_json)
+    """The augmented training split and the file it is described by (``train``: the split already read)."""
+    train = train or layout_from_args(args, ("train",)).split("train")
     stop = rtdetr_stop_epoch(args)
     if arch_of(args).square_inputs:  # square at --val-size; the collate draws the batch's side
         transforms = make_rtdetr_train_transforms(args.val_size)
@@ -475,14 +478,14 @@ def _train_set(
             crop_size=tuple(args.crop_size),
         )
     # seeded: a sample's augmentation is a function of (seed, epoch, index), whatever --workers says
-    ds = CocoDetr(img_dir, annotations or load_coco_annotations(ann), transforms, label_map, seed=args.seed)
+    ds = CocoDetr(train.images, train.annotations, transforms, label_map, seed=args.seed)
     dense = dense_o2o_from_args(args)  # DEIM's mosaic: None (no wrapper) unless --mosaic-prob asks for it
     if dense is not None and dense.uses_mosaic:
         # tiles at half the training side (DEIM: 320 for 640); RT-DETR-family mosaics skip the
         # zoom-out and IoU crop, as DEIM's; DETR's own pipeline follows its mosaics
         follow = make_mosaic_transforms(args.val_size) if arch_of(args).square_inputs else None
         ds = MosaicDataset(ds, dense, Mosaic(output_size=max(args.val_size // 2, 1)), follow)
-    return ds, ann
+    return ds, train.source
 
 
 def _train_loader(
@@ -693,10 +696,12 @@ class DetectTask:
             if path is not None and not found(path):
                 raise UserError(f"{flag} file not found", path)
         batch = per_process_batch(args, ctx.dist.world_size)
-        ann = _split_paths(args.data_root, "train", args.train_json)[1]
-        annotations = load_coco_annotations(ann)
-        label_map, num_classes = resolve_label_map(args, annotations.categories, ann, ckpt, ctx)
-        train_ds, _ = _train_set(args, label_map, annotations)
+        data = layout_from_args(args)  # COCO, Roboflow, YOLO or --train-ann / --val-ann
+        train, val_split = data.split("train"), data.split("val")
+        ctx.print(data.describe())
+        ann = train.source
+        label_map, num_classes = resolve_label_map(args, train.annotations.categories, ann, ckpt, ctx)
+        train_ds, _ = _train_set(args, label_map, train)
         if len(train_ds) < batch * ctx.dist.world_size:
             raise UserError(
                 f"{len(train_ds)} training images are fewer than one batch ({batch} per process); pass a "
@@ -704,12 +709,15 @@ class DetectTask:
                 ann,
             )
         val = ValSets(
-            args.data_root, args.val_json, args.eval_sizes or [args.val_size], args.val_size,
+            val_split, args.eval_sizes or [args.val_size], args.val_size,
             getattr(args, "coco_eval_backend", "faster"), arch_of(args).name, label_map,
         )  # fmt: skip
         _check_categories(val, num_classes)
 
         model, criterion, postprocessor, kept = _init_model(args, label_map, num_classes, ckpt, ctx)
+        set_named(
+            postprocessor, label_map.named(num_classes)
+        )  # evaluation never names an id without a category
         _check_input_sides(model, args.train_scales or [], "--train-sizes")
         _check_input_sides(model, args.eval_sizes or [args.val_size], _sizes_flag(args))
         model.to(ctx.device)
@@ -747,14 +755,9 @@ class DetectTask:
         )
 
     def setup_eval(self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any]) -> EvalParts:
-        run = run_args(ckpt)
-        data_root, val_json = args.data_root, args.val_json
-        if data_root is None:
-            if not run.get("data_root"):
-                raise UserError(
-                    "--data-root is required (the checkpoint does not name its data)", args.checkpoint
-                )
-            data_root, val_json = Path(run["data_root"]), val_json or run.get("val_json")
+        data = layout_from_args(_eval_data_flags(args, run_args(ckpt)), ("val",))
+        val_split = data.split("val")
+        ctx.print(data.describe())
         label_map = recorded_label_map(ckpt, getattr(args, "labels", None), args.checkpoint)
         mode = getattr(args, "pos_interpolation", None)
         pos_enc = (ckpt.get("model_config") or {}).get("pos_enc")
@@ -765,7 +768,7 @@ class DetectTask:
         model, postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
         val_size = args.val_size or int(meta.get("val_size") or 800)
         val = ValSets(
-            data_root, val_json, args.eval_sizes or [val_size], val_size,
+            val_split, args.eval_sizes or [val_size], val_size,
             getattr(args, "coco_eval_backend", "faster"), loaded.config.get("arch", "detr"), label_map,
         )  # fmt: skip
         _check_categories(val, int(ckpt["model_config"]["num_classes"]))

@@ -6,7 +6,23 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import box_convert
 
-__all__ = ["PostProcess"]
+__all__ = ["PostProcess", "mask_unnamed"]
+
+
+def mask_unnamed(logits: Tensor, named: Tensor | None, fill: float = float("-inf")) -> Tensor:
+    """``logits`` ``(..., C[+1])`` with the classes that name no category at ``-inf`` (``named`` ``(C,)`` bool).
+
+    A label of an id no category uses (``--labels ids`` on COCO: 11 of 91) or past the categories is
+    then never a detection's label (sigmoid 0, softmax 0: DETR's softmax is then renormalised over
+    the named classes, which is what an exported graph or folder computes).  A trailing "no object" logit (DETR's
+    ``C + 1``-th) is left as it is; ``named`` None: nothing is masked.  ``fill``: the masked value
+    (an exported graph uses the dtype's lowest finite value, so that outputs compare as numbers).
+    """
+    if named is None:
+        return logits
+    keep = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    keep[: named.numel()] = named.to(logits.device)
+    return logits.masked_fill(~keep, fill)
 
 
 class PostProcess(nn.Module):
@@ -18,7 +34,15 @@ class PostProcess(nn.Module):
     over the classes, the no-object class dropped, the best remaining class
     kept.  Returns ``{"scores": (Q,), "labels": (Q,) int64, "boxes": (Q, 4)}``
     with boxes ``xyxy`` in absolute pixels.
+
+    ``named`` ``(C,)`` bool (None: all): the classes that name a category; the others' probabilities
+    are zeroed before the best class is taken, so no detection has an id without a category while
+    the kept scores are the model's softmax (the reference's).
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.named: Tensor | None = None
 
     @torch.no_grad()
     def forward(self, outputs: dict[str, Tensor], target_sizes: Tensor) -> list[dict[str, Tensor]]:
@@ -29,7 +53,10 @@ class PostProcess(nn.Module):
                 f"target_sizes has shape {tuple(target_sizes.shape)}, expected (B, 2) = ({logits.shape[0]}, 2) "
                 "as (h, w) of the original images"
             )
-        scores, labels = logits.float().softmax(-1)[..., :-1].max(-1)
+        prob = logits.float().softmax(-1)[..., :-1]
+        if self.named is not None:  # after the softmax: the scores stay the model's (DETR's reference)
+            prob = prob.masked_fill(~self.named.to(prob.device), 0.0)
+        scores, labels = prob.max(-1)
         h, w = target_sizes.float().unbind(1)
         scale = torch.stack([w, h, w, h], dim=1)[:, None, :]
         xyxy = box_convert(boxes.float(), "cxcywh", "xyxy") * scale

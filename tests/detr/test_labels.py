@@ -275,6 +275,7 @@ def test_init_from_an_hf_detr_folder_with_the_data_names_keeps_its_class_head(da
 
 @pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
 def test_export_hf_of_a_contiguous_detr_names_its_labels(tmp_path, capsys):
+    from peg_core.interop.hf_folder import read_hf_weights
     from peg_detr.__main__ import main as cli
     from peg_detr.models import build_detr
 
@@ -283,7 +284,8 @@ def test_export_hf_of_a_contiguous_detr_names_its_labels(tmp_path, capsys):
     cats = [{"id": i, "name": n} for i, n in NAMES.items()]
     for mode, want in (
         ("contiguous", {"0": "square", "1": "disc", "2": "triangle"}),
-        ("ids", {"0": "LABEL_0", "1": "square", "2": "LABEL_2"}),  # ids: only category 1 fits 3 labels
+        # ids: only category 1 fits 3 labels; labels 0 and 2 name no category and are left out
+        ("ids", {"0": "square"}),
     ):
         ckpt = tmp_path / f"{mode}.pth"
         meta = {"categories": cats, "labels": LabelMap.from_categories(cats, mode).to_json()}
@@ -291,6 +293,8 @@ def test_export_hf_of_a_contiguous_detr_names_its_labels(tmp_path, capsys):
                     "meta": meta}, ckpt)  # fmt: skip
         assert cli(["export-hf", str(ckpt), str(tmp_path / mode)]) == 0
         assert json.loads((tmp_path / mode / "config.json").read_text())["id2label"] == want
+    head = read_hf_weights(tmp_path / "ids")[0]["class_labels_classifier.weight"]  # square + no object
+    torch.testing.assert_close(head, model.class_embed.weight[[1, 3]], rtol=0, atol=0)
 
 
 class _Printer:

@@ -41,7 +41,9 @@ def _spread_classes(checkpoint: Path, out: Path, mode: str) -> Path:
     After one training step every top-K detection is label 0, which would leave labels 1 and 2
     (ids 3 and 7, the ones that differ from their label) unexercised.  Label 0's row of the head the
     post-processor reads is copied to every label, with biases 0.01 apart (no ties): each query's
-    three labels rank next to each other, so the top-K holds every label.  ``ids``: label k is id k.
+    three labels rank next to each other, so the top-K holds every label.  ``ids``: label k is id k,
+    and the categories are renumbered 0, 1, 2 so that every label names one (a label without a
+    category would be masked before the top-K, and the reference would not be the same detections).
     """
     ckpt = read_checkpoint(checkpoint, "detect")
     last = f"decoder.class_embed.{ckpt['model_config']['dec_layers'] - 1}"
@@ -50,6 +52,8 @@ def _spread_classes(checkpoint: Path, out: Path, mode: str) -> Path:
         ckpt["model"][f"{prefix}{last}.weight"] = weight[:1].repeat(len(weight), 1)
         ckpt["model"][f"{prefix}{last}.bias"] = bias[0] - 0.01 * torch.arange(len(bias))
     categories = LabelMap.from_meta(ckpt["meta"]).categories
+    if mode == "ids":
+        categories = tuple((k, name) for k, (_, name) in enumerate(categories))
     ckpt["meta"] = {**ckpt["meta"], "labels": LabelMap(mode, categories).to_json()}
     torch.save(ckpt, out)
     return out

@@ -6,6 +6,8 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import box_convert
 
+from ..postprocess import mask_unnamed
+
 __all__ = ["RTDETRPostProcess"]
 
 
@@ -16,6 +18,7 @@ class RTDETRPostProcess(nn.Module):
     ``num_top_queries`` best pairs over all ``Q * C`` are kept (fewer when ``Q * C`` is smaller),
     best first.  ``target_sizes`` ``(B, 2)`` holds each original image's ``(h, w)``.  Returns
     ``{"scores": (K,), "labels": (K,) int64, "boxes": (K, 4) xyxy pixels}`` per image.
+    ``named`` ``(C,)`` bool (None: all): classes without a category are masked before the top-k.
     """
 
     def __init__(self, num_top_queries: int = 300) -> None:
@@ -23,6 +26,7 @@ class RTDETRPostProcess(nn.Module):
         if num_top_queries < 1:
             raise ValueError(f"num_top_queries must be positive, got {num_top_queries}")
         self.num_top_queries = num_top_queries
+        self.named: Tensor | None = None
 
     @torch.no_grad()
     def forward(self, outputs: dict[str, Tensor], target_sizes: Tensor) -> list[dict[str, Tensor]]:
@@ -34,8 +38,9 @@ class RTDETRPostProcess(nn.Module):
                 f"target_sizes has shape {tuple(target_sizes.shape)}, expected (B, 2) = ({b}, 2) "
                 "as (h, w) of the original images"
             )
-        flat = logits.sigmoid().flatten(1)  # (B, Q*C), index = query * C + class
-        scores, index = flat.topk(min(self.num_top_queries, flat.shape[1]), dim=1)
+        flat = mask_unnamed(logits, self.named).sigmoid().flatten(1)  # (B, Q*C), index = query * C + class
+        pairs = flat.shape[1] if self.named is None else logits.shape[1] * int(self.named.sum())
+        scores, index = flat.topk(min(self.num_top_queries, pairs), dim=1)
         labels = index % c
         query = index // c
         h, w = target_sizes.float().unbind(1)
