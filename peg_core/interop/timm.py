@@ -16,6 +16,15 @@ The models are :class:`TimmCPVT`, a :class:`~peg_core.models.cpvt.CPVT` whose
 ``forward_features`` returns the tokens alone, as timm's helpers expect; the
 state dict is the same as CPVT's.
 
+timm's backbone API, as its ViTs have it: ``timm.create_model("cpvt_tiny", features_only=True,
+out_indices=(3, 7, 11))`` is timm's feature getter around the model (``feature_info`` lists
+``module`` / ``num_chs`` / ``reduction`` per block; it calls ``forward_intermediates`` and prunes the
+blocks past the last index), returning ``(B, C, ceil(H / 16), ceil(W / 16))`` maps at any input
+size (default ``out_indices``: the last 3 blocks).  ``model.forward_intermediates(x, indices=...,
+norm=..., output_fmt="NCHW" | "NLC", intermediates_only=...)`` and
+``model.prune_intermediate_layers(indices)`` are there on the plain model too
+(:meth:`~peg_core.models.cpvt.CPVT.forward_intermediates`).
+
 timm is an optional dependency (``pip install 'peg-core[timm]'``); ``import peg_core``
 and ``import peg_core.interop`` never import it.  A file that does not fit is a
 :class:`~peg_core.interop.io.WeightsError` (a ``ValueError``) naming it.
@@ -34,6 +43,7 @@ from ..errors import require
 require("timm", "timm", what="peg_core.interop.timm")  # names the extra, not just the missing module
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # noqa: E402
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model  # noqa: E402
+from timm.models._features import FeatureGetterNet  # noqa: E402
 
 from ..models.cpvt import CPVT  # noqa: E402
 from .io import WeightsError, load_state_strict, read_state_file, strip_prefixes, unwrap_state_dict  # noqa: E402
@@ -139,7 +149,14 @@ def _create(name: str, pretrained: bool, **kwargs: Any) -> TimmCPVT:
         kwargs.setdefault(key, value)  # overridable, e.g. depth=2 for a quick test
     # timm's own loader would drop the head whenever num_classes differs from the cfg's 1000 (even
     # for a 10-class file built with num_classes=10), so the model is built bare and loads the file itself.
-    model = build_model_with_cfg(TimmCPVT, name, False, **kwargs)
+    # features_only=True: timm's getter wraps the model (forward_intermediates), as for its own ViTs.
+    out_indices = kwargs.pop("out_indices", 3)
+    if pretrained and kwargs.pop("features_only", False):
+        # the file is read into the whole model (its loader knows the head), then the getter wraps it
+        return FeatureGetterNet(_create(name, True, **kwargs), out_indices)
+    model = build_model_with_cfg(
+        TimmCPVT, name, False, feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **kwargs
+    )
     if pretrained:
         file = model.pretrained_cfg.get("file")
         if not file:

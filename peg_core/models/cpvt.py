@@ -26,12 +26,19 @@ rotary encoding (``rope-axial``, ``rope-mixed``, ``rope-dinov3``) and at most on
 ``peg+rope-mixed``, ``peg+alibi-2d``;
 :data:`CPVT_ENCODINGS` states the rule against the registry (:mod:`peg_core.registry`), so an
 encoding registered there (built-in or a plugin's) runs in CPVT by name.
+
+As a backbone (timm's contract, without importing timm): ``feature_info`` (one entry per block:
+``module``, ``num_chs``, ``reduction``), :meth:`CPVT.forward_intermediates` (the blocks' token maps,
+``NCHW`` or ``NLC``, at any input size: ``ceil(H / patch) x ceil(W / patch)``) and
+:meth:`CPVT.prune_intermediate_layers`; ``timm.create_model("cpvt_tiny", features_only=True)``
+wraps them (:mod:`peg_core.interop.timm`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +60,23 @@ CPVT_ENCODINGS = EncodingSupport(
 )  # fmt: skip
 
 GLOBAL_POOLS = ("token", "avg")
+
+
+def take_indices(depth: int, indices: int | Sequence[int] | None) -> tuple[list[int], int]:
+    """``(block indices, the largest)`` that ``indices`` names, as timm's ``feature_take_indices``:
+    ``None`` every block, an int ``n`` the last ``n``, a sequence those (negative from the end)."""
+    if indices is None:
+        indices = depth
+    if isinstance(indices, int):
+        if not 0 < indices <= depth:
+            raise ValueError(f"last-n indices must be 1..{depth}; got {indices}")
+        taken = list(range(depth - indices, depth))
+    else:
+        taken = [depth + int(i) if int(i) < 0 else int(i) for i in indices]
+        bad = [i for i in taken if not 0 <= i < depth]
+        if bad or not taken:
+            raise ValueError(f"block indices must be in {-depth}..{depth - 1}; got {list(indices)}")
+    return taken, max(taken)
 
 
 def _pair(x: int | Sequence[int]) -> tuple[int, int]:
@@ -207,6 +231,10 @@ class CPVT(nn.Module):
         self.norm = nn.Identity() if fc_norm else nn.LayerNorm(embed_dim, eps=norm_eps)
         self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if fc_norm else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        #: timm's backbone metadata: the token map after each block (its width, its stride in pixels)
+        self.feature_info = [
+            {"module": f"blocks.{i}", "num_chs": embed_dim, "reduction": patch_size} for i in range(depth)
+        ]
 
         init_vit_weights(self)
         for token in (self.cls_token, self.reg_token):
@@ -277,6 +305,16 @@ class CPVT(nn.Module):
 
     def forward_features(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Image ``(B, 3, H, W)`` -> (normed tokens ``(B, P + h*w, C)``, grid ``(h, w)``), ``h = ceil(H/patch)``."""
+        x, size, _ = self._forward_blocks(x)
+        return self.norm(x), size
+
+    def _forward_blocks(
+        self, x: Tensor, take: Sequence[int] = (), stop: int | None = None
+    ) -> tuple[Tensor, tuple[int, int], list[Tensor]]:
+        """``(tokens after block stop (default: the last), grid (h, w), [tokens after each block in take])``.
+
+        A block's tokens are taken after its PEG (``pos_blocks.i``), where the next block reads them.
+        """
         if x.dim() != 4:
             raise ValueError(f"expected images (B, C, H, W); got shape {tuple(x.shape)}")
         x, size = self.patch_embed(self.pad_to_patch(x))
@@ -297,7 +335,9 @@ class CPVT(nn.Module):
             bias = self.attn_bias(
                 size, num_prefix_tokens=self.num_prefix_tokens, dtype=x.dtype, device=x.device
             )
-        for i, blk in enumerate(self.blocks):
+        taken = []
+        blocks = self.blocks if stop is None else self.blocks[: stop + 1]
+        for i, blk in enumerate(blocks):
             if bias is not None:
                 table = None if rope is None else (rope[0][i], rope[1][i]) if self.rope.learned else rope
                 x = blk(x, table, self.attn_bias.layer_bias(bias, i))
@@ -308,7 +348,72 @@ class CPVT(nn.Module):
             key = str(i)
             if key in self.pos_blocks:
                 x = self.pos_blocks[key](x, size)
-        return self.norm(x), size
+            if i in take:
+                taken.append(x)
+        return x, size, taken
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[Any] | tuple[Tensor, list[Any]]:
+        """The token maps after the blocks ``indices`` names, as timm's ViTs return them.
+
+        Args:
+            x: images ``(B, 3, H, W)``, any ``H``, ``W`` (padded to the patch: maps are
+                ``ceil(H / patch) x ceil(W / patch)``).
+            indices: ``None`` every block, an int ``n`` the last ``n``, a list those (negative from the end).
+            return_prefix_tokens: each intermediate is ``(map, prefix tokens (B, P, C))``.
+            norm: apply the final ``norm`` to each intermediate.
+            stop_early: run no block past the last one taken (the final output is then its tokens).
+            output_fmt: ``"NCHW"`` (``(B, C, h, w)``) or ``"NLC"`` (``(B, h*w, C)``), prefix tokens left out.
+            intermediates_only: return the list alone.
+
+        Returns:
+            the list, or ``(final normed tokens (B, P + h*w, C), the list)``; the final tokens are
+            :meth:`forward_features`' (its first element; :class:`~peg_core.interop.timm.TimmCPVT`'s whole result).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC'; got {output_fmt!r}")
+        taken, last = take_indices(len(self.blocks), indices)
+        stop = last if stop_early or intermediates_only else None
+        x, (h, w), maps = self._forward_blocks(x, taken, stop)
+        p = self.num_prefix_tokens
+        out: list[Any] = []
+        for y in maps:
+            y = self.norm(y) if norm else y
+            grid = y[:, p:]
+            if output_fmt == "NCHW":
+                grid = grid.reshape(grid.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
+            out.append((grid, y[:, :p]) if return_prefix_tokens and p else grid)
+        if intermediates_only:
+            return out
+        return self.norm(x), out
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the blocks (and their PEGs) past the last one ``indices`` names; returns the indices kept.
+
+        ``prune_norm``: the final norm becomes an identity; ``prune_head``: so do ``fc_norm`` and
+        the head (``num_classes`` 0).  What timm's feature wrapper calls before taking features.
+        """
+        taken, last = take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: last + 1]
+        for key in [k for k in self.pos_blocks if int(k) > last]:
+            del self.pos_blocks[key]
+        self.feature_info = self.feature_info[: last + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0)
+        return taken
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens ``(B, P + h*w, C)`` -> logits ``(B, num_classes)`` (or pooled ``(B, C)``)."""
