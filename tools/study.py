@@ -52,10 +52,13 @@ import argparse
 import json
 import multiprocessing
 import platform
+import re
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -64,9 +67,11 @@ from matplotlib.figure import Figure
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from peg_core.engine.cli import positive_int, positive_int_list
+from peg_core.engine.cli import image_side, image_side_list, int_in
+from peg_core.engine.command import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, ArgumentParser, UserError
+from peg_core.errors import InputError
 from peg_video.configs import CONFIGS as VIDEO_CONFIGS
-from tools.study_runner import devices_arg, resolve_devices, row_seconds, run_cells
+from tools.study_runner import devices_arg, out_lock, resolve_devices, row_seconds, run_cells
 from tools.study_tasks import (
     ABLATIONS,
     BIAS_ROWS,
@@ -82,12 +87,15 @@ from tools.study_tasks import (
     Row,
     TaskResult,
     assemble,
+    cells_of,
     classify_specs,
     mean_std,
     plan_detect_rtdetr,
 )
 
 __all__ = [
+    "StudyFailed",
+    "cli",
     "compare",
     "error_bars",
     "fmt_ms",
@@ -794,8 +802,17 @@ def _keep_rows(plans: list[Plan], names: list[str]) -> None:
         plan.specs = [s for s in plan.specs if s.group != "encoding" or s.name in needed]
 
 
+#: the largest --seed: seeds are torch / numpy seeds, and numpy's are below 2**32
+MAX_SEED = 2**31 - 1
+#: bounds of the study's numeric flags (a typo such as --seeds 100000000000 is one line, not a MemoryError)
+MAX_SEEDS = 1000
+MAX_JOBS = 128
+MAX_THREADS = 256
+MAX_EPOCHS = 10_000
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(  # one-line usage errors: error: python -m tools.study: <message> (see --help)
         prog="python -m tools.study",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -811,9 +828,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="real data for one task: " + "; ".join(f"{k}: {v}" for k, v in DATA_HELP.items()),
     )
-    p.add_argument("--epochs", type=positive_int, help="override the task budget's epochs")
-    p.add_argument("--seed", type=int, default=0, help="first seed (seeds SEED .. SEED + N - 1)")
-    p.add_argument("--seeds", type=positive_int, default=1, help="seeds per cell (mean ± sample std)")
+    p.add_argument("--epochs", type=int_in(1, MAX_EPOCHS, "epochs"), help="override the task budget's epochs")
+    p.add_argument("--seed", type=int_in(0, MAX_SEED, "a seed"), default=0,
+                   help="first seed (seeds SEED .. SEED + N - 1)")  # fmt: skip
+    p.add_argument("--seeds", type=int_in(1, MAX_SEEDS, "a seed count"), default=1,
+                   help="seeds per cell (mean ± sample std)")  # fmt: skip
     p.add_argument("--ablate", type=_ablate_list, default=[],
                    help=f"ablation axes, comma-separated: {','.join(ABLATIONS)} (video: the 3D PEG)")  # fmt: skip
     p.add_argument("--protocol", choices=("quadrant", "scale", "both"), default="quadrant",
@@ -822,10 +841,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize", choices=("int8",), help="also evaluate each classifier quantized (PT2E)")
     p.add_argument(
         "--train-size",
-        type=positive_int,
+        type=image_side,
         help="image tasks: training size; --task video: the crop (default: the budget's, or the recipe's on --data)",
     )
-    p.add_argument("--test-sizes", type=positive_int_list, help="image tasks: test sizes, e.g. 36,48,72,96")
+    p.add_argument("--test-sizes", type=image_side_list, help="image tasks: test sizes, e.g. 36,48,72,96")
     p.add_argument(
         "--test-scales",
         type=_scale_list,
@@ -843,7 +862,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--train-args", default="",
                    help="flags appended to every cell's train command, which win over the study's, e.g. "
-                   "\"--arch cpvt_tiny --epochs 100 --batch-size 256 --workers 8\" for real data")  # fmt: skip
+                   "\"--arch cpvt_tiny --batch-size 256 --workers 8\" for real data; the flags that place, "
+                   "seed, encode, size and feed each cell are the study's own (--out, --seed, --rows, "
+                   "--train-size, --test-sizes, --data, --devices, --video-config) and refused here")  # fmt: skip
     p.add_argument("--video-config", default="synthetic_tiny", choices=_video_configs(),
                    help="video: the peg_video recipe every cell trains (its clip length, stride and tubelet)")  # fmt: skip
     p.add_argument("--extrapolate", action="store_true",
@@ -851,7 +872,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--aspect --diagnose")  # fmt: skip
     p.add_argument("--rows", type=_name_list,
                    help="only these encoding rows, e.g. peg,learned (default: all; ablation rows stay)")  # fmt: skip
-    p.add_argument("--jobs", type=positive_int, default=1,
+    p.add_argument("--jobs", type=int_in(1, MAX_JOBS, "a worker count"), default=1,
                    help="CPU: cells trained at once (worker processes); with GPUs, one worker per GPU")  # fmt: skip
     p.add_argument("--devices", type=devices_arg, default="auto",
                    help="auto (every visible GPU when CUDA is available, else the CPU), cpu, cuda (every GPU) "
@@ -860,7 +881,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train every cell again (default: a cell whose cell.json in --out matches is reused)")  # fmt: skip
     p.add_argument(
         "--threads",
-        type=positive_int,
+        type=int_in(1, MAX_THREADS, "a thread count"),
         help="torch intra-op threads per cell (default 1: these models are tiny, and one thread is faster "
         "on a busy CPU)",
     )
@@ -896,7 +917,166 @@ def _plans(args: argparse.Namespace, tasks: list[str], seeds: list[int]) -> list
     return plans
 
 
+#: the train flags each cell's command sets for the study (argparse destinations; ``*``: every task),
+#: refused in ``--train-args`` with the reason: they place, seed, encode, size or feed the cell
+STUDY_TRAIN_FLAGS: dict[str, dict[str, str]] = {
+    "*": {
+        "output_dir": "is the study's: each cell's run folder is under --out",
+        "resume": "is the study's: a rerun with the same --out reuses the finished cells",
+        "seed": "is the study's: --seed and --seeds seed the cells",
+        "pos_enc": "is the study's: each row trains its own encoding (--rows picks the rows)",
+        "device": "is the study's: --devices places the cells",
+        "help": "would print the train help and train nothing",
+        "print_config": "would print the recipe and train nothing",
+    },
+    "classify": {
+        "data_root": "is the study's: give the data as --data",
+        "img_size": "is the study's: the training size is --train-size",
+    },
+    "detect": {
+        "data_root": "is the study's: give the data as --data",
+        "train_json": "is the study's: give the data as --data",
+        "val_json": "is the study's: give the data as --data",
+        "train_scales": "is the study's: the training size is --train-size",
+        "val_size": "is the study's: the training size is --train-size",
+        "eval_sizes": "is the study's: the test sizes are --test-sizes or --test-scales",
+    },
+    "video": {
+        "train_ann": "is the study's: give the data as --data",
+        "val_ann": "is the study's: give the data as --data",
+        "crop": "is the study's: the crop is --train-size",
+        "num_frames": "is the study's: the clip length is the --video-config recipe's (the test views follow it)",
+        "config": "is the study's: the recipe is --video-config",
+    },
+}
+#: what ``python -m PACKAGE train`` trains each task's cells
+TRAIN_COMMANDS = {"classify": "peg_core", "detect": "peg_detr", "video": "peg_video"}
+#: a token argparse reads as a (negative) number, not as a flag
+_NEGATIVE_NUMBER = re.compile(r"-\.?\d")
+
+
+def _train_parser(task: str) -> argparse.ArgumentParser:
+    """The ``train`` parser of the package that trains ``task``'s cells."""
+    if task == "classify":
+        from peg_core.classify.cli import build_train_parser
+    elif task == "detect":
+        from peg_detr.cli import build_train_parser
+    else:
+        from peg_video.cli import build_train_parser
+    return build_train_parser()
+
+
+def _train_action(parser: argparse.ArgumentParser, token: str) -> tuple[argparse.Action | None, str]:
+    """``(action, option)`` that ``token`` (``--flag``, ``--flag=value``, ``-h``) names in ``parser``,
+    by argparse's own rule (the exact option, else the one long option it is a prefix of);
+    ``(None, why)`` when it names none or several."""
+    name = token.split("=", 1)[0] if token.startswith("--") else token[:2]
+    options = parser._option_string_actions
+    if name in options:
+        return options[name], name
+    hits = (
+        sorted(o for o in options if o.startswith(name))
+        if name.startswith("--") and parser.allow_abbrev
+        else []
+    )
+    if len(hits) == 1:
+        return options[hits[0]], f"{name} ({hits[0]})"
+    if hits:
+        return None, f"{name} is ambiguous ({', '.join(hits[:6])}{', ...' if len(hits) > 6 else ''})"
+    return None, f"{name} is not a flag"
+
+
+class _Refused(Exception):
+    """A train parser's usage error, raised instead of printed (:func:`_parse_values`)."""
+
+
+def _raise(message: str) -> NoReturn:
+    raise _Refused(message)
+
+
+def _parse_values(train: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """Why ``train`` refuses ``argv`` on its own (a value of the wrong type or choice, a missing value),
+    ``None`` when it takes it.  No flag is required here and no default is set: only ``argv`` is read."""
+    train.error = _raise  # type: ignore[method-assign]
+    train._defaults.clear()
+    for action in train._actions:
+        action.required = False
+        action.default = argparse.SUPPRESS
+    try:
+        train.parse_args(list(argv))
+    except _Refused as e:
+        return str(e)
+    return None
+
+
+def train_args(text: str, tasks: list[str], parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """``--train-args`` as the argv it appends to every cell's train command of ``tasks``.
+
+    Split as a shell would (an unclosed quote is a usage error); each flag must be one that
+    ``python -m PACKAGE train`` of every task knows, none of :data:`STUDY_TRAIN_FLAGS` (what the
+    study sets per cell), and each value one that train parser takes.  Errors go through
+    ``parser.error`` (one line, exit 2), before any work.
+    """
+    try:
+        argv = tuple(shlex.split(text))
+    except ValueError as e:
+        parser.error(f"--train-args {text!r}: {e} (quoted as in a shell)")
+    for task in tasks if argv else ():
+        train, owned = _train_parser(task), {**STUDY_TRAIN_FLAGS["*"], **STUDY_TRAIN_FLAGS[task]}
+        command = f"python -m {TRAIN_COMMANDS[task]} train"
+        for token in argv:
+            if token == "--":
+                parser.error(
+                    "--train-args: '--' ends the flags of a train command; give flags and their values"
+                )
+            if not token.startswith("-") or token == "-" or _NEGATIVE_NUMBER.match(token):
+                continue  # a value
+            action, named = _train_action(train, token)
+            if action is None:
+                parser.error(f"--train-args: {named} in {command} (--task {task})")
+            if action.dest in owned:
+                parser.error(f"--train-args: {named} {owned[action.dest]}")
+        why = _parse_values(train, argv)
+        if why is not None:
+            parser.error(f"--train-args: {why} in {command} (--task {task})")
+    return argv
+
+
+class StudyFailed(UserError):
+    """Some cells failed: the report was written without their rows; ``results`` is what :func:`main` returns."""
+
+    def __init__(
+        self, failed: list[tuple[str, str, int]], total: int, results: dict[str, TaskResult]
+    ) -> None:
+        by_plan: dict[str, list[str]] = {}
+        for key, row, seed in failed:
+            by_plan.setdefault(key, []).append(f"{row} seed {seed}")
+        super().__init__(
+            f"{len(failed)} of {total} cells failed (their rows are left out of the report; the log says why, "
+            "and the same command trains them again)",
+            "; ".join(f"{key}: {', '.join(cells)}" for key, cells in by_plan.items()),
+        )
+        self.failed = failed
+        self.results = results
+
+
+def _make_out(out: Path, parser: argparse.ArgumentParser) -> None:
+    """``--out`` as a folder (made when missing); a file, or a path that cannot be a folder, is a usage error."""
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out {out} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--out {out}: cannot make the folder ({e.strerror or e})")
+
+
 def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
+    """The study (module docstring): the results per task, as in ``study.json``.
+
+    A usage error exits (``SystemExit`` 2, one line); another study running on ``--out`` is an
+    :class:`~peg_core.errors.InputError`; failed cells raise :class:`StudyFailed` after the report
+    is written.  :func:`cli` turns these into one line and an exit code.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.data is not None and args.task == "all":
@@ -922,20 +1102,35 @@ def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
         parser.error("--test-sizes and --test-scales (or --extrapolate) both set the test sizes; give one")
     if args.arch != "detr" and args.task not in ("detect", "all"):
         parser.error("--arch is for the detect task (--task detect or all)")
+    if args.seed + args.seeds - 1 > MAX_SEED:
+        parser.error(f"--seed {args.seed} --seeds {args.seeds}: the last seed is above {MAX_SEED}")
     try:
         devices = resolve_devices(args.devices)
     except ValueError as e:  # InputError: a GPU this machine does not have
         parser.error(str(e))
+    tasks = list(TASKS) if args.task == "all" else [args.task]
+    if args.rows:
+        _check_rows(args.rows, parser)
+    extra = train_args(args.train_args, tasks, parser)
+    _make_out(args.out, parser)
+    with out_lock(args.out):  # one study per --out: two would train the same cells in the same folders
+        return _run(args, tasks, devices, extra, argv)
+
+
+def _run(
+    args: argparse.Namespace,
+    tasks: list[str],
+    devices: list[str],
+    extra: tuple[str, ...],
+    argv: list[str] | None,
+) -> dict[str, TaskResult]:
+    """Plan, train (or reuse) every cell and write the report; :class:`StudyFailed` when cells failed."""
     threads = args.threads or 1
     torch.set_num_threads(threads)
-    tasks = list(TASKS) if args.task == "all" else [args.task]
     seeds = list(range(args.seed, args.seed + args.seeds))
     command = ("python -m tools.study " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     t0 = time.time()
-    if args.rows:
-        _check_rows(args.rows, parser)
     plans = _plans(args, tasks, seeds)
-    extra = tuple(shlex.split(args.train_args))
     for plan in plans:
         plan.train_args = extra
         if extra:
@@ -951,7 +1146,7 @@ def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
         ordered = [results[k] for k in order if k in results]
         write_report(ordered, args.out, command)  # finished tasks survive a crash
 
-    run_cells(plans, args.jobs, threads, done, devices, retrain=args.retrain)
+    failed = run_cells(plans, args.jobs, threads, done, devices, retrain=args.retrain)
     results = {k: results[k] for k in order}
     wall = time.time() - t0
     cost = None if args.quick else _cost_section()  # CPVT-Ti/S/B on the meta device: a minute on a busy CPU
@@ -960,8 +1155,30 @@ def main(argv: list[str] | None = None) -> dict[str, TaskResult]:
     for r in results.values():
         print(task_section(r) + "\n")
     print(f"report: {report} (wall {time.time() - t0:.0f} s)")
+    if failed:
+        total = sum(len(cells_of(p)) * len(p.seeds) for p in plans)
+        raise StudyFailed(failed, total, results)
     return results
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``python -m tools.study``: :func:`main` under the suite's exit codes, every failure one line on stderr.
+
+    0: every cell is in; 2: a usage error (argparse); 1: failed cells (named), another study on
+    ``--out`` (its pid) or another input error; 130: Ctrl-C (the finished cells stay in ``--out``).
+    """
+    try:
+        main(argv)
+    except KeyboardInterrupt:
+        print("error: interrupted: the finished cells are kept in --out; the same command resumes from them",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return EXIT_INTERRUPTED
+    except (UserError, InputError) as e:
+        line = e.line() if isinstance(e, UserError) else UserError(e.what, e.where).line()
+        print(line, file=sys.stderr, flush=True)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -16,8 +16,18 @@ the task, the row, the seed, the budget, the test sizes, the data).  A later run
 ``--out`` loads a cell whose ``cell.json`` has the same fingerprint instead of training it (one line
 per reused cell); ``retrain=True`` (``--retrain``) trains every cell again.
 
+A ``cell.json`` is read through :func:`peg_core.jsonfile.read_json` (size and nesting limits) and
+every field of its result is checked (:func:`read_cell`: type, the modes and test-size labels its
+row and plan have, scores in [0, 1]): a file that fails is not reused, the run says why in one
+line and trains the cell again.
+
 A cell that raises drops its row (one line), not the hours of the others; ``done(plan, cells,
-seconds)`` is called as soon as all cells of a plan are in.
+seconds)`` is called as soon as all cells of a plan are in, and :func:`run_cells` returns the cells
+that failed.  Ctrl-C stops the worker processes (they ignore SIGINT themselves: no traceback from
+each) and reaches the caller as ``KeyboardInterrupt``.
+
+:func:`out_lock`: one study per ``--out`` (an advisory ``flock`` on ``<out>/.study.lock``, which
+holds the runner's pid; the kernel drops it when that process dies, so a stale file is taken over).
 """
 
 from __future__ import annotations
@@ -26,9 +36,12 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import re
+import shutil
+import signal
 import statistics
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -39,13 +52,22 @@ from typing import Any
 import torch
 
 from peg_core.errors import InputError
+from peg_core.jsonfile import JsonError, read_json
 from tools.study_tasks import CellResult, Plan, RowSpec, cell_dir, cells_of, run_cell
+
+try:  # POSIX: the lock on --out (elsewhere a study runs without one)
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "CELL_FILE",
+    "LOCK_FILE",
     "devices_arg",
     "fingerprint",
     "load_cell",
+    "out_lock",
+    "read_cell",
     "resolve_devices",
     "row_seconds",
     "run_cells",
@@ -54,6 +76,10 @@ __all__ = [
 
 #: the file a finished cell leaves in its run folder (its CellResult and fingerprint)
 CELL_FILE = "cell.json"
+#: a cell.json larger than this is no file this runner wrote (one is a few kB)
+MAX_CELL_BYTES = 16 << 20
+#: the lock of a running study in its --out (:func:`out_lock`)
+LOCK_FILE = ".study.lock"
 #: bumped when the meaning of a stored cell changes, so that older ``cell.json`` files are trained again
 FINGERPRINT_VERSION = 1
 #: the order in which a pool takes the tasks: the longest cells first (a lower number is longer)
@@ -143,9 +169,11 @@ def _init_worker(slot: str, visible: str | None) -> None:
 
     The parent already set ``CUDA_VISIBLE_DEVICES`` when it started the process; setting it again
     here covers a Python that starts pool processes later (it still precedes any CUDA call: the
-    cells initialise CUDA, importing torch does not).
+    cells initialise CUDA, importing torch does not).  Ctrl-C is the parent's to handle: a worker
+    ignores SIGINT (else each one prints its traceback) and is terminated by the parent.
     """
     global _WORKER_DEVICE, _WORKER_SLOT
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
     _WORKER_DEVICE = "cpu" if visible is None else "cuda"
@@ -213,21 +241,206 @@ def save_cell(path: Path, fp: dict[str, Any], result: CellResult) -> None:
 
 
 def load_cell(path: Path, fp: dict[str, Any]) -> CellResult | None:
-    """The stored result at ``path`` when its fingerprint is ``fp``; ``None`` otherwise.
+    """The stored result at ``path`` when its fingerprint is ``fp`` and it passes :func:`read_cell`; ``None`` otherwise."""
+    return read_cell(path, fp)[0]
 
-    A file that does not parse, or whose result has a field :class:`CellResult` does not know (or
-    lacks one without a default), is no finished cell: the cell is trained again.
+
+def read_cell(path: Path, fp: dict[str, Any]) -> tuple[CellResult | None, str | None]:
+    """``(result, None)`` when ``path`` holds a finished cell of fingerprint ``fp``, else ``(None, why)``.
+
+    ``why`` is ``None`` when there is no file, else one line: the file cannot be read as JSON
+    (:func:`~peg_core.jsonfile.read_json`: not a file, too large, nested too deep, not JSON), it
+    was written for other settings, or a field of its result is wrong (:func:`_check_result`).
     """
+    if not path.exists() and not path.is_symlink():
+        return None, None
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(doc, dict) or doc.get("fingerprint") != fp or not isinstance(doc.get("result"), dict):
-        return None
+        doc = read_json(path, CELL_FILE, max_bytes=MAX_CELL_BYTES, kind=dict)
+    except JsonError as e:
+        return None, e.what
+    if doc.get("fingerprint") != fp:
+        return None, "written for other settings (task, row, seed, budget, sizes or data)"
     try:
-        return CellResult(**doc["result"])
-    except TypeError:
-        return None
+        return _check_result(doc.get("result"), fp), None
+    except ValueError as e:
+        return None, str(e)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _metric(v: Any, where: str) -> None:
+    """A score: a fraction in [0, 1], or COCO's -1 (no ground truth to score)."""
+    if not _is_number(v) or not (0.0 <= v <= 1.0 or v == -1):
+        raise ValueError(f"{where} is {_shown(v)}, not a score in [0, 1]")
+
+
+def _shown(v: Any) -> str:
+    if isinstance(v, dict | list):
+        return f"a JSON {'object' if isinstance(v, dict) else 'array'}"
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _object(v: Any, where: str) -> dict:
+    if not isinstance(v, dict):
+        raise ValueError(f"{where} is {_shown(v)}, not a JSON object")
+    return v
+
+
+def _by_label(v: Any, labels: list[str], where: str, check: Callable[[Any, str], None] = _metric) -> None:
+    """``{label: score}`` with every one of ``labels`` (and any other key a score too)."""
+    table = _object(v, where)
+    missing = [lab for lab in labels if lab not in table]
+    if missing:
+        raise ValueError(f"{where} has no {missing[0]!r} (the plan's test sizes: {', '.join(labels)})")
+    for lab, value in table.items():
+        check(value, f"{where}[{lab!r}]")
+
+
+def _count(v: Any, where: str) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**63:
+        raise ValueError(f"{where} is {_shown(v)}, not a count >= 0")
+
+
+def _check_result(result: Any, fp: dict[str, Any]) -> CellResult:
+    """The :class:`CellResult` of a stored ``result``, each field's type and range checked.
+
+    The row's resize modes and the plan's test-size labels come from the fingerprint (which already
+    matched): ``scores`` holds exactly those modes, each with every label; ``extra[mode]`` per metric
+    every label (keys that are no mode are carried, never read); ``int8`` nothing or every label;
+    scores are fractions (or COCO's -1); ``params`` / ``flops`` counts; ``seconds`` a finite time
+    >= 0; ``diagnostics`` per label (of the plan) ``entropy`` and ``distance``, one finite value
+    >= 0 per layer, the same depth everywhere.  A ``ValueError`` naming the first wrong field.
+    """
+    result = _object(result, "'result'")
+    fields = {f.name: f for f in dataclasses.fields(CellResult)}
+    unknown = sorted(set(result) - set(fields))
+    if unknown:
+        raise ValueError(f"'result' has fields this code does not know: {', '.join(map(repr, unknown))}")
+    for name, f in fields.items():
+        if (
+            name not in result
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ):
+            raise ValueError(f"'result' has no {name!r}")
+    plan, row = fp.get("plan") or {}, fp.get("row") or {}
+    labels = [str(lab) for lab in plan.get("labels") or ()]
+    modes = [str(m) for m in row.get("modes") or (None,)]
+    scores = _object(result["scores"], "scores")
+    if sorted(scores) != sorted(modes):
+        raise ValueError(f"scores has the modes {sorted(scores)}, not the row's {modes}")
+    for mode in modes:
+        _by_label(scores[mode], labels, f"scores[{mode!r}]")
+    extra = _object(result["extra"], "extra")
+    for mode in modes:
+        for metric, table in _object(extra.get(mode, {}), f"extra[{mode!r}]").items():
+            _by_label(table, labels, f"extra[{mode!r}][{metric!r}]")
+    if result.get("int8"):
+        _by_label(result["int8"], labels, "int8")
+    else:
+        _object(result.get("int8", {}), "int8")
+    _count(result["params"], "params")
+    _count(result["flops"], "flops")
+    seconds = result.get("seconds", 0.0)
+    if not _is_number(seconds) or seconds < 0:
+        raise ValueError(f"seconds is {_shown(seconds)}, not a time >= 0")
+    depths = set()
+    for lab, stats in _object(result.get("diagnostics", {}), "diagnostics").items():
+        where = f"diagnostics[{lab!r}]"
+        if lab not in labels:
+            raise ValueError(f"{where}: no such test size in the plan ({', '.join(labels)})")
+        if sorted(_object(stats, where)) != ["distance", "entropy"]:
+            raise ValueError(f"{where} must hold 'entropy' and 'distance' only")
+        for q, values in stats.items():
+            if (
+                not isinstance(values, list)
+                or not values
+                or not all(_is_number(v) and v >= 0 for v in values)
+            ):
+                raise ValueError(f"{where}[{q!r}] is not a list of values >= 0, one per layer")
+            depths.add(len(values))
+    if len(depths) > 1:
+        raise ValueError(f"diagnostics has layer counts {sorted(depths)}; one model has one depth")
+    return CellResult(**result)
+
+
+def _remove(path: Path) -> None:
+    """Remove whatever is at ``path`` (a file, a link or a folder named like the cell file)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+# ---------------------------------------------------------------------------------------------- lock
+
+
+def _holder(fd: int) -> str:
+    """The pid written in an open lock file ('unknown' when it holds none)."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return "unknown"
+    return text if text.isdigit() else "unknown"
+
+
+@contextlib.contextmanager
+def out_lock(out: Path) -> Iterator[Path]:
+    """Hold ``<out>/.study.lock`` for the block: one study per ``--out``.
+
+    An exclusive, non-blocking ``flock`` on the file, which holds this process's pid.  A second
+    runner is an :class:`~peg_core.errors.InputError` naming the first's pid.  The kernel releases
+    the lock when its process ends (killed or not), so a file left by a dead runner is taken over
+    (one line).  The file is removed when the block ends.  Without ``fcntl`` (not POSIX) there is no lock.
+    """
+    path = out / LOCK_FILE
+    if fcntl is None:  # pragma: no cover
+        yield path
+        return
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    while True:
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as e:
+            raise InputError(f"cannot lock --out ({e.strerror or e})", path) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _holder(fd)
+            os.close(fd)
+            raise InputError(
+                f"another study is running on this --out (pid {pid}); wait for it to end or give another --out",
+                path,
+            ) from None
+        except OSError as e:
+            os.close(fd)
+            raise InputError(f"cannot lock --out ({e.strerror or e})", path) from None
+        try:  # the holder before us may have removed the file between our open and our lock
+            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+        except OSError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    stale = _holder(fd)
+    if stale not in ("unknown", str(os.getpid())):
+        print(
+            f"[study] {path}: the lock of pid {stale} is stale (that runner has ended): taken over",
+            flush=True,
+        )
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
 
 
 def row_seconds(plan: Plan, cells: dict[tuple[str, int], CellResult | None]) -> dict[str, float]:
@@ -250,8 +463,10 @@ def _scores_text(result: CellResult) -> str:
 def run_cells(
     plans: list[Plan], jobs: int, threads: int, done: Done, devices: Sequence[str] = ("cpu",), *,
     retrain: bool = False, cell: Cell | None = None,
-) -> None:  # fmt: skip
+) -> list[tuple[str, str, int]]:  # fmt: skip
     """Train every cell of ``plans``; call ``done(plan, cells, seconds)`` as each plan completes.
+
+    Returns the cells that failed, as ``(plan key, row name, seed)`` (empty: every cell is in).
 
     ``devices``: ``["cpu"]`` (``jobs`` worker processes when ``jobs > 1``) or one ``"cuda:N"`` per
     GPU worker (:func:`resolve_devices`).  ``cells`` maps ``(row name, seed)`` to its
@@ -272,10 +487,13 @@ def run_cells(
     results: dict[str, dict] = {p.key: {} for p in plans}
     seconds: dict[str, float] = {p.key: 0.0 for p in plans}
     need = {p.key: sum(1 for c in todo if c[0] is p) for p in plans}
+    failed: list[tuple[str, str, int]] = []
 
     def collect(plan: Plan, name: str, seed: int, res: CellResult | None) -> None:
         if res is not None:
             seconds[plan.key] += res.seconds
+        else:
+            failed.append((plan.key, name, seed))
         results[plan.key][name, seed] = res
         if len(results[plan.key]) == need[plan.key]:
             done(plan, results[plan.key], seconds[plan.key])
@@ -284,7 +502,7 @@ def run_cells(
         plan, spec, seed = item
         try:
             res: CellResult | None = run()
-        except Exception as e:  # one failed cell drops its row, not the hours of the others
+        except (Exception, SystemExit) as e:  # one failed cell drops its row, not the hours of the others
             print(
                 f"[study {plan.key}] {spec.name} seed {seed}{where} FAILED: {type(e).__name__}: {e}",
                 flush=True,
@@ -300,9 +518,16 @@ def run_cells(
     pending: deque[tuple[Plan, RowSpec, int]] = deque()
     for plan, spec, seed in todo:
         path = cell_dir(plan, spec, seed) / CELL_FILE
-        stored = None if retrain else load_cell(path, fingerprint(plan, spec, seed))
+        stored, why = (None, None) if retrain else read_cell(path, fingerprint(plan, spec, seed))
         if stored is None:
-            path.unlink(missing_ok=True)  # a stale result must not outlive a retraining that fails
+            if why is not None:
+                print(f"[study {plan.key}] {spec.name} seed {seed}: {path} not reused ({why}): trained again",
+                      flush=True)  # fmt: skip
+            try:
+                _remove(path)  # a stale result must not outlive a retraining that fails
+            except OSError as e:
+                print(f"[study {plan.key}] {spec.name} seed {seed}: {path} cannot be removed ({e.strerror or e})",
+                      flush=True)  # fmt: skip
             pending.append((plan, spec, seed))
             continue
         print(f"[study {plan.key}] {spec.name} seed {seed}: reused {path} (trained in {stored.seconds} s): "
@@ -312,8 +537,9 @@ def run_cells(
     if slots == ["cpu"]:
         for item in pending:
             finish(item, lambda i=item: cell(*i, threads, "cpu"))
-        return
-    _run_in_workers(pending, slots, threads, cell, finish)
+    else:
+        _run_in_workers(pending, slots, threads, cell, finish)
+    return failed
 
 
 def _run_in_workers(
@@ -357,9 +583,25 @@ def _run_in_workers(
             if not running and pending and not live:  # every worker died: the rest cannot run
                 while pending:
                     finish(pending.popleft(), _no_worker)
-    finally:
+    except BaseException:  # Ctrl-C (or a bug): the cells in flight are not waited for
         for pool in pools:
-            pool.shutdown(wait=True, cancel_futures=True)
+            _stop(pool)
+        raise
+    for pool in pools:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Terminate ``pool``'s worker process and drop its queued cells, without waiting for its cell."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in processes:
+        with contextlib.suppress(Exception):
+            proc.terminate()
+    for proc in processes:
+        with contextlib.suppress(Exception):
+            proc.join(timeout=10)
+    with contextlib.suppress(Exception):
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _no_worker() -> CellResult:

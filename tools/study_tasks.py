@@ -116,6 +116,8 @@ BUDGETS: dict[tuple[str, bool], Budget] = {
     ("video", True): Budget(epochs=1, n_train=12, n_val=6, train_size=32, batch_size=4),
 }
 IMAGE_SCALES = (0.75, 1.0, 1.5, 2.0)
+#: the RT-DETR-family cells' lr and augmentation: multi-scale with the strong augmentation at 5e-4
+STUDY_RTDETR_SCHEDULE = ("--lr", "5e-4", "--lr-backbone", "5e-4", "--no-aug-epochs", "0")
 #: the extrapolation protocol's scales (``--test-scales``): 0.5x .. 4x of the training size / clip length
 EXTRAPOLATION_SCALES = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 #: ``--aspect``: test grids of height : width 1 : 2 and 2 : 1 (the longer side twice the training size)
@@ -766,6 +768,9 @@ def _rtdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellRes
     argv = [
         "--config", plan.data.get("config", "rtdetr_demo_tiny"), "--data-root", str(data), "--output-dir", str(run_dir), "--overwrite",
         "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(plan.epochs),
+        # the schedule the study's tables were measured with (the tiny recipes' one-epoch settings
+        # since: lr 1e-3, no strong augmentation) so that its cells keep their settings
+        *STUDY_RTDETR_SCHEDULE,
         "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
         "--train-sizes", ",".join(map(str, plan.data["train_sides"])), "--val-size", str(size),
         "--eval-sizes", str(size), "--eval-every", "0", "--workers", "0", "--no-progress", "--device", cell_device(),
@@ -1064,7 +1069,12 @@ def assemble(plan: Plan, cells: dict[tuple[str, int], CellResult | None], second
             label = spec.name if mode is None else f"{spec.name} ({mode})"
             per_seed = {lab: [r.scores[str(mode)][lab] for r in runs] for lab in plan.labels}
             stats = {lab: mean_std(v) for lab, v in per_seed.items()}
-            metrics = runs[0].extra.get(str(mode), {})
+            # the metrics every seed has (cells are checked one by one when reused: see study_runner.read_cell)
+            metrics = [
+                m
+                for m in runs[0].extra.get(str(mode), {})
+                if all(m in r.extra.get(str(mode), {}) for r in runs)
+            ]
             extra = {m: {lab: mean_std([r.extra[str(mode)][m][lab] for r in runs])[0] for lab in plan.labels}
                      for m in metrics}  # fmt: skip
             has_int8 = all(r.int8 for r in runs)
@@ -1092,7 +1102,10 @@ def _mean_diagnostics(per_seed: list[dict[str, dict[str, list[float]]]]) -> dict
         return {}
     out: dict[str, dict[str, list[float]]] = {}
     for lab in per_seed[0]:
-        if all(lab in d for d in per_seed):
+        # a size every seed has, with the same quantities and depth (reused cells are checked one by one)
+        if all(lab in d and d[lab].keys() == per_seed[0][lab].keys() for d in per_seed) and all(
+            len({len(d[lab][q]) for d in per_seed}) == 1 for q in per_seed[0][lab]
+        ):
             out[lab] = {q: [math.fsum(vals) / len(vals) for vals in zip(*(d[lab][q] for d in per_seed), strict=True)]
                         for q in per_seed[0][lab]}  # fmt: skip
     return out

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from tools import study_runner
-from tools.study import main
+from tools.study import StudyFailed, cli, main
 from tools.study_estimate import Workload, cpvt_flops, estimate_table, gpu_hours, input_hours
 from tools.study_runner import (
     CELL_FILE,
@@ -123,6 +124,10 @@ def fake_cell(plan: Plan, spec: RowSpec, seed: int, threads: int, device: str) -
         raise RuntimeError("this cell fails")
     if spec.name == "crash":  # the worker process dies (a segfault, the OOM killer)
         os._exit(1)
+    if spec.name == "interrupt":  # Ctrl-C as a cell sees it
+        raise KeyboardInterrupt
+    if spec.name == "sleep":
+        time.sleep(120)
     where = {
         "device": device,
         "slot": study_runner._WORKER_SLOT,
@@ -192,3 +197,188 @@ def test_estimate_arithmetic_of_one_row() -> None:
 def test_cpvt_tiny_flops_on_the_meta_device() -> None:
     # DeiT-Ti's published 1.3 GFLOPs count a multiply-add once; here FLOPs = 2 x multiply-adds
     assert 2.4e9 < cpvt_flops("cpvt_tiny") < 2.6e9
+
+
+# ------------------------------------------------------------------------------ bad input (issue 39)
+
+
+def _fake_run_cell(plan: Plan, spec: RowSpec, seed: int, threads: int = 1, device: str = "cpu") -> CellResult:
+    """``run_cell`` without training: a score of 0.5 at every test size; row ``none`` fails."""
+    if spec.name == "none":
+        raise RuntimeError("this cell fails")
+    return CellResult({str(m): dict.fromkeys(plan.labels, 0.5) for m in spec.modes}, {}, 1, 2, seconds=0.1)
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+#: a stored cell.json changed after it was written: (what is done to the file's result, words the line says)
+CORRUPTIONS = {
+    "a score as text": (lambda r: r["scores"]["None"].update({"32 px": "0.5"}), "scores['None']['32 px']"),
+    "scores as a list": (lambda r: r.update(scores=[1, 2]), "scores is a JSON array"),
+    "seconds as text": (lambda r: r.update(seconds="1.5"), "seconds"),
+    "a top-1 of 7.5": (lambda r: r["scores"]["None"].update({"32 px": 7.5}), "not a score in [0, 1]"),
+    "a test size missing": (lambda r: r["scores"].update({"None": {}}), "has no '32 px'"),
+    "another mode": (lambda r: r.update(scores={"bicubic": {"32 px": 0.5}}), "not the row's"),
+    "params negative": (lambda r: r.update(params=-3), "params"),
+    "flops a boolean": (lambda r: r.update(flops=True), "flops"),
+    "extra metric as text": (lambda r: r["extra"].update({"None": {"AP": "high"}}), "extra['None']['AP']"),
+    "int8 of one size only": (lambda r: r.update(int8={"24 px": 0.5}), "int8 has no '32 px'"),
+    "diagnostics of two depths": (
+        lambda r: r.update(diagnostics={"32 px": {"entropy": [1.0, 2.0], "distance": [1.0]}}),
+        "layer counts",
+    ),
+    "an unknown field": (lambda r: r.update(no_such_field=1), "no_such_field"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_a_reused_cell_json_with_a_wrong_field_is_trained_again_and_said(
+    tmp_path: Path, capsys, case
+) -> None:
+    _run([_plan(tmp_path)], 1, ["cpu"])
+    path = cell_dir(_plan(tmp_path), RowSpec("peg", "peg"), 0) / CELL_FILE
+    doc = json.loads(path.read_text())
+    change, said = CORRUPTIONS[case]
+    change(doc["result"])
+    path.write_text(json.dumps(doc))
+    assert load_cell(path, fingerprint(_plan(tmp_path), RowSpec("peg", "peg"), 0)) is None
+    capsys.readouterr()
+    cells = _run([_plan(tmp_path)], 1, ["cpu"])["classify"]  # no crash in the report's lines
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "peg seed 0" in line and "not reused" in line)
+    assert said in line and line.endswith("trained again"), line
+    assert cells["peg", 0].scores == {"None": {"32 px": 0.5}}  # trained again
+    assert out.count(": reused ") == 1  # the other cell, untouched
+    assert json.loads(path.read_text())["result"]["scores"] == {"None": {"32 px": 0.5}}  # written anew
+
+
+@pytest.mark.parametrize("case", ["nested 100,000 levels", "a folder", "a huge file"])
+def test_a_cell_json_the_json_reader_refuses_is_trained_again(tmp_path: Path, capsys, case) -> None:
+    """Read through peg_core.jsonfile (nesting and size limits), never json.loads: no RecursionError,
+    no IsADirectoryError."""
+    path = cell_dir(_plan(tmp_path), RowSpec("peg", "peg"), 0) / CELL_FILE
+    path.parent.mkdir(parents=True)
+    if case == "a folder":
+        (path / "inside").mkdir(parents=True)
+    elif case == "a huge file":
+        with path.open("wb") as f:
+            f.truncate(study_runner.MAX_CELL_BYTES + 1)
+    else:
+        path.write_text(_nested(100_000))
+    cells = _run([_plan(tmp_path)], 1, ["cpu"])["classify"]
+    line = next(line for line in capsys.readouterr().out.splitlines() if "not reused" in line)
+    why = {
+        "a folder": "is not a file",
+        "a huge file": "bytes, more than",
+        "nested 100,000 levels": "nested deeper",
+    }
+    assert why[case] in line and cells["peg", 0] is not None and path.is_file()
+
+
+def test_one_study_per_out_and_a_stale_lock_is_taken_over(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(study_runner, "run_cell", _fake_run_cell)
+    argv = ["--task", "classify", "--quick", "--rows", "peg", "--out", str(tmp_path)]
+    with study_runner.out_lock(tmp_path):  # a first study holds --out
+        assert (tmp_path / study_runner.LOCK_FILE).read_text().strip() == str(os.getpid())
+        assert cli(argv) == 1
+        line = _one_error_line(capsys.readouterr().err)
+        assert f"another study is running on this --out (pid {os.getpid()})" in line and ".study.lock" in line
+        assert not (tmp_path / "classify").exists()  # nothing planned, nothing trained
+    assert not (tmp_path / study_runner.LOCK_FILE).exists()
+    # a lock file left by a runner that was killed: nobody holds it, so it is taken over (one line)
+    (tmp_path / study_runner.LOCK_FILE).write_text("4194999\n")
+    assert cli(argv) == 0
+    out = capsys.readouterr().out
+    assert "the lock of pid 4194999 is stale" in out and not (tmp_path / study_runner.LOCK_FILE).exists()
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path, monkeypatch, capsys) -> None:
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study_runner, "run_cell", interrupted)
+    assert cli(["--task", "classify", "--quick", "--rows", "peg", "--out", str(tmp_path)]) == 130
+    assert "interrupted" in _one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / study_runner.LOCK_FILE).exists()  # released: the same command resumes
+
+
+def test_ctrl_c_stops_the_workers_without_waiting_for_their_cells(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):  # the worker's Ctrl-C reaches the parent; the sleeper is ended
+        _run([_plan(tmp_path, ("sleep", "interrupt"))], 2, ["cpu"])
+    assert time.monotonic() - t0 < 45  # the sleeping cell (120 s) was not waited for
+
+
+def test_failed_cells_make_the_study_exit_non_zero_naming_them(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(study_runner, "run_cell", _fake_run_cell)
+    argv = ["--task", "classify", "--quick", "--rows", "peg,none", "--seeds", "2", "--out", str(tmp_path)]
+    assert cli(argv) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert "2 of 4 cells failed" in line and line.endswith("classify: none seed 0, none seed 1")
+    assert "Row `none` left out" in (tmp_path / "report.md").read_text()  # the report is still written
+    with pytest.raises(StudyFailed) as e:
+        main(argv)
+    assert [r.label for r in e.value.results["classify"].rows] == ["peg"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--train-args", '"--epochs 2'], "No closing quotation"),
+        (["--train-args", "--output-dir X"], "--output-dir is the study's"),
+        (["--train-args", "--output X"], "--output (--output-dir) is the study's"),
+        (["--train-args=--seed=3"], "--seed is the study's"),
+        (["--train-args", "--pos-enc sine --lr 0.01"], "--pos-enc is the study's"),
+        (["--train-args", "--data-root /data"], "--data-root is the study's"),
+        (["--train-args", "--img-size 64"], "--train-size"),
+        (["--train-args", "--device cpu"], "--devices"),
+        (["--train-args=--no-such-flag"], "--no-such-flag is not a flag in python -m peg_core train"),
+        (["--train-args", "--lr fast"], "argument --lr"),
+        (["--seeds", "100000000000"], "argument --seeds"),
+        (["--seed", "-1"], "argument --seed"),
+        (["--seed", "2147483647", "--seeds", "2"], "the last seed"),
+        (["--jobs", "100000"], "argument --jobs"),
+        (["--threads", "0"], "argument --threads"),
+        (["--epochs", "1000000000"], "argument --epochs"),
+        (["--train-size", "100000"], "argument --train-size"),
+        (["--test-sizes", "32,100000"], "argument --test-sizes"),
+    ],
+)
+def test_flags_are_bounded_and_train_args_parsed_before_any_work(tmp_path: Path, capsys, flags, said) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        main(["--task", "classify", "--quick", "--out", str(out), *flags])
+    assert e.value.code == 2 and said in _one_error_line(capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_train_args_flags_of_each_task_in_the_run(tmp_path: Path, capsys) -> None:
+    for task, flags, said in (
+        ("detect", "--train-sizes 64", "--train-sizes is the study's"),
+        ("detect", "--arch cpvt_tiny", "in python -m peg_detr train (--task detect)"),
+        ("video", "--config k400_vit_s_16x4_peg3d", "--video-config"),
+        ("all", "--arch cpvt_tiny", "in python -m peg_detr train (--task detect)"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["--task", task, "--quick", "--out", str(tmp_path / "out"), "--train-args", flags])
+        assert said in _one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_naming_a_file_is_one_line(tmp_path: Path, capsys) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    for out in (afile, afile / "below"):
+        with pytest.raises(SystemExit) as e:
+            main(["--task", "classify", "--quick", "--out", str(out)])
+        assert e.value.code == 2 and str(afile) in _one_error_line(capsys.readouterr().err)
+    assert afile.read_text() == "keep me"
