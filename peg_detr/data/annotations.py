@@ -49,6 +49,7 @@ __all__ = [
     "CocoAnnotations",
     "CocoDataError",
     "box_outside_image",
+    "check_coco_annotations",
     "load_coco_annotations",
 ]
 
@@ -228,7 +229,16 @@ def _annotations(
 def load_coco_annotations(path: str | os.PathLike) -> CocoAnnotations:
     """Read and check a COCO instances json; see the module docstring for what is an error."""
     path = Path(path)
-    doc = read_json(path, "annotation file")  # a JsonError (an InputError) names the file
+    return check_coco_annotations(read_json(path, "annotation file"), path)  # a JsonError names the file
+
+
+def check_coco_annotations(doc: Any, path: str | os.PathLike) -> CocoAnnotations:
+    """Check a COCO instances document already in memory (read from, or converted from, ``path``).
+
+    The checks of :func:`load_coco_annotations`, for data converted from another format
+    (:mod:`peg_detr.data.layouts`); errors name ``path``.  ``doc`` is not modified.
+    """
+    path = Path(path)
     if not isinstance(doc, dict):
         raise CocoAnnotationError(
             f"annotation file is not a COCO object (its top level is a {type(doc).__name__})", path
