@@ -259,6 +259,13 @@ def _export_hf_deimv2(model: nn.Module, out: Any, classes: list[str]) -> Any:
     return export_hf_deimv2(model, out, {i: name for i, name in enumerate(classes) if name})
 
 
+#: ``--model-size tiny``: the CPU demo's DEIMv2 (a 4-block, 32-wide DINOv3 ViT with the STA, width 32)
+_DEIMV2_TINY: dict[str, Any] = dict(
+    backbone="vit_tiny", vit_options=dict(embed_dim=32, depth=4, num_heads=2, num_reg_tokens=2),
+    vit_out_indices=[1, 2, 3], sta_inplanes=8, hidden_dim=32, num_heads=2, dec_heads=2, enc_dim_feedforward=64,
+    dim_feedforward=64, dec_layers=2, encoder_expansion=0.5, depth_mult=0.34,
+)  # fmt: skip
+
 register_arch(
     Arch(
         name="deimv2",
@@ -279,6 +286,6 @@ register_arch(
         export_hf=_export_hf_deimv2,
         fuse=True,
         recipe_defaults=DEIMV2_DEFAULTS,
-        sizes=DEIMV2_SIZES,
+        sizes={**DEIMV2_SIZES, "tiny": _DEIMV2_TINY},
     )
 )

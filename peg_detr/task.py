@@ -40,11 +40,9 @@ from peg_core.engine import (
     refuse_without_effect,
     skipping_collate,
 )
-from peg_core.engine.cli import peg_kwargs
-from peg_core.interop.classes import read_class_map
+from peg_core.engine.cli import class_map_arg, peg_kwargs
 from peg_core.interop.hf_folder import read_hf_config
 from peg_core.interop.io import WeightsError
-from peg_core.jsonfile import JsonError, read_json
 from peg_core.peg import PEG2d
 
 from .archs import ARCHS, arch_named, arch_of, arch_of_model
@@ -519,19 +517,6 @@ def _train_loader(
     return loader, on_epoch_start
 
 
-def _class_map(args: argparse.Namespace) -> dict[str, str] | None:
-    """``--class-map FILE.json`` read and checked (``{"data name": "start name"}``); None without it."""
-    path = getattr(args, "class_map", None)
-    if path is None:
-        return None
-    try:
-        return read_class_map(read_json(path, "--class-map file"), path)
-    except JsonError as e:
-        raise UserError(e.what, e.where) from None
-    except ValueError as e:
-        raise UserError(str(e).removeprefix(f"{path}: "), path) from None
-
-
 def _init_model(
     args: argparse.Namespace,
     label_map: LabelMap,
@@ -553,7 +538,7 @@ def _init_model(
         return *build_model(ckpt["model_config"], "the resumed checkpoint"), None
     if init is None:
         return *build_model(model_config_from_args(args, num_classes)), None
-    class_map = _class_map(args)
+    class_map = class_map_arg(args)
     if (Path(init) / "config.json").is_file():
         start, start_names = _from_hf_folder(args, ctx), _folder_names(init)
     else:

@@ -21,6 +21,7 @@ from peg_core.engine import (
     Summary,
     add_alias,
     add_arch_arg,
+    add_class_map_arg,
     add_data_root_arg,
     add_eval_args,
     add_json_arg,
@@ -427,6 +428,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     m.add_argument(
         "--init-source", choices=("cpvt", "deit"), help="layout of a 2-D --init file (default cpvt)"
     )
+    add_class_map_arg(m)
     add_alias(m, "--init-2d", dest="init", type=Path)
     add_alias(m, "--init-2d-source", dest="init_source", choices=("cpvt", "deit"))
 

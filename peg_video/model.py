@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from peg_core.engine import (
     read_state_file,
 )
 from peg_core.errors import InputError
+from peg_core.interop.classes import ClassParam, match_classes, transfer_class_rows
 from peg_core.interop.io import LoadReport
 
 from .data.clip import ClipSpec
@@ -156,13 +157,20 @@ def load_model(
     return LoadedModel(model, config, classes, meta, saved)
 
 
-def init_weights(model: nn.Module, path: str | os.PathLike, source: str | None = None) -> LoadReport:
+def init_weights(
+    model: nn.Module,
+    path: str | os.PathLike,
+    source: str | None = None,
+    classes: Sequence[str] | None = None,
+    class_map: Mapping[str, str] | None = None,
+) -> LoadReport:
     """``train --init PATH``: start ``model`` from a file; returns what was loaded, key by key.
 
     The file decides the kind: a peg_video training checkpoint (the engine's format with
-    ``task: "video"``) loads key for key (a classifier head of another class count is dropped
-    and stays at its initial values: ``skipped`` and ``missing``; ``args`` is the checkpoint's
-    run); anything else is a 2-D image checkpoint (peg_core's CPVT checkpoint or state dict, a
+    ``task: "video"``) loads key for key (with ``classes``, the run's class names, the head keeps
+    the rows of the checkpoint's classes of the same name and starts the others fresh:
+    ``report.classes``; without them a head of another class count is dropped and stays at its
+    initial values: ``skipped`` and ``missing``; ``args`` is the checkpoint's run); anything else is a 2-D image checkpoint (peg_core's CPVT checkpoint or state dict, a
     timm DeiT state dict with ``source="deit"``) inflated into the video transformer
     (:func:`peg_video.load_2d_checkpoint`).  The report's ``source`` is ``path``.
     """
@@ -176,7 +184,7 @@ def init_weights(model: nn.Module, path: str | os.PathLike, source: str | None =
             raise UserError(
                 "--init-source is the layout of a 2-D checkpoint; this is a video checkpoint", path
             )
-        return _init_from_video(model, obj, path)
+        return _init_from_video(model, obj, path, classes, class_map)
     if not isinstance(model, VideoTransformer):
         raise UserError(f"a 2-D image checkpoint initialises a video transformer (vit_*), not a {type(model).__name__}",
                         path)  # fmt: skip
@@ -194,7 +202,12 @@ def init_line(report: LoadReport) -> str:
 
 
 def model_from_hf_folder(
-    folder: str | os.PathLike, pos_enc: str, num_classes: int, options: Mapping[str, Any] | None = None
+    folder: str | os.PathLike,
+    pos_enc: str,
+    num_classes: int,
+    options: Mapping[str, Any] | None = None,
+    classes: Sequence[str] | None = None,
+    class_map: Mapping[str, str] | None = None,
 ) -> tuple[VideoTransformer, dict[str, Any], LoadReport]:
     """``train --init FOLDER``: the model of a Hugging Face folder with its weights, for ``num_classes``.
 
@@ -204,12 +217,24 @@ def model_from_hf_folder(
     report)``: ``config`` is the :func:`build_model` keywords the run's checkpoint stores, so
     ``eval`` / ``predict`` / ``export`` rebuild the model without the folder.  A folder or weights
     that do not fit are one-line errors naming the folder.
+
+    ``classes`` (the run's class names, ``num_classes`` of them): a classifier folder's classes of
+    the same name (its ``id2label``; ``class_map`` adds synonyms) keep their rows of the head, the
+    others start fresh (:func:`carry_classes`; ``report.classes`` says which).  Without them, or
+    for an encoder folder, a head of another size starts fresh.
     """
     folder, own = Path(folder), None if pos_enc == "table" else pos_enc
     try:
         info = read_hf_video_config(folder)  # config.json, read once for the config and the model
-        config = hf_build_config(info, own, num_classes=num_classes, **dict(options or {}))
+        named = classes is not None and info["classifier"] and info["num_classes"] > 0
+        config = hf_build_config(info, own, num_classes=info["num_classes"] if named else num_classes,
+                                 **dict(options or {}))  # fmt: skip
         model, report = load_hf_model(info, config)
+        if named:
+            start_names = [info["id2label"][i] for i in range(info["num_classes"])]
+            config = {**config, "num_classes": num_classes}
+            model, carried = carry_classes(model, build_video_model(**config), classes, start_names, class_map)
+            report.classes, report.converted = carried.classes, {**report.converted, **carried.converted}
     except InputError:  # WeightsError: already "what: where"
         raise
     except (ValueError, TypeError) as e:
@@ -217,11 +242,53 @@ def model_from_hf_folder(
     return model, json_safe(config), report
 
 
-def _init_from_video(model: nn.Module, ckpt: Mapping[str, Any], path: Path) -> LoadReport:
-    """Load a video checkpoint's weights into ``model``; a head of another size keeps its init."""
-    _, classes, saved = checkpoint_run(ckpt, path)
+#: the class-dependent tensors of a video transformer: its classifier
+HEAD_PARAMS = (ClassParam("head.weight"), ClassParam("head.bias"))
+
+
+def carry_classes(
+    start: nn.Module,
+    fresh: nn.Module,
+    classes: Sequence[str],
+    start_names: Sequence[str],
+    class_map: Mapping[str, str] | None = None,
+) -> tuple[nn.Module, LoadReport]:
+    """``fresh`` (built for ``classes``) with ``start``'s weights; the head's rows of shared class names kept.
+
+    A class named like one of ``start_names`` (case- and whitespace-insensitive; ``class_map``:
+    ``{"data name": "start name"}`` synonyms) keeps that class's row of ``head.weight`` /
+    ``head.bias``; the others keep ``fresh``'s initialisation.  ``ValueError``: a class map naming
+    a class neither side has.
+    """
+    transfer = match_classes(list(classes), list(start_names), class_map)
+    state, converted = transfer_class_rows(fresh.state_dict(), start.state_dict(), HEAD_PARAMS, transfer)
+    fresh.load_state_dict(state)
+    copied = [k for k in state if k not in converted]
+    return fresh.train(start.training), LoadReport(copied=copied, converted=converted, classes=transfer)
+
+
+def _init_from_video(
+    model: nn.Module,
+    ckpt: Mapping[str, Any],
+    path: Path,
+    classes: Sequence[str] | None = None,
+    class_map: Mapping[str, str] | None = None,
+) -> LoadReport:
+    """Load a video checkpoint's weights into ``model``; with ``classes`` the head keeps shared names' rows.
+
+    Without ``classes`` (or for a model without a ``head``: X3D) a head of another size keeps its init.
+    """
+    _, start_names, saved = checkpoint_run(ckpt, path)
     state = dict(ckpt["model"])
     mine = model.state_dict()
+    if classes is not None and "head.weight" in mine and "head.weight" in state:
+        transfer = match_classes(list(classes), start_names, class_map)
+        heads = {p.key: state[p.key] for p in HEAD_PARAMS if p.key in state}
+        carried, converted = transfer_class_rows(mine, heads, HEAD_PARAMS, transfer)
+        state.update({k: carried[k] for k in converted})  # the rest loads strictly, key for key
+        load_model_state(model, state, path)
+        copied = [k for k in state if k not in converted]
+        return LoadReport(str(path), copied, converted, args=saved, classes=transfer)
     dropped = [
         k
         for k in ("head.weight", "head.bias")
@@ -229,7 +296,7 @@ def _init_from_video(model: nn.Module, ckpt: Mapping[str, Any], path: Path) -> L
     ]
     state.update({k: mine[k] for k in dropped})  # same keys, so the strict load checks everything else
     load_model_state(model, state, path)
-    why = f"the checkpoint's head ({len(classes)} classes) does not fit: left at init"
+    why = f"the checkpoint's head ({len(start_names)} classes) does not fit: left at init"
     return LoadReport(
         source=str(path),
         copied=[k for k in state if k not in dropped],

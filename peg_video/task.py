@@ -32,7 +32,9 @@ from peg_core.engine import (
     peg_kwargs,
     warmup_cosine,
 )
+from peg_core.engine.cli import class_map_arg
 from peg_core.engine.recipes import apply_position_recipe
+from peg_core.errors import InputError
 
 from .data import Annotations, is_kinetics_csv, load_annotations, read_class_map, write_class_map
 from .data.clip import ClipSpec
@@ -122,7 +124,7 @@ def _is_hf_folder(args: argparse.Namespace) -> bool:
 
 
 def _build_train_model(
-    args: argparse.Namespace, num_classes: int, ckpt: dict[str, Any] | None, clip: ClipSpec
+    args: argparse.Namespace, classes: list[str], ckpt: dict[str, Any] | None, clip: ClipSpec
 ) -> tuple[nn.Module, dict[str, Any], str | None]:
     """``(model, model_config, init line)`` of a training run.
 
@@ -130,12 +132,20 @@ def _build_train_model(
     a resumed run rebuilds it from its checkpoint's ``model_config``, without the folder); any
     other run builds from the flags and, when new, loads ``--init PATH`` into it.
     """
+    num_classes = len(classes)
     if _is_hf_folder(args):
         if ckpt is not None:
             config = dict(ckpt["model_config"])
             return build_model(config), config, None
         opts = {**args.model_opts, **{k: v for k, v in peg_kwargs(args).items() if k != "peg_separable"}}
-        model, config, report = model_from_hf_folder(args.init, args.pos_enc, num_classes, opts)
+        try:
+            model, config, report = model_from_hf_folder(
+                args.init, args.pos_enc, num_classes, opts, classes, class_map_arg(args)
+            )
+        except InputError:
+            raise
+        except ValueError as e:  # a --class-map entry naming no class
+            raise UserError(str(e), args.class_map or args.init) from None
         return model, config, f"Hugging Face init from {args.init}: {report}"
     config = model_config_from_args(args, num_classes, clip)
     try:
@@ -144,7 +154,12 @@ def _build_train_model(
         raise UserError(f"cannot build the model ({e})", f"--arch {args.arch}") from None
     init = None
     if ckpt is None and args.init is not None:
-        init = init_line(init_weights(model, args.init, args.init_source))
+        try:
+            init = init_line(init_weights(model, args.init, args.init_source, classes, class_map_arg(args)))
+        except InputError:
+            raise
+        except ValueError as e:  # a --class-map entry naming no class
+            raise UserError(str(e), args.class_map or args.init) from None
     return model, config, init
 
 
@@ -211,7 +226,7 @@ class VideoTask:
         if ctx.is_main:
             write_class_map(classes, ctx.out_dir / "classes.json")
         clip = ClipSpec.of_run(args)  # the run's clip, for the model and the data alike
-        model, config, init = _build_train_model(args, len(classes), ckpt, clip)
+        model, config, init = _build_train_model(args, list(classes), ckpt, clip)
         if init is not None:
             ctx.print(init)
         model.to(ctx.device)

@@ -18,11 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..interop.classes import read_class_map
 from ..interop.io import WEIGHTS_AS_TYPED
+from ..jsonfile import JsonError, read_json
 from ..peg import PADDING_MODES
 from ..registry import EncodingSupport, PosEncError, parse_pos_enc
 from ..resize import INTERPOLATION_MODES
-from .command import ArgumentParser, run_command
+from .command import ArgumentParser, UserError, run_command
 from .helptext import plain_text
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "add_overwrite_arg",
     "add_pos_args",
     "add_train_args",
+    "class_map_arg",
     "device_arg",
     "dispatch",
     "explicit_options",
@@ -460,6 +463,22 @@ TRAIN_OVERWRITE_HELP = (
     "start a new run in an --output-dir that holds one (its checkpoints, report and log are removed "
     "when training starts; default: refuse, and --resume auto continues it)"
 )
+
+
+def class_map_arg(args: argparse.Namespace) -> dict[str, str] | None:
+    """``--class-map FILE.json`` read and checked (``{"data name": "start name"}``); None without it.
+
+    A file that is not such an object is a :class:`UserError` naming it (before any model is built).
+    """
+    path = getattr(args, "class_map", None)
+    if path is None:
+        return None
+    try:
+        return read_class_map(read_json(path, "--class-map file"), path)
+    except JsonError as e:
+        raise UserError(e.what, e.where) from None
+    except ValueError as e:
+        raise UserError(str(e).removeprefix(f"{path}: "), path) from None
 
 
 def add_class_map_arg(g: argparse._ActionsContainer) -> None:
