@@ -63,7 +63,13 @@ from .hf_dfine import (
     dfine_key_to_hf,
     load_dfine_state,
 )
-from .hf_hgnetv2 import hgnetv2_hf_config, hgnetv2_hf_to_ours, hgnetv2_options_from_hf, hgnetv2_ours_to_hf
+from .hf_hgnetv2 import (
+    check_hidden_sizes,
+    hgnetv2_hf_config,
+    hgnetv2_hf_to_ours,
+    hgnetv2_options_from_hf,
+    hgnetv2_ours_to_hf,
+)
 
 __all__ = [
     "deimv2_build_options",
@@ -292,9 +298,9 @@ def _hgnet_options(f: ConfigFields, where: Path) -> tuple[dict[str, Any], list[i
     except ValueError as err:
         raise WeightsError(f"{where.name} backbone_config: {err}", where) from err
     widths = [stage[2] for stage in options["stages"]]
-    # transformers sizes the input projections by ``hidden_sizes``, the stages by ``stage_out_channels``
-    if bb.integers("hidden_sizes", widths) != widths:
-        bb.fail("hidden_sizes", f"the stage widths {widths} (stage_out_channels)")
+    # transformers sizes the input projections by ``hidden_sizes`` at the output stages, the stages by
+    # ``stage_out_channels``: the two must agree where both are read
+    check_hidden_sizes(bb, widths, options["return_idx"])
     return_idx = options.pop("return_idx")
     opts = dict(
         backbone=name or "hgnetv2_custom", hgnet_options=options, hgnet_return_idx=return_idx,

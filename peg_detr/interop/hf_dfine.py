@@ -56,6 +56,7 @@ from ..models.dfine.model import DFINE
 from .hf_detr import hf_num_labels
 from .hf_hgnetv2 import (
     HF_BACKBONE_PREFIX,
+    check_hidden_sizes,
     hgnetv2_hf_config,
     hgnetv2_hf_to_ours,
     hgnetv2_options_from_hf,
@@ -173,10 +174,9 @@ def _backbone_options(config: Mapping[str, Any], where: Path) -> dict[str, Any]:
         name, options = hgnetv2_options_from_hf(bb.data)
     except ValueError as err:
         raise WeightsError(f"{where.name} backbone_config: {err}", where) from err
-    # transformers sizes the input projections by ``hidden_sizes``, the stages by ``stage_out_channels``
-    widths = [stage[2] for stage in options["stages"]]
-    if bb.integers("hidden_sizes", widths) != widths:
-        bb.fail("hidden_sizes", f"the stage widths {widths} (stage_out_channels)")
+    # transformers sizes the input projections by ``hidden_sizes`` at the output stages, the stages by
+    # ``stage_out_channels``: the two must agree where both are read
+    check_hidden_sizes(bb, [stage[2] for stage in options["stages"]], options["return_idx"])
     # transformers freezes the norms only (its backbone trains otherwise)
     return {
         "name": name,

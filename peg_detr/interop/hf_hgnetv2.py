@@ -19,7 +19,9 @@ Inside a detector the backbone's keys carry ``model.backbone.model.`` (D-FINE an
 ``HGNetV2Backbone``), and returns ours relative to the backbone module (the detector adds its own
 ``backbone.``).  :func:`hgnetv2_options_from_hf` reads a ``backbone_config`` (``HGNetV2Config``) into
 :func:`~peg_detr.models.dfine.backbone.build_hgnetv2` keywords; :func:`hgnetv2_hf_config` writes
-one back.
+one back.  :func:`check_hidden_sizes` checks ``hidden_sizes`` where transformers reads it: the
+widths of the stages the detector takes (the input projections are sized by them), never a stage
+it leaves out (the default ``HGNetV2Config`` says 256 for stage 1, whose output is 128 wide and unused).
 
 What timm's modules cannot express, refused with a ``ValueError`` by
 :func:`hgnetv2_options_from_hf`: ``hidden_act`` other than ReLU (transformers applies it to the
@@ -36,6 +38,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from peg_core.interop.hf_folder import ConfigFields
 
 from ..models.dfine.backbone import HGNETV2_BACKBONES
 
@@ -155,6 +159,22 @@ def _hf_return_idx(config: Mapping[str, Any], num_stages: int) -> list[int]:
     if 0 in out_indices:
         raise ValueError("HGNetV2 config: the stem output as a feature map (out_indices 0) is not supported")
     return [i - 1 for i in out_indices]
+
+
+def check_hidden_sizes(bb: ConfigFields, widths: list[int], return_idx: list[int]) -> None:
+    """``backbone_config.hidden_sizes`` against the stage widths ``widths`` (``stage_out_channels``),
+    at the stages the detector takes (0-based ``return_idx``) only.
+
+    transformers' ``HGNetV2Backbone.channels`` (what sizes the encoder's input projections) are
+    ``hidden_sizes`` at the output stages; a stage that is no output never reads its entry.  A
+    :class:`~peg_core.interop.WeightsError` names the entry that differs and the width it must be.
+    """
+    sizes = bb.integers("hidden_sizes", widths, length=len(widths))
+    for i in return_idx:
+        if sizes[i] != widths[i]:
+            outputs = {f"stage{j + 1}": widths[j] for j in return_idx}
+            bb.fail("hidden_sizes", f"the widths of the output stages {outputs} (stage_out_channels) at "
+                    f"index {i}, where it has {sizes[i]}")  # fmt: skip
 
 
 def hgnetv2_options_from_hf(backbone_config: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
