@@ -23,6 +23,21 @@ decoder ``self_attn_layer_norm/encoder_attn_layer_norm/final_layer_norm``  ``nor
 ``class_labels_classifier`` / ``bbox_predictor``  ``class_embed`` / ``bbox_embed``
 ==============================================  =============================================
 
+A folder with transformers' own ResNet (``backbone_config.model_type: "resnet"``, written by
+``DetrConfig(use_timm_backbone=False)``) holds the same torchvision-layout ResNet under
+transformers' names, mapped by :func:`hf_resnet_to_official` (a ResNet-18 / 50 / 101 config:
+``embedding_size`` 64, ReLU, the stride in the 3x3 convolution; its last stage is the one DETR reads):
+
+==============================================================  ========================================
+``...embedder.embedder.{convolution,normalization}``            ``conv1`` / ``bn1``
+``...encoder.stages.{s}.layers.{i}.layer.{j}.convolution``      ``layer{s+1}.{i}.conv{j+1}``
+``...encoder.stages.{s}.layers.{i}.layer.{j}.normalization``    ``layer{s+1}.{i}.bn{j+1}``
+``...encoder.stages.{s}.layers.{i}.shortcut.{convolution,normalization}``  ``layer{s+1}.{i}.downsample.{0,1}``
+==============================================================  ========================================
+
+transformers' own ResNet has no dilated variant (``dilation`` applies to timm backbones only, and
+transformers ignores it here too), so such a folder builds an undilated backbone whatever it says.
+
 One difference is in the computation, not the names: with ``auxiliary_loss=True``
 transformers' decoder passes each layer the layer-normed output of the previous
 one (and norms the last output twice), while DETR norms copies for the auxiliary
@@ -57,12 +72,14 @@ from peg_core.interop.io import WeightsError, read_state_file
 
 __all__ = [
     "HF_DETR_BACKBONES",
+    "HF_RESNETS",
     "check_detr_config",
     "detr_build_options",
     "detr_hf_config",
     "export_hf_detr",
     "hf_label_names",
     "hf_num_labels",
+    "hf_resnet_to_official",
     "hf_to_official",
     "is_hf_source",
     "looks_like_hf",
@@ -90,6 +107,11 @@ _TOP_RENAMES = (
     ("bbox_predictor.", "bbox_embed."),
 )
 _LAYER = re.compile(r"^model\.(encoder|decoder)\.layers\.(\d+)\.(.+)$")
+# transformers' own ResNet (AutoBackbone "resnet") -> torchvision's names, after the backbone prefix
+_RESNET_STEM = re.compile(r"^embedder\.embedder\.(convolution|normalization)\.(.+)$")
+_RESNET_LAYER = re.compile(
+    r"^encoder\.stages\.(\d+)\.layers\.(\d+)\.(?:layer\.(\d+)|shortcut)\.(convolution|normalization)\.(.+)$"
+)
 _QKV = re.compile(r"^(.+)\.([qkv])_proj\.(weight|bias)$")
 
 
@@ -131,6 +153,43 @@ def read_hf_state(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str,
 
 #: the timm ResNets of a Hugging Face DETR that peg_detr builds (``backbone`` of config.json)
 HF_DETR_BACKBONES = ("resnet18", "resnet50", "resnet101")
+#: transformers' own ResNet configs peg_detr builds: name -> (layer_type, depths, hidden_sizes)
+HF_RESNETS = {
+    "resnet18": ("basic", [2, 2, 2, 2], [64, 128, 256, 512]),
+    "resnet50": ("bottleneck", [3, 4, 6, 3], [256, 512, 1024, 2048]),
+    "resnet101": ("bottleneck", [3, 4, 23, 3], [256, 512, 1024, 2048]),
+}
+
+
+def _hf_resnet_name(bb: ConfigFields) -> str:
+    """The torchvision ResNet a ``ResNetConfig`` ``backbone_config`` describes (transformers' defaults:
+    ResNet-50), every field that shapes the computation checked; a :class:`WeightsError` names the first
+    one peg_detr's backbones cannot compute."""
+    layer_type = bb.choice("layer_type", "bottleneck", ("basic", "bottleneck"))
+    depths = bb.integers("depths", [3, 4, 6, 3], length=4)
+    widths = bb.integers("hidden_sizes", [256, 512, 1024, 2048], length=4)
+    name = next((n for n, spec in HF_RESNETS.items() if spec == (layer_type, depths, widths)), None)
+    if name is None:
+        shapes = "; ".join(f"{n}: {t} {d} {w}" for n, (t, d, w) in HF_RESNETS.items())
+        bb.fail("depths", f"a ResNet peg_detr builds (layer_type, depths, hidden_sizes: {shapes}); "
+                f"this one is {layer_type} {depths} {widths}")  # fmt: skip
+    if bb.integer("embedding_size", 64) != 64:
+        bb.fail("embedding_size", "64 (torchvision's ResNet stem)")
+    if bb.integer("num_channels", 3) != 3:
+        bb.fail("num_channels", "3")
+    bb.choice("hidden_act", "relu", ("relu",))
+    for flag in ("downsample_in_first_stage", "downsample_in_bottleneck"):
+        if bb.flag(flag, False):
+            bb.fail(flag, "false (torchvision's ResNet strides in the 3x3 convolution of stages 2-4)")
+    # DETR reads the backbone's last map: it must be stage 4's
+    names = bb.data.get("out_features")
+    indices = bb.data.get("out_indices")
+    last = names[-1] if isinstance(names, list) and names else None
+    if last is None and isinstance(indices, list) and indices:
+        last = f"stage{indices[-1]}" if isinstance(indices[-1], int) else indices[-1]
+    if last not in (None, "stage4"):
+        bb.fail("out_features", "a list ending with 'stage4' (DETR reads the last stage's map)")
+    return name
 
 
 def hf_num_labels(config: Mapping[str, Any], where: str | os.PathLike = "config.json") -> int:
@@ -161,14 +220,19 @@ def detr_build_options(config: Mapping[str, Any], where: str | os.PathLike = "co
     Every field used is checked for its type and range (and the two attention / MLP sizes, which
     peg_detr's DETR has once, for being equal); a :class:`WeightsError` names ``where`` and the field.
     The backbone is ``backbone`` (transformers 4, :func:`export_hf_detr`) or ``backbone_config.backbone``
-    (transformers 5), one of :data:`HF_DETR_BACKBONES`.
+    (transformers 5), one of :data:`HF_DETR_BACKBONES`; or transformers' own ResNet
+    (``backbone_config.model_type: "resnet"``, or ``use_timm_backbone: false``), one of :data:`HF_RESNETS`.
     """
     f = ConfigFields(config, where)
     f.choice("model_type", "detr", ("detr",))
-    if not f.flag("use_timm_backbone", True):
-        f.fail("use_timm_backbone", "true (peg_detr reads the timm ResNet backbones only)")
-    own = f.choice("backbone", None, HF_DETR_BACKBONES)
-    backbone = own or f.section("backbone_config").choice("backbone", "resnet50", HF_DETR_BACKBONES)
+    bb = f.section("backbone_config")
+    kind = bb.choice("model_type", None, ("timm_backbone", "resnet"))
+    if kind == "resnet" or (kind is None and f.flag("use_timm_backbone", True) is False):
+        backbone, dilation = _hf_resnet_name(bb), False  # transformers' ResNet: no dilated form
+    else:
+        own = f.choice("backbone", None, HF_DETR_BACKBONES)
+        backbone = own or bb.choice("backbone", "resnet50", HF_DETR_BACKBONES)
+        dilation = f.flag("dilation", False)
     f.choice("position_embedding_type", "sine", ("sine",))  # the learned table's keys have no place
     f.choice("activation_function", "relu", ("relu",))
     hidden = f.integer("d_model", 256)
@@ -187,7 +251,7 @@ def detr_build_options(config: Mapping[str, Any], where: str | os.PathLike = "co
         "backbone": backbone,
         "num_classes": hf_num_labels(config, where),
         "num_queries": f.integer("num_queries", 100),
-        "dilation": f.flag("dilation", False),
+        "dilation": dilation,
         "hidden_dim": hidden,
         "num_heads": heads,
         "enc_layers": f.integer("encoder_layers", 6),
@@ -285,10 +349,30 @@ def hf_to_official(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def hf_resnet_to_official(key: str) -> str:
+    """A key of transformers' own ResNet (below the backbone prefix) -> torchvision's name; others unchanged.
+
+    ``embedder.embedder.convolution.weight`` -> ``conv1.weight``,
+    ``encoder.stages.0.layers.1.layer.2.normalization.bias`` -> ``layer1.1.bn3.bias``,
+    ``encoder.stages.1.layers.0.shortcut.convolution.weight`` -> ``layer2.0.downsample.0.weight``.
+    """
+    m = _RESNET_STEM.match(key)
+    if m:
+        return f"{'conv1' if m.group(1) == 'convolution' else 'bn1'}.{m.group(2)}"
+    m = _RESNET_LAYER.match(key)
+    if not m:
+        return key
+    stage, layer, conv, part, leaf = m.groups()
+    if conv is None:  # the shortcut: downsample.0 (conv) / downsample.1 (norm)
+        return f"layer{int(stage) + 1}.{layer}.downsample.{0 if part == 'convolution' else 1}.{leaf}"
+    name = "conv" if part == "convolution" else "bn"
+    return f"layer{int(stage) + 1}.{layer}.{name}{int(conv) + 1}.{leaf}"
+
+
 def _rename(key: str) -> str:
     for hf in _HF_BACKBONE:
         if key.startswith(hf):
-            return _OFFICIAL_BACKBONE + key.removeprefix(hf)
+            return _OFFICIAL_BACKBONE + hf_resnet_to_official(key.removeprefix(hf))
     for hf, official in _TOP_RENAMES:
         if key.startswith(hf):
             return official + key.removeprefix(hf)

@@ -53,8 +53,10 @@ def _folder(tmp_path, config, **tensors):
                                    'got "resnet34"'),
         ({"backbone_config": {"backbone": 50}}, "config.json key 'backbone_config.backbone' must be one of "
                                                 "'resnet18', 'resnet50', 'resnet101'; got 50"),
-        ({"use_timm_backbone": False}, "config.json key 'use_timm_backbone' must be true (peg_detr reads the timm "
-                                       "ResNet backbones only); got false"),
+        ({"backbone_config": {"model_type": "resnet", "embedding_size": 32}},
+         "config.json key 'backbone_config.embedding_size' must be 64 (torchvision's ResNet stem); got 32"),
+        ({"backbone_config": {"model_type": "vit"}},
+         "config.json key 'backbone_config.model_type' must be one of 'timm_backbone', 'resnet'; got \"vit\""),
         ({"model_type": "rt_detr"}, "config.json key 'model_type' must be one of 'detr'; got \"rt_detr\""),
         ({"id2label": {"0": "a", "one": "b"}}, "config.json key 'id2label' has the key 'one', not a label 0..1"),
         ({"id2label": {"0": "a", "2": "b"}}, "config.json key 'id2label' must number the labels 0..1; it lacks [1]"),
