@@ -35,10 +35,19 @@ that returns either)::
 
     [project.entry-points."peg.encodings"]
     my-table = "my_package.encodings:MY_TABLE"
+
+A plugin is third-party code, so whatever it does wrong stays one line: an entry point that fails
+to load (an exception, ``SystemExit`` included) is skipped with one warning naming it and its
+package, the other encodings keep working; a plugin builder that fails is a :class:`PosEncError`
+naming the entry point and the package.  The result of every builder (plugin or not) is checked
+against its kind: a :class:`peg_core.PositionEncoding` for ``"add"``, a
+:class:`peg_core.rope.RotaryEmbedding` for ``"rotate"``, a :class:`peg_core.bias.AttentionBias` for
+``"bias"`` (a builder that returns ``None`` would give a model without position information).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -47,7 +56,8 @@ from typing import Any
 
 from torch import nn
 
-from .bias import ALiBiBias, FIREBias, LookHereBias
+from .base import PositionEncoding
+from .bias import ALiBiBias, AttentionBias, FIREBias, LookHereBias
 from .encodings import (
     LearnedPositionEncoding2d,
     LearnedPositionEncoding3d,
@@ -58,11 +68,12 @@ from .encodings import (
 )
 from .errors import InputError
 from .peg import PEG2d, PEG3d
-from .rope import ROPE_KINDS, build_rope
+from .rope import ROPE_KINDS, RotaryEmbedding, build_rope
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "KINDS",
+    "KIND_TYPES",
     "NONE",
     "SLOTS",
     "Encoding",
@@ -128,6 +139,46 @@ class EncodingContext:
 
 Builder = Callable[[EncodingContext], nn.Module]
 
+#: what a builder of each kind must return
+KIND_TYPES: dict[str, type] = {"add": PositionEncoding, "rotate": RotaryEmbedding, "bias": AttentionBias}
+
+
+class _CheckedBuild:
+    """An :class:`Encoding`'s builder, its result checked against the kind (:data:`KIND_TYPES`).
+
+    ``source`` (an entry point's plugin): the builder's own failure, ``SystemExit`` included, is a
+    :class:`PosEncError` naming it (third-party code: one line, not its traceback); without a source
+    (a built-in encoding, or one registered from the caller's own code) it keeps its traceback.
+    Compares and hashes as the function it wraps.
+    """
+
+    def __init__(self, fn: Builder, name: str, kind: str, source: str) -> None:
+        self.fn, self.name, self.kind, self.source = fn, name, kind, source
+
+    def __call__(self, ctx: EncodingContext) -> nn.Module:
+        where = self.source or f"pos_enc={self.name!r}"
+        try:
+            module = self.fn(ctx)
+        except (Exception, SystemExit) as e:
+            if not self.source:
+                raise
+            why = " ".join(f"{type(e).__name__}: {e}".split())
+            raise PosEncError(f"position-encoding plugin {self.name!r} failed to build ({why})", where) from e
+        expected = KIND_TYPES[self.kind]
+        if not isinstance(module, expected):
+            raise PosEncError(f"encoding {self.name!r} of kind {self.kind!r} built {type(module).__name__}, not a "
+                              f"{expected.__module__}.{expected.__name__}", where)  # fmt: skip
+        return module
+
+    def __eq__(self, other: object) -> bool:
+        return self.fn == (other.fn if isinstance(other, _CheckedBuild) else other)
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
+    def __repr__(self) -> str:
+        return repr(self.fn)
+
 
 @dataclass(frozen=True)
 class Encoding:
@@ -143,6 +194,11 @@ class Encoding:
         conditional: for ``"add"``: computed from the tokens and run after blocks (a PEG), rather
             than a table of the grid added at the input.
         description: one line for ``-h`` and the docs.
+        source: where a plugin's encoding comes from (its entry point and package; set by the
+            loader); empty for the built-in encodings and those registered from Python.
+
+    ``build`` is kept wrapped: its result is checked against ``kind``, and a plugin's failure is one
+    :class:`PosEncError` naming ``source`` (module docstring).
     """
 
     name: str
@@ -151,6 +207,7 @@ class Encoding:
     dims: tuple[int, ...] = (2,)
     conditional: bool = False
     description: str = ""
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if (
@@ -174,6 +231,8 @@ class Encoding:
             )
         if self.conditional and self.kind != "add":
             raise ValueError(f"encoding {self.name!r}: only an 'add' encoding can be conditional")
+        fn = self.build.fn if isinstance(self.build, _CheckedBuild) else self.build
+        object.__setattr__(self, "build", _CheckedBuild(fn, self.name, self.kind, self.source))
 
     @property
     def slot(self) -> str:
@@ -221,26 +280,38 @@ def _plugin_encodings(obj: Any) -> list[Encoding]:
     )
 
 
+def _entry_point_text(ep: metadata.EntryPoint) -> str:
+    """``entry point my-table = my_package.encodings:MY_TABLE (package my-package 1.0)``."""
+    dist = getattr(ep, "dist", None)
+    try:
+        package = f"{dist.metadata['Name'] or dist.name} {dist.version}" if dist is not None else "unknown"
+    except Exception:  # a broken dist-info: the entry point still names the plugin
+        package = "unknown"
+    return f"entry point {ep.name} = {ep.value} (package {package})"
+
+
 def _load_plugins() -> None:
     """Register the encodings of installed packages (entry-point group ``peg.encodings``), once.
 
-    A plugin that fails to load is skipped with one warning naming it: a broken third-party package
-    must not take every command line down with it.
+    A plugin that fails to load (any exception, ``SystemExit`` included: its module may call
+    ``sys.exit`` at import) is skipped with one warning line naming its entry point and package:
+    a broken third-party package must not take every command line down with it.  Each encoding
+    loaded carries its entry point as ``source`` (its builder's failures name it).
     """
     global _PLUGINS_LOADED
     if _PLUGINS_LOADED:
         return
     _PLUGINS_LOADED = True
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        source = _entry_point_text(ep)
         try:
             for encoding in _plugin_encodings(ep.load()):
-                register_encoding(encoding)
-        except Exception as e:
-            warnings.warn(
-                f"position-encoding plugin {ep.name!r} ({ep.value}) skipped: {type(e).__name__}: {e}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+                register_encoding(dataclasses.replace(encoding, source=source))
+        except (Exception, SystemExit) as e:
+            why = " ".join(f"{type(e).__name__}: {e}".split())
+            # one line: no source line under it (the "file" is the entry-point group, line 0)
+            warnings.warn_explicit(f"position-encoding plugin {ep.name!r} skipped ({why}): {source}",
+                                   RuntimeWarning, ENTRY_POINT_GROUP, 0, module=__name__)  # fmt: skip
 
 
 def get_encoding(name: str) -> Encoding:

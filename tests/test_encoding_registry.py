@@ -301,3 +301,84 @@ def test_entry_point_encoding_builds_in_a_fresh_process(tmp_path):
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["RoPEAxial", "50.0"]
+
+
+EXITING_PLUGIN = """
+import sys
+
+sys.exit(7)  # at import: once, this made every --pos-enc command exit 7 with nothing said
+"""
+
+FAILING_BUILDERS = """
+from peg_core.registry import Encoding
+
+
+def _explode(ctx):
+    raise RuntimeError("plugin build exploded")
+
+
+ENCODINGS = [
+    Encoding("plug-explodes", "rotate", _explode, dims=(2, 3)),
+    Encoding("plug-none-bias", "bias", lambda ctx: None, dims=(2, 3)),  # a model with no position information
+]
+"""
+
+
+def _bad_plugins_env(tmp_path: Path) -> dict[str, str]:
+    """:func:`_plugin_env` plus a package ``peg-bad-plugins 2.0`` whose module exits at import and
+    whose other entry's builders raise / return ``None``."""
+    env = _plugin_env(tmp_path)
+    (tmp_path / "peg_exit_plugin.py").write_text(textwrap.dedent(EXITING_PLUGIN))
+    (tmp_path / "peg_failing_plugin.py").write_text(textwrap.dedent(FAILING_BUILDERS))
+    info = tmp_path / "peg_bad_plugins-2.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: peg-bad-plugins\nVersion: 2.0\n")
+    (info / "entry_points.txt").write_text(
+        "[peg.encodings]\nexits = peg_exit_plugin:ANYTHING\nfailing = peg_failing_plugin:ENCODINGS\n"
+    )
+    return env
+
+
+def test_a_plugin_that_exits_at_import_is_one_warning_and_the_others_work(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "peg_core", "train", "-h"], env=_bad_plugins_env(tmp_path),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "plug-rope" in done.stdout and "plug-explodes" in done.stdout  # the other plugins still load
+    warned = [line for line in done.stderr.splitlines() if "plugin 'exits'" in line]
+    assert len(warned) == 1 and "SystemExit: 7" in warned[0], done.stderr
+    assert "entry point exits = peg_exit_plugin:ANYTHING (package peg-bad-plugins 2.0)" in warned[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_a_plugin_builder_that_fails_or_returns_the_wrong_kind_is_one_line(tmp_path):
+    code = textwrap.dedent("""
+        from peg_core.engine.command import run_command
+        from peg_core.models import CPVT
+
+        def build(argv):
+            CPVT(embed_dim=16, depth=1, num_heads=2, num_classes=3, img_size=16, patch_size=8, pos_enc=argv[0])
+
+        for pos_enc in ("plug-explodes", "plug-none-bias", "peg+plug-rope"):
+            print(run_command(build, [pos_enc]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], env=_bad_plugins_env(tmp_path), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.split() == ["1", "1", "0"]  # two one-line user errors; the good plugin still builds
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: position-encoding plugin 'plug-explodes' failed to build (RuntimeError: plugin build exploded): "
+        "entry point failing = peg_failing_plugin:ENCODINGS (package peg-bad-plugins 2.0)",
+        "error: encoding 'plug-none-bias' of kind 'bias' built NoneType, not a peg_core.bias.AttentionBias: "
+        "entry point failing = peg_failing_plugin:ENCODINGS (package peg-bad-plugins 2.0)",
+    ]
+
+
+def test_every_builder_result_is_checked_against_its_kind():
+    ctx = EncodingContext(8, (2, 3))
+    for kind, wrong in (("add", nn.Identity()), ("rotate", None), ("bias", nn.Identity())):
+        enc = Encoding(f"test-wrong-{kind}", kind, lambda ctx, w=wrong: w, dims=(2,))
+        with pytest.raises(PosEncError, match=f"of kind '{kind}' built"):
+            enc.build(ctx)
+    assert isinstance(ROPE.build(EncodingContext(8, (2, 3))), RoPEAxial)  # the right kind passes through
+    assert Encoding("test-same", "add", TABLE.build) == Encoding("test-same", "add", TABLE.build)
