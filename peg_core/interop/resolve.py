@@ -95,6 +95,8 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _FILE_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt", ".npz", ".json", ".tar")
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+#: a branch, tag or commit name: word characters, ``.``, ``-`` and ``/`` (``refs/pr/1``), from a word
+#: character; :func:`_revision_ok` adds git's ref-name rules (no ``..``, no empty or hidden component)
 _REVISION = re.compile(r"[\w][\w./-]*")
 _ENUM_MEMBER = re.compile(r"[A-Z][A-Z0-9_]*")
 
@@ -255,12 +257,24 @@ def parse_weights_spec(
     return "local", spec
 
 
+def _revision_ok(revision: str) -> bool:
+    """A branch, tag or commit name as git allows one (``git check-ref-format``): :data:`_REVISION`'s
+    characters, no ``..`` (huggingface_hub joins a revision to ``refs/``: ``pr/../../x`` would read a
+    file outside it), no leading, trailing or doubled ``/``, no component that starts with ``.`` or
+    ends with ``.lock``, no trailing ``.``."""
+    if not _REVISION.fullmatch(revision) or ".." in revision or revision.endswith("."):
+        return False
+    return all(
+        part and not part.startswith(".") and not part.endswith(".lock") for part in revision.split("/")
+    )
+
+
 def _split_revision(text: str) -> tuple[str, str | None]:
     """``"org/name@rev"`` -> ``("org/name", "rev")``; a malformed id or revision is one line."""
     repo, _, revision = text.partition("@")
     if not _HUB_ID.fullmatch(repo):
         raise WeightsError("not a Hugging Face id (expected org/name or org/name@revision)", text)
-    if "@" in text and not _REVISION.fullmatch(revision):
+    if "@" in text and not _revision_ok(revision):
         raise WeightsError(f"not a revision ({revision!r}; expected a branch, tag or commit)", text)
     return repo, revision or None
 
@@ -271,6 +285,27 @@ def _split_revision(text: str) -> tuple[str, str | None]:
 def _repo_folder(cache: Path, repo: str) -> Path:
     """``models--org--name``: where huggingface_hub keeps one repository's refs, blobs and snapshots."""
     return cache / ("models--" + repo.replace("/", "--"))
+
+
+def _in_cache(path: Path, repo: str, cache: Path, spec: str) -> Path:
+    """``path`` (a snapshot folder, or a file in one) when it lies in ``repo``'s folder of the cache.
+
+    huggingface_hub names the snapshot after the commit a ref file holds; a ref file planted in the
+    cache (``../../elsewhere``) would point it at any folder.  The check is on the real path (links
+    followed): a snapshot must be ``snapshots/<commit>`` itself, a file (a link to ``blobs/``) must
+    stay in the repository's folder.
+    """
+    folder = _repo_folder(cache, repo)
+    real = Path(os.path.realpath(path))
+    inside = (
+        real.parent == Path(os.path.realpath(folder / "snapshots"))
+        if path.is_dir()
+        else real.is_relative_to(os.path.realpath(folder))
+    )
+    if not inside:
+        raise WeightsError(f"Hugging Face id {spec!r}: the snapshot lies outside the cache (a planted ref file?) "
+                           f"at {real}", folder)  # fmt: skip
+    return path
 
 
 def _hub_error(
@@ -345,9 +380,9 @@ def _fetch_hf(text: str) -> ResolvedWeights:
     repo, revision = _split_revision(text)
     hub = require("huggingface_hub", "hub", what=f"the Hugging Face id {text!r}")
     cache = hf_cache_dir()
-    folder = _snapshot(hub, repo, revision, HF_ALLOW_PATTERNS, cache)
+    folder = _in_cache(_snapshot(hub, repo, revision, HF_ALLOW_PATTERNS, cache), repo, cache, text)
     if not any(folder.glob("*.safetensors")):  # the pickle weights only when there is no safetensors
-        folder = _snapshot(hub, repo, revision, HF_PICKLE_PATTERNS, cache)
+        folder = _in_cache(_snapshot(hub, repo, revision, HF_PICKLE_PATTERNS, cache), repo, cache, text)
     files = tuple(sorted(p.name for p in folder.iterdir() if p.is_file()))
     if not files:
         raise WeightsError(f"Hugging Face id {text!r}: the snapshot holds no files", folder)
@@ -413,6 +448,7 @@ def _fetch_timm(name: str) -> ResolvedWeights:
             except _hub_failures() as e:  # this file name is not there: try the next
                 last = e
                 continue
+            _in_cache(path, repo, cache, cfg.hf_hub_id)
             return ResolvedWeights(path, "timm", name, path.parent.name, (filename,), cache)
         raise _hub_error(last, repo, revision, cache, offline, down)  # type: ignore[arg-type]
     if cfg.url:

@@ -4,6 +4,7 @@ caches laid out as their libraries lay them out, offline (``HF_HUB_OFFLINE=1``);
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -360,3 +361,42 @@ def test_a_run_records_the_id_typed_and_the_path_apart(hf_home, tmp_path):
         "other": None,
     }
     assert json_safe(record) == record  # a recorded run re-recorded (a resumed run's args) is unchanged
+
+
+def test_a_revision_is_a_branch_tag_or_commit_as_git_allows(hf_home, tmp_path):
+    """huggingface_hub joins a revision to ``refs/``: ``..`` in it would read a ref file outside."""
+    (hf_home / "models--org--tiny" / "refs" / "pr").mkdir(parents=True)
+    snapshot = put_in_hf_cache(hf_home, "org/tiny", _tiny_folder(tmp_path), revision="pr/1")
+    assert resolve_weights("hf:org/tiny@pr/1").path == snapshot  # a ref with a slash is fine
+    for bad in (
+        "pr/../../evil_ref",
+        "..",
+        "a//b",
+        "main/",
+        "/main",
+        ".hidden",
+        "a/.b",
+        "v1.lock",
+        "main.",
+        "a b",
+    ):
+        with pytest.raises(WeightsError, match="not a revision") as e:
+            resolve_weights(f"hf:org/tiny@{bad}")
+        assert bad in _one_line(e)
+
+
+def test_a_planted_ref_cannot_take_the_snapshot_out_of_the_cache(hf_home, tmp_path):
+    """A ref file (``refs/main``, or one a ``..`` revision reaches) that names a folder outside the cache:
+    refused, not loaded from there."""
+    put_in_hf_cache(hf_home, "org/rt", _tiny_folder(tmp_path))
+    outside = _tiny_folder(tmp_path, "outside")
+    root = hf_home / "models--org--rt"
+    (root / "refs" / "pr").mkdir()
+    (root / "evil_ref").write_text(os.path.relpath(outside, root / "snapshots"))
+    with pytest.raises(WeightsError, match="not a revision"):  # it once reached refs/pr/../../evil_ref
+        resolve_weights("hf:org/rt@pr/../../evil_ref", kind="folder")
+    (root / "refs" / "main").write_text(os.path.relpath(outside, root / "snapshots"))
+    for spec in ("hf:org/rt", "org/rt@main"):
+        with pytest.raises(WeightsError, match="lies outside the cache") as e:
+            resolve_weights(spec, kind="folder")
+        assert str(outside) in _one_line(e)
