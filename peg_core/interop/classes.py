@@ -36,8 +36,12 @@ __all__ = [
 
 
 def class_key(name: Any) -> str:
-    """The form names are compared in: case-folded, surrounding whitespace gone, inner runs one space."""
-    return " ".join(str(name).split()).casefold()
+    """The form names are compared in: case-folded, ``_`` read as a space, whitespace runs one space.
+
+    ``"Traffic  Light"``, ``"traffic_light"`` and ``" traffic light "`` are one class (Kinetics' CSVs
+    say ``air drumming`` where peg_video's class lists and some label files say ``air_drumming``).
+    """
+    return " ".join(str(name).replace("_", " ").split()).casefold()
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ def match_classes(
 ) -> ClassTransfer:
     """Pair each of ``names`` (new labels) with the start label of the same name.
 
-    Names are compared by :func:`class_key`.  ``class_map`` (``{new name: start name}``) sends a
+    Names are compared by :func:`class_key` (case, spacing and underscores aside).  ``class_map`` (``{new name: start name}``) sends a
     new name to another start name (a synonym: ``motorbike -> motorcycle``); it wins over an
     equal name.  An empty name is never matched; when the start names a class twice the first
     label wins.  A ``class_map`` entry whose new name is not among ``names`` or whose start name

@@ -49,7 +49,7 @@ def _build(family: str, num_classes: int, seed: int) -> torch.nn.Module:
 
 
 def test_names_match_case_and_whitespace_insensitively_and_through_a_class_map() -> None:
-    assert class_key("  Traffic   Light ") == "traffic light"
+    assert class_key("  Traffic   Light ") == class_key("traffic_light") == "traffic light"
     t = match_classes(NEW, START, {"Motorbike": "bicycle"})
     # "motorbike" -> bicycle through the map; "BICYCLE" by name; both keep start label 1
     assert t.source == (None, None, 2, 1, 1, None)

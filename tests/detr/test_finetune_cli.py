@@ -1,0 +1,135 @@
+"""``train --init`` onto the data's own labels, through the command line, for the RT-DETR family and DETR.
+
+A Hugging Face D-FINE folder whose classes partly match the data's (by name, one by ``--class-map``),
+a folder whose classes match nothing, a peg_detr checkpoint of another label set, and the README's
+transfer case (``tools.transfer_case``: the kept classes keep the source's AP50, fresh ones start
+from zero).  Row-by-row equality of the rebuilt heads is ``test_relabel.py``'s.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from peg_core.engine import read_checkpoint
+from peg_detr.__main__ import main as cli
+from peg_detr.data import SyntheticSpec, make_synthetic_coco
+from peg_detr.model import load_model
+from tests.detr.test_dfine_cli import _tiny_dfine_folder
+
+RUN = ["--epochs", "1", "--workers", "0", "--no-progress", "--device", "cpu", "--lr", "1e-12", "--lr-backbone", "0",
+       "--val-size", "96", "--eval-sizes", "96"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    spec = SyntheticSpec(size=96, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5)
+    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=4, num_val=2, seed=1, spec=spec)
+
+
+def _folder(path, names):
+    """The tiny D-FINE folder (4 classes) with ``names`` as its ``id2label``."""
+    folder = _tiny_dfine_folder(path)
+    config = json.loads((folder / "config.json").read_text())
+    config["id2label"] = {str(i): n for i, n in enumerate(names)}
+    config["label2id"] = {n: i for i, n in enumerate(names)}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_folder_of_other_classes_starts_a_run_keeping_the_shared_ones(data, tmp_path, capsys):
+    folder = _folder(tmp_path / "hf", ["Disc", "ball", "dog", "Square"])
+    (tmp_path / "map.json").write_text(json.dumps({"triangle": "ball"}))
+    out = tmp_path / "run"
+    argv = ["train", "--config", "dfine_demo_tiny", "--data-root", str(data), "--output-dir", str(out), "--init",
+            str(folder), "--class-map", str(tmp_path / "map.json"), *RUN]  # fmt: skip
+    assert cli(argv) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "classes by name" in line]
+    assert said == [f"--init {folder}: kept 3 of 3 classes by name (square, disc, triangle <- ball); "
+                    "0 start fresh"]  # fmt: skip
+    ckpt = read_checkpoint(out / "checkpoint.pth", "detect")
+    kept = ckpt["meta"]["init_classes"]["kept"]
+    assert [(k["label"], k["start_label"]) for k in kept] == [(1, 3), (2, 0), (3, 1)]
+    # the model is the data's: 4 labels (ids 1..3, label 0 names no category), id2label given the data's names
+    assert ckpt["model_config"]["num_classes"] == 4
+    assert ckpt["model_config"]["hf_config"]["id2label"] == {
+        "0": "LABEL_0",
+        "1": "square",
+        "2": "disc",
+        "3": "triangle",
+    }
+    loaded = load_model(out / "checkpoint.pth")
+    assert loaded.model.num_classes == 4 and loaded.postprocess.named.tolist() == [False, True, True, True]
+    # predictions never name label 0 (an id without a category), even at threshold 0
+    image = sorted((data / "val2017").iterdir())[0]
+    assert cli(["predict", str(image), "--checkpoint", str(out / "checkpoint.pth"), "--threshold", "0",
+                "--output-dir", str(tmp_path / "pred"), "--json"]) == 0  # fmt: skip
+    found = json.loads((tmp_path / "pred" / "detections.json").read_text())[str(image)]
+    assert found and {d["label"] for d in found} <= {1, 2, 3}
+
+
+def test_a_folder_with_no_shared_name_trains_a_new_head(data, tmp_path, capsys):
+    folder = _folder(tmp_path / "hf", [f"LABEL_{i}" for i in range(4)])  # transformers' default names
+    argv = ["train", "--config", "dfine_demo_tiny", "--data-root", str(data), "--output-dir", str(tmp_path / "run"),
+            "--init", str(folder), "--labels", "contiguous", *RUN]  # fmt: skip
+    assert cli(argv) == 0
+    assert (
+        f"--init {folder}: kept 0 of 3 classes by name; 3 start fresh (square, disc, triangle)"
+        in capsys.readouterr().out
+    )
+    assert read_checkpoint(tmp_path / "run" / "checkpoint.pth", "detect")["model_config"]["num_classes"] == 3
+
+
+def test_a_class_map_naming_no_class_is_one_line_before_training(data, tmp_path, capsys):
+    folder = _folder(tmp_path / "hf", ["square", "disc", "triangle", "x"])
+    (tmp_path / "map.json").write_text(json.dumps({"circle": "disc"}))
+    argv = ["train", "--config", "dfine_demo_tiny", "--data-root", str(data), "--output-dir", str(tmp_path / "run"),
+            "--init", str(folder), "--class-map", str(tmp_path / "map.json"), *RUN]  # fmt: skip
+    capsys.readouterr()  # save_pretrained's progress lines
+    assert cli(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: class map entry 'circle': no category of the data has this name: {tmp_path / 'map.json'}"
+    ]
+    assert not (tmp_path / "run" / "checkpoint.pth").exists()
+
+
+def test_a_checkpoint_of_this_project_starts_a_run_of_another_arch_only_when_named(data, tmp_path, capsys):
+    """An RT-DETR checkpoint starts a new run (its architecture); a typed --arch of another family is refused."""
+    source = tmp_path / "source"
+    base = ["train", "--config", "rtdetr_demo_tiny", "--data-root", str(data), *RUN]
+    assert cli([*base, "--output-dir", str(source)]) == 0
+    start = read_checkpoint(source / "checkpoint.pth", "detect")["model"]
+    assert cli([*base, "--output-dir", str(tmp_path / "ft"), "--init", str(source / "checkpoint.pth")]) == 0
+    assert "kept 3 of 3 classes by name (square, disc, triangle)" in capsys.readouterr().out
+    tuned = read_checkpoint(tmp_path / "ft" / "checkpoint.pth", "detect")["model"]
+    # lr 1e-12 for one step: the start's weights, class rows included (label 0 names no category: fresh)
+    key = "model.decoder.class_embed.1.weight"
+    torch.testing.assert_close(tuned[key][1:], start[key][1:], rtol=0, atol=1e-6)
+    assert not torch.allclose(tuned[key][0], start[key][0])
+    bad = [
+        *base,
+        "--output-dir",
+        str(tmp_path / "bad"),
+        "--init",
+        str(source / "checkpoint.pth"),
+        "--arch",
+        "dfine",
+    ]
+    assert cli(bad) == 1
+    assert "the checkpoint holds a RT-DETR, not a D-FINE; use --arch rtdetr" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_transfer_case_keeps_the_source_level_and_fresh_names_start_from_zero(tmp_path):
+    """The README's measured case (``python -m tools.transfer_case``): ~50 s on two CPU cores."""
+    from tools.transfer_case import run_transfer_case
+
+    result = run_transfer_case(tmp_path)
+    assert result["source"]["ap50"] > 0.5
+    assert result["kept"]["ap50"] >= result["source"]["ap50"] - 0.03
+    assert result["fresh"]["ap50"] < 0.05
+    assert [k["start_name"] for k in result["kept"]["classes"]["kept"]] == ["disc", "triangle", "square"]
+    assert result["fresh"]["classes"]["kept"] == []
