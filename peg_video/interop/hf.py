@@ -206,6 +206,8 @@ def read_hf_video_config(folder: PathLike) -> dict[str, Any]:
     arch = architectures[0]
     classifier = isinstance(arch, str) and arch.endswith("ForVideoClassification")
     names = f.id2label() if classifier else None
+    if classifier and names is None:  # as transformers reads it: num_labels (default 2), named LABEL_i
+        names = [f"LABEL_{i}" for i in range(f.integer("num_labels", 2))]
     id2label = dict(enumerate(names or []))
     mean, std = _mean_std(folder)
     info = {
@@ -556,14 +558,20 @@ def _map_joint(kind: str) -> Callable[[dict[str, Tensor], LoadReport, bool], dic
     return mapper
 
 
-_EMBEDDINGS = "timesformer.embeddings."
+#: the embeddings of a classifier (``timesformer.``) and of a ``TimesformerModel`` (no prefix)
+_EMBEDDINGS = ("timesformer.embeddings.", "embeddings.")
 _TABLES = ("position_embeddings", "time_embeddings")
+
+
+def _embedding(key: str) -> str | None:
+    """A TimeSformer key below its embeddings (``cls_token``, ...), or None for any other key."""
+    return next((key.removeprefix(p) for p in _EMBEDDINGS if key.startswith(p)), None)
 
 
 def _map_timesformer(state: dict[str, Tensor], report: LoadReport, keep_table: bool) -> dict[str, Source]:
     """TimeSformer: the per-frame Conv2d as a ``(1, p, p)`` tubelet; the tables and the class token."""
-    out = _rename({k: v for k, v in state.items() if not k.startswith(_EMBEDDINGS)}, "timesformer", report)
-    emb = {k.removeprefix(_EMBEDDINGS): (k, v) for k, v in state.items() if k.startswith(_EMBEDDINGS)}
+    out = _rename({k: v for k, v in state.items() if _embedding(k) is None}, "timesformer", report)
+    emb = {short: (k, v) for k, v in state.items() if (short := _embedding(k)) is not None}
     named = {"patch_embeddings.projection.weight": "patch_embed.proj.weight",
              "patch_embeddings.projection.bias": "patch_embed.proj.bias", "cls_token": "cls_token"}  # fmt: skip
     for short, (key, value) in emb.items():
