@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ from peg_core.engine import (
     unit_fraction,
     unused_pos_flags,
 )
+from peg_core.engine.flag_checks import typed_options
 from peg_core.engine.predict_cli import (
     add_predict_args,
     check_predict_outputs,
@@ -70,6 +71,7 @@ from peg_core.registry import PosEncError, parse_pos_enc
 from .archs import ARCHS, arch_of
 from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, PUBLIC_MODELS
 from .data import LABEL_MODES, SHAPES
+from .data.dense_o2o import dense_o2o_without_effect
 from .evaluation import BACKENDS
 from .make_data import write_shapes_coco
 from .models import BACKBONES, DECODER_KEY_POS, DETR_ENCODINGS
@@ -437,14 +439,17 @@ _FOLDER_FIXED = (
 )  # fmt: skip
 
 
-def refuse_unused_model_flags(args: argparse.Namespace) -> None:
+def refuse_unused_model_flags(args: argparse.Namespace, typed: Mapping[str, str] | None = None) -> None:
     """Model flags the chosen configuration ignores: a :class:`UserError` when the command line gives one.
 
     The PEG group without a PEG in ``--pos-enc`` (DETR and RT-DETR), ``--peg-num-kernels`` without
     ``--peg-dynamic``, ``--pos-interpolation`` / ``--learned-grid`` without a learned table, and
     with ``--arch rtdetr --init FOLDER`` every model flag but ``--pos-enc`` (the folder's model is
-    built as its ``config.json`` says, while the run's arguments would record the flag).
-    ``args.cli_flags``: the destinations the command line set (:func:`parse_train_args`).
+    built as its ``config.json`` says, while the run's arguments would record the flag); DEIM's
+    mosaic / mixup flags that draw nothing in this run (:func:`~.data.dense_o2o.dense_o2o_without_effect`).
+    ``args.cli_flags``: the destinations the command line set (:func:`parse_train_args`); ``typed``:
+    the option string each was given as (:func:`~peg_core.engine.flag_checks.typed_options`), so the
+    refusal names ``--head-act``, not ``--mlp-activation``.
     """
     pos_enc = str(args.pos_enc)
     reasons: dict[str, str] = {}
@@ -472,7 +477,9 @@ def refuse_unused_model_flags(args: argparse.Namespace) -> None:
         )
     elif getattr(args, "lr_schedule", None) != "flatcosine":
         reasons |= dict.fromkeys(("flat_epochs", "lr_gamma"), "applies to --lr-schedule flatcosine only")
-    refuse_without_effect(args, args.cli_flags, reasons)
+    for dest, why in dense_o2o_without_effect(args).items():
+        reasons.setdefault(dest, why)
+    refuse_without_effect(args, args.cli_flags, reasons, typed)
 
 
 def _resolve_weights_args(args: argparse.Namespace) -> None:
@@ -516,7 +523,7 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
         except PosEncError as e:
             parser.error(f"argument --pos-enc: {e}")
     args.cli_flags = sorted(explicit_options(build_train_parser, argv))
-    refuse_unused_model_flags(args)
+    refuse_unused_model_flags(args, typed_options(build_train_parser, argv))
     return args
 
 

@@ -58,6 +58,7 @@ __all__ = [
     "MosaicDataset",
     "active_augmentations",
     "dense_o2o_from_args",
+    "dense_o2o_without_effect",
     "make_mosaic_transforms",
     "mixup_batch",
 ]
@@ -181,6 +182,42 @@ def dense_o2o_from_args(args: argparse.Namespace) -> DenseO2O | None:
         fields[name] = _window(value, f"--{name.replace('_', '-')}")
     dense = DenseO2O(**fields)
     return dense if dense.uses_mosaic or dense.uses_mixup else None
+
+
+def dense_o2o_without_effect(args: argparse.Namespace) -> dict[str, str]:
+    """The DEIM flags that would change nothing in this run -> why (for ``refuse_without_effect``).
+
+    * a probability above 0 whose epoch window holds none of the run's epochs ``0 .. epochs - 1``
+      (the default window is empty, so ``--mosaic-prob 1`` alone makes no mosaic): the window's
+      flag and the probability's, so whichever the command line gave is named;
+    * an epoch window given without a probability (0: nothing is ever drawn).
+
+    The recipe's own values are not refused (``refuse_without_effect`` names only flags the command
+    line gave).
+    """
+    epochs = int(getattr(args, "epochs", None) or 0)
+    reasons: dict[str, str] = {}
+    for aug, what in (("mosaic", "mosaic"), ("mixup", "mixed batch")):
+        prob, window = f"{aug}_prob", f"{aug}_epochs"
+        value = getattr(args, window, None)
+        if value is None:
+            start, end = 0, 0
+        elif isinstance(value, int | float):
+            start, end = 0, int(value)
+        else:
+            start, end = (0, int(value[0])) if len(value) == 1 else (int(value[0]), int(value[1]))
+        if float(getattr(args, prob, None) or 0.0) > 0:
+            if min(end, epochs) <= start:  # no epoch of [0, epochs) is in [start, end)
+                where = (
+                    f"its epoch window --{aug}-epochs is empty ({start},{end})"
+                    if end <= start
+                    else f"its epoch window --{aug}-epochs {start},{end} holds none of the run's epochs 0..{epochs - 1}"
+                )
+                why = f"makes no {what} in this run: {where}; give --{aug}-epochs START,END with START < END, START < {epochs} (--epochs)"
+                reasons[window] = reasons[prob] = why
+        else:
+            reasons[window] = f"has no effect without --{aug}-prob (no {what} is drawn at probability 0)"
+    return reasons
 
 
 # -------------------------------------------------------------------------------------------- mosaic

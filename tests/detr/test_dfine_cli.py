@@ -305,6 +305,44 @@ def test_deimv2_trains_evaluates_and_exports(data, tmp_path, capsys):
     torch.testing.assert_close(torch.from_numpy(boxes), want["pred_boxes"], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize(
+    ("flags", "said", "typed"),
+    [
+        (["--config", "dfine_demo_tiny", "--mosaic-prob", "1"], "makes no mosaic in this run: its epoch window "
+         "--mosaic-epochs is empty (0,0)", "--mosaic-prob 1.0"),
+        (["--config", "dfine_demo_tiny", "--mixup-prob", "1"], "makes no mixed batch in this run: its epoch window "
+         "--mixup-epochs is empty (0,0)", "--mixup-prob 1.0"),
+        (["--config", "dfine_demo_tiny", "--mosaic-epochs", "0,1"], "has no effect without --mosaic-prob",
+         "--mosaic-epochs 0,1"),
+        (["--config", "dfine_demo_tiny", "--mixup-prob", "0", "--mixup-epochs", "3"], "has no effect without "
+         "--mixup-prob", "--mixup-epochs 0,3"),
+        (["--config", "dfine_demo_tiny", "--epochs", "3", "--mosaic-prob", "0.5", "--mosaic-epochs", "3,9"],
+         "its epoch window --mosaic-epochs 3,9 holds none of the run's epochs 0..2", "--mosaic-epochs 3,9"),
+        (["--config", "deim_dfine_s", "--epochs", "2", "--mosaic-prob", "0.5"], "holds none of the run's epochs 0..1",
+         "--mosaic-prob 0.5"),  # the recipe's window 4,64 in a 2-epoch run
+        (["--config", "rtdetr_demo_tiny", "--head-act", "silu"], "applies to --arch dfine only", "--head-act silu"),
+        (["--config", "rtdetr_demo_tiny", "--decoder-act", "gelu"], "applies to --arch dfine only",
+         "--decoder-act gelu"),
+    ],
+)  # fmt: skip
+def test_deim_flags_that_change_nothing_are_refused_as_typed(flags, said, typed):
+    with pytest.raises(UserError) as e:
+        parse_train_args(["--data-root", "x", *flags])
+    line = e.value.line()
+    assert said in line and line.endswith(f": {typed}"), line
+
+
+def test_deim_flags_that_draw_something_are_taken():
+    for flags in (
+        ["--config", "dfine_demo_tiny", "--epochs", "2", "--mosaic-prob", "1", "--mosaic-epochs", "1,5"],
+        ["--config", "dfine_demo_tiny", "--mixup-prob", "0.5", "--mixup-epochs", "1"],
+        ["--config", "deim_dfine_s"],  # the recipe's own window: not the command line's
+        ["--config", "deim_dfine_s", "--mosaic-prob", "0"],  # the recipe's mosaic turned off
+        ["--config", "deim_dfine_s", "--mixup-epochs", "4,20"],  # the recipe's probability, another window
+    ):
+        parse_train_args(["--data-root", "x", *flags])
+
+
 def test_deim_trains_with_dense_one_to_one_matching(data, tmp_path):
     """DEIM's training on D-FINE: mosaic and mixup in the first epoch, MAL, SiLU, the flat-cosine lr."""
     out = tmp_path / "deim"
