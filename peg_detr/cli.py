@@ -1,7 +1,9 @@
 """The command line of ``python -m peg_detr``: every verb's parser and the command functions.
 
-* ``make-data OUT``: the synthetic shapes set in COCO layout (:mod:`peg_detr.make_data`).
-* ``train``: train on a COCO-format set (works under ``torchrun``); returns the run report.
+* ``make-data OUT``: the synthetic shapes set in COCO layout, or ``--layout roboflow|yolo``
+  (:mod:`peg_detr.make_data`).
+* ``train``: train on a COCO, Roboflow COCO or YOLO set (:mod:`peg_detr.data.layouts`; works under
+  ``torchrun``); returns the run report.
 * ``eval --checkpoint CKPT``: COCO box AP of a checkpoint, at one or several ``--eval-sizes``.
 * ``predict IMAGE... --checkpoint CKPT``: draw detections on image files (:mod:`peg_detr.predict`).
 * ``export`` / ``export-hf``: ONNX graph / Hugging Face DETR or RT-DETR folder (:mod:`peg_detr.export`).
@@ -73,7 +75,7 @@ from .configs import CONFIGS, DEFAULTS, DESCRIPTIONS, PUBLIC_MODELS
 from .data import LABEL_MODES, SHAPES
 from .data.dense_o2o import dense_o2o_without_effect
 from .evaluation import BACKENDS
-from .make_data import write_shapes_coco
+from .make_data import MAKE_DATA_LAYOUTS, write_shapes
 from .models import BACKBONES, DECODER_KEY_POS, DETR_ENCODINGS
 from .models.dfine.build import CLS_LOSSES
 from .models.rtdetr.decoder import ACTIVATIONS
@@ -103,6 +105,11 @@ SUMMARY = Summary(("ap", "ap50"), size_key="size")
 
 _TRAIN_DOC = """Train DETR (PEG / sine / learned / none) on a COCO-format data set.
 
+``--data-root`` is detected as COCO's own layout (``train2017/``, ``val2017/``, ``annotations/``), a
+Roboflow COCO export (``train/``, ``valid/`` with ``_annotations.coco.json``) or an ultralytics YOLO set
+(``data.yaml``), said in one line; ``--train-ann FILE --train-images DIR`` (and ``--val-ann`` /
+``--val-images``) give any other COCO json and its image folder.
+
 Single process::
 
     python -m peg_detr train --data-root /data/coco --config cpvt_peg_50ep --output-dir runs/peg
@@ -125,9 +132,9 @@ _EVAL_DOC = """Evaluate a DETR training checkpoint (COCO box AP), at one or seve
 
     python -m peg_detr eval --checkpoint runs/peg/checkpoint.pth --data-root /data/coco --eval-sizes 512,800,1024
 
-The model is rebuilt from the checkpoint; ``--data-root``, ``--val-json`` and
-``--val-size`` default to the training run's.  ``OUTPUT_DIR/report.json`` (``eval/``
-beside the checkpoint by default) holds ``eval.ap`` / ``eval.ap50`` at
+The model is rebuilt from the checkpoint; ``--data-root`` (its layout detected again), ``--val-json``,
+``--val-ann`` / ``--val-images`` and ``--val-size`` default to the training run's.
+``OUTPUT_DIR/report.json`` (``eval/`` beside the checkpoint by default) holds ``eval.ap`` / ``eval.ap50`` at
 ``--val-size``, ``eval.sizes`` (the 12 COCO numbers per size) and the images
 that could not be read (left out of the evaluation, listed under ``broken``).
 Works under ``torchrun`` (the images are split over the processes).
@@ -189,11 +196,19 @@ def _add_val_args(p: argparse.ArgumentParser, *, required: bool) -> None:
     # not argparse's required=True, which would refuse the hidden --coco-path: parse_train_args checks
     add_data_root_arg(
         g,
-        help="folder with train2017/, val2017/, annotations/"
-        + (" (required)" if required else " (default: the run's)"),
+        help="the data set: a COCO layout (train2017/, val2017/, annotations/), a Roboflow COCO export "
+        "(train/, valid/) or a YOLO set (data.yaml, or the yaml itself); detected"
+        + (" (required unless --train-ann and --val-ann)" if required else " (default: the run's)"),
         aliases=["--coco-path"],
     )
-    g.add_argument("--val-json", help="validation json (default annotations/instances_val2017.json)")
+    g.add_argument(
+        "--val-json", help="COCO layout: validation json (default annotations/instances_val2017.json)"
+    )
+    g.add_argument(
+        "--val-ann",
+        help="validation split as a COCO json FILE, with --val-images (any layout; overrides --data-root's)",
+    )
+    g.add_argument("--val-images", help="the folder of --val-ann's images (its file_name entries)")
     g.add_argument("--val-size", type=image_side, help="short side at evaluation (headline numbers)")
     g.add_argument(
         "--eval-sizes",
@@ -211,7 +226,14 @@ def _add_val_args(p: argparse.ArgumentParser, *, required: bool) -> None:
 def _add_train_data_args(p: argparse.ArgumentParser) -> None:
     """The training split, its augmentation and the batch over all processes."""
     g = p.add_argument_group("training data")
-    g.add_argument("--train-json", help="training json (default annotations/instances_train2017.json)")
+    g.add_argument(
+        "--train-json", help="COCO layout: training json (default annotations/instances_train2017.json)"
+    )
+    g.add_argument(
+        "--train-ann",
+        help="training split as a COCO json FILE, with --train-images (any layout; overrides --data-root's)",
+    )
+    g.add_argument("--train-images", help="the folder of --train-ann's images (its file_name entries)")
     g.add_argument(
         "--labels",
         choices=LABEL_MODES,
@@ -376,6 +398,13 @@ def _add_rtdetr_args(p: argparse.ArgumentParser) -> None:
 def build_make_data_parser() -> argparse.ArgumentParser:
     p = new_parser("python -m peg_detr make-data", "synthetic COCO-format shapes")
     p.add_argument("out", type=Path)
+    p.add_argument(
+        "--layout",
+        choices=MAKE_DATA_LAYOUTS,
+        default="coco",
+        help="coco (train2017/, val2017/, annotations/), roboflow (a Roboflow COCO export: train/, valid/) "
+        "or yolo (data.yaml, images/, labels/)",
+    )
     add_make_data_counts(p, num_train=512, num_val=128, aliases=[("--train", "--val")])
     p.add_argument("--size", type=_int_in(16, 4096), default=160, help="image side in pixels (16..4096)")
     p.add_argument(
@@ -514,7 +543,7 @@ def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
     if arch.recipe_defaults and not pre.config:  # e.g. RT-DETR's defaults (R50vd 6x), not DETR's
         parser.set_defaults(**arch.recipe_defaults)
     args = parse_with_config(parser, argv, CONFIGS)
-    if args.data_root is None:
+    if args.data_root is None and not (args.train_ann and args.val_ann):
         parser.error("the following arguments are required: --data-root")
     _resolve_weights_args(args)
     if args.pos_enc is not None and arch_of(args).family != "detr":
@@ -541,13 +570,20 @@ def make_data(argv: list[str] | None = None) -> int:
     if a.min_objects > a.max_objects:
         p.error(f"--min-objects {a.min_objects} is more than --max-objects {a.max_objects}")
     ensure_writable(a.out)
-    out = write_shapes_coco(
-        a.out, a.num_train, a.num_val, size=a.size, num_classes=a.num_classes,
+    out = write_shapes(
+        a.out, a.num_train, a.num_val, layout=a.layout, size=a.size, num_classes=a.num_classes,
         min_objects=a.min_objects, max_objects=a.max_objects, seed=a.seed,
     )  # fmt: skip
-    counts = {"command": "make-data", "train": a.num_train, "val": a.num_val, "out": str(out)}
+    counts = {
+        "command": "make-data",
+        "train": a.num_train,
+        "val": a.num_val,
+        "out": str(out),
+        "layout": a.layout,
+    }
+    layout = {"coco": "COCO layout", "roboflow": "Roboflow COCO export", "yolo": "YOLO set"}[a.layout]
     line = done_line(
-        "make-data", f"{a.num_train} train and {a.num_val} val images, {a.size} px, COCO layout", out
+        "make-data", f"{a.num_train} train and {a.num_val} val images, {a.size} px, {layout}", out
     )
     print_closing(line, counts, a.json)
     return 0

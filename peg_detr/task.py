@@ -740,9 +740,7 @@ class DetectTask:
         )
 
     def setup_eval(self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any]) -> EvalParts:
-        data = layout_from_args(_eval_data_flags(args, run_args(ckpt)), ("val",))
-        val_split = data.split("val")
-        ctx.print(data.describe())
+        flags = _eval_data_flags(args, run_args(ckpt))  # where the data is: the flags', else the run's
         label_map = recorded_label_map(ckpt, getattr(args, "labels", None), args.checkpoint)
         mode = getattr(args, "pos_interpolation", None)
         pos_enc = (ckpt.get("model_config") or {}).get("pos_enc")
@@ -752,6 +750,9 @@ class DetectTask:
         loaded = load_model(ckpt, args.checkpoint, pos_interpolation=mode)
         model, postprocessor, meta = loaded.model, loaded.postprocess, loaded.meta
         val_size = args.val_size or int(meta.get("val_size") or 800)
+        data = layout_from_args(flags, ("val",))  # the recorded --data-root's layout, detected again
+        val_split = data.split("val")
+        ctx.print(data.describe())
         val = ValSets(
             val_split, args.eval_sizes or [val_size], val_size,
             getattr(args, "coco_eval_backend", "faster"), loaded.config.get("arch", "detr"), label_map,
