@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULTS",
     "DESCRIPTIONS",
     "DFINE_DEFAULTS",
+    "FINETUNE_CONFIGS",
     "PUBLIC_MODELS",
     "PUBLISHED_AP",
     "RTDETR_DEFAULTS",
@@ -313,6 +314,30 @@ del _size, _backbone, _pos, _queries
 #: ``train --arch deimv2`` without ``--config``: DEIMv2-S's recipe
 DEIMV2_DEFAULTS: dict[str, Any] = {k: v for k, v in _DEIMV2_S.items() if k != "arch"}
 
+
+# Fine-tuning a pretrained detector on a small set of your own (--init FOLDER / hub id / checkpoint):
+# each family's COCO recipe, shorter, at half its learning rates, with a short warm-up and EMA warm-up
+# for a few hundred steps, and (RT-DETR family) the last epochs without the strong augmentation.
+# Modelled on how the references fine-tune, not a published recipe: facebookresearch/detr #9 (start
+# from the COCO weights, keep the lrs, tens of epochs), Peterande/D-FINE's configs/dfine/custom (the
+# recipe's lrs, "72 + 2n" epochs, the last ones unaugmented), RT-DETR's and DEIM's own fine-tunes
+# from Objects365 (short schedules at the same or lower lr).  Batch 8: small sets, one or two GPUs.
+def _finetune(recipe: dict[str, Any], epochs: int, no_aug: int, **extra: Any) -> dict[str, Any]:
+    tuned = {**recipe, "epochs": epochs, "lr": recipe["lr"] / 2, "lr_backbone": recipe["lr_backbone"] / 2,
+             "total_batch_size": 8, **extra}  # fmt: skip
+    if recipe.get("arch", "detr") != "detr":
+        tuned.update(no_aug_epochs=no_aug, warmup_steps=200, ema_warmups=200)
+    return tuned
+
+
+FINETUNE_CONFIGS: dict[str, dict[str, Any]] = {
+    "detr_finetune": _finetune(CONFIGS["detr_r50_500ep"], 50, 0, lr_drop=40),
+    "rtdetr_finetune": _finetune(_RTDETR_R50VD, 36, 4),
+    "dfine_finetune": _finetune(_DFINE_RECIPES["l"], 40, 4),
+    "deimv2_finetune": _finetune(_DEIMV2_S, 40, 4, flat_epochs=20),
+}
+CONFIGS.update(FINETUNE_CONFIGS)
+
 #: ``train --arch rtdetr`` without ``--config``: the R50vd 6x recipe's values instead of DETR's
 RTDETR_DEFAULTS: dict[str, Any] = {k: v for k, v in _RTDETR_R50VD.items() if k != "arch"}
 
@@ -341,6 +366,10 @@ DESCRIPTIONS: dict[str, str] = {
                                                                 (42.8, 48.5, 52.3, 54.0, 55.8))},
     **{f"dfine_{s}_peg": f"dfine_{s} with a PEG in AIFI instead of the sin-cos table (any input size)" for s in _DFINE_RECIPES},
     "dfine_demo_tiny": "D-FINE with a tiny backbone and a PEG for the synthetic shapes: seconds on a CPU",
+    "detr_finetune": "fine-tune a DETR-R50 (--init) on your data: 50 epochs, half the lrs, lr drop at 40, batch 8",
+    "rtdetr_finetune": "fine-tune an RT-DETR-R50vd (--init) on your data: 36 epochs (last 4 plain), half the lrs, batch 8",
+    "dfine_finetune": "fine-tune a D-FINE-L (--init) on your data: 40 epochs (last 4 plain), half the lrs, batch 8",
+    "deimv2_finetune": "fine-tune a DEIMv2-S (--init) on your data: 40 epochs (last 4 plain), half the lrs, batch 8",
     "deimv2_demo_tiny": "DEIMv2 with a 4-block DINOv3 ViT and a PEG for the synthetic shapes: a minute on a CPU",
     **{f"deim_dfine_{s}": f"DEIM-D-FINE-{s.upper()}: D-FINE-{s.upper()} trained with dense one-to-one matching and "
        f"MAL, {r['epochs']} epochs, flat-cosine lr ({ap} COCO AP)" for (s, r), ap in zip(_DEIM_RECIPES.items(),

@@ -1,4 +1,4 @@
-"""The DETR part of ``make demo``: a tiny DETR-PEG and a tiny RT-DETR-PEG trained on the synthetic shapes on a CPU.
+"""The detection part of ``make demo``: a tiny DETR-PEG, RT-DETR-PEG, D-FINE-PEG and DEIMv2-PEG on the synthetic shapes.
 
 ``run_demo(out_dir)`` writes the synthetic set under ``out_dir/data`` (kept
 for the next run), trains the ``demo_tiny`` recipe through the same
@@ -17,7 +17,9 @@ data: one epoch (256 steps of batch 4) at 80 px with the plain augmentation (fli
 table (``python -m tools.demo_spread``).  Why the plain augmentation: with RT-DETR's strong one
 (photometric distortion, zoom-out, IoU crop) and multi-scale, one epoch is a coin flip (2026-12-03,
 AVX-512 / AVX2 kernels, seeds 0-2: AP50 0.02-0.44); with the plain one, seeds 0 / 1 / 2 gave
-AP50 0.653 / 0.709 / 0.680 in the same 30-40 s.
+AP50 0.653 / 0.709 / 0.680 in the same 30-40 s.  D-FINE-PEG (``dfine_demo_tiny``) and DEIMv2-PEG
+(``deimv2_demo_tiny``: a 4-block, 32-wide DINOv3 ViT) train the same way (2026-12-05, seed 0: AP50
+0.715 and 0.468 at 80 px, 40-50 s each).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from peg_core.jsonfile import JsonError, read_json
 from .cli import train
 from .data import SyntheticSpec, make_synthetic_coco
 
-__all__ = ["DEMO_DATA", "make_demo_data", "run_demo", "run_rtdetr_demo"]
+__all__ = ["DEMO_DATA", "FAMILY_DEMOS", "make_demo_data", "run_demo", "run_family_demo", "run_rtdetr_demo"]
 
 # (train images, val images, spec): the full demo and the seconds-long smoke run.
 DEMO_DATA: dict[bool, tuple[int, int, SyntheticSpec]] = {
@@ -99,11 +101,12 @@ def _train(
 
 
 def run_demo(out_dir: Path, quick: bool = False, seed: int = 0) -> dict[str, Any]:
-    """Train and evaluate the demo DETR-PEG, then the RT-DETR-PEG on the same data.
+    """Train and evaluate the demo DETR-PEG, then RT-DETR-PEG, D-FINE-PEG and DEIMv2-PEG on the same data.
 
     Returns DETR's ``ap``, ``ap50``, ``ap_by_size``, ``ap50_by_size``, ``final_loss``, ``size`` (the
     headline's input size), ``seconds``
-    (data generation included) and ``rtdetr``: the same keys for :func:`run_rtdetr_demo`.
+    (data generation included) and ``rtdetr`` / ``dfine`` / ``deimv2``: the same keys for each of
+    :data:`FAMILY_DEMOS` (:func:`run_family_demo`).
     ``quick`` shrinks data and training to seconds (a smoke run for tests; its numbers mean nothing).
     ``seed`` is both runs' ``--seed`` (initialisation, data order, augmentation); the data are the same.
     """
@@ -115,19 +118,36 @@ def run_demo(out_dir: Path, quick: bool = False, seed: int = 0) -> dict[str, Any
     flags = ["--seed", str(seed), *(["--epochs", "1", "--train-sizes", "48"] if quick else [])]
     summary = _train("DETR-PEG", "demo_tiny", data, out_dir / "train", size, eval_sizes, flags)
     summary["seconds"] = round(time.time() - t0, 1)
-    summary["rtdetr"] = run_rtdetr_demo(out_dir, data, quick, seed)
+    for key in FAMILY_DEMOS:  # RT-DETR-PEG, D-FINE-PEG, DEIMv2-PEG on the same data
+        summary[key] = run_family_demo(key, out_dir, data, quick, seed)
     return summary
 
 
-def run_rtdetr_demo(out_dir: Path, data: Path, quick: bool = False, seed: int = 0) -> dict[str, Any]:
-    """RT-DETR-PEG (``rtdetr_demo_tiny``) on the demo data in ``out_dir/rtdetr``: the keys of :func:`run_demo`.
+#: the RT-DETR family's lines of the detect part, each on the DETR line's data: summary key -> (name, recipe)
+FAMILY_DEMOS: dict[str, tuple[str, str]] = {
+    "rtdetr": ("RT-DETR-PEG", "rtdetr_demo_tiny"),
+    "dfine": ("D-FINE-PEG", "dfine_demo_tiny"),
+    "deimv2": ("DEIMv2-PEG", "deimv2_demo_tiny"),
+}
+
+
+def run_family_demo(
+    key: str, out_dir: Path, data: Path, quick: bool = False, seed: int = 0
+) -> dict[str, Any]:
+    """One of :data:`FAMILY_DEMOS` on the demo data in ``out_dir/<key>``: the keys of :func:`run_demo`.
 
     The recipe as it is (one epoch at the data's size with RT-DETRv2's plain augmentation: its
     ``stop_epoch`` policy from the first epoch, flip and resize, one size, lr 1e-3), which learns the
     shapes in one epoch on every seed and CPU path, where the strong augmentation does not;
-    evaluated at 0.75x, 1x, 1.5x and 2x with the same (EMA) weights.
+    evaluated at 0.75x, 1x, 1.5x and 2x with the same (EMA) weights.  The README's quick-starts are
+    these commands (``tests/docs`` checks that they are).
     """
+    name, recipe = FAMILY_DEMOS[key]
     size = DEMO_DATA[quick][2].size
     eval_sizes = [size * 3 // 4, size, size * 3 // 2, size * 2]  # 60, 80, 120, 160
-    flags = ["--seed", str(seed)]
-    return _train("RT-DETR-PEG", "rtdetr_demo_tiny", data, out_dir / "rtdetr", size, eval_sizes, flags)
+    return _train(name, recipe, data, out_dir / key, size, eval_sizes, ["--seed", str(seed)])
+
+
+def run_rtdetr_demo(out_dir: Path, data: Path, quick: bool = False, seed: int = 0) -> dict[str, Any]:
+    """RT-DETR-PEG's line (:func:`run_family_demo` of ``rtdetr``)."""
+    return run_family_demo("rtdetr", out_dir, data, quick, seed)

@@ -1,7 +1,8 @@
 """`make demo`: the main job on the embedded (generated) data, no downloads.
 
 Runs each part in turn: the CPVT classifier (peg_core), DETR-PEG and then
-RT-DETR-PEG on synthetic COCO (peg_detr; the latter under ``detect.rtdetr``) and
+RT-DETR-PEG, D-FINE-PEG and DEIMv2-PEG on synthetic COCO (peg_detr; under ``detect.rtdetr``,
+``detect.dfine``, ``detect.deimv2``) and
 the PEG video transformer on synthetic Kinetics (peg_video).  Prints the headline numbers last and writes them to
 ``runs/demo/summary.json`` (one object per part plus total seconds).
 
@@ -25,6 +26,8 @@ PARTS = {
     "detect": ("peg_detr.demo", "run_demo"),
     "video": ("peg_video.demo", "run_demo"),
 }
+#: the detect part's lines after DETR's (peg_detr.demo.FAMILY_DEMOS): summary key -> name
+FAMILY_LINES = {"rtdetr": "RT-DETR-PEG", "dfine": "D-FINE-PEG", "deimv2": "DEIMv2-PEG"}
 HEADLINE = {
     "classify": ("top1",),
     "detect": ("ap", "ap50"),
@@ -67,10 +70,11 @@ def main(argv: list[str] | None = None) -> dict:
     for name in parts:
         nums = ", ".join(f"{k}={_fmt(summary[name].get(k))}" for k in HEADLINE[name])
         print(f"{name:9s} {nums}  ({summary[name]['seconds']} s)")
-        rtdetr = summary[name].get("rtdetr") if name == "detect" else None
-        if isinstance(rtdetr, dict):  # the RT-DETR-PEG line runs inside the detect part, on its data
-            nums = ", ".join(f"{k}={_fmt(rtdetr.get(k))}" for k in HEADLINE[name])
-            print(f"  rtdetr  {nums}  ({rtdetr['seconds']} s, RT-DETR-PEG)")
+        for key in FAMILY_LINES if name == "detect" else ():  # inside the detect part, on its data
+            line = summary[name].get(key)
+            if isinstance(line, dict):
+                nums = ", ".join(f"{k}={_fmt(line.get(k))}" for k in HEADLINE[name])
+                print(f"  {key:7s} {nums}  ({line['seconds']} s, {FAMILY_LINES[key]})")
     print(f"total     {summary['seconds']} s")
     return summary
 

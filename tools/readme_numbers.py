@@ -76,6 +76,14 @@ def _other_sizes(part: str, by_size: Mapping[str, float], skip: int, label: str 
     return {(part, f"{s} px{label}"): float(v) for s, v in by_size.items() if int(s) != skip}
 
 
+#: the RT-DETR family's lines of the demo's detect part (``tools.demo.FAMILY_LINES``) -> the model column
+FAMILY_ROWS = {
+    "rtdetr": "RT-DETR-PEG (tiny backbone, PEG in AIFI)",
+    "dfine": "D-FINE-PEG (tiny backbone, PEG in AIFI)",
+    "deimv2": "DEIMv2-PEG (4-block DINOv3 ViT, PEG in AIFI)",
+}
+
+
 def metrics(summary: Mapping[str, Any]) -> dict[Key, float]:
     """Every metric the table quotes, ``{(row, label): value}`` in the table's order, at full precision."""
     c, d, v = summary["classify"], summary["detect"], summary["video"]
@@ -83,10 +91,11 @@ def metrics(summary: Mapping[str, Any]) -> dict[Key, float]:
     out = {("classify", "top-1"): float(c["top1"]), **_other_sizes("classify", c["top1_by_size"], size)}
     out |= {("detect", "AP"): float(d["ap"]), ("detect", "AP50"): float(d["ap50"])}
     out |= _other_sizes("detect", d["ap50_by_size"], _headline_size(d), " AP50")
-    r = d.get("rtdetr")
-    if r is not None:  # the RT-DETR-PEG line of the detect part (an older summary has none)
-        out |= {("detect-rtdetr", "AP"): float(r["ap"]), ("detect-rtdetr", "AP50"): float(r["ap50"])}
-        out |= _other_sizes("detect-rtdetr", r["ap50_by_size"], int(r["size"]), " AP50")
+    for key in FAMILY_ROWS:  # the RT-DETR family's lines of the detect part (an older summary lacks some)
+        r, part = d.get(key), f"detect-{key}"
+        if r is not None:
+            out |= {(part, "AP"): float(r["ap"]), (part, "AP50"): float(r["ap50"])}
+            out |= _other_sizes(part, r["ap50_by_size"], int(r["size"]), " AP50")
     out |= {("video", "top-1"): float(v["top1"]), ("video", "top-5"): float(v["top5"]),
             ("video", "top-1 at 12 frames"): float(v["top1_long_clip"])}  # fmt: skip
     return out
@@ -178,12 +187,12 @@ def render_table(summaries: Mapping[str, Any] | Sequence[Mapping[str, Any]], pre
         row("detect", f"DETR-PEG (tiny backbone), synthetic COCO, {_headline_size(d)} px",
             lambda s: s["detect"]["seconds"]),
     ]  # fmt: skip
-    if ("detect-rtdetr", "AP") in quoted:
-        rows.append(row(
-            "detect-rtdetr",
-            f"RT-DETR-PEG (tiny backbone, PEG in AIFI), same data, trained at {int(d['rtdetr']['size'])} px",
-            lambda s: s["detect"]["rtdetr"]["seconds"],
-        ))  # fmt: skip
+    for key, model in FAMILY_ROWS.items():
+        if (f"detect-{key}", "AP") in quoted:
+            rows.append(row(
+                f"detect-{key}", f"{model}, same data, trained at {int(d[key]['size'])} px",
+                lambda s, key=key: s["detect"][key]["seconds"],
+            ))  # fmt: skip
     v = first["video"]
     skipped = max(int(s["video"]["skipped"]) for s in runs)
     rows.append(row("video", "PEG3d ViT, synthetic Kinetics, 8 frames", lambda s: s["video"]["seconds"],

@@ -244,7 +244,7 @@ def test_init_garbage_and_refused(data, tmp_path, capsys):
     garbage.write_bytes(b"not a torch file at all")
     code, err = run(_train(data, tmp_path / "out", "--init", str(garbage)), capsys)
     assert code == 1 and len(err) == 1
-    assert err[0].startswith("error: pretrained checkpoint is truncated or not a torch file")
+    assert err[0].startswith("error: --init checkpoint is truncated or not a torch file")
     assert err[0].endswith(f": {garbage}")
     evil = tmp_path / "evil.pth"
     torch.save({"model": {"w": torch.zeros(1)}, "x": Evil()}, evil)

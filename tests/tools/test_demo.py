@@ -50,19 +50,29 @@ def test_demo_quick_writes_summary(default_run) -> None:
     # top-5 can never be below top-1; AP50 never below AP.
     assert summary["video"]["top5"] >= summary["video"]["top1"]
     assert summary["detect"]["ap50"] >= summary["detect"]["ap"]
-    # The detect part's RT-DETR-PEG line: evaluated at 0.75x, 1x, 1.5x and 2x of its 48 px training size.
-    rtdetr = summary["detect"]["rtdetr"]
-    assert 0.0 <= rtdetr["ap"] <= rtdetr["ap50"] <= 1.0 and rtdetr["size"] == 48
-    assert (
-        list(rtdetr["ap50_by_size"]) == ["36", "48", "72", "96"]
-        and rtdetr["ap50"] == rtdetr["ap50_by_size"]["48"]
-    )
+    # The detect part's RT-DETR-PEG, D-FINE-PEG and DEIMv2-PEG lines: evaluated at 0.75x, 1x, 1.5x and 2x
+    # of their 48 px training size.
+    for key in ("rtdetr", "dfine", "deimv2"):
+        line = summary["detect"][key]
+        assert 0.0 <= line["ap"] <= line["ap50"] <= 1.0 and line["size"] == 48, key
+        assert (
+            list(line["ap50_by_size"]) == ["36", "48", "72", "96"]
+            and line["ap50"] == line["ap50_by_size"]["48"]
+        )
     # The classifier is evaluated at 0.75x..2x its training size with the same weights.
     assert len(summary["classify"]["top1_by_size"]) == 4
 
-    # The headline numbers are printed last, one line per part (detect's RT-DETR-PEG line under it), then the total.
-    tail = proc.stdout.rstrip().splitlines()[-5:]
-    assert [line.split()[0] for line in tail] == ["classify", "detect", "rtdetr", "video", "total"]
+    # The headline numbers are printed last, one line per part (detect's RT-DETR family lines under it), then the total.
+    tail = proc.stdout.rstrip().splitlines()[-7:]
+    assert [line.split()[0] for line in tail] == [
+        "classify",
+        "detect",
+        "rtdetr",
+        "dfine",
+        "deimv2",
+        "video",
+        "total",
+    ]
 
 
 @pytest.mark.slow
