@@ -21,7 +21,9 @@ size and nesting limits) and
   ground truth, the dataset raises :class:`~peg_core.engine.BrokenSample` for it (skipped,
   counted, listed in ``report.json``) and it is not among the evaluated images;
 * fills the keys ``COCOeval`` needs and files often lack (``iscrowd`` 0,
-  ``area`` = box area, ``id``).
+  ``area`` = box area, ``id``), and shifts the annotation ids of a file that uses id 0 (Roboflow's
+  exports number from 0) so that they start at 1: ``COCOeval`` records a match by the ground truth's
+  id, so a detection matched to annotation 0 would count as a false positive.
 
 :func:`box_outside_image` is the box check, which the dataset repeats with the decoded image's size.
 """
@@ -198,7 +200,9 @@ def _annotations(
             if a["id"] in used_ids:
                 raise CocoAnnotationError(f"annotation id {a['id']} is listed twice in 'annotations'", path)
             used_ids.add(a["id"])
-    next_id = max(used_ids, default=0) + 1
+    # COCOeval stores a match as the ground truth's id, 0 meaning "no match": id 0 must not be used
+    shift = 1 - min(used_ids) if 0 in used_ids else 0
+    next_id = max(used_ids, default=0) + 1 + shift
     kept = []
     for i, a in enumerate(anns):
         if not isinstance(a, dict):
@@ -220,6 +224,8 @@ def _annotations(
         a = dict(a)
         if not _is_int(a.get("id")):
             a["id"], next_id = next_id, next_id + 1
+        else:
+            a["id"] += shift
         a.setdefault("iscrowd", 0)
         a.setdefault("area", float(a["bbox"][2] * a["bbox"][3]))
         kept.append(a)

@@ -695,8 +695,9 @@ def write_layout(
     """Re-export a COCO-layout set (``train2017/``, ``val2017/``, ``annotations/``) as ``layout``; returns ``out``.
 
     * ``roboflow``: ``out/{train,valid}/`` with the images and ``_annotations.coco.json``: the same
-      images, ids and annotations, the categories under a filler category 0 named ``name`` (default:
-      ``coco_root``'s folder name; supercategory ``none``), as Roboflow exports them.
+      images and annotations, numbered from 0 in the same order, and the categories under a filler
+      category 0 named ``name`` (default: ``coco_root``'s folder name; supercategory ``none``), as
+      Roboflow exports them.
     * ``yolo``: ``out/images/{train,val}/``, ``out/labels/{train,val}/*.txt`` and ``out/data.yaml``;
       class index ``k`` is the ``k``-th category by id (``names`` in that order, as a YOLO set has
       them), rows written at full float precision.  Images without annotations get no label file.
@@ -731,6 +732,12 @@ def _write_roboflow_split(doc: dict[str, Any], img_dir: Path, folder: Path, set_
         raise ValueError("the COCO set already has a category 0; Roboflow's filler takes that id")
     cats = [{**c, "supercategory": set_name} for c in doc["categories"]]
     doc["categories"] = [{"id": 0, "name": set_name, "supercategory": "none"}, *cats]
+    # Roboflow numbers images and annotations from 0 (in the same order)
+    image_ids = {i: k for k, i in enumerate(sorted(im["id"] for im in doc["images"]))}
+    for im in doc["images"]:
+        im["id"] = image_ids[im["id"]]
+    for k, a in enumerate(doc.get("annotations", [])):
+        a["id"], a["image_id"] = k, image_ids[a["image_id"]]
     (folder / ROBOFLOW_JSON).write_text(json.dumps(doc))
 
 

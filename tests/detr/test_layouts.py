@@ -26,7 +26,7 @@ from peg_detr.data.layouts import (
     write_layout,
     yolo_label_path,
 )
-from peg_detr.evaluation import STAT_NAMES
+from peg_detr.evaluation import STAT_NAMES, coco_stats
 from tests.core.test_optional_deps import _hide
 
 #: COCO stats over all areas: a YOLO set has no ``area`` (its boxes' area is used), so the
@@ -63,9 +63,10 @@ def _without_objects(coco: Path, split: str) -> int:
 
 
 def _boxes_by_file(split) -> dict[str, list[tuple[str, list[float]]]]:
-    """``{file name: [(category name, bbox), ...]}`` of a split, annotations in file order."""
-    coco = split.annotations.coco
-    names = {c["id"]: c["name"] for c in split.annotations.categories}
+    """``{file name: [(category name, bbox), ...]}`` of a split (or its annotations), in annotation order."""
+    annotations = getattr(split, "annotations", split)
+    coco = annotations.coco
+    names = {c["id"]: c["name"] for c in annotations.categories}
     out = {}
     for image_id, im in coco.imgs.items():
         anns = sorted(coco.imgToAnns[image_id], key=lambda a: a["id"])
@@ -159,7 +160,35 @@ def test_roboflow_filler_category_is_dropped(coco, roboflow):
         assert [(c["id"], c["name"]) for c in got.annotations.categories] == [
             (c["id"], c["name"]) for c in want.categories
         ]
-        assert got.annotations.coco.dataset["annotations"] == want.coco.dataset["annotations"]
+        # numbered from 0, as Roboflow does; read from 1 (COCOeval takes a match with annotation 0 for none)
+        raw = json.loads(got.source.read_text())
+        assert min(im["id"] for im in raw["images"]) == 0 and min(a["id"] for a in raw["annotations"]) == 0
+        assert sorted(a["id"] for a in got.annotations.coco.dataset["annotations"]) == list(
+            range(1, len(raw["annotations"]) + 1)
+        )
+        fields = ("category_id", "bbox", "area", "iscrowd")
+        assert [{k: a[k] for k in fields} for a in got.annotations.coco.dataset["annotations"]] == [
+            {k: a[k] for k in fields} for a in want.coco.dataset["annotations"]
+        ]
+        assert _boxes_by_file(got) == _boxes_by_file(want)
+
+
+@pytest.mark.parametrize("backend", ["faster", "pycocotools"])
+def test_annotation_id_0_is_matched(tmp_path, backend):
+    """Roboflow numbers annotations from 0; COCOeval takes a match with gt id 0 for none (AP 0.25, not 1)."""
+    doc = {
+        "images": [{"id": i, "file_name": f"{i}.jpg", "width": 100, "height": 100} for i in (0, 1)],
+        "categories": [{"id": 1, "name": "x"}],
+        "annotations": [
+            {"id": i, "image_id": i, "category_id": 1, "bbox": [10, 10, 50, 50], "area": 2500} for i in (0, 1)
+        ],
+    }
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(doc))
+    ann = load_coco_annotations(path)
+    assert sorted(ann.coco.anns) == [1, 2]  # shifted, in the same order
+    detections = [{"image_id": i, "category_id": 1, "bbox": [10, 10, 50, 50], "score": 0.9} for i in (0, 1)]
+    assert coco_stats(ann.coco, detections, [0, 1], verbose=False, backend=backend)["ap"] == 1.0
 
 
 @pytest.mark.parametrize(
