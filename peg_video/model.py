@@ -33,7 +33,7 @@ from peg_core.engine import (
     read_state_file,
 )
 from peg_core.errors import InputError
-from peg_core.interop.classes import ClassParam, match_classes, transfer_class_rows
+from peg_core.interop.classes import ClassParam, carry_classes, match_classes, transfer_class_rows
 from peg_core.interop.io import LoadReport
 
 from .data.clip import ClipSpec
@@ -220,7 +220,7 @@ def model_from_hf_folder(
 
     ``classes`` (the run's class names, ``num_classes`` of them): a classifier folder's classes of
     the same name (its ``id2label``; ``class_map`` adds synonyms) keep their rows of the head, the
-    others start fresh (:func:`carry_classes`; ``report.classes`` says which).  Without them, or
+    others start fresh (:func:`peg_core.interop.carry_classes`; ``report.classes`` says which).  Without them, or
     for an encoder folder, a head of another size starts fresh.
     """
     folder, own = Path(folder), None if pos_enc == "table" else pos_enc
@@ -233,8 +233,13 @@ def model_from_hf_folder(
         if named:
             start_names = [info["id2label"][i] for i in range(info["num_classes"])]
             config = {**config, "num_classes": num_classes}
-            model, carried = carry_classes(model, build_video_model(**config), classes, start_names, class_map)
-            report.classes, report.converted = carried.classes, {**report.converted, **carried.converted}
+            fresh, transfer = (
+                build_video_model(**config),
+                match_classes(list(classes), start_names, class_map),
+            )
+            carried = carry_classes(model, fresh, HEAD_PARAMS, transfer)
+            model, report.classes = fresh, transfer
+            report.converted = {**report.converted, **carried.converted}
     except InputError:  # WeightsError: already "what: where"
         raise
     except (ValueError, TypeError) as e:
@@ -244,27 +249,6 @@ def model_from_hf_folder(
 
 #: the class-dependent tensors of a video transformer: its classifier
 HEAD_PARAMS = (ClassParam("head.weight"), ClassParam("head.bias"))
-
-
-def carry_classes(
-    start: nn.Module,
-    fresh: nn.Module,
-    classes: Sequence[str],
-    start_names: Sequence[str],
-    class_map: Mapping[str, str] | None = None,
-) -> tuple[nn.Module, LoadReport]:
-    """``fresh`` (built for ``classes``) with ``start``'s weights; the head's rows of shared class names kept.
-
-    A class named like one of ``start_names`` (case- and whitespace-insensitive; ``class_map``:
-    ``{"data name": "start name"}`` synonyms) keeps that class's row of ``head.weight`` /
-    ``head.bias``; the others keep ``fresh``'s initialisation.  ``ValueError``: a class map naming
-    a class neither side has.
-    """
-    transfer = match_classes(list(classes), list(start_names), class_map)
-    state, converted = transfer_class_rows(fresh.state_dict(), start.state_dict(), HEAD_PARAMS, transfer)
-    fresh.load_state_dict(state)
-    copied = [k for k in state if k not in converted]
-    return fresh.train(start.training), LoadReport(copied=copied, converted=converted, classes=transfer)
 
 
 def _init_from_video(

@@ -23,7 +23,15 @@ Errors: library functions here raise :class:`WeightsError` (a ``ValueError``) or
 ``UserError``.
 """
 
-from .classes import ClassParam, ClassTransfer, class_key, match_classes, read_class_map, transfer_class_rows
+from .classes import (
+    ClassParam,
+    ClassTransfer,
+    carry_classes,
+    class_key,
+    match_classes,
+    read_class_map,
+    transfer_class_rows,
+)
 from .convert import convert_to_cpvt
 from .deit import load_timm_deit
 from .from_timm import from_timm, from_timm_file
@@ -61,6 +69,7 @@ __all__ = [
     "TableChange",
     "WeightsError",
     "atomic_save",
+    "carry_classes",
     "class_key",
     "convert_to_cpvt",
     "find_pos_embed_key",

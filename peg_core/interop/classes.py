@@ -7,7 +7,8 @@ starts fresh.  Two pure steps do it for every family:
 
 * :func:`match_classes` pairs each new label with the start label of the same name
   (case- and whitespace-insensitive; ``class_map`` maps synonyms) -> a :class:`ClassTransfer`;
-* :func:`transfer_class_rows` builds the new state dict: every tensor from the start, except the
+* :func:`transfer_class_rows` builds the new state dict (:func:`carry_classes` loads it into the
+  rebuilt model): every tensor from the start, except the
   class-dependent ones (:class:`ClassParam`, declared by each model family), which take the
   fresh model's tensor (its family's initialisation: the focal prior bias, ...) with the kept
   classes' rows copied from the start.
@@ -23,11 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from .io import LoadReport
 
 __all__ = [
     "ClassParam",
     "ClassTransfer",
+    "carry_classes",
     "class_key",
     "match_classes",
     "read_class_map",
@@ -213,3 +217,23 @@ def transfer_class_rows(
             f" (+{p.extra} non-class)" if p.extra else ""
         )
     return state, converted
+
+
+def carry_classes(
+    start: nn.Module,
+    fresh: nn.Module,
+    params: Sequence[ClassParam],
+    transfer: ClassTransfer,
+    source: str = "",
+) -> LoadReport:
+    """Fill ``fresh`` (built for ``transfer.names``) with ``start``'s weights, class rows per ``transfer``.
+
+    :func:`transfer_class_rows` of the two models' state dicts, loaded into ``fresh`` (which takes
+    ``start``'s train / eval mode).  Returns the :class:`LoadReport`: ``converted`` names the
+    class-dependent tensors, ``classes`` is ``transfer``.
+    """
+    state, converted = transfer_class_rows(fresh.state_dict(), start.state_dict(), params, transfer)
+    fresh.load_state_dict(state)
+    fresh.train(start.training)
+    copied = [k for k in state if k not in converted]
+    return LoadReport(source, copied, converted, classes=transfer)

@@ -28,13 +28,15 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from ..errors import InputError, require
-from .classes import ClassTransfer
+
+if TYPE_CHECKING:  # classes.py builds LoadReports: the type only, for the annotation
+    from .classes import ClassTransfer
 
 __all__ = [
     "PREFIXES",
