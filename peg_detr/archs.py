@@ -93,7 +93,8 @@ class Arch:
         load_backbone: ``(model.backbone, source) -> LoadReport`` for ``--backbone-weights`` given
             as a folder of this family (RT-DETR: a Hugging Face RT-DETR folder's ResNet-vd); None:
             plain weights files only, read by the builder.
-        export_hf: ``(model, out_dir, classes) -> folder`` of ``export-hf`` (``classes[i]``: label
+        export_hf: ``(model, out_dir, classes, *, size) -> folder`` of ``export-hf`` (``size``: the
+            side of the folder's ``preprocessor_config.json``, the run's ``--val-size``; ``classes[i]``: label
             ``i``'s name, ``""`` for an unused id); None: not exportable.
         fuse: whether ``export`` folds conv + BN and RepVGG branches by default.
         recipe_defaults: the ``train`` defaults when ``--arch`` is given without ``--config``.
@@ -165,9 +166,9 @@ def arch_of_model(model: nn.Module) -> Arch:
     raise TypeError(f"{type(model).__name__} is none of the registered detectors ({sorted(ARCHS)})")
 
 
-def _export_hf_rtdetr(model: nn.Module, out: Any, classes: list[str]) -> Any:
+def _export_hf_rtdetr(model: nn.Module, out: Any, classes: list[str], size: int | None = None) -> Any:
     """RT-DETR's folder names only the labels in use (COCO's category ids are sparse)."""
-    return export_hf_rtdetr(model, out, {i: name for i, name in enumerate(classes) if name})
+    return export_hf_rtdetr(model, out, {i: name for i, name in enumerate(classes) if name}, size=size)
 
 
 register_arch(
@@ -212,8 +213,8 @@ register_arch(
 )
 
 
-def _export_hf_dfine(model: nn.Module, out: Any, classes: list[str]) -> Any:
-    return export_hf_dfine(model, out, {i: name for i, name in enumerate(classes) if name})
+def _export_hf_dfine(model: nn.Module, out: Any, classes: list[str], size: int | None = None) -> Any:
+    return export_hf_dfine(model, out, {i: name for i, name in enumerate(classes) if name}, size=size)
 
 
 #: ``--model-size tiny``: the CPU demo's D-FINE (the tiny ResNet-vd, width 32, D-FINE's other settings)
@@ -255,8 +256,8 @@ register_arch(
 )
 
 
-def _export_hf_deimv2(model: nn.Module, out: Any, classes: list[str]) -> Any:
-    return export_hf_deimv2(model, out, {i: name for i, name in enumerate(classes) if name})
+def _export_hf_deimv2(model: nn.Module, out: Any, classes: list[str], size: int | None = None) -> Any:
+    return export_hf_deimv2(model, out, {i: name for i, name in enumerate(classes) if name}, size=size)
 
 
 #: ``--model-size tiny``: the CPU demo's DEIMv2 (a 4-block, 32-wide DINOv3 ViT with the STA, width 32)

@@ -27,9 +27,11 @@ fused convolutions, and ``--check`` compares onnxruntime with the *unfused* PyTo
 
 ``python -m peg_detr export-hf CKPT DIR`` (:func:`main_hf`) writes the checkpoint's model as a
 Hugging Face folder instead: a DETR with ``--pos-enc sine`` through
-:func:`peg_detr.interop.export_hf_detr`, an RT-DETR with ``sincos`` (its EMA weights) through
-:func:`peg_detr.interop.export_hf_rtdetr`.  This module reads the checkpoint; the library
-functions take the model.
+:func:`peg_detr.interop.export_hf_detr`, an RT-DETR, D-FINE or DEIMv2 with ``sincos`` (its EMA
+weights) through :func:`peg_detr.interop.export_hf_rtdetr` / ``export_hf_dfine`` /
+``export_hf_deimv2``, with the ``preprocessor_config.json`` transformers' ``pipeline`` reads at the
+run's ``--val-size`` (:mod:`peg_detr.interop.hf_processor`).  This module reads the checkpoint; the
+library functions take the model.
 """
 
 from __future__ import annotations
@@ -166,7 +168,7 @@ def main(argv: list[str]) -> int:
 
 
 #: what ``export-hf`` writes (and what a Hugging Face folder holds: refused there without --overwrite)
-HF_EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+HF_EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "preprocessor_config.json")
 
 
 def build_hf_parser() -> argparse.ArgumentParser:
@@ -210,7 +212,11 @@ def main_hf(argv: list[str] | None = None) -> Path:
             else torch.ones(len(loaded.classes), dtype=torch.bool)
         )
         model, classes = only_named(model, loaded.classes, named)
-        out = arch.export_hf(model, a.out, classes)  # the run's --labels names
+        # the side the run evaluates at (its --val-size), as predict reads it: the folder's processor's
+        size = next(
+            (int(s["val_size"]) for s in (loaded.meta, loaded.args) if s.get("val_size")), arch.eval_size
+        )
+        out = arch.export_hf(model, a.out, classes, size=size)  # the run's --labels names
     except WeightsError as e:
         raise UserError(e.what, e.where) from None
     except ValueError as e:  # a model Hugging Face cannot hold: refused before anything is written
@@ -219,5 +225,5 @@ def main_hf(argv: list[str] | None = None) -> Path:
         ) from None
     except OSError as e:
         raise UserError(f"output folder is not writable ({e.strerror or e})", a.out) from None
-    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}")
+    print(f"wrote {out / 'config.json'}, {out / 'model.safetensors'} and {out / 'preprocessor_config.json'}")
     return out

@@ -78,22 +78,30 @@ def read_hf_config(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_hf_folder(
-    out_dir: str | os.PathLike, config: Mapping[str, Any], state: Mapping[str, Tensor]
+    out_dir: str | os.PathLike,
+    config: Mapping[str, Any],
+    state: Mapping[str, Tensor],
+    files: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
     """A ``save_pretrained``-style folder: ``config.json`` and ``model.safetensors`` (``{"format": "pt"}``).
 
-    The one writer of every task's Hugging Face export.  The weights go first and the config last,
-    each through a temporary file and a rename, so a folder with a ``config.json`` is complete.
-    ``state``: tensors under their Hugging Face names (copied to contiguous CPU tensors here).
+    The one writer of every task's Hugging Face export.  The weights go first, then ``files`` (more
+    JSON files by name: ``preprocessor_config.json``, what transformers' ``pipeline`` and
+    ``AutoImageProcessor`` read), and the config last, each through a temporary file and a rename,
+    so a folder with a ``config.json`` is complete.  ``state``: tensors under their Hugging Face
+    names (copied to contiguous CPU tensors here).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     write_state_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    tmp = out / ".config.json.tmp"
-    tmp.write_text(json.dumps(dict(config), indent=2) + "\n")
-    os.chmod(tmp, new_file_mode())
-    os.replace(tmp, out / "config.json")
+    for name, content in {**(files or {}), "config.json": config}.items():
+        if Path(name).name != name or name.startswith("."):
+            raise ValueError(f"not a file name inside the folder: {name!r}")
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(json.dumps(dict(content), indent=2) + "\n")
+        os.chmod(tmp, new_file_mode())
+        os.replace(tmp, out / name)
     return out
 
 

@@ -70,6 +70,7 @@ from .hf_hgnetv2 import (
     hgnetv2_options_from_hf,
     hgnetv2_ours_to_hf,
 )
+from .hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
 
 __all__ = [
     "deimv2_build_options",
@@ -436,13 +437,22 @@ _DECODER_FIELDS = {
 }  # fmt: skip
 
 
+def _identity_block(backbone: Any) -> bool:
+    """Whether the folder needs one more ViT block that changes nothing (see :func:`export_hf_deimv2`).
+
+    transformers' ``DINOv3ViTBackbone`` normalises its last stage's output always; DEIMv2's distilled
+    ViTs (``vit_tiny`` / ``vit_tinyplus``: the S / M recipes) take their last block's tokens as they
+    are.  One more block, every weight and layer scale zero, computes ``x + 0 = x`` exactly; its
+    output is the one transformers normalises, and no scale reads it.
+    """
+    last = len(backbone.vit.blocks) - 1
+    return last in backbone.out_indices and not (backbone.apply_layernorm or backbone.final_norm)
+
+
 def _dinov3_hf_config(backbone: Any) -> dict[str, Any]:
     """The ``DINOv3ViTConfig`` dict of our DINOv3 + STA backbone (``ValueError`` where transformers differs)."""
     vit = backbone.vit
     blk = vit.blocks[0]
-    last = len(vit.blocks) - 1
-    if last in backbone.out_indices and not (backbone.apply_layernorm or backbone.final_norm):
-        raise ValueError("transformers' DINOv3ViTBackbone normalises its last stage; this backbone does not")
     if (
         vit.pos_enc is not None
         or len(vit.pos_blocks)
@@ -459,7 +469,7 @@ def _dinov3_hf_config(backbone: Any) -> dict[str, Any]:
     k_bias = qkv_bias is not None and bool(qkv_bias.detach()[vit.embed_dim : 2 * vit.embed_dim].any())
     ls = getattr(blk.ls1, "gamma", None)
     return {
-        "model_type": "dinov3_vit", "hidden_size": vit.embed_dim, "num_hidden_layers": len(vit.blocks),
+        "model_type": "dinov3_vit", "hidden_size": vit.embed_dim, "num_hidden_layers": len(vit.blocks) + _identity_block(backbone),
         "num_attention_heads": blk.attn.num_heads, "intermediate_size": blk.mlp.fc1.out_features,
         "patch_size": vit.patch_size, "num_register_tokens": 0 if vit.reg_token is None else vit.reg_token.shape[1],
         "layer_norm_eps": vit.norm.eps, "layerscale_value": 1.0 if ls is None else float(ls.detach().flatten()[0]),
@@ -544,13 +554,24 @@ def _split_qkv(state: dict[str, Tensor], key_bias: bool) -> dict[str, Tensor]:
 
 
 def export_hf_deimv2(
-    model: DEIMv2, out_dir: str | os.PathLike, id2label: Mapping[int, str] | None = None
+    model: DEIMv2,
+    out_dir: str | os.PathLike,
+    id2label: Mapping[int, str] | None = None,
+    *,
+    size: int | None = None,
 ) -> Path:
     """Write a DEIMv2 (``sincos``; the lite encoder: none) as a Hugging Face folder; returns ``out_dir``.
 
     ``config.json`` is :func:`deimv2_hf_config`'s; ``model.safetensors`` holds the weights in
     ``save_pretrained``'s names (the ViT's q / k / v split again; a missing layer scale as ones; the
-    unused DINOv3 mask token as zeros).  Other encodings raise a ``ValueError`` before anything is written.
+    unused DINOv3 mask token as zeros).  A DINOv3 backbone whose last block is taken without a norm
+    (DEIMv2-S / M's distilled ViTs) gets one more block that changes nothing, every weight zero:
+    transformers' ``DINOv3ViTBackbone`` normalises its last stage, now that extra block, which no
+    scale reads, so transformers computes what the model computes.  ``preprocessor_config.json``:
+    :func:`~peg_detr.interop.hf_processor.rtdetr_processor_config` at ``size`` (the run's
+    ``--val-size``; default 640), with ImageNet mean / std for the DINOv3 backbones (peg_detr's
+    standardises inside the model, transformers' takes standardised pixels).  Other encodings raise a
+    ``ValueError`` before anything is written.
     """
     model = getattr(model, "module", model)
     if not isinstance(model, DEIMv2):
@@ -567,7 +588,15 @@ def export_hf_deimv2(
         bb, width = config["backbone_config"], config["backbone_config"]["hidden_size"]
         state = _split_qkv(state, bb["key_bias"])
         state[_VIT_HF + "embeddings.mask_token"] = torch.zeros(1, 1, width)
-        for i in range(bb["num_hidden_layers"]):  # no layer scale: transformers' is a scale of ones
+        depth = len(model.backbone.vit.blocks)
+        for i in range(depth):  # no layer scale: transformers' is a scale of ones
             for j in (1, 2):
                 state.setdefault(f"{_VIT_HF}layer.{i}.layer_scale{j}.lambda1", torch.ones(width))
-    return write_hf_folder(out_dir, config, state)
+        if bb["num_hidden_layers"] > depth:  # the block that changes nothing (_identity_block)
+            last = f"{_VIT_HF}layer.{depth - 1}."
+            for key in [k for k in state if k.startswith(last)]:
+                state[f"{_VIT_HF}layer.{depth}.{key.removeprefix(last)}"] = torch.zeros_like(state[key])
+    normalize = hasattr(model.backbone, "vit")
+    return write_hf_folder(
+        out_dir, config, state, {PREPROCESSOR_CONFIG: rtdetr_processor_config(size, normalize)}
+    )

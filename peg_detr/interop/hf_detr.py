@@ -70,6 +70,8 @@ from torch import Tensor, nn
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import WeightsError, read_state_file
 
+from .hf_processor import PREPROCESSOR_CONFIG, detr_processor_config
+
 __all__ = [
     "HF_DETR_BACKBONES",
     "HF_RESNETS",
@@ -473,14 +475,23 @@ def detr_hf_config(model: nn.Module, names: Sequence[str] | None = None) -> dict
     }
 
 
-def export_hf_detr(model: nn.Module, out_dir: str | os.PathLike, names: Sequence[str] | None = None) -> Path:
+def export_hf_detr(
+    model: nn.Module,
+    out_dir: str | os.PathLike,
+    names: Sequence[str] | None = None,
+    *,
+    size: int | None = None,
+) -> Path:
     """Write a ``sine`` DETR as a Hugging Face folder; returns ``out_dir``.
 
     ``out_dir/config.json`` (:func:`detr_hf_config`) + ``out_dir/model.safetensors`` load with
-    ``transformers.DetrForObjectDetection.from_pretrained(out_dir)``.  A model Hugging Face DETR
-    cannot hold is a ``ValueError`` raised before anything is written; an unwritable folder an
-    ``OSError``.
+    ``transformers.DetrForObjectDetection.from_pretrained(out_dir)``; ``preprocessor_config.json``
+    (:func:`~peg_detr.interop.hf_processor.detr_processor_config`: the short side ``size``, the run's
+    ``--val-size``, default 800; ImageNet mean / std) lets ``pipeline("object-detection", out_dir)``
+    feed it what ``predict`` does.  A model Hugging Face DETR cannot hold is a ``ValueError`` raised
+    before anything is written; an unwritable folder an ``OSError``.
     """
     model = getattr(model, "module", model)
     config = detr_hf_config(model, names)  # refusals first: nothing is written for them
-    return write_hf_folder(out_dir, config, official_to_hf(model.state_dict()))
+    processor = {PREPROCESSOR_CONFIG: detr_processor_config(size)}
+    return write_hf_folder(out_dir, config, official_to_hf(model.state_dict()), processor)

@@ -62,6 +62,7 @@ from .hf_hgnetv2 import (
     hgnetv2_options_from_hf,
     hgnetv2_ours_to_hf,
 )
+from .hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
 from .hf_rtdetr import DECODER_PREFIXES, encoder_hf_to_ours, encoder_ours_to_hf
 
 __all__ = [
@@ -467,14 +468,20 @@ def dfine_hf_config(model: DFINE, id2label: Mapping[int, str] | None = None) -> 
 
 
 def export_hf_dfine(
-    model: DFINE, out_dir: str | os.PathLike, id2label: Mapping[int, str] | None = None
+    model: DFINE,
+    out_dir: str | os.PathLike,
+    id2label: Mapping[int, str] | None = None,
+    *,
+    size: int | None = None,
 ) -> Path:
     """Write a D-FINE with the ``sincos`` encoding and an HGNetv2 backbone as a Hugging Face folder; returns ``out_dir``.
 
     ``config.json`` is the folder's own ``hf_config`` for a model read from one (class names
     updated from ``id2label``), else :func:`dfine_hf_config`; ``model.safetensors`` holds the
-    weights in ``save_pretrained``'s names.  Other encodings raise a ``ValueError`` before anything
-    is written.
+    weights in ``save_pretrained``'s names, ``anchor_image_size`` / ``eval_size`` unset (anchors and
+    the AIFI table follow each input, as here), and ``preprocessor_config.json`` is
+    :func:`~peg_detr.interop.hf_processor.rtdetr_processor_config` at ``size`` (the run's
+    ``--val-size``; default 640).  Other encodings raise a ``ValueError`` before anything is written.
     """
     model = getattr(model, "module", model)
     if not isinstance(model, DFINE):
@@ -500,4 +507,10 @@ def export_hf_dfine(
         if hf is None:
             raise ValueError(f"key {key} has no Hugging Face name")
         state[hf] = value
-    return write_hf_folder(out_dir, {**config, "architectures": ["DFineForObjectDetection"]}, state)
+    config = {
+        **config,
+        "anchor_image_size": None,
+        "eval_size": None,
+        "architectures": ["DFineForObjectDetection"],
+    }
+    return write_hf_folder(out_dir, config, state, {PREPROCESSOR_CONFIG: rtdetr_processor_config(size)})

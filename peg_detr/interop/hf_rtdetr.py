@@ -61,10 +61,12 @@ from ..models.rtdetr.decoder import RTDETRDecoder
 from ..models.rtdetr.encoder import HybridEncoder
 from ..models.rtdetr.model import RTDETR
 from .hf_detr import hf_num_labels
+from .hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
 
 __all__ = [
     "DECODER_PREFIXES",
     "ENCODER_HF_PREFIXES",
+    "config_for_classes",
     "decoder_key_from_hf",
     "decoder_key_to_hf",
     "encoder_hf_config",
@@ -612,7 +614,11 @@ def rtdetr_hf_config(model: RTDETR, id2label: Mapping[int, str] | None = None) -
 
 
 def export_hf_rtdetr(
-    model: RTDETR, out_dir: str | os.PathLike, id2label: Mapping[int, str] | None = None
+    model: RTDETR,
+    out_dir: str | os.PathLike,
+    id2label: Mapping[int, str] | None = None,
+    *,
+    size: int | None = None,
 ) -> Path:
     """Write an RT-DETR with the ``sincos`` encoding as a Hugging Face folder; returns ``out_dir``.
 
@@ -621,8 +627,11 @@ def export_hf_rtdetr(
     ``eval`` does, and passes the model).  ``id2label``: class names by label (default: a folder's
     own names, else ``LABEL_i``).  Writes ``config.json`` (a folder's own ``hf_config``, else
     :func:`rtdetr_hf_config`) and ``model.safetensors`` in ``save_pretrained``'s key names;
-    ``RTDetrForObjectDetection.from_pretrained(out_dir)`` then computes what the model computes.
-    Other encodings have no place in transformers' RT-DETR and raise a ``ValueError`` before
+    ``RTDetrForObjectDetection.from_pretrained(out_dir)`` then computes what the model computes
+    (``anchor_image_size`` / ``eval_size`` unset: anchors and the AIFI table follow each input, as
+    here), and ``preprocessor_config.json`` (:func:`~peg_detr.interop.hf_processor.rtdetr_processor_config`
+    at ``size``, the run's ``--val-size``; default 640) makes ``pipeline("object-detection", out_dir)``
+    feed it what ``predict`` does.  Other encodings have no place in transformers' RT-DETR and raise a ``ValueError`` before
     anything is written.
     """
     model = getattr(model, "module", model)
@@ -643,8 +652,13 @@ def export_hf_rtdetr(
         if hf is None:
             raise ValueError(f"key {key} has no Hugging Face name")
         state[hf] = value
-    config = {**hf_config, "anchor_image_size": None, "architectures": ["RTDetrForObjectDetection"]}
-    return write_hf_folder(out_dir, config, state)
+    config = {
+        **hf_config,
+        "anchor_image_size": None,
+        "eval_size": None,
+        "architectures": ["RTDetrForObjectDetection"],
+    }
+    return write_hf_folder(out_dir, config, state, {PREPROCESSOR_CONFIG: rtdetr_processor_config(size)})
 
 
 def with_label_names(config: dict[str, Any], names: Mapping[int, str], num_classes: int) -> dict[str, Any]:
@@ -654,3 +668,13 @@ def with_label_names(config: dict[str, Any], names: Mapping[int, str], num_class
     own = config.get("id2label") or {}
     id2label = {str(i): names.get(i) or own.get(str(i)) or f"LABEL_{i}" for i in range(num_classes)}
     return {**config, "id2label": id2label, "label2id": {n: int(i) for i, n in id2label.items()}}
+
+
+def config_for_classes(config: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """A folder's ``config`` for another label set: ``id2label`` / ``label2id`` of ``names`` alone.
+
+    ``names[i]`` is label ``i``'s (``""``: no category, written ``LABEL_i``); the folder's own names
+    do not leak into labels that now mean something else.
+    """
+    own = {k: v for k, v in config.items() if k not in ("id2label", "label2id", "num_labels")}
+    return with_label_names(own, dict(enumerate(names)), len(names))
