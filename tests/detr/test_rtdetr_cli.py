@@ -265,7 +265,11 @@ def test_onnx_export_runs_at_other_sizes_like_pytorch(trained, tmp_path, capsys)
         with torch.no_grad():
             want = model(x)
         assert logits.shape == (b, 20, 4)  # category ids 1..3: 4 classes
-        torch.testing.assert_close(torch.from_numpy(logits), want["pred_logits"], atol=1e-4, rtol=0)
+        # label 0 (category ids are 1..3) names no category: the graph masks it at float32's lowest
+        torch.testing.assert_close(
+            torch.from_numpy(logits)[..., 1:], want["pred_logits"][..., 1:], atol=1e-4, rtol=0
+        )
+        assert (logits[..., 0] == torch.finfo(torch.float32).min).all()
         torch.testing.assert_close(torch.from_numpy(boxes), want["pred_boxes"], atol=1e-4, rtol=0)
 
 
@@ -307,12 +311,14 @@ def test_export_hf_of_a_trained_sincos_checkpoint_loads_in_transformers(data, tm
     hf = transformers.RTDetrForObjectDetection.from_pretrained(folder).eval()
     ours = load_model(out / "checkpoint.pth").model  # the EMA weights, as eval reads them
     names = load_model(out / "checkpoint.pth").classes
-    assert hf.config.id2label[1] == (names[1] or "LABEL_1")
+    # the folder holds the labels that name a category (ids 1..3): label 0, no category, is left out
+    named = [i for i, n in enumerate(names) if n]
+    assert named == [1, 2, 3] and [hf.config.id2label[k] for k in range(3)] == [names[i] for i in named]
     for size in ((96, 96), (64, 128)):
         x = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(sum(size)))
         with torch.no_grad():
             want, got = hf(pixel_values=x), ours(x)
-        torch.testing.assert_close(got["pred_logits"], want.logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(got["pred_logits"][..., named], want.logits, atol=1e-4, rtol=0)
         torch.testing.assert_close(got["pred_boxes"], want.pred_boxes, atol=1e-4, rtol=0)
     capsys.readouterr()
     peg_run, _ = trained  # a PEG has no place in transformers' RT-DETR: one line, nothing written
