@@ -143,7 +143,8 @@ not ``--train-sizes`` (the multi-scale recipe's input sizes).
 
 BACKENDS = ("peg", "pytorchvideo")
 #: what ``export-hf`` writes (and what a Hugging Face folder holds: refused there without --overwrite)
-HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "preprocessor_config.json",
+            "video_preprocessor_config.json")  # fmt: skip
 #: the closing lines' metrics: video-level top-1 / top-5 of the multi-view protocol
 SUMMARY = Summary(("top1", "top5"), at="{num_frames} frames, {crop} px")
 SAMPLINGS = ("stride", "segment")
@@ -909,8 +910,11 @@ def export_hf(argv: Sequence[str] | None = None) -> int:
         raise UserError(f"{what} (pos_enc {pos_enc!r}) has no table for the VideoMAE layout (it needs "
                         "VideoMAE's sinusoid table)", args.checkpoint)  # fmt: skip
     loaded = load_model(ckpt, args.checkpoint)
+    # the folder's processors feed the model what predict does: the run's test scale and normalisation
+    clip = ClipSpec.of_run(loaded.args)
     try:
-        out = write(loaded.model, args.out_dir, classes=loaded.classes)
+        out = write(loaded.model, args.out_dir, classes=loaded.classes, short_side=loaded.args.get("test_scale"),
+                    mean=clip.mean, std=clip.std)  # fmt: skip
     except InputError:
         raise
     except ValueError as e:  # an option VideoMAE cannot express, named by export_hf

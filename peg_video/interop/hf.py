@@ -16,9 +16,11 @@ Public API:
   (``config.json`` read once for both);
 * :func:`read_hf_video_config` ``(folder) -> dict``: the folder's sizes, clip shape, normalisation
   and labels in peg_video's terms;
-* :func:`export_hf` ``(model, out_dir, classes=None) -> Path``: a VideoMAE-layout folder
-  (``config.json`` + ``model.safetensors``) for a model with VideoMAE's table (a training
-  checkpoint is read by the application, :func:`peg_video.model.load_model`, then exported);
+* :func:`export_hf` ``(model, out_dir, classes=None, *, short_side=None, mean=None, std=None) -> Path``:
+  a VideoMAE-layout folder (``config.json`` + ``model.safetensors`` + the processors
+  :func:`videomae_processor_configs` gives, which ``pipeline("video-classification")`` reads) for a
+  model with VideoMAE's table (a training checkpoint is read by the application,
+  :func:`peg_video.model.load_model`, then exported);
 * :data:`HF_MODEL_TYPES`: the ``config.json`` ``model_type`` values it reads.
 
 How each model maps (transformers 5.x key layouts; peg_video takes clips ``(B, 3, T, H, W)``,
@@ -80,7 +82,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,7 @@ __all__ = [
     "hf_model_config",
     "load_hf_model",
     "read_hf_video_config",
+    "videomae_processor_configs",
 ]
 
 #: ``config.json`` model types :func:`from_hf` reads
@@ -295,7 +298,58 @@ def load_hf_model(info: Mapping[str, Any], config: Mapping[str, Any]) -> tuple[V
     return model.eval(), report
 
 
-def export_hf(model: VideoTransformer, out_dir: PathLike, classes: list[str] | None = None) -> Path:
+#: the normalisation of runs that record none (peg_video's Kinetics default, ``KINETICS_MEAN`` / ``_STD``)
+_DEFAULT_MEAN, _DEFAULT_STD = (0.45, 0.45, 0.45), (0.225, 0.225, 0.225)
+
+
+def videomae_processor_configs(
+    crop: tuple[int, int],
+    short_side: int | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    num_frames: int | None = None,
+) -> dict[str, dict[str, Any]]:
+    """``{file name: JSON}`` of the processors transformers pairs with VideoMAE, as peg_video evaluates.
+
+    ``preprocessor_config.json`` (``VideoMAEImageProcessor``: what ``AutoImageProcessor`` loads) and
+    ``video_preprocessor_config.json`` (``VideoMAEVideoProcessor``: what ``pipeline("video-classification")``
+    and ``AutoVideoProcessor`` load): frames resized to ``short_side`` on their short side (the run's
+    test scale; default the crop's short side), the centre ``crop`` ``(H, W)`` taken, pixels rescaled
+    to [0, 1] and normalised by ``mean`` / ``std`` (the run's; default Kinetics'), as
+    :class:`peg_video.predict.Predictor` does with one clip and one crop.  ``num_frames``: what the
+    video processor samples when asked to (the pipeline asks for ``config.num_frames``).
+    """
+    h, w = crop
+    common = {
+        "do_resize": True,
+        "size": {"shortest_edge": int(short_side or min(h, w))},
+        "resample": 2,  # bilinear
+        "do_center_crop": True,
+        "crop_size": {"height": int(h), "width": int(w)},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [float(v) for v in (mean or _DEFAULT_MEAN)],
+        "image_std": [float(v) for v in (std or _DEFAULT_STD)],
+    }
+    video = {"video_processor_type": "VideoMAEVideoProcessor", **common, "do_convert_rgb": True}
+    if num_frames:
+        video["num_frames"] = int(num_frames)
+    return {
+        "preprocessor_config.json": {"image_processor_type": "VideoMAEImageProcessor", **common},
+        "video_preprocessor_config.json": video,
+    }
+
+
+def export_hf(
+    model: VideoTransformer,
+    out_dir: PathLike,
+    classes: list[str] | None = None,
+    *,
+    short_side: int | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+) -> Path:
     """Write a VideoMAE-layout folder (``config.json`` + ``model.safetensors``); returns ``out_dir``.
 
     ``classes`` (one name per output, e.g. a training checkpoint's) become ``id2label``; without
@@ -305,13 +359,17 @@ def export_hf(model: VideoTransformer, out_dir: PathLike, classes: list[str] | N
     is written as ``q_bias`` / ``v_bias``: the key bias adds the same score to every key of a
     query, which the softmax removes, so the outputs do not change.
     ``VideoMAEForVideoClassification.from_pretrained(out_dir)`` then gives the same logits.
+    The processors (:func:`videomae_processor_configs`: the model's crop, ``short_side`` the run's
+    test scale, ``mean`` / ``std`` its normalisation) make ``pipeline("video-classification", out_dir)``
+    feed the model what ``predict`` feeds it; the command line passes the checkpoint's run's.
 
     Raises ``TypeError`` for another model, ``ValueError`` naming the option VideoMAE cannot express.
     """
     if not isinstance(model, VideoTransformer):
         raise TypeError(f"export_hf writes a VideoTransformer; got {type(model).__name__}")
     _check_exportable(model)
-    return write_hf_folder(out_dir, _videomae_config(model, classes), _videomae_state(model))
+    processors = videomae_processor_configs(tuple(model.img_size), short_side, mean, std, model.num_frames)
+    return write_hf_folder(out_dir, _videomae_config(model, classes), _videomae_state(model), processors)
 
 
 # ------------------------------------------------------------------------------- the model config
