@@ -10,6 +10,7 @@
   :func:`export_hf_rtdetr`, :func:`load_rtdetr_backbone` (a folder's ResNet-vd alone);
 * :mod:`.hf_dfine`: Hugging Face ``DFineForObjectDetection``: :func:`dfine_from_hf`,
   :func:`export_hf_dfine`, the config reader and key map (shared with its successors);
+* :mod:`.hf_processor`: the ``preprocessor_config.json`` each export writes (transformers' pipeline);
 * :mod:`.hf`: :func:`from_hf`, a folder of any of these kinds by its ``model_type``.
 
 Library below the application: these modules import :mod:`peg_detr.models` and :mod:`peg_core`,
@@ -25,12 +26,14 @@ from .hf import FROM_HF, SUPPORTED_MODEL_TYPES, detr_from_hf, from_hf
 from .hf_deimv2 import deimv2_from_hf, deimv2_from_hf_config, deimv2_hf_config, export_hf_deimv2
 from .hf_detr import (
     HF_DETR_BACKBONES,
+    HF_RESNETS,
     check_detr_config,
     detr_build_options,
     detr_hf_config,
     export_hf_detr,
     hf_label_names,
     hf_num_labels,
+    hf_resnet_to_official,
     hf_to_official,
     is_hf_source,
     looks_like_hf,
@@ -63,6 +66,7 @@ __all__ = [
     "ENCODER_HF_PREFIXES",
     "FROM_HF",
     "HF_DETR_BACKBONES",
+    "HF_RESNETS",
     "SUPPORTED_MODEL_TYPES",
     "LoadReport",
     "check_detr_config",
@@ -88,6 +92,7 @@ __all__ = [
     "from_hf",
     "hf_label_names",
     "hf_num_labels",
+    "hf_resnet_to_official",
     "hf_to_official",
     "is_hf_source",
     "load_official_checkpoint",
