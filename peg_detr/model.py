@@ -24,14 +24,14 @@ from torch import Tensor, nn
 
 from peg_core.engine import LoadedModel, UserError, checkpoint_and_where, load_model_state, read_state_file
 from peg_core.engine.cli import peg_kwargs
-from peg_core.interop.classes import ClassTransfer, match_classes, transfer_class_rows
+from peg_core.interop.classes import ClassTransfer, carry_classes, match_classes
 from peg_core.interop.io import LoadReport, WeightsError
 from peg_core.interop.resolve import resolve_weights
 
 from .archs import ARCHS, Arch, arch_named, arch_of, arch_of_model
 from .interop.hf import from_hf
 from .interop.hf_detr import hf_label_names
-from .interop.hf_rtdetr import with_label_names
+from .interop.hf_rtdetr import config_for_classes
 from .labels import LabelMap
 
 __all__ = [
@@ -176,20 +176,12 @@ def rebuild_classes(
     names = list(transfer.names)
     config = {"arch": arch_of_model(model).name, **model.build_config, "num_classes": len(names)}
     if "hf_config" in config:  # the folder's config decides the class count: give it the new names
-        own = {
-            k: v for k, v in config["hf_config"].items() if k not in ("id2label", "label2id", "num_labels")
-        }
-        config["hf_config"] = with_label_names(own, dict(enumerate(names)), len(names))
+        config["hf_config"] = config_for_classes(config["hf_config"], names)
     with warnings.catch_warnings():  # "ResNet starts from random weights": the start's weights follow
         warnings.simplefilter("ignore", UserWarning)
         fresh, criterion, postprocessor = build_model(config, source or "the start model")
-    state, converted = transfer_class_rows(
-        fresh.state_dict(), model.state_dict(), fresh.class_parameters(), transfer
-    )
-    fresh.load_state_dict(state)
-    fresh.train(model.training)
-    copied = [k for k in state if k not in converted]
-    return fresh, criterion, postprocessor, LoadReport(str(source), copied, converted, classes=transfer)
+    report = carry_classes(model, fresh, fresh.class_parameters(), transfer, str(source))
+    return fresh, criterion, postprocessor, report
 
 
 def only_named(model: nn.Module, classes: list[str], named: Tensor) -> tuple[nn.Module, list[str]]:

@@ -11,23 +11,24 @@ its module here and one entry to :data:`FROM_HF`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from torch import nn
 
+from peg_core.interop.classes import carry_classes, match_classes
 from peg_core.interop.hf_folder import read_hf_config
 from peg_core.interop.io import LoadReport
 from peg_core.interop.resolve import resolve_weights
 
 from ..models import build_detr
-from .hf_deimv2 import deimv2_from_hf
-from .hf_detr import detr_build_options, read_hf_state
-from .hf_dfine import dfine_from_hf
-from .hf_rtdetr import rtdetr_from_hf
+from .hf_deimv2 import deimv2_from_hf, deimv2_from_hf_config
+from .hf_detr import detr_build_options, hf_label_names, read_hf_state
+from .hf_dfine import dfine_from_hf, dfine_from_hf_config
+from .hf_rtdetr import config_for_classes, rtdetr_from_hf, rtdetr_from_hf_config
 from .official import load_official_checkpoint
 
-__all__ = ["FROM_HF", "SUPPORTED_MODEL_TYPES", "detr_from_hf", "from_hf"]
+__all__ = ["FROM_HF", "FROM_HF_CONFIG", "SUPPORTED_MODEL_TYPES", "detr_from_hf", "from_hf"]
 
 
 def detr_from_hf(folder: str | os.PathLike, pos_enc: str = "sine") -> tuple[nn.Module, LoadReport]:
@@ -54,7 +55,20 @@ FROM_HF: dict[str, tuple[Callable[..., tuple[nn.Module, LoadReport]], str]] = {
 SUPPORTED_MODEL_TYPES = tuple(FROM_HF)
 
 
-def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.Module, LoadReport]:
+#: ``model_type`` -> ``(config.json, pos_enc, **encoder options) -> model`` of the folders built from their config
+FROM_HF_CONFIG: dict[str, Callable[..., nn.Module]] = {
+    "rt_detr": rtdetr_from_hf_config,
+    "d_fine": dfine_from_hf_config,
+    "deimv2": deimv2_from_hf_config,
+}
+
+
+def from_hf(
+    folder: str | os.PathLike,
+    pos_enc: str | None = None,
+    classes: Sequence[str] | None = None,
+    class_map: Mapping[str, str] | None = None,
+) -> tuple[nn.Module, LoadReport]:
     """Build the detector a Hugging Face folder describes and load its weights: ``(model, report)``.
 
     Args:
@@ -65,6 +79,11 @@ def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.M
         pos_enc: the encoder's position encoding; default the folder's (RT-DETR ``sincos``, DETR
             ``sine``, D-FINE ``sincos``).  For RT-DETR and D-FINE any AIFI encoding (``peg``:
             zero-initialised, listed under ``report.converted``); for DETR any of :data:`peg_detr.models.DETR_ENCODINGS`.
+        classes: your label set, ``classes[label]`` (``""``: a label no category uses): the model is
+            rebuilt for it, each class whose name is one of the folder's ``id2label`` (any case,
+            spacing or ``_``; ``class_map`` ``{"your name": "folder's name"}`` adds synonyms)
+            keeping that class's rows of every class-dependent tensor, the others starting fresh
+            (the family's initialisation); ``report.classes`` says which.  None: the folder's classes.
 
     Returns the model in eval mode and a :class:`~peg_core.interop.LoadReport`: ``copied`` (our keys
     loaded), ``converted`` (our keys added at their initialisation), ``skipped`` (file keys left
@@ -82,4 +101,16 @@ def from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[nn.M
             f"{path / 'config.json'}: model_type {kind!r} is not supported (expected one of {', '.join(map(repr, SUPPORTED_MODEL_TYPES))})"
         )
     reader, default = FROM_HF[kind]
-    return reader(path, pos_enc or default)
+    model, report = reader(path, pos_enc or default)
+    if classes is None:
+        return model, report
+    config = read_hf_config(path)
+    transfer = match_classes(list(classes), hf_label_names(config, path / "config.json") or [], class_map)
+    if kind in FROM_HF_CONFIG:
+        options = {k: v for k, v in model.build_config.items() if k not in ("hf_config", "pos_enc")}
+        fresh = FROM_HF_CONFIG[kind](config_for_classes(config, list(classes)), pos_enc or default, **options)
+    else:  # DETR: built by build_detr from the folder's options
+        fresh, _, _ = build_detr(**{**model.build_config, "num_classes": len(classes)})
+    carried = carry_classes(model, fresh, fresh.class_parameters(), transfer, str(path))
+    report.classes, report.converted = transfer, {**report.converted, **carried.converted}
+    return fresh.eval(), report

@@ -165,3 +165,28 @@ def test_relabel_of_a_folder_model_gives_its_config_the_new_names(tmp_path) -> N
     assert {k: v.shape for k, v in rebuilt.state_dict().items()} == {
         k: v.shape for k, v in model.state_dict().items()
     }
+
+
+@pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
+def test_from_hf_with_classes_rebuilds_detr_and_rtdetr_folders(tmp_path) -> None:
+    """``peg_detr.from_hf(folder, classes=...)``: the Python form of ``train --init FOLDER``."""
+    transformers = pytest.importorskip("transformers")
+    from peg_detr.interop import from_hf
+
+    detr = transformers.DetrConfig(
+        use_timm_backbone=True, backbone="resnet18", use_pretrained_backbone=False, d_model=32, encoder_layers=1,
+        decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        num_queries=5, auxiliary_loss=False, id2label=dict(enumerate(START)),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.DetrForObjectDetection(detr).save_pretrained(tmp_path / "detr")
+    start, _ = from_hf(tmp_path / "detr")
+    model, report = from_hf(tmp_path / "detr", classes=["Dog", "", "moto"], class_map={"moto": "bicycle"})
+    assert report.classes.kept == [(0, 3), (2, 1)] and model.num_classes == 3
+    ours, theirs = model.state_dict()["class_embed.weight"], start.state_dict()["class_embed.weight"]
+    assert (
+        torch.equal(ours[0], theirs[3])
+        and torch.equal(ours[2], theirs[1])
+        and torch.equal(ours[3], theirs[4])
+    )
+    assert not model.training
