@@ -40,7 +40,9 @@ from peg_core.engine import (
     refuse_without_effect,
     skipping_collate,
 )
+from peg_core.engine.accum import accum_steps
 from peg_core.engine.cli import class_map_arg, peg_kwargs
+from peg_core.engine.distributed import get_world_size, reduce_sum
 from peg_core.interop.hf_folder import read_hf_config
 from peg_core.interop.io import WeightsError
 from peg_core.peg import PEG2d
@@ -405,6 +407,21 @@ def summary(metrics: dict[str, Any]) -> str:
     return text
 
 
+def step_num_boxes(ctx: RunContext) -> Tensor | None:
+    """The box normaliser of the micro-batch being run under ``--grad-accum-steps`` (None without accumulation).
+
+    The large batch normalises its box losses by its boxes summed over processes / world size; a
+    micro-batch whose loss the engine scales by its ``share`` of the step's samples is normalised
+    by ``share x`` that count of the whole step, so the shares' sum is the large batch's loss.
+    """
+    micro = ctx.micro
+    if micro is None:
+        return None
+    _, targets = micro.step_batch
+    count = torch.full((), float(sum(len(t["labels"]) for t in targets)), device=ctx.device)
+    return torch.clamp(reduce_sum(count) / get_world_size(), min=1) * micro.share
+
+
 class _Step:
     """One training step: forward under autocast, matching and losses in float32."""
 
@@ -420,7 +437,7 @@ class _Step:
                 outputs = net(samples.to(ctx.device), targets)
             else:
                 outputs = net(samples.to(ctx.device))
-        loss_dict = self.criterion(to_float(outputs), targets)
+        loss_dict = self.criterion(to_float(outputs), targets, num_boxes=step_num_boxes(ctx))
         weights = self.criterion.weight_dict
         logs = {k: v.detach() for k, v in loss_dict.items() if k in weights}
         return StepOutput(weighted_loss(loss_dict, weights), logs)
@@ -580,9 +597,11 @@ def _from_checkpoint(
     """
     config = dict(ckpt["model_config"])
     arch = arch_of(config)
-    if arch.name != arch_of(args).name and "arch" in getattr(args, "cli_flags", ()):
-        raise UserError(f"the checkpoint holds a {arch.title}, not a {arch_of(args).title}; use --arch {arch.name}",
-                        args.init)  # fmt: skip
+    if (
+        arch.name != arch_of(args).name
+    ):  # the run's recipe (data pipeline, losses, schedule) is another family's
+        raise UserError(f"the checkpoint holds a {arch.title}, not a {arch_of(args).title}; use --arch {arch.name} "
+                        f"(or a {arch.name} recipe)", args.init)  # fmt: skip
     typed = set(getattr(args, "cli_flags", ()))
     encoding = {"pos_enc": args.pos_enc, **peg_kwargs(args)}
     changed = {k: v for k, v in encoding.items() if k in typed and v is not None and config.get(k) != v}
@@ -687,10 +706,12 @@ class DetectTask:
         ann = train.source
         label_map, num_classes = resolve_label_map(args, train.annotations.categories, ann, ckpt, ctx)
         train_ds, _ = _train_set(args, label_map, train)
-        if len(train_ds) < batch * ctx.dist.world_size:
+        accum = accum_steps(args)
+        if len(train_ds) < batch * accum * ctx.dist.world_size:
+            per_step = f"{batch} x --grad-accum-steps {accum}" if accum > 1 else str(batch)
             raise UserError(
-                f"{len(train_ds)} training images are fewer than one batch ({batch} per process); pass a "
-                "smaller --batch-size (per process) or --total-batch-size",
+                f"{len(train_ds)} training images are fewer than one batch ({per_step} per process); pass a "
+                "smaller --batch-size (per process) or --total-batch-size" + (" or --grad-accum-steps" if accum > 1 else ""),
                 ann,
             )
         val = ValSets(
@@ -707,7 +728,8 @@ class DetectTask:
         _check_input_sides(model, args.eval_sizes or [args.val_size], _sizes_flag(args))
         model.to(ctx.device)
         criterion.to(ctx.device).train()
-        loader, on_epoch_start = _train_loader(train_ds, batch, args, ctx)
+        # one optimizer step's batch: the engine splits it into --grad-accum-steps micro-batches
+        loader, on_epoch_start = _train_loader(train_ds, batch * accum, args, ctx)
         rtdetr = arch_of(args).family == "rtdetr"
         if rtdetr:
             trained, optimizer, scheduler = _rtdetr_optimization(model, args, len(loader))

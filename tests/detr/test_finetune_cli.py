@@ -96,8 +96,8 @@ def test_a_class_map_naming_no_class_is_one_line_before_training(data, tmp_path,
     assert not (tmp_path / "run" / "checkpoint.pth").exists()
 
 
-def test_a_checkpoint_of_this_project_starts_a_run_of_another_arch_only_when_named(data, tmp_path, capsys):
-    """An RT-DETR checkpoint starts a new run (its architecture); a typed --arch of another family is refused."""
+def test_a_checkpoint_of_this_project_starts_a_run_of_its_own_arch(data, tmp_path, capsys):
+    """An RT-DETR checkpoint starts a new run (its architecture); another arch, typed or a recipe's, is refused."""
     source = tmp_path / "source"
     base = ["train", "--config", "rtdetr_demo_tiny", "--data-root", str(data), *RUN]
     assert cli([*base, "--output-dir", str(source)]) == 0
@@ -120,6 +120,11 @@ def test_a_checkpoint_of_this_project_starts_a_run_of_another_arch_only_when_nam
     ]
     assert cli(bad) == 1
     assert "the checkpoint holds a RT-DETR, not a D-FINE; use --arch rtdetr" in capsys.readouterr().err
+    # a recipe of another family (not a typed --arch) is refused the same way
+    bad = ["train", "--config", "demo_tiny", "--data-root", str(data), *RUN, "--output-dir", str(tmp_path / "bad2"),
+           "--init", str(source / "checkpoint.pth")]  # fmt: skip
+    assert cli(bad) == 1
+    assert "the checkpoint holds a RT-DETR, not a DETR; use --arch rtdetr" in capsys.readouterr().err
 
 
 @pytest.mark.slow
