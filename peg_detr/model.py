@@ -31,6 +31,7 @@ from peg_core.interop.resolve import resolve_weights
 from .archs import ARCHS, Arch, arch_named, arch_of, arch_of_model
 from .interop.hf import from_hf
 from .interop.hf_detr import hf_label_names
+from .interop.hf_processor import processor_side
 from .interop.hf_rtdetr import config_for_classes
 from .labels import LabelMap
 
@@ -258,8 +259,9 @@ def load_hf_model(folder: str | os.PathLike) -> LoadedModel:
 
     ``folder``: a local ``save_pretrained`` folder, or a hub id (``"PekingU/rtdetr_r50vd"``) fetched
     once into the hub cache (:func:`peg_core.interop.resolve_weights`).  Label ``i`` is category id
-    ``i`` named by the folder's ``id2label`` (its number without one); ``meta`` / ``args`` are empty,
-    so a predictor uses the architecture's evaluation size (DETR 800, RT-DETR 640).
+    ``i`` named by the folder's ``id2label`` (its number without one); ``meta["val_size"]`` is the
+    side of the folder's ``preprocessor_config.json`` (an ``export-hf`` folder's run size), else
+    absent, so a predictor uses the architecture's evaluation size (DETR 800, RT-DETR 640).
     """
     path = resolve_weights(folder, kind="folder").path
     try:
@@ -273,4 +275,8 @@ def load_hf_model(folder: str | os.PathLike) -> LoadedModel:
     count = int(config.get("num_classes") or len(names))
     names = [*names, *map(str, range(len(names), count))][:count]
     labels = LabelMap.from_categories([{"id": i, "name": n} for i, n in enumerate(names)], "ids")
-    return LoadedModel(model.eval(), config, names, {"labels": labels.to_json()}, {}, postprocessor)
+    meta: dict[str, Any] = {"labels": labels.to_json()}
+    side = processor_side(path)  # an export-hf folder says the size its run evaluated at
+    if side is not None:
+        meta["val_size"] = side
+    return LoadedModel(model.eval(), config, names, meta, {}, postprocessor)

@@ -25,7 +25,11 @@ what peg_detr's post-processors compute; it rounds boxes to whole pixels.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
+
+from peg_core.interop.hf_folder import read_json_object
 
 __all__ = [
     "DETR_EVAL_SIZE",
@@ -35,6 +39,7 @@ __all__ = [
     "PREPROCESSOR_CONFIG",
     "RTDETR_EVAL_SIZE",
     "detr_processor_config",
+    "processor_side",
     "rtdetr_processor_config",
 ]
 
@@ -95,3 +100,20 @@ def detr_processor_config(size: int | None = None, max_size: int | None = None) 
         "do_pad": True,
         **_common(True),
     }
+
+
+def processor_side(folder: str | os.PathLike) -> int | None:
+    """The side a folder's ``preprocessor_config.json`` resizes to (square ``height``, else ``shortest_edge``).
+
+    ``predict`` and ``Predictor`` on a folder evaluate at it, as transformers' pipeline does; ``None``
+    when the folder has no such file or it names no size (the architecture's default is used then).
+    A malformed file is a :class:`~peg_core.interop.WeightsError` naming it.
+    """
+    path = Path(folder) / PREPROCESSOR_CONFIG
+    if not path.is_file():
+        return None
+    size = read_json_object(path, "image processor config").get("size")
+    if not isinstance(size, dict):
+        return None
+    side = size.get("height", size.get("shortest_edge"))
+    return side if isinstance(side, int) and not isinstance(side, bool) and side > 0 else None

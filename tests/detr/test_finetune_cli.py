@@ -153,3 +153,14 @@ def test_the_finetune_recipes_are_short_lower_lr_and_end_plain(name, tmp_path):
     assert args.total_batch_size == 8
     if name != "detr_finetune":  # the RT-DETR family's strong augmentation stops before the end
         assert args.no_aug_epochs == 4 and args.warmup_steps == 200
+
+
+def test_a_folder_is_predicted_at_the_size_its_processor_names(tmp_path):
+    """``predict`` / ``load_hf_model`` on an export-hf folder use its preprocessor_config.json's size."""
+    from peg_detr.interop.hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
+    from peg_detr.model import load_hf_model
+
+    folder = _folder(tmp_path / "hf", ["square", "disc", "triangle", "diamond"])
+    assert "val_size" not in load_hf_model(folder).meta  # no processor: the architecture's default
+    (folder / PREPROCESSOR_CONFIG).write_text(json.dumps(rtdetr_processor_config(96)))
+    assert load_hf_model(folder).meta["val_size"] == 96
