@@ -711,7 +711,8 @@ class DetectTask:
             per_step = f"{batch} x --grad-accum-steps {accum}" if accum > 1 else str(batch)
             raise UserError(
                 f"{len(train_ds)} training images are fewer than one batch ({per_step} per process); pass a "
-                "smaller --batch-size (per process) or --total-batch-size" + (" or --grad-accum-steps" if accum > 1 else ""),
+                "smaller --batch-size (per process) or --total-batch-size"
+                + (" or --grad-accum-steps" if accum > 1 else ""),
                 ann,
             )
         val = ValSets(

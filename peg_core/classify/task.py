@@ -28,6 +28,7 @@ from ..engine import (
     refuse_without_effect,
     warmup_cosine,
 )
+from ..engine.accum import step_batch_size
 from ..engine.broken import SkipBroken, skipping_collate
 from ..engine.checkpoint import read_checkpoint
 from ..engine.recipes import apply_position_recipe
@@ -214,7 +215,8 @@ class ClassifyTask:
         sampler = EpochShuffle(len(train), args.seed, ctx.dist.rank, ctx.dist.world_size)  # type: ignore[arg-type]
         loader = DataLoader(
             SkipBroken(train),
-            batch_size=args.batch_size,
+            # one optimizer step's batch: --grad-accum-steps x --batch-size
+            batch_size=step_batch_size(args),
             sampler=sampler,
             num_workers=workers,
             collate_fn=skipping_collate(torch.utils.data.default_collate),

@@ -411,6 +411,14 @@ def add_train_args(
     add_overwrite_arg(g, help=TRAIN_OVERWRITE_HELP)
     g.add_argument("--epochs", type=positive_int, help="epochs in the schedule")
     g.add_argument("--batch-size", type=positive_int, help="samples per process and step")
+    g.add_argument(
+        "--grad-accum-steps",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="accumulate the gradients of N batches of --batch-size per optimizer step (the step's batch is "
+        "N x --batch-size per process; schedule, EMA, logs and checkpoints count optimizer steps)",
+    )
     g.add_argument("--lr", type=positive_float, help="peak learning rate")
     g.add_argument("--workers", type=nonnegative_int, default=2, help="DataLoader worker processes")
     g.add_argument("--amp", choices=AMP_CHOICES, default="off", help="autocast dtype on CUDA (off on CPU)")

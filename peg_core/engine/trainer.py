@@ -13,6 +13,7 @@ optimizer, data, one ``step`` that returns the loss, ``evaluate``) or an
   last good checkpoint (exit code 3): a non-finite loss, a :class:`~peg_core.errors.NonFiniteError`
   raised in the step (the DETR matcher's NaN/inf cost), non-finite weights at the end of an epoch or
   NaN/inf predictions or metrics in the evaluation after it;
+* ``--grad-accum-steps N``: N micro-batches per optimizer step (:mod:`.accum`);
 * an atomic ``checkpoint.pth`` every epoch, JSONL + TensorBoard logs, progress;
 * broken samples skipped, counted and listed in ``report.json``, with a stop
   above ``--max-broken``.
@@ -35,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import NonFiniteError
+from .accum import Micro, accum_steps, split_batch
 from .broken import BrokenLog, SampleBatch
 from .checkpoint import (
     CHECKPOINT_FORMAT,
@@ -57,10 +59,10 @@ from .distributed import (
     reduce_mean,
     seed_everything,
 )
-from .flag_checks import refuse_resume_changes
+from .flag_checks import refuse_changed_on_resume, refuse_resume_changes
 from .metric_log import MetricLogger
 from .outputs import REPORT_NAME, check_output_folder, check_run_folder, clear_run_files, ensure_writable
-from .progress import Progress
+from .progress import Progress, epoch_line
 from .recipes import check_recipe_args, size_for_step, uses_sizes
 
 __all__ = [
@@ -171,6 +173,8 @@ class RunContext:
         self.args = args
         self.broken: dict[str, BrokenLog] = {}
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == "fp16")
+        #: the micro-batch being run under ``--grad-accum-steps`` (:class:`~.accum.Micro`); None otherwise
+        self.micro: Micro | None = None
 
     @property
     def is_main(self) -> bool:
@@ -311,6 +315,11 @@ class _Fit:
         seed_everything(args.seed, ctx.dist.rank)
         ckpt, ckpt_path = self._resume()
         refuse_resume_changes(args, ckpt)  # --layer-decay: the checkpoint's optimiser groups
+        if ckpt is not None:  # the schedule's and the data order's steps are optimizer steps
+            saved = ckpt.get("args") if isinstance(ckpt.get("args"), Mapping) else {}
+            refuse_changed_on_resume(
+                "grad_accum_steps", int(saved.get("grad_accum_steps") or 1), accum_steps(args)
+            )
         parts = self.task.setup_train(args, ctx, ckpt)
         self.parts = parts
         if uses_sizes(args) and parts.resize_batch is None:
@@ -344,16 +353,15 @@ class _Fit:
             for epoch in range(start_epoch, epochs):
                 if parts.on_epoch_start is not None:
                     parts.on_epoch_start(epoch)
+                started = time.time()
                 train_stats, step = self._train_epoch(net, epoch, step, logger)
+                lr = max(float(g["lr"]) for g in parts.optimizer.param_groups)  # the epoch's, the head's
                 self._check_finite_weights(step, epoch)
                 if parts.scheduler is not None and parts.scheduler_interval == "epoch":
                     parts.scheduler.step()
                 logger.log(epoch, "train", **train_stats, lr=parts.optimizer.param_groups[0]["lr"])
-                ctx.print(
-                    f"epoch {epoch + 1}/{epochs}: "
-                    + " ".join(f"{k} {_fmt(v)}" for k, v in train_stats.items())
-                    + f" ({time.time() - self.t0:.0f} s)"
-                )
+                # the total loss, its main terms, lr and time; every term is in the metrics log above
+                ctx.print(epoch_line(epoch + 1, epochs, train_stats, lr, time.time() - started))
                 last = epoch + 1 == epochs
                 every = getattr(args, "eval_every", 1)
                 if parts.evaluate is not None and (last or (every > 0 and (epoch + 1) % every == 0)):
@@ -415,29 +423,54 @@ class _Fit:
             parts.train_loader, "train", parts.train_size, desc=f"epoch {epoch + 1}/{args.epochs}"
         )
         drawn: list[int] = []
+        accum = accum_steps(args)
         for data in stream:
-            # Drawn from (seed, epoch, step) alone: every rank and a resumed run see the same size.
+            # Drawn from (seed, epoch, step) alone: every rank and a resumed run see the same size;
+            # one size per optimizer step, whatever --grad-accum-steps.
             size = size_for_step(args, epoch, step)
             if size is not None and parts.resize_batch is not None:
-                data = parts.resize_batch(data, size)
                 drawn.append(size)
-            try:
-                out = parts.step(net, data, ctx)
-            except NonFiniteError as e:
-                # NaN/inf predictions met inside the step (the DETR matcher), before any loss.  Weights
-                # are the same on every rank, so a diverged model raises this on all ranks at this step.
-                raise TrainingDiverged(self._diverged_message(str(e), step + 1, epoch)) from None
-            names = ["loss", *out.logs]
-            values = [out.loss.detach().float()] + [
-                torch.as_tensor(v, dtype=torch.float32, device=ctx.device).detach().reshape(())
-                for v in out.logs.values()
-            ]
-            # One collective for every logged value; the loss check uses the rank mean so all ranks stop together.
-            means = reduce_mean(torch.stack([v.to(ctx.device) for v in values])).tolist()
-            if not math.isfinite(means[0]):
-                raise TrainingDiverged(self._diverged_message(f"loss is {means[0]}", step + 1, epoch))
+            micros = [(data, 0)] if accum == 1 else split_batch(data, accum)
+            total = sum(n for _, n in micros)
+            local: Tensor | None = None
             parts.optimizer.zero_grad(set_to_none=True)
-            ctx.scaler.scale(out.loss).backward()
+            for index, (micro, n) in enumerate(micros):
+                share = 1.0 if accum == 1 else n / total
+                ctx.micro = None if accum == 1 else Micro(index, len(micros), share, data)
+                if size is not None and parts.resize_batch is not None:
+                    micro = parts.resize_batch(micro, size)
+                last_micro = index + 1 == len(micros)
+                # DDP: the gradients are averaged over processes once, at the step's last micro-batch
+                sync = (
+                    contextlib.nullcontext() if last_micro or not hasattr(net, "no_sync") else net.no_sync()
+                )
+                with sync:
+                    try:
+                        out = parts.step(net, micro, ctx)
+                    except NonFiniteError as e:
+                        # NaN/inf predictions met inside the step (the DETR matcher), before any loss.  Weights
+                        # are the same on every rank, so a diverged model raises this on all ranks at this step.
+                        raise TrainingDiverged(self._diverged_message(str(e), step + 1, epoch)) from None
+                    finally:
+                        ctx.micro = None
+                    names = ["loss", *out.logs]
+                    values = torch.stack(
+                        [out.loss.detach().float().to(ctx.device)]
+                        + [
+                            torch.as_tensor(v, dtype=torch.float32, device=ctx.device).detach().reshape(())
+                            for v in out.logs.values()
+                        ]
+                    )
+                    # the step's values are the share-weighted sums of the micro-batches': the large batch's
+                    local = values * share if local is None else local + values * share
+                    loss = out.loss if accum == 1 else out.loss * share
+                    ctx.scaler.scale(loss).backward()
+            assert local is not None
+            # One collective for every logged value; the loss check uses the rank mean so all ranks stop together.
+            means = reduce_mean(local).tolist()
+            if not math.isfinite(means[0]):
+                parts.optimizer.zero_grad(set_to_none=True)
+                raise TrainingDiverged(self._diverged_message(f"loss is {means[0]}", step + 1, epoch))
             if clip > 0:
                 ctx.scaler.unscale_(parts.optimizer)
                 nn.utils.clip_grad_norm_(net.parameters(), clip)
@@ -566,10 +599,6 @@ def _evaluate_finite(
     if found is not None:
         raise NonFiniteError(f"the metric {found[0]!r} is {found[1]}")
     return metrics
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.4f}" if isinstance(v, float) else str(v)
 
 
 def _json_roundtrip(obj: Any) -> Any:

@@ -76,12 +76,22 @@ class SetCriterion(nn.Module):
             )
         check_targets(targets, b)
 
-    def forward(self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    def forward(
+        self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]], num_boxes: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """The losses of ``outputs`` against ``targets``.
+
+        ``num_boxes``: the box normaliser to use instead of this batch's count over processes: under
+        gradient accumulation, the optimizer step's boxes (over processes / world size) times the
+        micro-batch's share of the step's samples (:func:`peg_detr.task.step_num_boxes`).
+        """
         self._check_targets(outputs, targets)
         device = outputs["pred_logits"].device
         # Built on the device (a fill, not a host copy) and kept a tensor: no sync for the normalisation.
         count = torch.full((), float(sum(len(t["labels"]) for t in targets)), device=device)
-        num_boxes = torch.clamp(reduce_sum(count) / get_world_size(), min=1)
+        num_boxes = (
+            torch.clamp(reduce_sum(count) / get_world_size(), min=1) if num_boxes is None else num_boxes
+        )
 
         layers = [outputs, *outputs.get("aux_outputs", [])]
         # All layers matched with the step's single device-to-host copy, the indices sent back in one copy.

@@ -8,6 +8,7 @@ from pathlib import Path
 from torch.utils.data import DataLoader, DistributedSampler
 
 from peg_core.engine import SkipBroken, UserError
+from peg_core.engine.accum import step_batch_size
 from peg_core.engine.distributed import DistInfo
 
 from .annotations import Annotations
@@ -90,7 +91,8 @@ def make_loader(
     clip = ClipSpec.of_run(args) if clip is None else clip
     cfg = transform_config(args, clip)
     views = args.num_clips * args.num_crops if mode == "test" else 1
-    batch = args.batch_size if mode == "train" else max(1, args.batch_size // views)
+    # a training batch is one optimizer step's: --grad-accum-steps micro-batches of --batch-size
+    batch = step_batch_size(args) if mode == "train" else max(1, args.batch_size // views)
     common = {
         "batch_size": batch,
         "num_workers": args.workers,

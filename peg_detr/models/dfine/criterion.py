@@ -340,10 +340,21 @@ class DFineCriterion(nn.Module):
         """Weighted sum of the losses that have a weight."""
         return sum(losses[k] * w for k, w in self.weight_dict.items() if k in losses)
 
-    def forward(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    def forward(
+        self, outputs: dict[str, Any], targets: list[dict[str, Tensor]], num_boxes: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """The losses of ``outputs`` against ``targets``.
+
+        ``num_boxes``: the box normaliser to use instead of this batch's count over processes: under
+        gradient accumulation, the optimizer step's boxes (over processes / world size) times the
+        micro-batch's share of the step's samples (:func:`peg_detr.task.step_num_boxes`).  The
+        union-set normaliser (a count of matches, known only now) is scaled by the same factor.
+        """
         self._check(outputs, targets)
         device = outputs["pred_logits"].device
-        num_boxes = _normaliser(sum(len(t["labels"]) for t in targets), device)
+        own_boxes = _normaliser(sum(len(t["labels"]) for t in targets), device)
+        scale = None if num_boxes is None else num_boxes / own_boxes
+        num_boxes = own_boxes if num_boxes is None else num_boxes
         labels = torch.cat([t["labels"] for t in targets]).to(device)
         boxes = torch.cat([t["boxes"] for t in targets]).to(device=device, dtype=torch.float32)
         geometry = self._geometry(outputs)
@@ -359,6 +370,7 @@ class DFineCriterion(nn.Module):
             *own, shared = device_indices([*host, union], targets, device)  # one host-to-device copy
             box_indices = [shared] * len(own)
             box_norm = _normaliser(sum(len(q) for q, _ in union), device)
+            box_norm = box_norm if scale is None else box_norm * scale
         else:
             own = box_indices = device_indices(host, targets, device)
             box_norm = num_boxes

@@ -124,12 +124,22 @@ class RTDETRCriterion(nn.Module):
         """Weighted sum of the losses that have a weight."""
         return sum(losses[k] * w for k, w in self.weight_dict.items() if k in losses)
 
-    def forward(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    def forward(
+        self, outputs: dict[str, Any], targets: list[dict[str, Tensor]], num_boxes: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """The losses of ``outputs`` against ``targets``.
+
+        ``num_boxes``: the box normaliser to use instead of this batch's count over processes: under
+        gradient accumulation, the optimizer step's boxes (over processes / world size) times the
+        micro-batch's share of the step's samples (:func:`peg_detr.task.step_num_boxes`).
+        """
         self._check(outputs, targets)
         device = outputs["pred_logits"].device
         # A device fill, not a host copy: the normalisation adds no synchronisation.
         count = torch.full((), float(sum(len(t["labels"]) for t in targets)), device=device)
-        num_boxes = torch.clamp(reduce_sum(count) / get_world_size(), min=1)
+        num_boxes = (
+            torch.clamp(reduce_sum(count) / get_world_size(), min=1) if num_boxes is None else num_boxes
+        )
         labels = torch.cat([t["labels"] for t in targets]).to(device)
         boxes = torch.cat([t["boxes"] for t in targets]).to(device)
 
