@@ -760,6 +760,7 @@ class DetectTask:
             ),
             on_epoch_start=on_epoch_start,
             summary=summary,
+            monitor="ap",  # COCO AP at --val-size
         )
 
     def setup_eval(self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any]) -> EvalParts:

@@ -286,6 +286,7 @@ class VideoTask:
             on_epoch_start=on_epoch_start,
             summary=summary,
             resize_batch=partial(resize_clips, device=ctx.device),
+            monitor="top1",
         )
 
     def setup_eval(self, args: argparse.Namespace, ctx: RunContext, ckpt: dict[str, Any]) -> EvalParts:

@@ -245,6 +245,7 @@ class ClassifyTask:
             on_epoch_start=sampler.set_epoch,  # data order = f(seed, epoch): exact resume
             summary=_summary,
             resize_batch=partial(resize_images, device=ctx.device),
+            monitor="top1",
         )
 
     # ------------------------------------------------------------------------------------- eval

@@ -36,6 +36,7 @@ from ..interop.io import WeightsError, atomic_save
 from .command import UserError
 
 __all__ = [
+    "BEST_NAME",
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_KEYS",
     "CHECKPOINT_NAME",
@@ -54,6 +55,8 @@ __all__ = [
 CHECKPOINT_FORMAT = "peg-checkpoint/1"
 CHECKPOINT_NAME = "checkpoint.pth"
 PREVIOUS_NAME = "checkpoint_prev.pth"
+#: the best evaluation's checkpoint of a run with ``--early-stopping-patience``, beside the last
+BEST_NAME = "checkpoint_best.pth"
 CHECKPOINT_KEYS = (
     "format", "task", "model", "model_config", "meta", "optimizer", "scheduler", "scaler",
     "epoch", "step", "args", "metrics", "rng_per_rank",
@@ -161,8 +164,11 @@ class CheckpointStore:
         self.path = self.out_dir / CHECKPOINT_NAME
         self.previous = self.out_dir / PREVIOUS_NAME
 
-    def save(self, state: Mapping[str, Any], keep_copy: str | None = None) -> Path:
-        """Write ``state`` (must hold the :data:`CHECKPOINT_KEYS`) as the newest checkpoint."""
+    def save(self, state: Mapping[str, Any], keep_copy: str | None = None, best: bool = False) -> Path:
+        """Write ``state`` (must hold the :data:`CHECKPOINT_KEYS`) as the newest checkpoint.
+
+        ``keep_copy``: also keep it under this name; ``best``: also as :data:`BEST_NAME`.
+        """
         missing = [k for k in CHECKPOINT_KEYS if k not in state]
         if missing:
             raise KeyError(f"checkpoint state lacks {missing}")
@@ -170,6 +176,8 @@ class CheckpointStore:
         atomic_save(dict(state), self.path, keep_previous=self.previous)
         if keep_copy:
             atomic_save(dict(state), self.out_dir / keep_copy)
+        if best:
+            atomic_save(dict(state), self.out_dir / BEST_NAME)
         return self.path
 
     def find_resume(self, log=print) -> tuple[dict[str, Any] | None, Path | None]:

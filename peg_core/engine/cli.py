@@ -437,6 +437,14 @@ def add_train_args(
         "--save-every", type=nonnegative_int, default=0, help="also keep checkpointNNNN.pth every N epochs"
     )
     g.add_argument(
+        "--early-stopping-patience",
+        type=nonnegative_int,
+        default=0,
+        metavar="N",
+        help="stop after N evaluations (see --eval-every) without a better validation metric, keeping the "
+        "best evaluation's checkpoint as checkpoint_best.pth beside the last (0: off)",
+    )
+    g.add_argument(
         "--stop-after-epoch",
         type=positive_int,
         help="leave after this many epochs, as a job time limit would (the schedule stays that of --epochs)",

@@ -79,7 +79,7 @@ FOLDER = "a folder"
 FILE = "a file"
 
 #: ``checkpoint.pth``, ``checkpoint_prev.pth``, ``checkpoint0004.pth``: what ``train`` writes
-_CHECKPOINT_FILE = re.compile(r"checkpoint(_prev|\d{4})?\.pth")
+_CHECKPOINT_FILE = re.compile(r"checkpoint(_prev|_best|\d{4})?\.pth")
 _WEIGHT_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt", ".safetensors"}
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"}
 _VIDEO_SUFFIXES = {".mp4", ".avi", ".mkv", ".webm", ".mov"}

@@ -14,6 +14,8 @@ optimizer, data, one ``step`` that returns the loss, ``evaluate``) or an
   raised in the step (the DETR matcher's NaN/inf cost), non-finite weights at the end of an epoch or
   NaN/inf predictions or metrics in the evaluation after it;
 * ``--grad-accum-steps N``: N micro-batches per optimizer step (:mod:`.accum`);
+* ``--early-stopping-patience N``: a stop after N evaluations without a better ``monitor`` metric,
+  the best evaluation's checkpoint kept as ``checkpoint_best.pth``;
 * an atomic ``checkpoint.pth`` every epoch, JSONL + TensorBoard logs, progress;
 * broken samples skipped, counted and listed in ``report.json``, with a stop
   above ``--max-broken``.
@@ -39,6 +41,7 @@ from ..errors import NonFiniteError
 from .accum import Micro, accum_steps, split_batch
 from .broken import BrokenLog, SampleBatch
 from .checkpoint import (
+    BEST_NAME,
     CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
     CheckpointStore,
@@ -110,6 +113,7 @@ class TrainParts:
         summary: one-line text of the metrics of ``evaluate`` for the console.
         resize_batch: ``resize_batch(batch, size) -> batch`` shows a batch at input side ``size``;
             needed by ``--train-sizes`` / ``--progressive-sizes`` (see :mod:`.recipes`).
+        monitor: the metric of ``evaluate`` (higher is better) that ``--early-stopping-patience`` watches.
     """
 
     model: nn.Module
@@ -125,6 +129,8 @@ class TrainParts:
     on_epoch_start: Callable[[int], None] | None = None
     summary: Callable[[dict[str, Any]], str] | None = None
     resize_batch: Callable[[Any, int], Any] | None = None
+    #: the key of ``evaluate``'s metrics that ``--early-stopping-patience`` watches (higher is better)
+    monitor: str | None = None
 
 
 @dataclass
@@ -312,6 +318,10 @@ class _Fit:
         if ctx.requested_amp not in ("off", "none") and ctx.amp == "off":
             ctx.print(f"--amp {ctx.requested_amp} applies on CUDA only; running in float32 on {ctx.device}")
         check_recipe_args(args)
+        patience = getattr(args, "early_stopping_patience", 0) or 0
+        if patience and getattr(args, "eval_every", 1) == 0:
+            raise UserError("needs evaluations during training; give --eval-every N (0 evaluates at the end only)",
+                            f"--early-stopping-patience {patience}")  # fmt: skip
         seed_everything(args.seed, ctx.dist.rank)
         ckpt, ckpt_path = self._resume()
         refuse_resume_changes(args, ckpt)  # --layer-decay: the checkpoint's optimiser groups
@@ -325,9 +335,20 @@ class _Fit:
         if uses_sizes(args) and parts.resize_batch is None:
             raise UserError(f"task {self.task.name!r} does not resize batches",
                             "--train-sizes / --progressive-sizes")  # fmt: skip
+        if patience and (parts.evaluate is None or parts.monitor is None):
+            what = (
+                "a validation set"
+                if parts.evaluate is None
+                else f"a validation metric of task {self.task.name!r}"
+            )
+            raise UserError(f"needs {what} to watch", f"--early-stopping-patience {patience}")
+        #: --early-stopping-patience: the best value of the monitored metric, its epoch, evaluations since
+        self.early: dict[str, Any] = {"metric": parts.monitor, "best": None, "epoch": None, "bad": 0}
         start_epoch, step, metrics = 0, 0, {}
         if ckpt is not None:
             start_epoch, step, metrics = self._restore(ckpt, ckpt_path)
+            if isinstance(ckpt.get("early_stopping"), Mapping):
+                self.early.update(ckpt["early_stopping"])
         self.epochs_done = start_epoch
         net: nn.Module = parts.model
         if ctx.dist.distributed:
@@ -349,6 +370,9 @@ class _Fit:
         status = "finished"
         if start_epoch >= epochs:
             ctx.print(f"already trained for {start_epoch} of {epochs} epochs ({ckpt_path}); nothing to do")
+        elif patience and self.early["bad"] >= patience:
+            ctx.print(f"{self._early_line(patience)} ({ckpt_path}); nothing to do")
+            start_epoch, status = epochs, "early_stopped"
         try:
             for epoch in range(start_epoch, epochs):
                 if parts.on_epoch_start is not None:
@@ -364,6 +388,7 @@ class _Fit:
                 ctx.print(epoch_line(epoch + 1, epochs, train_stats, lr, time.time() - started))
                 last = epoch + 1 == epochs
                 every = getattr(args, "eval_every", 1)
+                improved = False
                 if parts.evaluate is not None and (last or (every > 0 and (epoch + 1) % every == 0)):
                     try:
                         metrics = _evaluate_finite(parts.evaluate, parts.model, ctx)
@@ -374,8 +399,13 @@ class _Fit:
                     self._log_metrics(logger, epoch, metrics)
                     if parts.summary is not None:
                         ctx.print(f"epoch {epoch + 1}/{epochs}: {parts.summary(metrics)}")
-                self._save(epoch, step, metrics)
+                    improved = patience > 0 and self._watch(metrics, epoch)
+                self._save(epoch, step, metrics, best=improved)
                 self.epochs_done = epoch + 1
+                if patience and self.early["bad"] >= patience and not last:
+                    ctx.print(self._early_line(patience))
+                    status = "early_stopped"
+                    break
                 stop_after = getattr(args, "stop_after_epoch", None)
                 if stop_after is not None and epoch + 1 >= stop_after and not last:
                     ctx.print(
@@ -492,6 +522,27 @@ class _Fit:
             stats["size"] = drawn[0] if len(set(drawn)) == 1 else sum(drawn) / len(drawn)
         return stats, step
 
+    def _watch(self, metrics: Mapping[str, Any], epoch: int) -> bool:
+        """Count an evaluation for ``--early-stopping-patience``; True when it is the best so far."""
+        key = self.early["metric"]
+        value = metrics.get(key)
+        if not isinstance(value, int | float):
+            raise UserError(f"the evaluation gave no number {key!r} to watch", "--early-stopping-patience")
+        best = self.early["best"]
+        if best is None or value > best:
+            self.early.update(best=float(value), epoch=epoch, bad=0)
+            return True
+        self.early["bad"] += 1
+        return False
+
+    def _early_line(self, patience: int) -> str:
+        e = self.early
+        return (
+            f"early stopping: val {e['metric']} has not improved for {patience} evaluations "
+            f"(--early-stopping-patience {patience}); the best, {e['best']:.4f} at epoch {e['epoch'] + 1}, "
+            f"is {self.out / BEST_NAME}"
+        )
+
     def _diverged_message(self, what: str, step: int, epoch: int) -> str:
         """The NaN policy's line: ``<what> at step S (epoch E); training stopped and <checkpoint kept>: <advice>``."""
         kept = self.store.path
@@ -529,7 +580,7 @@ class _Fit:
             if isinstance(value, Mapping):
                 self._log_metrics(logger, epoch, value, f"{tag}_{key}")
 
-    def _save(self, epoch: int, step: int, metrics: dict[str, Any]) -> None:
+    def _save(self, epoch: int, step: int, metrics: dict[str, Any], best: bool = False) -> None:
         parts, ctx, args = self.parts, self.ctx, self.args
         rng_per_rank = all_gather_object(capture_rng_state())  # every rank's RNG, for an exact resume
         if ctx.is_main:
@@ -547,10 +598,11 @@ class _Fit:
                 "args": json_safe(args),
                 "metrics": _json_roundtrip(metrics),
                 "rng_per_rank": rng_per_rank,
+                "early_stopping": dict(self.early),
             }
             every = getattr(args, "save_every", 0)
             copy = f"checkpoint{epoch:04d}.pth" if every and (epoch + 1) % every == 0 else None
-            self.store.save(state, keep_copy=copy)
+            self.store.save(state, keep_copy=copy, best=best)
         barrier()
 
     def _report(
@@ -569,6 +621,11 @@ class _Fit:
             "broken": {name: log.report() for name, log in self.ctx.broken.items()},
             "checkpoint": str(self.out / CHECKPOINT_NAME),
             "output_dir": str(self.out),
+            **(
+                {"best": {**self.early, "checkpoint": str(self.out / BEST_NAME)}}
+                if getattr(self.args, "early_stopping_patience", 0)
+                else {}
+            ),
         }
 
 
