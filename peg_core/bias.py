@@ -201,6 +201,11 @@ class ALiBiBias(AttentionBias):
         return f"num_heads={self.num_heads}, ndim={self.ndim}, metric={self.metric!r}"
 
 
+#: FIRE's hidden layer is computed in row chunks of at most this many bytes (the whole ``(N, N, hidden)``
+#: tensor at once when it fits): 256 MiB; the result ``(heads, N, N)`` is the largest tensor then
+FIRE_CHUNK_BYTES = 256 * 2**20
+
+
 class FIREBias(AttentionBias):
     """FIRE on a grid: ``bias[:, i, j] = f_theta(psi(r_ij) / psi(max(L, q_i)))``, ``psi(x) = log(|c x| + 1)``.
 
@@ -226,8 +231,9 @@ class FIREBias(AttentionBias):
 
     State-dict keys: ``mlp.0.{weight,bias}``, ``mlp.2.{weight,bias}``, ``c``, ``threshold_scale``,
     ``init_threshold``.  Memory: the MLP's hidden layer is an ``(N, N, hidden)`` float32 tensor
-    (4096 grid tokens, a 1024-px ViT/16: 2 GiB at ``hidden=32``), against ``(heads, N, N)`` for
-    ALiBi and LookHere.
+    (4096 grid tokens, a 1024-px ViT/16: 2 GiB at ``hidden=32``); above :data:`FIRE_CHUNK_BYTES`
+    it is computed in row chunks (recomputed in the backward), so the largest tensor is the result
+    ``(heads, N, N)``, as for ALiBi and LookHere.
     """
 
     def __init__(
@@ -281,9 +287,27 @@ class FIREBias(AttentionBias):
         norm = torch.log((c * torch.maximum(extent, threshold)).abs() + 1.0) + self.eps
         x = torch.log((c * rel).abs() + 1.0) / norm[:, None]  # (N, N)
         lin1, _, lin2 = mlp
-        h = F.relu(F.linear(x.unsqueeze(-1), lin1.weight.to(dt), lin1.bias.to(dt)))
-        out = F.linear(h, lin2.weight.to(dt), lin2.bias.to(dt))  # (N, N, heads)
-        return out.permute(2, 0, 1)
+        w1, b1, w2, b2 = lin1.weight.to(dt), lin1.bias.to(dt), lin2.weight.to(dt), lin2.bias.to(dt)
+
+        def rows(x: Tensor) -> Tensor:  # (R, N) -> (heads, R, N)
+            h = F.relu(F.linear(x.unsqueeze(-1), w1, b1))  # (R, N, hidden): the largest tensor
+            return F.linear(h, w2, b2).permute(2, 0, 1)
+
+        n = x.shape[0]
+        hidden_bytes = x.numel() * w1.shape[0] * x.element_size()
+        if hidden_bytes <= FIRE_CHUNK_BYTES or n < 2:
+            return rows(x)
+        # the (N, N, hidden) hidden layer in row chunks of at most FIRE_CHUNK_BYTES: with gradients, each
+        # chunk is recomputed in the backward (activation checkpointing), so no chunk's hidden layer is kept
+        from torch.utils.checkpoint import checkpoint
+
+        step = max(1, FIRE_CHUNK_BYTES // (x.shape[1] * w1.shape[0] * x.element_size()))
+        grad = torch.is_grad_enabled() and (x.requires_grad or w1.requires_grad)
+        parts = [
+            checkpoint(rows, x[i : i + step], use_reentrant=False) if grad else rows(x[i : i + step])
+            for i in range(0, n, step)
+        ]
+        return torch.cat(parts, 1)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, ndim={self.ndim}, eps={self.eps}, per_axis={self.per_axis}"
