@@ -2,6 +2,9 @@
 
 CI logs, ``> log.txt`` and SLURM output files get readable lines such as
 ``epoch 3/50: 120/512 (23%) 4.1 it/s loss=0.853`` instead of carriage-return bar frames.
+After each epoch :func:`epoch_line` says what it did in one line that fits a terminal,
+``epoch 3/12: loss 1.234 (vfl 0.410, bbox 0.120, giou 0.330) lr 2.0e-04 38 s``; every logged
+term goes to the metrics log (``log.jsonl``, TensorBoard) as before.
 """
 
 from __future__ import annotations
@@ -9,10 +12,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO, TypeVar
 
-__all__ = ["Progress", "progress"]
+__all__ = ["Progress", "epoch_line", "format_seconds", "main_terms", "progress"]
 
 T = TypeVar("T")
 
@@ -109,3 +112,56 @@ def progress(
 ) -> Progress[T]:
     """Shorthand for :class:`Progress`."""
     return Progress(it, desc=desc, total=total, enable=enable, **kw)
+
+
+#: the terms of an epoch line after the total loss
+EPOCH_TERMS = 4
+#: entries of an epoch's statistics that are not loss terms (said otherwise, or not at all)
+_NOT_TERMS = ("loss", "steps", "broken", "size")
+
+
+def main_terms(stats: Mapping[str, Any], most: int = EPOCH_TERMS) -> dict[str, float]:
+    """The main loss terms of an epoch's ``stats``, short-named: ``loss_vfl`` -> ``vfl``.
+
+    A main term is a final-layer one: its name without ``loss_`` has no ``_`` left (``loss_giou``,
+    ``acc``); the per-layer, auxiliary, encoder and denoising copies (``loss_giou_0``,
+    ``loss_vfl_aux_0``, ``loss_bbox_dn_pre``) are not.  At most ``most``, in the order logged.
+    """
+    terms = {k: v for k, v in stats.items() if k not in _NOT_TERMS and isinstance(v, int | float)}
+    main = {k.removeprefix("loss_"): float(v) for k, v in terms.items() if "_" not in k.removeprefix("loss_")}
+    return dict(list(main.items())[:most])
+
+
+def format_seconds(seconds: float) -> str:
+    """``38 s``, ``12.5 min``, ``2.1 h``: a duration with its unit."""
+    if seconds < 100:
+        return f"{seconds:.0f} s"
+    if seconds < 6000:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def epoch_line(epoch: int, epochs: int, stats: Mapping[str, Any], lr: float | None, seconds: float) -> str:
+    """``epoch 3/12: loss 1.234 (vfl 0.410, bbox 0.120, giou 0.330) lr 2.0e-04 38 s``.
+
+    ``epoch`` counts from 1; ``stats`` are the epoch's means (``loss`` and the task's terms) with
+    ``steps``, ``broken`` and ``size``; ``seconds`` the epoch's duration.  The total loss, the
+    :func:`main_terms`, the learning rate and the time; the input size when the run draws several
+    (``at 48 px``) and the broken samples when there were any.  The other terms are in the metrics log.
+    """
+    text = f"epoch {epoch}/{epochs}:"
+    if "loss" in stats:
+        text += f" loss {float(stats['loss']):.3f}"
+    terms = main_terms(stats)
+    losses = [f"{k} {v:.3f}" for k, v in terms.items() if f"loss_{k}" in stats]
+    if losses:  # the loss's terms in brackets; other numbers (accuracy) after them
+        text += " (" + ", ".join(losses) + ")"
+    text += "".join(f" {k} {v:.3f}" for k, v in terms.items() if f"loss_{k}" not in stats)
+    if lr is not None:
+        text += f" lr {lr:.1e}"
+    if stats.get("size"):
+        text += f" at {float(stats['size']):.0f} px"
+    text += f" {format_seconds(seconds)}"
+    if stats.get("broken"):
+        text += f", {int(stats['broken'])} broken"
+    return text
