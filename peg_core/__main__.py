@@ -1,19 +1,16 @@
-"""python -m peg_core: the CPVT classifier and checkpoint surgery.
+"""The CPVT classifier (a ViT with a PEG) and checkpoint surgery for ViTs.
+
+``python -m peg_core VERB ...``; ``python -m peg_core -h`` lists the verbs (:data:`SUMMARIES`, one
+line each), ``VERB -h`` their options, docs/cli.md all of it::
 
     python -m peg_core make-data OUT [--num-train 2048 --num-val 512 --img-size 48 --format png]
     python -m peg_core train [--config demo] [--data-root PATH] [--output-dir runs/classify] ...
     python -m peg_core eval --checkpoint CKPT [--data-root PATH] [--eval-sizes 36,48,72,96]
     python -m peg_core predict --checkpoint CKPT IMAGE...
-    python -m peg_core configs [NAME]
-    python -m peg_core models
+    python -m peg_core export CKPT OUT.onnx [--check]
+    python -m peg_core quantize CKPT OUT.pt2 [--calib 256] [--calib-data PATH] [--img-size S]
     python -m peg_core resize-pos-embed IN OUT --grid 24x24 [--mode bicubic] [--key K] [--prefix-tokens N]
     python -m peg_core to-cpvt IN OUT [--peg-at 0] [--kernel-size 3]
-    python -m peg_core quantize CKPT OUT.pt2 [--calib 256] [--calib-data PATH] [--img-size S]
-
-Surgery: ``IN`` / ``OUT`` are ``.pth`` (read with ``weights_only=True``) or
-``.safetensors`` files; ``OUT`` is written in the format its suffix names.  ``OUT`` may not be
-``IN``, a training checkpoint or a file of another kind unless ``--overwrite`` (an earlier
-weights file of the same name is replaced).
 
 This is the command-line layer: the library's documented errors (``WeightsError``, a
 ``ValueError``; ``OSError`` while writing; ``MissingDependency`` for a missing safetensors) become
@@ -29,6 +26,7 @@ from pathlib import Path
 
 from . import __version__
 from .classify import cli as classify_cli
+from .classify.export import main as export_cli
 from .classify.quantize import main as quantize_cli
 from .engine import (
     UserError,
@@ -46,9 +44,16 @@ from .interop import WeightsError, learned_to_cpvt, read_state_file, resize_chec
 
 PROG = "python -m peg_core"
 
+#: what the surgery verbs read and write (their -h says it)
+SURGERY_FILES = """IN / OUT are .pth (read with weights_only=True) or .safetensors files; OUT is written in the
+format its suffix names.  OUT may not be IN, a training checkpoint or a file of another kind
+unless --overwrite (an earlier weights file of the same name is replaced)."""
+
 
 def _resize_parser() -> argparse.ArgumentParser:
-    r = new_parser(f"{PROG} resize-pos-embed", "Resize the position table of a ViT checkpoint.")
+    r = new_parser(
+        f"{PROG} resize-pos-embed", f"Resize the position table of a ViT checkpoint.\n\n{SURGERY_FILES}"
+    )
     r.add_argument("input", type=Path)
     r.add_argument("output", type=Path)
     r.add_argument(
@@ -65,7 +70,9 @@ def _resize_parser() -> argparse.ArgumentParser:
 
 
 def _to_cpvt_parser() -> argparse.ArgumentParser:
-    c = new_parser(f"{PROG} to-cpvt", "Drop the learned table, add zero-initialised PEG weights.")
+    c = new_parser(
+        f"{PROG} to-cpvt", f"Drop the learned table, add zero-initialised PEG weights.\n\n{SURGERY_FILES}"
+    )
     c.add_argument("input", type=Path)
     c.add_argument("output", type=Path)
     c.add_argument("--peg-at", type=int_list, default=[0], help="blocks followed by a PEG, e.g. 0 or 0,1,2")
@@ -137,16 +144,31 @@ COMMANDS = {
     "predict": classify_cli.predict,
     "configs": classify_cli.configs,
     "models": classify_cli.models,
+    "export": export_cli,
+    "quantize": quantize_cli,
     "resize-pos-embed": resize_pos_embed,
     "to-cpvt": to_cpvt,
-    "quantize": quantize_cli,
+}
+
+#: the top-level -h: one line per verb
+SUMMARIES = {
+    "make-data": "write the generated shapes as an ImageFolder tree",
+    "train": "train a CPVT classifier on the shapes or an ImageFolder (torchrun: several GPUs)",
+    "eval": "top-1 / top-5 of a checkpoint (or a quantized .pt2) at one or several sizes",
+    "predict": "the top-k classes of image files",
+    "configs": "the named recipes of train --config and what they set",
+    "models": "the public ViTs --init takes by name, their published accuracy, a PEG run",
+    "export": "a checkpoint as an ONNX graph (dynamic batch, height, width)",
+    "quantize": "int8 post-training quantization to a .pt2 file (eval runs it on the CPU)",
+    "resize-pos-embed": "resize a ViT checkpoint's learned position table to another grid",
+    "to-cpvt": "a ViT checkpoint with zero-initialised PEG weights in place of its table",
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (0 ok, 1 user error, 2 usage, 3 NaN/inf loss)."""
     try:
-        return dispatch(PROG, __doc__ or "", COMMANDS, argv, version=__version__)
+        return dispatch(PROG, __doc__ or "", COMMANDS, argv, version=__version__, summaries=SUMMARIES)
     except SystemExit as e:  # argparse: usage errors (2) and --help (0)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
 

@@ -1,4 +1,7 @@
-"""``python -m peg_video make-data|train|eval|predict|configs|models|prepare|export|export-hf ...``
+"""Video transformers with a space-time PEG or another position encoding, for action recognition.
+
+``python -m peg_video VERB ...``; ``python -m peg_video -h`` lists the verbs (:data:`SUMMARIES`, one
+line each), ``VERB -h`` their options, docs/cli.md all of it::
 
     python -m peg_video make-data data/synthetic_kinetics --num-train 120 --num-val 60
     python -m peg_video train --train-ann data/synthetic_kinetics/train.csv \\
@@ -10,8 +13,6 @@
     python -m peg_video export runs/video/checkpoint.pth video.onnx --check
     python -m peg_video train --init videomae-small-folder --pos-enc peg3d --train-ann ... --val-ann ...
     python -m peg_video export-hf runs/video/checkpoint.pth videomae_folder
-    python -m peg_video configs [NAME]
-    python -m peg_video models
     python -m peg_video prepare k400 k400_320 --short-side 320 --workers 16
 """
 
@@ -41,10 +42,23 @@ COMMANDS = {
     "export-hf": cli.export_hf,
 }
 
+#: the top-level -h: one line per verb
+SUMMARIES = {
+    "make-data": "write the synthetic moving-shapes set (Kinetics, SSv2, UCF101, HMDB51 or folder layout)",
+    "train": "train on annotated clips (CSV or the data set's own files; torchrun: several GPUs)",
+    "eval": "multi-view top-1 / top-5 of a checkpoint on a validation split",
+    "predict": "the top-k classes of video files",
+    "configs": "the named recipes of train --config and what they set",
+    "models": "the public video models --init takes by id, their published accuracy, a PEG run",
+    "prepare": "a copy of a Kinetics tree with videos at a smaller short side",
+    "export": "a checkpoint as an ONNX graph (dynamic batch, frames, height, width)",
+    "export-hf": "a checkpoint as a Hugging Face folder (VideoMAE)",
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command under the failure policy; returns the exit code."""
-    return dispatch("python -m peg_video", __doc__, COMMANDS, argv, version=__version__)
+    return dispatch("python -m peg_video", __doc__, COMMANDS, argv, version=__version__, summaries=SUMMARIES)
 
 
 if __name__ == "__main__":

@@ -392,16 +392,27 @@ def add_make_data_counts(
 
 
 def add_train_args(
-    p: argparse.ArgumentParser, *, output_dir: str, configs: Mapping[str, Any] | None = None
+    p: argparse.ArgumentParser,
+    *,
+    output_dir: str,
+    configs: Mapping[str, Any] | None = None,
+    init_help: str = "starting weights (a checkpoint or weights file of this task)",
 ) -> None:
     """The flags every ``train`` command takes (a task adds its own data / model flags).
 
     Defaults that depend on the task (epochs, batch size, lr, ...) come from the task's
     ``set_defaults`` or a ``--config`` recipe; ``None`` here means "the recipe's value".
+    ``--config NAME`` lists no names: its help points to the ``configs`` verb, which lists each
+    recipe once with what it sets (a wrong name is still a usage error that lists them).
+    ``init_help``: what ``--init`` takes in this task (every format it reads).
     """
     g = p.add_argument_group("run (common to every package)")
     if configs is not None:
-        g.add_argument("--config", choices=sorted(configs), help="named recipe; explicit flags override it")
+        package = p.prog.rsplit(" ", 1)[0]
+        g.add_argument(
+            "--config", choices=sorted(configs), metavar="NAME",
+            help=f"named recipe; explicit flags override it (the recipes: {package} configs)",
+        )  # fmt: skip
     g.add_argument("--output-dir", type=Path, default=Path(output_dir), help="checkpoints, logs, report.json")
     g.add_argument(
         "--resume",
@@ -425,11 +436,7 @@ def add_train_args(
     g.add_argument("--clip-max-norm", type=nonnegative_float, help="gradient-norm clipping (0: off)")
     g.add_argument("--device", type=device_arg, default="auto", help="auto | cpu | cuda | cuda:N")
     g.add_argument("--seed", type=int, default=0, help="seed of data order, augmentation and init")
-    g.add_argument(
-        "--init",
-        type=Path,
-        help="starting weights (a checkpoint or weights file of this task; see the task's -h for the formats)",
-    )
+    g.add_argument("--init", type=Path, metavar="PATH", help=init_help)
     g.add_argument(
         "--eval-every", type=nonnegative_int, default=1, help="evaluate every N epochs (0: at the end)"
     )
@@ -614,19 +621,20 @@ def dispatch(
     commands: Mapping[str, Callable[[list[str]], Any]],
     argv: Sequence[str] | None = None,
     version: str | None = None,
+    summaries: Mapping[str, str] | None = None,
 ) -> int:
     """``python -m PACKAGE COMMAND ...``: run ``commands[COMMAND](rest)`` under the failure policy.
 
-    No command or ``-h`` prints the package's help; ``--version`` prints ``peg-core 0.1.0`` (the
-    distribution's name, from the last word of ``prog``, and ``version``); an unknown command is a
-    usage error.  Returns the exit code, as console scripts (``sys.exit(main())``) expect.
+    No command or ``-h`` prints the package's help (:func:`package_help`: ``doc``'s first line, the
+    verbs of ``summaries`` with one line each, where the rest is); ``--version`` prints ``peg-core
+    0.1.0`` (the distribution's name, from the last word of ``prog``, and ``version``); an unknown
+    command is a usage error.  A command that ``summaries`` leaves out runs but is not listed (an
+    old name kept as an alias).  Returns the exit code, as console scripts (``sys.exit(main())``) expect.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    shown = list(summaries) if summaries is not None else list(commands)
     if not argv or argv[0] in ("-h", "--help"):
-        print(plain_text(doc).strip())
-        print(f"\ncommands: {', '.join(commands)} (add -h for the options of each)")
-        if version is not None:
-            print("--version: print the version and exit")
+        print(package_help(prog, doc, {name: (summaries or {}).get(name, "") for name in shown}, version))
         return 0 if argv else 2
     if argv[0] == "--version" and version is not None:
         print(f"{prog.split()[-1].replace('_', '-')} {version}")
@@ -634,11 +642,40 @@ def dispatch(
     name, rest = argv[0], argv[1:]
     if name not in commands:
         print(
-            f"error: {prog}: unknown command {name!r}; choose from {', '.join(commands)}",
+            f"error: {prog}: unknown command {name!r}; choose from {', '.join(shown)} (see {prog} -h)",
             file=sys.stderr,
         )
         return 2
     return run_command(commands[name], rest)
+
+
+#: where every verb is described in full (the top-level ``-h`` points to it)
+CLI_DOC = "docs/cli.md"
+
+
+def package_help(prog: str, doc: str, verbs: Mapping[str, str], version: str | None = None) -> str:
+    """The top-level ``-h`` of every package, in one layout::
+
+        python -m peg_detr: <doc's first line>
+
+        usage: python -m peg_detr VERB [options]
+
+        verbs:
+          make-data   <one line>
+          ...
+
+        python -m peg_detr VERB -h: the options of one verb; docs/cli.md: every verb in full.
+
+    Only ``doc``'s first line is printed (its markup removed): the rest is for the API docs.
+    """
+    first = plain_text(doc).strip().splitlines()[0].strip() if doc.strip() else ""
+    width = max(map(len, verbs), default=0) + 2
+    lines = [f"{prog}: {first}" if first else prog, "", f"usage: {prog} VERB [options]", "", "verbs:"]
+    lines += [f"  {name:<{width}}{text}".rstrip() for name, text in verbs.items()]
+    lines += ["", f"{prog} VERB -h: the options of one verb; {CLI_DOC}: every verb in full."]
+    if version is not None:
+        lines.append(f"{prog} --version: print the version and exit.")
+    return "\n".join(lines)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -650,10 +687,29 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     ``store_false``), or a help that already names its default.  Lists print as they are typed
     (``0,1``), paths as paths.  Descriptions, epilogs and option help are docstring text: their
     reStructuredText markup is removed (:func:`~peg_core.engine.helptext.plain_text`).
+
+    Kept short: a usage longer than :attr:`USAGE_LINES` lines names only the positionals, the
+    required options and ``--config``, then ``[options]`` (the groups below list every flag once);
+    an option without a ``metavar`` shows a short one for its type (``N``, ``X``, ``PATH``, ``DIR``,
+    ``F``, ``HxW``) rather than its destination in capitals (``--batch-size N``, not
+    ``--batch-size BATCH_SIZE``), so that most options and their help share a line.
     """
+
+    #: the most lines of a usage that lists every option
+    USAGE_LINES = 3
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         return super()._fill_text(plain_text(text), width, indent)
+
+    def _format_usage(self, usage: Any, actions: Any, groups: Any, prefix: Any) -> str:
+        text = super()._format_usage(usage, actions, groups, prefix)
+        if usage is not None or len(text.strip("\n").splitlines()) <= self.USAGE_LINES:
+            return text
+        kept = [a for a in actions if not a.option_strings or a.required or a.dest == "config"]
+        return super()._format_usage(None, kept, groups, prefix).rstrip("\n") + " [options]\n\n"
+
+    def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+        return short_metavar(action)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = plain_text(action.help or "") if action.help is not argparse.SUPPRESS else action.help
@@ -671,14 +727,34 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: {shown.replace('%', '%%')})".lstrip()
 
 
+#: the metavar of an option by its argparse ``type`` (:func:`short_metavar`)
+_TYPE_METAVARS: dict[Any, str] = {
+    int: "N", positive_int: "N", nonnegative_int: "N", float: "X", positive_float: "X",
+    nonnegative_float: "X", unit_fraction: "F", image_side: "PX", grid_arg: "HxW", image_side_list: "SIZES",
+    positive_int_list: "LIST", int_list: "LIST", peg_at_arg: "BLOCKS", odd_kernel: "K", layer_decay_value: "D",
+}  # fmt: skip
+
+
+def short_metavar(action: argparse.Action) -> str:
+    """What ``-h`` shows after an option without a ``metavar``: its destination in capitals when that
+    is short (``--device DEVICE``), else a word for its type (``N``, ``X``, ``F`` a fraction, ``PX``,
+    ``HxW``, ``DIR`` / ``PATH``) or the destination's last word (``--train-json JSON``)."""
+    name = action.dest.upper()
+    if len(name) <= 6:
+        return name
+    if action.type is Path:
+        return "DIR" if action.dest.endswith("_dir") else "PATH"
+    return _TYPE_METAVARS.get(action.type) or name.rsplit("_", 1)[-1]
+
+
 def new_parser(prog: str, description: str | None = None) -> ArgumentParser:
     """An :class:`~peg_core.engine.command.ArgumentParser` whose ``-h`` shows the defaults (:class:`HelpFormatter`)."""
     return ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
 
 
 __all__ += [
-    "MAX_IMAGE_SIDE", "PEG_OPTIONS", "PEG_PADDINGS", "HelpFormatter", "add_json_arg", "configs_command",
-    "new_parser", "peg_kwargs",
+    "CLI_DOC", "MAX_IMAGE_SIDE", "PEG_OPTIONS", "PEG_PADDINGS", "HelpFormatter", "add_json_arg",
+    "configs_command", "new_parser", "package_help", "peg_kwargs", "short_metavar",
 ]  # fmt: skip
 
 
