@@ -6,7 +6,8 @@
   ``torchrun``); returns the run report.
 * ``eval --checkpoint CKPT``: COCO box AP of a checkpoint, at one or several ``--eval-sizes``.
 * ``predict IMAGE... --checkpoint CKPT``: draw detections on image files (:mod:`peg_detr.predict`).
-* ``export`` / ``export-hf``: ONNX graph / Hugging Face DETR or RT-DETR folder (:mod:`peg_detr.export`).
+* ``export`` / ``export-hf``: ONNX graph / Hugging Face folder of a DETR, RT-DETR, D-FINE or DEIMv2
+  (:mod:`peg_detr.export`).
 
 The run flags (``--output-dir --resume --epochs --batch-size --lr --init`` ...) and the knob
 vocabulary (``--data-root``, ``--arch``, ``--num-heads``, the PEG group) come from
@@ -103,29 +104,16 @@ __all__ = [
 #: the closing lines' metrics: COCO box AP and AP50 at the headline short side
 SUMMARY = Summary(("ap", "ap50"), size_key="size")
 
-_TRAIN_DOC = """Train DETR (PEG / sine / learned / none) on a COCO-format data set.
-
-``--data-root`` is detected as COCO's own layout (``train2017/``, ``val2017/``, ``annotations/``), a
-Roboflow COCO export (``train/``, ``valid/`` with ``_annotations.coco.json``) or an ultralytics YOLO set
-(``data.yaml``), said in one line; ``--train-ann FILE --train-images DIR`` (and ``--val-ann`` /
-``--val-images``) give any other COCO json and its image folder.
-
-Single process::
+_TRAIN_DOC = """Train a detector (DETR, RT-DETR, D-FINE, DEIMv2) on a COCO, Roboflow COCO or YOLO set.
 
     python -m peg_detr train --data-root /data/coco --config cpvt_peg_50ep --output-dir runs/peg
-
-Several GPUs / nodes (the recipe's ``--total-batch-size`` is split over the processes)::
-
     torchrun --nproc_per_node 8 -m peg_detr train --data-root /data/coco --config cpvt_peg_50ep --output-dir runs/peg
 
-Every epoch writes ``checkpoint.pth`` atomically (``--save-every N`` also keeps
-``checkpointNNNN.pth``); ``--resume auto`` continues from the output folder's
-checkpoint exactly.  ``--init PATH`` starts from official DETR weights (``.pth``) or a
-Hugging Face DETR / RT-DETR folder / weights file; a hub id (``--init facebook/detr-resnet-50``,
-``--arch rtdetr --init PekingU/rtdetr_r50vd``) is fetched once into the Hugging Face cache
-(``HF_HUB_OFFLINE=1``: read from it only).  ``report.json`` holds the last evaluation
-(``eval.ap``, ``eval.ap50`` at ``--val-size``, ``eval.sizes`` per ``--eval-sizes``) and the
-broken images that were skipped.  Evaluate a checkpoint with ``python -m peg_detr eval``.
+``--data-root``'s layout is detected (COCO's ``train2017/``, ``val2017/``, ``annotations/``; a Roboflow
+export; a YOLO ``data.yaml``); ``--train-ann FILE --train-images DIR`` (and ``--val-ann`` /
+``--val-images``) give any other COCO json.  Every epoch writes ``checkpoint.pth`` (``--resume auto``
+continues it); ``report.json`` holds the last evaluation.  The recipes: ``python -m peg_detr configs``;
+every flag in full: docs/cli.md.
 """
 
 _EVAL_DOC = """Evaluate a DETR training checkpoint (COCO box AP), at one or several input sizes.
@@ -202,13 +190,17 @@ def _add_val_args(p: argparse.ArgumentParser, *, required: bool) -> None:
         aliases=["--coco-path"],
     )
     g.add_argument(
-        "--val-json", help="COCO layout: validation json (default annotations/instances_val2017.json)"
-    )
+        "--val-json", metavar="FILE",
+        help="COCO layout: validation json (default annotations/instances_val2017.json)",
+    )  # fmt: skip
     g.add_argument(
         "--val-ann",
+        metavar="FILE",
         help="validation split as a COCO json FILE, with --val-images (any layout; overrides --data-root's)",
     )
-    g.add_argument("--val-images", help="the folder of --val-ann's images (its file_name entries)")
+    g.add_argument(
+        "--val-images", metavar="DIR", help="the folder of --val-ann's images (its file_name entries)"
+    )
     g.add_argument("--val-size", type=image_side, help="short side at evaluation (headline numbers)")
     g.add_argument(
         "--eval-sizes",
@@ -227,13 +219,17 @@ def _add_train_data_args(p: argparse.ArgumentParser) -> None:
     """The training split, its augmentation and the batch over all processes."""
     g = p.add_argument_group("training data")
     g.add_argument(
-        "--train-json", help="COCO layout: training json (default annotations/instances_train2017.json)"
-    )
+        "--train-json", metavar="FILE",
+        help="COCO layout: training json (default annotations/instances_train2017.json)",
+    )  # fmt: skip
     g.add_argument(
         "--train-ann",
+        metavar="FILE",
         help="training split as a COCO json FILE, with --train-images (any layout; overrides --data-root's)",
     )
-    g.add_argument("--train-images", help="the folder of --train-ann's images (its file_name entries)")
+    g.add_argument(
+        "--train-images", metavar="DIR", help="the folder of --train-ann's images (its file_name entries)"
+    )
     g.add_argument(
         "--labels",
         choices=LABEL_MODES,
@@ -252,14 +248,18 @@ def _add_train_data_args(p: argparse.ArgumentParser) -> None:
         "--train-sizes",
         dest="train_scales",
         type=image_side_list,
+        metavar="SIZES",
         help="short sides of the multi-scale resize",
     )
     add_alias(g, "--train-scales", dest="train_scales", type=image_side_list)
     g.add_argument("--max-size", type=image_side, help="long-side cap of the training resize")
     g.add_argument(
-        "--crop-resize", type=sizes_or_off, help="sizes before the random crop; '' or off disables it"
+        "--crop-resize",
+        type=sizes_or_off,
+        metavar="SIZES",
+        help="sizes before the random crop; '' or off disables it",
     )
-    g.add_argument("--crop-size", type=min_max, help="MIN,MAX side of the random crop")
+    g.add_argument("--crop-size", type=min_max, metavar="MIN,MAX", help="sides of the random crop")
     g.add_argument(
         "--total-batch-size",
         type=positive_int,
@@ -273,14 +273,26 @@ def _add_train_data_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--lr-drop", type=positive_int, help="the lr is divided by 10 every this many epochs")
 
 
+def _names(names: Sequence[str]) -> str:
+    """``hgnetv2_b0, hgnetv2_b1, vit_tiny`` -> ``hgnetv2_{b0,b1}, vit_tiny``: a long list in one help line."""
+    families: dict[str, list[str]] = {}
+    for name in names:
+        head, _, tail = name.rpartition("_") if name.startswith("hgnetv2_") else (name, "", "")
+        families.setdefault(head, []).append(tail)
+    return ", ".join(
+        head if tails == [""] else f"{head}_{{{','.join(tails)}}}" for head, tails in families.items()
+    )
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("model")
     add_arch_arg(m, tuple(ARCHS), help="detector architecture", default="detr")
     m.add_argument(
         "--backbone",
         choices=list(dict.fromkeys(name for arch in ARCHS.values() for name in arch.backbones)),
-        help="CNN backbone: "
-        + "; ".join(f"{', '.join(a.backbones)} (--arch {a.name})" for a in ARCHS.values())
+        metavar="NAME",
+        help="backbone per --arch: "
+        + "; ".join(f"{a.name}: {_names(a.backbones)}" for a in ARCHS.values())
         + " (tiny: the CPU demos)",
     )
     m.add_argument(
@@ -290,14 +302,16 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "ResNets: IMAGENET1K_V2 alone) or a hub id, fetched once into its cache; --arch rtdetr: also an "
         "RT-DETR folder or hub id (PekingU/rtdetr_r50vd), whose ResNet-vd is taken",
     )
-    m.add_argument("--dilation", action="store_true", help="DC5: dilate the last ResNet stage")
+    m.add_argument("--dilation", action="store_true", help="DC5: dilate the last ResNet stage (--arch detr)")
     add_pos_args(
         m,
         DETR_ENCODINGS,
         note="--arch rtdetr takes the same but sine, and its sincos is RT-DETR's layout",
         peg_at_help="encoder layers followed by a PEG, e.g. 0 or 0,1; -1: on the encoder input; all: after every layer",
     )
-    m.add_argument("--decoder-key-pos", choices=DECODER_KEY_POS, help="cross-attention key positions")
+    m.add_argument(
+        "--decoder-key-pos", choices=DECODER_KEY_POS, help="cross-attention key positions (--arch detr)"
+    )
     m.add_argument(
         "--learned-grid",
         type=grid_arg,
@@ -333,11 +347,8 @@ def _epoch_window(text: str) -> list[int]:
 
 
 def _add_dfine_args(p: argparse.ArgumentParser) -> None:
-    """The options of the RT-DETR successors (``--arch dfine``): size presets, DEIM's loss and activations."""
-    sizes = sorted({name for arch in ARCHS.values() for name in arch.sizes})
-    d = p.add_argument_group("dfine (--arch dfine; DEIM trains the same model)")
-    d.add_argument("--model-size", choices=sizes, help="the published size's model (D-FINE n/s/m/l/x: backbone, "
-                   "widths, depths, points; tiny: the CPU demo's); other model flags override it")  # fmt: skip
+    """D-FINE's and DEIM's options (``--arch dfine``): DEIM's loss and activations, backbone freezing; mosaic / mixup."""
+    d = p.add_argument_group("D-FINE and DEIM (--arch dfine)")
     d.add_argument("--cls-loss", choices=CLS_LOSSES, help="classification loss: vfl (D-FINE), mal (DEIM's "
                    "matchability-aware loss, gamma 1.5), focal")  # fmt: skip
     d.add_argument("--decoder-act", dest="decoder_activation", choices=ACTIVATIONS,
@@ -348,7 +359,7 @@ def _add_dfine_args(p: argparse.ArgumentParser) -> None:
                    help="frozen backbone norms (default: the size's; D-FINE L/X frozen, DEIM unfreezes)")  # fmt: skip
     d.add_argument("--backbone-freeze-at", type=int, help="frozen backbone parts: -1 none, 0 the stem, k the stem "
                    "and k stages (default: the size's; D-FINE L/X 0, DEIM -1)")  # fmt: skip
-    o = p.add_argument_group("dense one-to-one matching (DEIM)")
+    o = p.add_argument_group("DEIM's dense one-to-one matching: mosaic and mixup (every --arch)")
     o.add_argument("--mosaic-prob", type=unit_fraction, help="chance that a training image is a 2x2 mosaic of "
                    "four (DEIM: 0.5); more targets per image for the one-to-one matching")  # fmt: skip
     o.add_argument("--mosaic-epochs", type=_epoch_window, metavar="START,END",
@@ -361,8 +372,12 @@ def _add_dfine_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_rtdetr_args(p: argparse.ArgumentParser) -> None:
-    """``--arch rtdetr``'s own options (the widths, queries and PEG flags above are shared)."""
-    r = p.add_argument_group("rtdetr (--arch rtdetr)")
+    """The RT-DETR family's options (``--arch rtdetr / dfine / deimv2``; the widths, queries and PEG flags above are shared)."""
+    sizes = sorted({name for arch in ARCHS.values() for name in arch.sizes})
+    r = p.add_argument_group("RT-DETR, D-FINE and DEIMv2 (--arch rtdetr, dfine, deimv2)")
+    r.add_argument("--model-size", choices=sizes, metavar="SIZE", help="a published size's model (D-FINE "
+                   "n/s/m/l/x, DEIMv2 atto/femto/pico/n/s/m/l: backbone, widths, depths, points; tiny: the "
+                   "CPU demos'); other model flags override it (--arch dfine, deimv2)")  # fmt: skip
     r.add_argument("--encoder-expansion", type=positive_float, help="CCFM CSP width multiplier (R18vd 0.5)")
     r.add_argument("--num-denoising", type=nonnegative_int, help="denoising queries per image (0: off)")
     r.add_argument("--label-noise-ratio", type=unit_fraction, help="denoising: labels flipped at random")
@@ -418,9 +433,17 @@ def build_make_data_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: what ``train --init`` reads (:func:`~.task.DetectTask.setup_train`)
+INIT_HELP = (
+    "starting weights: a Hugging Face folder or hub id (DETR, RT-DETR, D-FINE, DEIMv2; e.g. "
+    "facebook/detr-resnet-50, PekingU/rtdetr_r50vd), a checkpoint of peg_detr train, or an official DETR "
+    ".pth; classes are carried over by name, --class-map for synonyms, the others start fresh"
+)
+
+
 def build_train_parser() -> argparse.ArgumentParser:
     p = new_parser("python -m peg_detr train", _TRAIN_DOC)
-    add_train_args(p, output_dir="runs/detr", configs=CONFIGS)
+    add_train_args(p, output_dir="runs/detr", configs=CONFIGS, init_help=INIT_HELP)
     _add_val_args(p, required=True)
     _add_train_data_args(p)
     _add_model_args(p)
@@ -610,7 +633,7 @@ def predict(argv: list[str] | None = None) -> int:
     from .predict import predict_images  # torchvision's drawing code only when asked
 
     args = build_predict_parser().parse_args(argv)
-    device = predict_device(args.device)
+    device = predict_device(args.device, args.threads)
     names = output_names(args.files, ".png")
     # before the model is read: no input, training report or other file is overwritten
     check_predict_outputs(args, args.output_dir, [*names, "detections.json", "report.json"])
@@ -649,7 +672,7 @@ def export(argv: list[str] | None = None) -> int:
 
 
 def export_hf(argv: list[str] | None = None) -> Path:
-    """``export-hf CKPT DIR``: a ``sine`` checkpoint as a Hugging Face DETR folder."""
+    """``export-hf CKPT DIR``: a checkpoint as a Hugging Face folder (DETR ``sine``; RT-DETR, D-FINE, DEIMv2 ``sincos``)."""
     from .export import main_hf  # imports the export machinery only when asked
 
     return main_hf(argv)

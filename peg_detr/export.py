@@ -175,16 +175,17 @@ def build_hf_parser() -> argparse.ArgumentParser:
     """Arguments of ``export-hf``: the checkpoint and the folder to write."""
     p = new_parser(
         "python -m peg_detr export-hf",
-        "write a peg_detr checkpoint as a Hugging Face folder (config.json + model.safetensors): DETR with "
-        "--pos-enc sine, or RT-DETR with --pos-enc sincos",
+        "Write a peg_detr checkpoint as a Hugging Face folder (config.json, model.safetensors and the\n"
+        "preprocessor_config.json that pipeline('object-detection') reads): DETR with --pos-enc sine;\n"
+        "RT-DETR, D-FINE and DEIMv2 with --pos-enc sincos (their EMA weights).",
     )
     p.add_argument(
         "checkpoint",
         type=Path,
-        help="training checkpoint of `python -m peg_detr train` (DETR: sine; RT-DETR: sincos)",
+        help="training checkpoint of python -m peg_detr train (DETR: sine; RT-DETR, D-FINE, DEIMv2: sincos)",
     )
-    p.add_argument("out", type=Path, help="output folder (loads with DetrForObjectDetection / "
-                   "RTDetrForObjectDetection.from_pretrained; a Hugging Face model there is refused)")  # fmt: skip
+    p.add_argument("out", type=Path, help="output folder (loads with AutoModelForObjectDetection.from_pretrained: "
+                   "Detr / RTDetr / DFine / Deimv2ForObjectDetection; a Hugging Face model there is refused)")  # fmt: skip
     add_overwrite_arg(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     return p

@@ -108,38 +108,25 @@ __all__ = [
     "train",
 ]
 
-TRAIN_DOC = """Train the video model on Kinetics-format annotations (one process, or many under ``torchrun``).
+TRAIN_DOC = """Train a video transformer (or an X3D) on Kinetics-format annotations or an official data set.
 
-AdamW with linear warm-up and per-step cosine decay, label smoothing, multi-view evaluation
-every ``--eval-every`` epochs.  ``OUTPUT_DIR`` gets ``checkpoint.pth`` (every epoch;
-``checkpoint_prev.pth`` before it), ``classes.json``, ``args.json``, ``log.jsonl`` + ``tb/`` and
-``report.json`` (metrics, broken videos with reasons).  ``--resume auto`` continues exactly where
-a run stopped.  ``--dataset ssv2|ucf101|hmdb51|folder`` with ``--data-root DIR`` reads those data
-sets' official files instead of ``--train-ann`` / ``--val-ann`` (see ``docs/data.md``), with their
-protocol defaults (SSv2: segment sampling, no flip).
+    python -m peg_video train --train-ann train.csv --val-ann val.csv --config synthetic_tiny --output-dir runs/video
+    torchrun --nproc_per_node 8 -m peg_video train --config k400_vit_s_16x4_peg3d --train-ann ... --val-ann ...
 
-``--init PATH`` starts a new run from pre-trained weights; the path decides the kind:
-
-* a Hugging Face folder (``config.json`` of VideoMAE, TimeSformer or V-JEPA 2, as ``save_pretrained``
-  writes it): the model is the folder's (``peg_video.from_hf``), so ``--arch``, ``--num-heads``,
-  ``--tubelet`` and shape-changing ``--model-opt`` keys are refused (a recipe's are dropped);
-  ``--pos-enc table`` (the default) keeps its own position encoding, ``--pos-enc peg3d`` replaces
-  it with a zero-initialised PEG3d; the head is replaced for the data's class count.  The input
-  defaults to the VideoMAE recipe's: the folder's clip length and size (else 16 frames, 224 px) at
-  stride 4 (SSv2: segments), test short side = crop, and the folder's normalisation
-  (``preprocessor_config.json``; else ImageNet's); ``--config`` values and flags win, and the
-  run's ``args.json`` / checkpoint record what was used, so ``eval`` / ``predict`` read the same;
-* a peg_video checkpoint: its weights (a head of another class count is dropped);
-* anything else: a 2-D image checkpoint (peg_core's CPVT, or a timm DeiT state dict with
-  ``--init-source deit``) inflated into the video transformer.
-
-PATH may also name remote weights, fetched once into their library's cache and read offline
-afterwards (``HF_HUB_OFFLINE=1``: the cache only): a Hugging Face id ``org/name[@revision]`` is
-its snapshot folder (``--init MCG-NJU/videomae-base-finetuned-kinetics``), ``timm:NAME`` timm's
-2-D weights file (``--init timm:deit_small_patch16_224 --init-source deit``).
-``--scale-jitter MIN,MAX`` is the random short side of the training clips (augmentation),
-not ``--train-sizes`` (the multi-scale recipe's input sizes).
+``--dataset ssv2|ucf101|hmdb51|folder --data-root DIR`` reads those data sets' own files instead of
+``--train-ann`` / ``--val-ann`` (docs/data.md), with their protocol defaults.  Every epoch writes
+``checkpoint.pth`` (``--resume auto`` continues it); ``report.json`` holds the last evaluation.  An
+``--init`` folder gives the model and the input defaults (clip length, size, normalisation); flags and
+``--config`` win.  The recipes: ``python -m peg_video configs``; every flag in full: docs/cli.md.
 """
+
+#: what ``train --init`` reads (docs/cli.md, "train --init FOLDER")
+INIT_HELP = (
+    "starting weights: a Hugging Face folder or hub id (VideoMAE, TimeSformer, V-JEPA 2; the folder's "
+    "model, --pos-enc peg3d adds a PEG), a checkpoint of peg_video train, or a 2-D image checkpoint "
+    "(peg_core's CPVT, timm:NAME or a DeiT file with --init-source deit) inflated to 3-D; classes are "
+    "carried over by name, --class-map for synonyms, the others start fresh"
+)
 
 BACKENDS = ("peg", "pytorchvideo")
 #: what ``export-hf`` writes (and what a Hugging Face folder holds: refused there without --overwrite)
@@ -437,7 +424,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def build_train_parser() -> argparse.ArgumentParser:
     """Arguments of ``train``; ``--config NAME`` supplies defaults that flags override."""
     p = new_parser("python -m peg_video train", TRAIN_DOC)
-    add_train_args(p, output_dir="runs/video", configs=CONFIGS)
+    add_train_args(p, output_dir="runs/video", configs=CONFIGS, init_help=INIT_HELP)
     _add_train_data_args(p)
     _add_model_args(p)
     o = p.add_argument_group("optimisation")
@@ -835,7 +822,7 @@ def predict(argv: Sequence[str] | None = None) -> int:
     from .predict import predict as run
 
     args = build_predict_parser().parse_args(argv)
-    args.device = predict_device(args.device)
+    args.device = predict_device(args.device, args.threads)
     check_predict_outputs(args)  # before the model is read: nothing the user owns is overwritten
     finish_predict(args, run(args), task="video", noun="videos")
     return 0

@@ -20,8 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..engine import (
     RESIZE_MODES,
     Summary,
@@ -136,28 +134,29 @@ def _data_args(p: argparse.ArgumentParser) -> None:
                    help="pixel statistics: imagenet (folder default) or half (2x - 1, generated shapes)")  # fmt: skip
 
 
-INIT_HELP = """\
---init PATH: starting weights, a checkpoint.pth of 'peg_core train', a bare state dict (.pth, read
-with weights_only=True) or a .safetensors file whose keys are the CPVT's (a timm/DeiT checkpoint
-converted by 'python -m peg_core to-cpvt' qualifies), or with --init-timm NAME the weights of a
-timm ViT (rope, DINOv3, DeiT) in timm's layout.  PATH may also name weights to fetch once into
-their library's cache (read offline afterwards; HF_HUB_OFFLINE=1 reads the cache only): a Hugging
-Face id org/name[@revision] (its model.safetensors) or timm:NAME (timm's pretrained weights of NAME,
-converted as with --init-timm NAME).  A file that names its model (a checkpoint's
-model_config, a timm model) gives the architecture; model flags on the command line replace its
-entries (--pos-enc peg+rope-mixed adds a PEG, which starts at zero).  Keys the file lacks keep
-their fresh initialisation, a learned table of another grid is resized, a head of another number
-of classes is left out; tensors the model has no place for and any other shape mismatch are an
-error naming the key.
+TRAIN_DOC = """Train a CPVT classifier on the generated shapes or an ImageFolder.
+
+    python -m peg_core train --config demo --output-dir runs/classify
+    python -m peg_core train --config demo --data-root data/shapes --output-dir runs/classify_folder
+
+A file given to --init that names its model (a checkpoint's model_config, a timm model) gives the
+architecture; model flags on the command line replace its entries (--pos-enc peg+rope-mixed adds a
+PEG, which starts at zero).  Keys the file lacks keep their fresh initialisation, a learned table of
+another grid is resized, a head of another number of classes is left out; any other mismatch is an
+error naming the key.  The recipes: python -m peg_core configs; every flag in full: docs/cli.md.
 """
+
+#: what ``train --init`` reads (:func:`~.model.read_init`)
+INIT_HELP = (
+    "starting weights: a checkpoint of peg_core train, a state dict (.pth, .safetensors) with the CPVT's "
+    "keys (a DeiT after to-cpvt), a timm ViT file with --init-timm NAME, or by name: a Hugging Face id "
+    "org/name[@rev] or timm:NAME, fetched once (HF_HUB_OFFLINE=1: the cache only)"
+)
 
 
 def build_train_parser() -> argparse.ArgumentParser:
-    p = new_parser(
-        "python -m peg_core train",
-        "Train a CPVT classifier (generated shapes or an ImageFolder).\n\n" + INIT_HELP,
-    )
-    add_train_args(p, output_dir="runs/classify", configs=CONFIGS)
+    p = new_parser("python -m peg_core train", TRAIN_DOC)
+    add_train_args(p, output_dir="runs/classify", configs=CONFIGS, init_help=INIT_HELP)
     _data_args(p)
     _model_args(p)
     g = p.add_argument_group("optimiser (AdamW, warm-up + cosine per step)")
@@ -202,7 +201,6 @@ def build_predict_parser() -> argparse.ArgumentParser:
     p.add_argument("--img-size", type=image_side, help="input size (default: the training size)")
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--device", type=device_arg, default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--threads", type=positive_int, help="torch intra-op CPU threads")
     return p
 
 
@@ -289,10 +287,8 @@ def predict(argv: Sequence[str] | None = None) -> int:
     read is a :class:`UserError` naming the first.
     """
     args = build_predict_parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     require_torchvision("predict")
-    device = predict_device(args.device)
+    device = predict_device(args.device, args.threads)
     check_predict_outputs(args)  # before the model is read: nothing the user owns is overwritten
     predictor = Predictor.from_checkpoint(
         args.checkpoint, device, top_k=args.top_k, img_size=args.img_size, batch_size=args.batch_size

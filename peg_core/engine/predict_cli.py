@@ -8,7 +8,8 @@ What every ``predict`` shares (a package adds its own model flags, and ``peg_det
 pictures in ``--output-dir``):
 
 * flags (:func:`add_predict_args`): the files, ``--checkpoint``, ``--output FILE``,
-  ``--overwrite``, ``--json``, ``--debug``;
+  ``--threads N`` (as ``train`` and ``eval``; applied by :func:`predict_device`), ``--overwrite``,
+  ``--json``, ``--debug``;
 * outputs checked before the model is read (:func:`check_predict_outputs`, the rule of
   :mod:`peg_core.engine.outputs`): an output that is an input or a file of another kind (a
   checkpoint, a training report) is refused without ``--overwrite``;
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 
 from .broken import BrokenLog
-from .cli import add_json_arg, add_overwrite_arg
+from .cli import add_json_arg, add_overwrite_arg, positive_int
 from .command import UserError
 from .outputs import check_output_file, check_output_folder, report_kind
 from .predictor import FilePredictor, Prediction
@@ -68,6 +69,9 @@ def add_predict_args(p: argparse.ArgumentParser, *, noun: str) -> None:
     p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint.pth written by train")
     p.add_argument("--output", type=Path, metavar="FILE",
                    help="also write the report (the predictions and the skipped files) as JSON to FILE")  # fmt: skip
+    p.add_argument(
+        "--threads", type=positive_int, help="torch intra-op CPU threads (default: torch's choice)"
+    )
     add_overwrite_arg(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     add_json_arg(p)
@@ -91,8 +95,13 @@ def predict_paths(predictor: FilePredictor, files: Sequence[str | os.PathLike]) 
     ]
 
 
-def predict_device(device: str) -> str:
-    """``--device`` of ``predict``: ``auto`` is CUDA when there is one; CUDA without one is a :class:`UserError`."""
+def predict_device(device: str, threads: int | None = None) -> str:
+    """``--device`` of ``predict``: ``auto`` is CUDA when there is one; CUDA without one is a :class:`UserError`.
+
+    ``threads`` (``--threads``): torch's intra-op CPU threads, set here as ``train`` and ``eval`` set them.
+    """
+    if threads:
+        torch.set_num_threads(threads)
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
