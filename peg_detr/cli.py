@@ -116,7 +116,7 @@ continues it); ``report.json`` holds the last evaluation.  The recipes: ``python
 every flag in full: docs/cli.md.
 """
 
-_EVAL_DOC = """Evaluate a DETR training checkpoint (COCO box AP), at one or several input sizes.
+_EVAL_DOC = """Evaluate a detector checkpoint (DETR, RT-DETR, D-FINE, DEIMv2): COCO box AP at one or several sizes.
 
     python -m peg_detr eval --checkpoint runs/peg/checkpoint.pth --data-root /data/coco --eval-sizes 512,800,1024
 
@@ -128,7 +128,7 @@ that could not be read (left out of the evaluation, listed under ``broken``).
 Works under ``torchrun`` (the images are split over the processes).
 """
 
-_PREDICT_DOC = """Run a trained DETR on image files; write annotated images and a JSON of detections.
+_PREDICT_DOC = """Run a trained detector (DETR, RT-DETR, D-FINE, DEIMv2) on image files: annotated images, a JSON.
 
     python -m peg_detr predict a.jpg b.png --checkpoint runs/detr/checkpoint.pth --threshold 0.7 --output-dir preds
 
@@ -411,7 +411,10 @@ def _add_rtdetr_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_make_data_parser() -> argparse.ArgumentParser:
-    p = new_parser("python -m peg_detr make-data", "synthetic COCO-format shapes")
+    p = new_parser(
+        "python -m peg_detr make-data",
+        "Write the synthetic shapes set in a COCO, Roboflow COCO or YOLO layout.",
+    )
     p.add_argument("out", type=Path)
     p.add_argument(
         "--layout",
