@@ -22,15 +22,19 @@
     the ``--quick`` runs of the study and the GPU check, which
     ``tests/tools/test_study.py`` and ``test_gpu_check.py`` run for real
     (:data:`COVERED`);
-  - ``skip``: only the two ``make`` targets (``make test`` is this suite;
-    ``make demo`` is covered by ``tests/tools/test_demo.py``).
+  - ``skip``: the two ``make`` targets (``make test`` is this suite;
+    ``make demo`` is covered by ``tests/tools/test_demo.py``) and the install
+    lines (``pip``: the Makefile's set-up runs the same installs, and
+    ``tests/core/test_packaging.py`` builds the wheels).
 
   A command the harness cannot classify fails the test, so a new command in
   the docs needs a rule here.
 
 Placeholders: docs use real-looking names for files a user downloads, and the
 fixtures make them (see :data:`FIXTURES`: a DeiT checkpoint, a Hugging Face
-VideoMAE folder; nothing a documented command makes); :data:`SUBSTITUTIONS`
+VideoMAE folder; nothing a documented command makes), and the hub ids they name
+(:data:`HUB_FIXTURES`) are tiny random folders in an offline hub cache made for
+the parse; :data:`SUBSTITUTIONS`
 rewrites the few arguments that would be too slow to run as written (none of
 them changes which flags are used).  The README says so where its Python
 blocks read those runs.
@@ -64,6 +68,11 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     ("peg_video", r"--num-val \d+", "--num-val 6"),
     # the tiny DETR: 2 epochs give the checkpoint predict and the Predictor blocks read, 30 take a minute
     ("peg_detr", r"--epochs \d+", "--epochs 2"),
+    # the README's detection quick-start is the demo's 1024-image set: 16 + 8 images train every family in seconds
+    ("peg_detr", r"--num-train \d+", "--num-train 16"),
+    ("peg_detr", r"--num-val \d+", "--num-val 8"),
+    # the README's classifier quick-start is the demo's recipe (minutes): its smoke version, 512 images, 2 epochs
+    ("peg_core", r"--config demo\b", "--config demo_quick"),
 ]
 
 
@@ -175,6 +184,11 @@ PARSERS: dict[tuple[str, str | None], Callable[[list[str]], None]] = {
 #: commands cheap enough to run as written (module, first argument or None, required flag or None)
 RUNNABLE: list[tuple[str, str | None, str | None]] = [
     ("peg_detr", "make-data", None),
+    ("peg_detr", "export", None),
+    ("peg_video", "export", None),
+    ("peg_core", "models", None),
+    ("peg_detr", "models", None),
+    ("peg_video", "models", None),
     ("peg_detr", "predict", None),
     ("peg_video", "make-data", None),
     ("peg_core", "resize-pos-embed", None),
@@ -190,6 +204,11 @@ COVERED = {
     "tools.gpu_check": "tests/tools/test_gpu_check.py (--device cpu --quick)",
 }
 SKIPPED = {("make", "demo"), ("make", "test")}
+
+
+def _is_install(argv: list[str]) -> bool:
+    """``pip ...`` / ``python -m pip ...``: set-up, as the Makefile does it (skipped, see the module doc)."""
+    return argv[0] == "pip" or (argv[0] in ("python", "python3") and argv[1:3] == ["-m", "pip"])
 
 
 def _module_argv(argv: list[str]) -> tuple[str, list[str], bool]:
@@ -210,7 +229,7 @@ def _module_argv(argv: list[str]) -> tuple[str, list[str], bool]:
 
 def classify(argv: list[str]) -> tuple[str, str, list[str]]:
     """``(kind, module, args)`` with kind ``run`` / ``parse`` / ``skip``; ValueError when unknown."""
-    if tuple(argv) in SKIPPED:
+    if tuple(argv) in SKIPPED or _is_install(argv):
         return "skip", argv[0], argv[1:]
     module, args, torchrun = _module_argv(argv)
     sub = args[0] if args and not args[0].startswith("-") else None
@@ -319,6 +338,47 @@ FIXTURES: dict[str, Callable[[Path], None]] = {
 }
 
 
+def _rtdetr_folder(path: Path) -> None:
+    """A tiny random RT-DETR (``save_pretrained``): the docs' hub RT-DETR, 80 COCO-like classes."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    backbone = transformers.RTDetrResNetConfig(
+        layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128], embedding_size=16,
+        out_features=["stage2", "stage3", "stage4"],
+    )  # fmt: skip
+    cfg = transformers.RTDetrConfig(
+        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 64, 128],
+        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=2,
+        num_queries=20, num_labels=80, anchor_image_size=None, num_denoising=10,
+    )  # fmt: skip
+    transformers.RTDetrForObjectDetection(cfg).save_pretrained(path)
+
+
+#: hub ids the docs' parsed commands name (``--init org/name``), made as tiny random folders in an offline
+#: hub cache under the working directory (``tests/hub_cache.py``): the parse resolves them as a user's
+#: machine resolves a downloaded id, and never reaches the network or the user's cache
+HUB_FIXTURES: dict[str, Callable[[Path], None]] = {
+    "PekingU/rtdetr_r50vd": _rtdetr_folder,
+    "MCG-NJU/videomae-small-finetuned-kinetics": _videomae_folder,
+}
+
+
+def _hub_cache(work: Path, args: list[str]) -> dict[str, str]:
+    """The environment of an offline hub cache under ``work`` holding the :data:`HUB_FIXTURES` ``args`` name."""
+    from tests.hub_cache import put_in_hf_cache
+
+    home = work / "hf_home"
+    for repo, make in HUB_FIXTURES.items():
+        if repo in args and not (home / "hub" / ("models--" + repo.replace("/", "--"))).is_dir():
+            folder = work / "hub_fixtures" / repo.replace("/", "--")
+            make(folder)
+            put_in_hf_cache(home / "hub", repo, folder)
+    (home / "hub").mkdir(parents=True, exist_ok=True)
+    return {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "TORCH_HOME": str(work / "torch_home")}
+
+
 def _make_fixtures(work: Path, texts: list[str]) -> None:
     """The :data:`FIXTURES` that ``texts`` (arguments, python blocks) name, made under ``work`` once."""
     for name, make in FIXTURES.items():
@@ -384,7 +444,9 @@ def run_doc_commands(path: Path, work: Path) -> None:
     _make_fixtures(work, [a for _, argv in commands for a in argv])
     for line, argv, kind, module, args in plan(commands, _readers(path)):
         if kind == "parse":
-            with contextlib.chdir(work):  # a relative --init FOLDER is read while parsing
+            env = _hub_cache(work, args)
+            with contextlib.chdir(work), mock.patch.dict(os.environ, env):  # a relative --init FOLDER is read
+                os.environ.pop("HF_HUB_CACHE", None)  # while parsing; a hub id from the offline cache only
                 check_parse(module, args)
         elif kind in ("run", "produce"):
             text = shlex.join(args)
@@ -533,6 +595,28 @@ def test_python_blocks_read_what_commands_make() -> None:
     assert not unmade, "python blocks read paths no documented command makes:\n" + "\n".join(unmade)
     every = set().union(*(_made_by_commands(p) for p in DOCS))
     assert not [name for name in FIXTURES if name.split("/")[0] in ("runs", "data") or name in every]
+
+
+#: flags whose value is a folder or file the command writes (not one it reads)
+_WRITES = ("--output-dir", "--out", "--json")
+
+
+def test_commands_read_what_commands_make() -> None:
+    """A run a shell command reads (an argument under ``runs/``: ``--checkpoint runs/x/checkpoint.pth``,
+    ``--init``, ``export CKPT``) is written by a documented command (a quick-start, or a recipe of
+    docs/guide.md that pages such as troubleshooting refer to), so a reader never meets ``checkpoint not
+    found`` (the README once exported ``runs/detr/checkpoint.pth``, which no command made)."""
+    made = set().union(*(_made_by_commands(p) for p in DOCS))
+    unmade = []
+    for path in DOCS:
+        for line, argv in _commands(path):
+            if classify(argv)[0] == "skip":
+                continue
+            for i, arg in enumerate(argv):
+                read = arg.startswith("runs/") and argv[i - 1] not in _WRITES
+                if read and not any(_reads(arg, folder) for folder in made):
+                    unmade.append(f"{_doc_id(path)}:{line}: {arg}")
+    assert not unmade, "commands read runs no documented command makes:\n" + "\n".join(unmade)
 
 
 def test_plan_runs_a_train_only_when_its_output_is_read() -> None:
