@@ -204,6 +204,8 @@ class ALiBiBias(AttentionBias):
 #: FIRE's hidden layer is computed in row chunks of at most this many bytes (the whole ``(N, N, hidden)``
 #: tensor at once when it fits): 256 MiB; the result ``(heads, N, N)`` is the largest tensor then
 FIRE_CHUNK_BYTES = 256 * 2**20
+#: at most this many chunks (a chunk's hidden layer stays ``hidden / (64 heads)`` of the result)
+FIRE_MAX_CHUNKS = 64
 
 
 class FIREBias(AttentionBias):
@@ -301,7 +303,10 @@ class FIREBias(AttentionBias):
         # chunk is recomputed in the backward (activation checkpointing), so no chunk's hidden layer is kept
         from torch.utils.checkpoint import checkpoint
 
-        step = max(1, FIRE_CHUNK_BYTES // (x.shape[1] * w1.shape[0] * x.element_size()))
+        # at most FIRE_MAX_CHUNKS chunks: past that size the (heads, N, N) result outweighs a chunk anyway
+        step = max(
+            FIRE_CHUNK_BYTES // (x.shape[1] * w1.shape[0] * x.element_size()), -(-n // FIRE_MAX_CHUNKS), 1
+        )
         grad = torch.is_grad_enabled() and (x.requires_grad or w1.requires_grad)
         parts = [
             checkpoint(rows, x[i : i + step], use_reentrant=False) if grad else rows(x[i : i + step])

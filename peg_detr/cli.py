@@ -641,7 +641,14 @@ def predict(argv: list[str] | None = None) -> int:
     # before the model is read: no input, training report or other file is overwritten
     check_predict_outputs(args, args.output_dir, [*names, "detections.json", "report.json"])
     preds = predict_images(
-        args.files, args.checkpoint, args.output_dir, args.threshold, args.size, device, names
+        args.files,
+        args.checkpoint,
+        args.output_dir,
+        args.threshold,
+        args.size,
+        device,
+        names,
+        max_memory=args.max_memory,
     )
     pictures = {
         str(path): str(args.output_dir / name)

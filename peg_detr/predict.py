@@ -19,6 +19,7 @@ skipped and listed in ``report.json`` (``broken``); none readable is an error.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -286,6 +287,7 @@ def draw_detections(image: Tensor | Image.Image, detections: list[Detection]) ->
 def predict_images(
     images: Sequence[str | os.PathLike], checkpoint: str | os.PathLike, output_dir: str | os.PathLike,
     threshold: float = 0.7, size: int | None = None, device: str = "cpu", names: Sequence[str] | None = None,
+    max_memory: int | None = None,
 ) -> list[Prediction]:  # fmt: skip
     """The detections of each image, in order, with its annotated copy and ``detections.json`` in ``output_dir``.
 
@@ -293,11 +295,17 @@ def predict_images(
     ``NAME.png``, distinct for inputs of the same name); ``detections.json`` maps each image read
     to its detections.  A missing or unreadable image is a skipped :class:`Prediction` (no
     picture), never an exception.  The verb (``python -m peg_detr predict``) checks the outputs
-    before and writes the report after (:mod:`peg_core.engine.predict_cli`).
+    before and writes the report after (:mod:`peg_core.engine.predict_cli`).  With ``size``, a side whose
+    largest tensor exceeds ``max_memory`` bytes (default: the machine's memory) is refused first.
     """
     output_dir = Path(output_dir)
     names = list(names) if names is not None else output_names(images, ".png")
     predictor = Predictor(checkpoint, size=size, device=device, threshold=threshold)
+    if size is not None:  # a side whose largest tensor cannot fit: refused before any image is read
+        from .task import check_side_memory
+
+        limit = argparse.Namespace(max_memory=max_memory)
+        check_side_memory(predictor.model, predictor.arch, [size], "--size", 1, limit, device)
     preds: list[Prediction] = []
     detections: dict[str, list[dict[str, Any]]] = {}
     for path, name in zip(images, names, strict=True):

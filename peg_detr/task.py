@@ -43,6 +43,7 @@ from peg_core.engine import (
 from peg_core.engine.accum import accum_steps
 from peg_core.engine.cli import class_map_arg, peg_kwargs
 from peg_core.engine.distributed import get_world_size, reduce_sum
+from peg_core.engine.memory import check_memory
 from peg_core.interop.hf_folder import read_hf_config
 from peg_core.interop.io import WeightsError
 from peg_core.peg import PEG2d
@@ -443,6 +444,22 @@ class _Step:
         return StepOutput(weighted_loss(loss_dict, weights), logs)
 
 
+def check_side_memory(
+    model: nn.Module, arch: str, sides: list[int], flag: str, batch: int, args: Any, device: Any = "cpu"
+) -> None:
+    """Refuse, before any image is read, a side of ``flag`` whose largest tensor (a batch of ``batch`` images
+    at that side: square for the RT-DETR family, DETR's 800 / 1333 shape else) would not fit the memory
+    limit (:func:`peg_core.engine.memory.check_memory`)."""
+    square = arch_named(arch).square_inputs
+    for side in sorted(set(sides), reverse=True):
+        h, w = (side, side) if square else (side, scaled_max_size(side))
+
+        def images(h: int = h, w: int = w) -> list[Tensor]:
+            return [torch.zeros(3, h, w, device=device) for _ in range(batch)]
+
+        check_memory(model, images, where=f"{flag} {side}", args=args, device=device)
+
+
 def _check_input_sides(model: nn.Module, sides: list[int], flag: str) -> None:
     """RT-DETR: every square side of ``flag`` gives its query selection enough encoder cells.
 
@@ -728,6 +745,12 @@ class DetectTask:
         _check_input_sides(model, args.train_scales or [], "--train-sizes")
         _check_input_sides(model, args.eval_sizes or [args.val_size], _sizes_flag(args))
         model.to(ctx.device)
+        # a side whose largest tensor cannot fit is refused before any step
+        check_side_memory(
+            model, arch_of(args).name, args.train_scales or [], "--train-sizes", batch, args, ctx.device
+        )
+        check_side_memory(model, arch_of(args).name, args.eval_sizes or [args.val_size], _sizes_flag(args), batch, args,
+                          ctx.device)  # fmt: skip
         criterion.to(ctx.device).train()
         # one optimizer step's batch: the engine splits it into --grad-accum-steps micro-batches
         loader, on_epoch_start = _train_loader(train_ds, batch * accum, args, ctx)
@@ -785,6 +808,11 @@ class DetectTask:
         _check_input_sides(model, args.eval_sizes or [val_size], _sizes_flag(args))
         model.to(ctx.device)
         batch = args.batch_size or int(meta.get("batch_size") or 1)
+        if args.eval_sizes or args.val_size:  # the sides the user gave
+            arch = str(loaded.config.get("arch", "detr"))
+            check_side_memory(
+                model, arch, args.eval_sizes or [val_size], _sizes_flag(args), batch, args, ctx.device
+            )
         return EvalParts(
             model, lambda m, c: val.evaluate(m, postprocessor.to(c.device), c, batch, args.workers), summary
         )

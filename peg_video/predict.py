@@ -176,4 +176,8 @@ def predict(args: argparse.Namespace) -> list[Prediction]:
     views = {k: getattr(args, k) for k in VIEW_OPTIONS}
     # the text typed (argparse made it a Path): a hub id is resolved, as from Python
     predictor = Predictor.from_checkpoint(os.fspath(args.checkpoint), device, top_k=args.top_k, **views)
+    from .task import check_clip_memory  # the clip's largest tensor, before any video is decoded
+
+    run = predictor.run_args
+    check_clip_memory(predictor.model, run, run.num_clips * run.num_crops, args, device)
     return predict_paths(predictor, args.files)

@@ -33,6 +33,7 @@ from peg_core.engine import (
     warmup_cosine,
 )
 from peg_core.engine.cli import class_map_arg
+from peg_core.engine.memory import check_memory
 from peg_core.engine.recipes import apply_position_recipe
 from peg_core.errors import InputError
 
@@ -213,6 +214,16 @@ def summary(metrics: dict[str, Any]) -> str:
     )
 
 
+def check_clip_memory(
+    model: nn.Module, run: argparse.Namespace, clips: int, args: argparse.Namespace, device: Any = "cpu"
+) -> None:
+    """Refuse, before any video is decoded, a clip (``--num-frames``, ``--crop``) whose largest tensor in a batch
+    of ``clips`` clips would not fit the memory limit (:func:`peg_core.engine.memory.check_memory`)."""
+    clip = ClipSpec.of_run(run)
+    check_memory(model, (clips, 3, clip.num_frames, clip.crop, clip.crop), args=args, device=device,
+                 where=f"--num-frames {clip.num_frames} --crop {clip.crop}")  # fmt: skip
+
+
 class VideoTask:
     """``peg_core.engine`` hooks of ``python -m peg_video train|eval``."""
 
@@ -230,6 +241,8 @@ class VideoTask:
         if init is not None:
             ctx.print(init)
         model.to(ctx.device)
+        # a micro-batch's clips: refused before any video is decoded when they cannot fit
+        check_clip_memory(model, args, args.batch_size * repeated_aug(args), args, ctx.device)
         optimizer = torch.optim.AdamW(param_groups_for_run(model, args), lr=args.lr)
         apply_position_recipe(  # before the scheduler, which records each group's lr
             optimizer,
@@ -296,6 +309,8 @@ class VideoTask:
         model, classes = loaded.model, loaded.classes
         run = _eval_args(args, loaded.args)
         check_clip_fits(model, run)
+        views = run.num_clips * run.num_crops  # a test batch: batch_size // views videos of views clips
+        check_clip_memory(model, run, max(1, (run.batch_size or 1) // views) * views, args, ctx.device)
         if args.split is not None and run.dataset not in SPLIT_DATASETS:
             raise UserError(f"{run.dataset} has no official splits (only {', '.join(SPLIT_DATASETS)})",
                             f"--split {run.split}")  # fmt: skip

@@ -52,6 +52,7 @@ from ..engine import (
     run_reported,
     unit_fraction,
 )
+from ..engine.memory import check_memory
 from ..engine.predict_cli import (
     add_predict_args,
     check_predict_outputs,
@@ -293,6 +294,9 @@ def predict(argv: Sequence[str] | None = None) -> int:
     predictor = Predictor.from_checkpoint(
         args.checkpoint, device, top_k=args.top_k, img_size=args.img_size, batch_size=args.batch_size
     )
+    if args.img_size is not None:  # a side whose attention bias / table cannot fit: refused before any image
+        shape = (args.batch_size, 3, args.img_size, args.img_size)
+        check_memory(predictor.model, shape, where=f"--img-size {args.img_size}", args=args, device=device)
     finish_predict(args, predict_paths(predictor, args.files), task="classify", noun="images")
     return 0
 

@@ -31,6 +31,7 @@ from ..engine import (
 from ..engine.accum import step_batch_size
 from ..engine.broken import SkipBroken, skipping_collate
 from ..engine.checkpoint import read_checkpoint
+from ..engine.memory import check_memory
 from ..engine.recipes import apply_position_recipe
 from ..export.quantize import QUANTIZED_SUFFIX, load_quantized
 from .data import NORMALIZE, FolderImages, ShapeImages, folder_transform, open_image_folder, open_val_split
@@ -199,6 +200,13 @@ class ClassifyTask:
         if init is not None:
             source = f" ({init.source})" if init.source else ""
             ctx.print(f"--init {args.init}{source}: {load_init_weights(model, args.init, init).line()}")
+        # the largest side of the run (its bias, table and activations) must fit: refused before any step
+        sides = {"--img-size": [args.img_size], "--train-sizes": getattr(args, "train_sizes", None) or [],
+                 "--progressive-sizes": getattr(args, "progressive_sizes", None) or []}  # fmt: skip
+        flag, side = max(((f, s) for f, ss in sides.items() for s in ss if s), key=lambda fs: fs[1])
+        check_memory(
+            model, (args.batch_size, 3, side, side), where=f"{flag} {side}", args=args, device=ctx.device
+        )
         # AdamW over [decayed, not decayed (norms, biases, cls token, learned table)], per layer
         # with --layer-decay
         optimizer = torch.optim.AdamW(
@@ -279,6 +287,12 @@ class ClassifyTask:
         sizes = args.eval_sizes or scaled_sizes(train_size)
         if "quantized" in ckpt:  # sides its graph was not exported for: refused before any data is read
             model.check_sizes(sizes, f"--eval-sizes {','.join(map(str, sizes))}" if args.eval_sizes else path)
+        elif args.eval_sizes:
+            # a side whose attention bias / table cannot fit: refused before any data is read
+            for s in sorted(set(sizes), reverse=True):
+                check_memory(
+                    model, (args.batch_size, 3, s, s), where=f"--eval-sizes {s}", args=args, device=ctx.device
+                )
         val_at = self._eval_data(args, ckpt, path)
 
         def evaluate(model: nn.Module, ctx: RunContext) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from ..registry import EncodingSupport, PosEncError, parse_pos_enc
 from ..resize import INTERPOLATION_MODES
 from .command import ArgumentParser, UserError, run_command
 from .helptext import plain_text
+from .memory import add_max_memory_arg
 
 __all__ = [
     "AMP_CHOICES",
@@ -466,6 +467,7 @@ def add_train_args(
         "--threads", type=positive_int, help="torch intra-op CPU threads (default: torch's choice)"
     )
     g.add_argument("--find-unused-parameters", action="store_true", help="DDP flag, for frozen branches only")
+    add_max_memory_arg(g)
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress display")
     g.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     g.add_argument(
@@ -551,6 +553,7 @@ def add_eval_args(p: argparse.ArgumentParser, *, batch_size: int | None = None) 
         "--max-broken", type=unit_fraction, default=0.01, help="stop when more than this fraction is broken"
     )
     g.add_argument("--threads", type=positive_int, help="torch intra-op CPU threads")
+    add_max_memory_arg(g)
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress display")
     g.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     add_json_arg(g)

@@ -37,6 +37,7 @@ import torch
 from .broken import BrokenLog
 from .cli import add_json_arg, add_overwrite_arg, positive_int
 from .command import UserError
+from .memory import add_max_memory_arg
 from .outputs import check_output_file, check_output_folder, report_kind
 from .predictor import FilePredictor, Prediction
 from .summary import done_line, print_closing, stdout_to_stderr
@@ -72,6 +73,7 @@ def add_predict_args(p: argparse.ArgumentParser, *, noun: str) -> None:
     p.add_argument(
         "--threads", type=positive_int, help="torch intra-op CPU threads (default: torch's choice)"
     )
+    add_max_memory_arg(p)
     add_overwrite_arg(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     add_json_arg(p)
