@@ -187,10 +187,12 @@ def transfer_class_rows(
         transfer: which start row each new class row takes (:func:`match_classes`).
 
     Returns ``(state, converted)``: every key of ``fresh``; ``converted[key]`` says what a
-    class-dependent tensor kept.  A key missing from ``start`` keeps ``fresh``'s tensor; a tensor
+    class-dependent tensor kept (nothing when ``transfer`` is the identity: they are copied).  A key missing from ``start`` keeps ``fresh``'s tensor; a tensor
     whose shape beyond the class axis differs is a ``ValueError`` naming the key and both shapes.
     """
     n_new, n_old = len(transfer.names), len(transfer.start_names)
+    if transfer.identity:  # the same classes in the same rows: every tensor is the start's as it is
+        return {k: start.get(k, v) for k, v in fresh.items()}, {}
     by_key = {p.key: p for p in params}
     state = {k: start.get(k, v) for k, v in fresh.items()}
     converted: dict[str, str] = {}
