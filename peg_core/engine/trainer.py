@@ -14,6 +14,8 @@ optimizer, data, one ``step`` that returns the loss, ``evaluate``) or an
   raised in the step (the DETR matcher's NaN/inf cost), non-finite weights at the end of an epoch or
   NaN/inf predictions or metrics in the evaluation after it;
 * ``--grad-accum-steps N``: N micro-batches per optimizer step (:mod:`.accum`);
+* ``--grad-checkpointing``: the transformer blocks' activations recomputed in the backward
+  (:mod:`peg_core.grad_checkpoint`);
 * ``--early-stopping-patience N``: a stop after N evaluations without a better ``monitor`` metric,
   the best evaluation's checkpoint kept as ``checkpoint_best.pth``;
 * an atomic ``checkpoint.pth`` every epoch, JSONL + TensorBoard logs, progress;
@@ -38,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import NonFiniteError
+from ..grad_checkpoint import enable_grad_checkpointing
 from .accum import Micro, accum_steps, split_batch
 from .broken import BrokenLog, SampleBatch
 from .checkpoint import (
@@ -332,6 +335,13 @@ class _Fit:
             )
         parts = self.task.setup_train(args, ctx, ckpt)
         self.parts = parts
+        if getattr(args, "grad_checkpointing", False):
+            blocks = enable_grad_checkpointing(parts.model)
+            if not blocks:
+                raise UserError(f"task {self.task.name!r}'s model has no transformer blocks to checkpoint",
+                                "--grad-checkpointing")  # fmt: skip
+            ctx.print(f"--grad-checkpointing: {len(blocks)} transformer blocks recompute their activations "
+                      "in the backward")  # fmt: skip
         if uses_sizes(args) and parts.resize_batch is None:
             raise UserError(f"task {self.task.name!r} does not resize batches",
                             "--train-sizes / --progressive-sizes")  # fmt: skip
