@@ -51,6 +51,7 @@ from peg_core.export.onnx import compare_onnxruntime, export_onnx
 from peg_core.interop.io import WeightsError
 
 from .archs import arch_named, arch_of_model
+from .interop.hf_processor import hf_side
 from .labels import LabelMap
 from .model import load_model, only_named
 from .models.postprocess import mask_unnamed
@@ -227,4 +228,7 @@ def main_hf(argv: list[str] | None = None) -> Path:
     except OSError as e:
         raise UserError(f"output folder is not writable ({e.strerror or e})", a.out) from None
     print(f"wrote {out / 'config.json'}, {out / 'model.safetensors'} and {out / 'preprocessor_config.json'}")
+    if arch.square_inputs and hf_side(size) != size:  # transformers' RT-DETR family: multiples of 32 only
+        print(f"note: the folder's processor resizes to {hf_side(size)} px, not the run's {size} px: transformers' "
+              f"{kind} runs only at sides that are multiples of 32 (predict and export run at any)")  # fmt: skip
     return out

@@ -34,11 +34,13 @@ from peg_core.interop.hf_folder import read_json_object
 __all__ = [
     "DETR_EVAL_SIZE",
     "DETR_MAX_SIDE_RATIO",
+    "HF_STRIDE",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "PREPROCESSOR_CONFIG",
     "RTDETR_EVAL_SIZE",
     "detr_processor_config",
+    "hf_side",
     "processor_side",
     "rtdetr_processor_config",
 ]
@@ -52,6 +54,8 @@ DETR_MAX_SIDE_RATIO = 1333 / 800
 #: the sides an export writes when the run recorded none (DETR's short side, the RT-DETR family's square)
 DETR_EVAL_SIZE = 800
 RTDETR_EVAL_SIZE = 640
+#: the stride transformers' RT-DETR, D-FINE and DEIMv2 need the input side to be a multiple of
+HF_STRIDE = 32
 #: PIL's BILINEAR, which transformers' torchvision backend maps to bilinear with antialiasing
 _BILINEAR = 2
 
@@ -78,14 +82,24 @@ def _side(size: int) -> int:
 
 def rtdetr_processor_config(size: int | None = None, normalize: bool = False) -> dict[str, Any]:
     """``RTDetrImageProcessor``'s config: a square resize to ``size`` (the run's ``--val-size``), pixels
-    in ``[0, 1]``; ``normalize``: then ImageNet mean / std (DEIMv2's DINOv3 backbones).  ``None``: 640."""
-    side = _side(RTDETR_EVAL_SIZE if size is None else size)
+    in ``[0, 1]``; ``normalize``: then ImageNet mean / std (DEIMv2's DINOv3 backbones).  ``None``: 640.
+
+    A side that is not a multiple of 32 is rounded up to one (:func:`hf_side`): transformers' RT-DETR
+    family runs only at such sides (its FPN concatenates a map of ``ceil(side / 16)`` cells with one
+    upsampled from ``ceil(side / 32)``; at 80 px, 5 and 6), where peg_detr's runs at any.
+    """
+    side = hf_side(_side(RTDETR_EVAL_SIZE if size is None else size))
     return {
         "image_processor_type": "RTDetrImageProcessor",
         "size": {"height": side, "width": side},
         "do_pad": False,
         **_common(normalize),
     }
+
+
+def hf_side(side: int) -> int:
+    """The side an RT-DETR-family folder's processor resizes to: ``side`` rounded up to a multiple of 32."""
+    return -(-side // HF_STRIDE) * HF_STRIDE
 
 
 def detr_processor_config(size: int | None = None, max_size: int | None = None) -> dict[str, Any]:

@@ -219,3 +219,27 @@ def test_detr_pipeline_equals_predict(tmp_path):
     out = _export_and_compare(_checkpoint(model, "detr", tmp_path, 5), tmp_path, "DetrImageProcessor", True)
     size = json.loads((out / "preprocessor_config.json").read_text())["size"]
     assert size == {"shortest_edge": SIZE, "longest_edge": round(SIZE * 1333 / 800)}
+
+
+def test_a_run_side_transformers_cannot_run_is_rounded_up_to_a_multiple_of_32():
+    """transformers' RT-DETR family fails at 80 px (its FPN concatenates 5 and 6 cells): the folder's
+    processor resizes to 96 instead (export-hf says so); sides that are multiples of 32 stay."""
+    from peg_detr.interop.hf_processor import hf_side, rtdetr_processor_config
+
+    assert rtdetr_processor_config(80)["size"] == {"height": 96, "width": 96}
+    assert [hf_side(s) for s in (64, 96, 640, 650)] == [64, 96, 640, 672]
+    transformers = pytest.importorskip("transformers")
+    backbone = transformers.RTDetrResNetConfig(
+        layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128], embedding_size=16,
+        out_features=["stage2", "stage3", "stage4"],
+    )  # fmt: skip
+    config = transformers.RTDetrConfig(
+        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 64, 128],
+        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=1,
+        num_queries=10, num_labels=2, anchor_image_size=None, num_denoising=0,
+    )  # fmt: skip
+    model = transformers.RTDetrForObjectDetection(config).eval()
+    with torch.no_grad():
+        model(pixel_values=torch.rand(1, 3, 96, 96))  # the rounded side runs
+        with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+            model(pixel_values=torch.rand(1, 3, 80, 80))  # why it is rounded
