@@ -34,7 +34,7 @@ and prints the tables.  Tasks and rows:
     python -m tools.study --task detect --data /data/coco --epochs 50
     python -m tools.study --task detect --arch rtdetr --seeds 3 --jobs 2    # ~14 min on 2 CPU cores
     python -m tools.study --task all --extrapolate --seeds 3 --jobs 2 --protocol both   # 0.5x-4x, aspect,
-        # clip length, attention diagnostics, the bias rows: ~2 h of cell time (README: the extrapolation run)
+        # clip length, attention diagnostics, the bias rows: ~2 h of cell time (docs/study.md: the extrapolation run)
     python -m tools.study --task video --data /data/k400 --video-config k400_vit_s_16x4_peg3d --epochs 50 \
         --train-args "--batch-size 64 --workers 8"    # a GPU node: one cell per GPU; a rerun resumes
 
