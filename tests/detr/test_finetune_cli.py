@@ -105,19 +105,19 @@ def test_a_checkpoint_of_this_project_starts_a_run_of_its_own_arch(data, tmp_pat
     assert cli([*base, "--output-dir", str(tmp_path / "ft"), "--init", str(source / "checkpoint.pth")]) == 0
     assert "kept 3 of 3 classes by name (square, disc, triangle)" in capsys.readouterr().out
     tuned = read_checkpoint(tmp_path / "ft" / "checkpoint.pth", "detect")["model"]
-    # lr 1e-12 for one step: the start's weights, class rows included (label 0 names no category: fresh)
+    # lr 1e-12 for one step: the start's weights, class rows included (the same labels: all copied)
     key = "model.decoder.class_embed.1.weight"
-    torch.testing.assert_close(tuned[key][1:], start[key][1:], rtol=0, atol=1e-6)
-    assert not torch.allclose(tuned[key][0], start[key][0])
-    bad = [
-        *base,
-        "--output-dir",
-        str(tmp_path / "bad"),
-        "--init",
-        str(source / "checkpoint.pth"),
-        "--arch",
-        "dfine",
-    ]
+    torch.testing.assert_close(tuned[key], start[key], rtol=0, atol=1e-6)
+    # encoding flags apply to a checkpoint as to a folder: --pos-enc sincos replaces its PEG, the rest loads
+    swapped = tmp_path / "sincos"
+    init = ["--init", str(source / "checkpoint.pth")]
+    assert cli([*base, "--output-dir", str(swapped), *init, "--pos-enc", "sincos"]) == 0
+    said = capsys.readouterr().out
+    assert f"--init {source / 'checkpoint.pth'}: encoding sincos;" in said and ", 0 new" in said
+    ckpt = read_checkpoint(swapped / "checkpoint.pth", "detect")
+    assert ckpt["model_config"]["pos_enc"] == "sincos" and not any(".pegs." in k for k in ckpt["model"])
+    torch.testing.assert_close(ckpt["model"][key], start[key], rtol=0, atol=1e-6)
+    bad = [*base, "--output-dir", str(tmp_path / "bad"), *init, "--arch", "dfine"]
     assert cli(bad) == 1
     assert "the checkpoint holds a RT-DETR, not a D-FINE; use --arch rtdetr" in capsys.readouterr().err
     # a recipe of another family (not a typed --arch) is refused the same way
