@@ -26,6 +26,7 @@ from ..engine import (
     UserError,
     add_alias,
     add_arch_arg,
+    add_class_map_arg,
     add_data_root_arg,
     add_eval_args,
     add_json_arg,
@@ -109,6 +110,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="--init FILE holds the weights of this timm model in timm's layout (e.g. "
                    "vit_small_patch16_rope_mixed_224, vit_small_patch16_dinov3): converted with "
                    "peg_core.from_timm, its architecture kept (needs timm)")  # fmt: skip
+    add_class_map_arg(g)
     add_pos_args(g, CPVT_ENCODINGS)  # --pos-enc, the PEG group (peg: CPVT), --pos-interpolation
     add_alias(g, "--mode", dest="pos_interpolation", choices=RESIZE_MODES)
     g.add_argument("--global-pool", choices=GLOBAL_POOLS, help="token (class token) or avg (default: arch's)")

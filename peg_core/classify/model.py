@@ -27,6 +27,7 @@ from ..engine import (
     refuse_without_effect,
     unused_pos_flags,
 )
+from ..interop.classes import ClassParam, match_classes, transfer_class_rows
 from ..interop.from_timm import from_timm_file
 from ..interop.io import LoadReport, WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 from ..interop.resolve import resolve_weights
@@ -205,7 +206,14 @@ def _fit_table(model: models.CPVT, table: Tensor, mine: Tensor) -> Tensor:
         raise ValueError(f"{TABLE_KEY} {_shape(table)} cannot be resized to {_shape(mine)} ({e})") from None
 
 
-def apply_init_state(model: models.CPVT, state: Mapping[str, Any], zero_new_pegs: bool = False) -> LoadReport:
+def apply_init_state(
+    model: models.CPVT,
+    state: Mapping[str, Any],
+    zero_new_pegs: bool = False,
+    classes: Sequence[str] | None = None,
+    start_classes: Sequence[str] | None = None,
+    class_map: Mapping[str, str] | None = None,
+) -> LoadReport:
     """Copy the tensors of ``state`` whose keys the model has into ``model`` (not strict).
 
     A learned table of another grid is resized (:func:`peg_core.resize_pos_embed`, the model's
@@ -214,7 +222,10 @@ def apply_init_state(model: models.CPVT, state: Mapping[str, Any], zero_new_pegs
     shape mismatch, for a non-tensor value under one of the model's keys, and for tensors the
     model has no key for other than extra heads (they would be dropped silently: another
     architecture).  ``zero_new_pegs``: PEG weights (``pos_blocks.*``) the file lacks are set to
-    zero instead of kept as initialised (``report.converted``).  Returns the :class:`LoadReport`.
+    zero instead of kept as initialised (``report.converted``).  ``classes`` (the run's) and
+    ``start_classes`` (the file's) known: the head is rebuilt for ``classes``, a class named like one
+    of the file's (``class_map``: synonyms) keeping that class's row, the others fresh
+    (:func:`peg_core.interop.match_classes`; ``report.classes``).  Returns the :class:`LoadReport`.
     """
     mine = model.state_dict()
     unexpected = sorted(set(state) - set(mine))
@@ -231,6 +242,18 @@ def apply_init_state(model: models.CPVT, state: Mapping[str, Any], zero_new_pegs
         )
     take: dict[str, Tensor] = {}
     heads = [k for k in mine if k.startswith("head.") and k in state]
+    if classes is not None and start_classes and heads and all(isinstance(state[k], Tensor) for k in heads):
+        # the head's rows by class name: shared classes keep theirs, the others keep the model's init
+        transfer = match_classes(list(classes), list(start_classes), class_map)
+        carried, converted = transfer_class_rows(
+            {k: mine[k] for k in heads},
+            {k: state[k] for k in heads},
+            [ClassParam(k) for k in heads],
+            transfer,
+        )
+        state = {**state, **carried}
+        report.converted.update(converted)
+        report.classes = transfer
     head_left_out = any(_shape(state[k]) != _shape(mine[k]) for k in heads if isinstance(state[k], Tensor))
     for key, ref in mine.items():
         value = state.get(key)
@@ -264,6 +287,7 @@ class InitFile:
     state: dict[str, Any]
     config: dict[str, Any] | None = None  # the file's model_config (a train checkpoint, a from-timm file)
     source: str = ""  # "timm <name>" for weights converted on reading
+    classes: list[str] | None = None  # the checkpoint's class names (meta["classes"]), when it has them
 
 
 def read_init(path: str | os.PathLike, timm_model: str | None = None) -> InitFile:
@@ -288,8 +312,13 @@ def read_init(path: str | os.PathLike, timm_model: str | None = None) -> InitFil
         if isinstance(obj, Mapping) and obj.get("task", "classify") != "classify":
             raise UserError(f"--init needs classifier weights; this is a {obj['task']!r} checkpoint", path)
         config = obj.get("model_config") if isinstance(obj, Mapping) else None
+        meta = obj.get("meta") if isinstance(obj, Mapping) else None
+        names = meta.get("classes") if isinstance(meta, Mapping) else None
+        names = [str(n) for n in names] if isinstance(names, list) else None
         state = strip_prefixes(unwrap_state_dict(obj, where=path))
-        return InitFile(state, dict(config) if isinstance(config, Mapping) and config else None)
+        return InitFile(
+            state, dict(config) if isinstance(config, Mapping) and config else None, classes=names
+        )
     except WeightsError as e:
         raise UserError(e.what, e.where) from None
     except TypeError as e:  # a timm layout from_timm does not convert: the message names the part
@@ -323,9 +352,16 @@ def init_model_config(
 
 
 def load_init_weights(
-    model: models.CPVT, path: str | os.PathLike, init: InitFile | None = None
+    model: models.CPVT,
+    path: str | os.PathLike,
+    init: InitFile | None = None,
+    classes: Sequence[str] | None = None,
+    class_map: Mapping[str, str] | None = None,
 ) -> LoadReport:
     """``train --init PATH``: :func:`read_init` (unless ``init`` is given) then :func:`apply_init_state`.
+
+    ``classes``: the run's class names; a classify checkpoint's head rows of the classes it shares with
+    them by name are kept (``class_map`` adds synonyms), the others start fresh.
 
     When the file named the model (``init.config``), PEGs it has no weights for start at zero, so
     the run starts from the file's network exactly (as :func:`peg_core.from_timm` adds them).
@@ -333,6 +369,13 @@ def load_init_weights(
     """
     init = read_init(path) if init is None else init
     try:
-        return apply_init_state(model, init.state, zero_new_pegs=init.config is not None)
+        return apply_init_state(
+            model,
+            init.state,
+            init.config is not None,
+            classes,
+            init.classes if classes is not None else None,
+            class_map,
+        )
     except ValueError as e:
         raise UserError(f"--init does not fit the model ({e})", path) from None

@@ -31,6 +31,7 @@ from ..engine import (
 from ..engine.accum import step_batch_size
 from ..engine.broken import SkipBroken, skipping_collate
 from ..engine.checkpoint import read_checkpoint
+from ..engine.cli import class_map_arg
 from ..engine.memory import check_memory
 from ..engine.recipes import apply_position_recipe
 from ..export.quantize import QUANTIZED_SUFFIX, load_quantized
@@ -199,7 +200,11 @@ class ClassifyTask:
         model = build_checked(config, f"--arch {args.arch}" if init is None else args.init).to(ctx.device)
         if init is not None:
             source = f" ({init.source})" if init.source else ""
-            ctx.print(f"--init {args.init}{source}: {load_init_weights(model, args.init, init).line()}")
+            try:
+                report = load_init_weights(model, args.init, init, classes, class_map_arg(args))
+            except ValueError as e:  # a --class-map entry naming no class
+                raise UserError(str(e), args.class_map or args.init) from None
+            ctx.print(f"--init {args.init}{source}: {report.line()}")
         # the largest side of the run (its bias, table and activations) must fit: refused before any step
         sides = {"--img-size": [args.img_size], "--train-sizes": getattr(args, "train_sizes", None) or [],
                  "--progressive-sizes": getattr(args, "progressive_sizes", None) or []}  # fmt: skip

@@ -234,3 +234,23 @@ def test_old_args_checkpoints_still_evaluate(trained, tmp_path, meta_data):
     ev = json.loads((tmp_path / "ev" / "report.json").read_text())["eval"]
     # the training run's 8 validation scenes (not the default 512), the same number as the run's
     assert ev["samples"] == 8 and ev["top1"] == ckpt["metrics"]["top1"]
+
+
+def test_init_keeps_the_head_rows_of_classes_shared_by_name():
+    """A classify checkpoint's classes and the run's known: shared names keep their head rows, others start fresh."""
+    torch.manual_seed(0)
+    src = _learned(16, num_classes=4)
+    torch.manual_seed(1)
+    model = _learned(16, num_classes=3)
+    fresh = model.head.weight.detach().clone()
+    report = apply_init_state(
+        model, src.state_dict(), classes=["Cat", "zebra", "auto"], start_classes=["dog", "cat", "car", "bird"],
+        class_map={"auto": "car"},
+    )  # fmt: skip
+    assert report.classes.kept == [(0, 1), (2, 2)] and report.classes.fresh == [1]
+    assert torch.equal(model.head.weight[0], src.head.weight[1]) and torch.equal(
+        model.head.bias[2], src.head.bias[2]
+    )
+    assert torch.equal(model.head.weight[1], fresh[1])  # zebra: the model's own initialisation
+    assert "head.weight" in report.converted and "head.weight" not in report.missing
+    assert "kept 2 of 3 classes by name (Cat, auto <- car); 1 start fresh (zebra)" in report.line()
