@@ -35,12 +35,13 @@ def _has_attention(module: nn.Module) -> bool:
 
 
 def transformer_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(name, block)`` of every transformer block of ``model`` (see the module docstring)."""
+    """``(name, block)`` of every transformer block of ``model`` with trainable parameters (see the module docstring)."""
     found = []
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in BLOCK_LISTS:
             for i, block in enumerate(module):
-                if _has_attention(block):
+                # a block without trainable parameters (a frozen backbone's, an EMA copy's) keeps nothing to recompute
+                if _has_attention(block) and any(p.requires_grad for p in block.parameters()):
                     found.append((f"{name}.{i}", block))
     return found
 

@@ -167,6 +167,11 @@ def test_classifier_accumulation_equals_the_large_batch(tmp_path):
     run(tmp_path / "large", "--batch-size", "16")  # 40 images: steps of 16, 16 and 8
     run(tmp_path / "accum", "--batch-size", "8", "--grad-accum-steps", "2")
     _assert_same_run(tmp_path / "large", tmp_path / "accum")
+    # multi-scale: one side per optimizer step, whatever the micro-batches
+    sizes = ("--train-sizes", "16,24,32")
+    run(tmp_path / "large_ms", "--batch-size", "16", *sizes)
+    run(tmp_path / "accum_ms", "--batch-size", "8", "--grad-accum-steps", "2", *sizes)
+    _assert_same_run(tmp_path / "large_ms", tmp_path / "accum_ms")
 
 
 def test_video_accumulation_equals_the_large_batch(tmp_path):
