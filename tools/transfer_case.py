@@ -60,7 +60,9 @@ def relabel_set(source: Path, out: Path, names: dict[str, tuple[int, str]], num_
             **doc,
             "images": images,
             "annotations": [
-                {**a, "category_id": new_id[a["category_id"]]} for a in doc["annotations"] if a["image_id"] in kept
+                {**a, "category_id": new_id[a["category_id"]]}
+                for a in doc["annotations"]
+                if a["image_id"] in kept
             ],
             # another order than the ids': the data set lists its classes as it likes
             "categories": [
@@ -112,7 +114,8 @@ def run_transfer_case(out: Path, seed: int = 0, quiet: bool = True) -> dict[str,
             quiet,
         )  # fmt: skip
         result[name] = {"ap50": report["eval"]["ap50"], "ap": report["eval"]["ap"]}
-        result[name]["classes"] = read_checkpoint(out / name / "checkpoint.pth", "detect")["meta"]["init_classes"]
+        meta = read_checkpoint(out / name / "checkpoint.pth", "detect")["meta"]
+        result[name]["classes"] = meta["init_classes"]
     return result
 
 
@@ -125,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "transfer.json").write_text(json.dumps(result, indent=1))
     print("| start | AP50 at 80 px |\n|---|---|")
     print(f"| source (trained on the shapes) | {result['source']['ap50']:.3f} |")
-    print(f"| kept: relabelled, names matched (one by --class-map), lr {TINY_LR} | {result['kept']['ap50']:.3f} |")
+    print(
+        f"| kept: relabelled, names matched (one by --class-map), lr {TINY_LR} | {result['kept']['ap50']:.3f} |"
+    )
     print(f"| fresh: names that match nothing, lr {TINY_LR} | {result['fresh']['ap50']:.3f} |")
     return 0
 
