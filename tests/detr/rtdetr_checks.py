@@ -9,6 +9,8 @@ tie" instead of a wrong output.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
@@ -69,3 +71,21 @@ def randomise_norms_and_heads(model: nn.Module, seed: int) -> None:
         for name, p in model.named_parameters():
             if "bbox_embed" in name or "bbox_head" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+
+
+def tiny_rtdetr_config(transformers: Any, **overrides: Any) -> Any:
+    """A tiny transformers ``RTDetrConfig`` (basic ResNet of widths 16-128, width 32, 2 decoder layers).
+
+    ``overrides`` replace its fields (``num_labels``, ``id2label``, ``decoder_layers``, ...).  The one
+    small RT-DETR folder layout the tests save with ``save_pretrained``.
+    """
+    backbone = transformers.RTDetrResNetConfig(
+        layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128], embedding_size=16,
+        out_features=["stage2", "stage3", "stage4"],
+    )  # fmt: skip
+    fields = dict(
+        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 64, 128],
+        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=2,
+        num_queries=20, num_labels=4, anchor_image_size=None, num_denoising=10,
+    )  # fmt: skip
+    return transformers.RTDetrConfig(**{**fields, **overrides})

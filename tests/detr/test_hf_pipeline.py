@@ -33,6 +33,7 @@ from peg_core.engine.checkpoint import CHECKPOINT_FORMAT
 from peg_detr.__main__ import main as cli
 from peg_detr.labels import LabelMap
 from peg_detr.predict import Predictor
+from tests.detr.rtdetr_checks import tiny_rtdetr_config
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -229,15 +230,7 @@ def test_a_run_side_transformers_cannot_run_is_rounded_up_to_a_multiple_of_32():
     assert rtdetr_processor_config(80)["size"] == {"height": 96, "width": 96}
     assert [hf_side(s) for s in (64, 96, 640, 650)] == [64, 96, 640, 672]
     transformers = pytest.importorskip("transformers")
-    backbone = transformers.RTDetrResNetConfig(
-        layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128], embedding_size=16,
-        out_features=["stage2", "stage3", "stage4"],
-    )  # fmt: skip
-    config = transformers.RTDetrConfig(
-        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 64, 128],
-        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=1,
-        num_queries=10, num_labels=2, anchor_image_size=None, num_denoising=0,
-    )  # fmt: skip
+    config = tiny_rtdetr_config(transformers, decoder_layers=1, num_queries=10, num_labels=2, num_denoising=0)
     model = transformers.RTDetrForObjectDetection(config).eval()
     with torch.no_grad():
         model(pixel_values=torch.rand(1, 3, 96, 96))  # the rounded side runs

@@ -22,6 +22,7 @@ from peg_core.interop.classes import (
     transfer_class_rows,
 )
 from peg_detr.model import build_model, relabel
+from tests.detr.rtdetr_checks import tiny_rtdetr_config
 
 FAMILIES = {
     "detr": dict(arch="detr", backbone="tiny", pos_enc="peg", hidden_dim=32, num_heads=2, enc_layers=1,
@@ -145,15 +146,7 @@ def test_relabel_of_a_folder_model_gives_its_config_the_new_names(tmp_path) -> N
     transformers = pytest.importorskip("transformers")
     from peg_detr.interop import from_hf
 
-    backbone = transformers.RTDetrResNetConfig(
-        layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128], embedding_size=16,
-        out_features=["stage2", "stage3", "stage4"],
-    )  # fmt: skip
-    config = transformers.RTDetrConfig(
-        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 64, 128],
-        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=2,
-        num_queries=20, anchor_image_size=None, num_denoising=10, id2label=dict(enumerate(START)),
-    )  # fmt: skip
+    config = tiny_rtdetr_config(transformers, id2label=dict(enumerate(START)))
     torch.manual_seed(0)
     transformers.RTDetrForObjectDetection(config).save_pretrained(tmp_path / "hf")
     start, _ = from_hf(tmp_path / "hf", pos_enc="peg")

@@ -25,6 +25,7 @@ from peg_detr.interop import load_rtdetr_backbone
 from peg_detr.model import build_model
 from peg_detr.models import build_detr
 from peg_detr.models.rtdetr.backbone import build_resnet_vd
+from tests.detr.rtdetr_checks import tiny_rtdetr_config
 from tests.hub_cache import offline_caches, put_in_hf_cache
 
 transformers = pytest.importorskip("transformers")
@@ -47,15 +48,7 @@ def folders(tmp_path_factory):
         encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=5, num_labels=3, auxiliary_loss=False,
     )  # fmt: skip
     transformers.DetrForObjectDetection(detr).save_pretrained(root / "detr")
-    backbone = transformers.RTDetrResNetConfig(
-        layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128], embedding_size=16,
-        out_features=["stage2", "stage3", "stage4"],
-    )  # fmt: skip
-    rtdetr = transformers.RTDetrConfig(
-        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 64, 128],
-        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=2,
-        num_queries=20, num_labels=4, anchor_image_size=None, num_denoising=10,
-    )  # fmt: skip
+    rtdetr = tiny_rtdetr_config(transformers)
     transformers.RTDetrForObjectDetection(rtdetr).save_pretrained(root / "rtdetr")
     video = transformers.VideoMAEConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,

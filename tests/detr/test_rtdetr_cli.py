@@ -29,6 +29,7 @@ from peg_detr.data import (
 from peg_detr.data.transforms import make_boxes
 from peg_detr.model import EMA_PREFIX, load_model
 from peg_detr.task import EmaModel, warmup_ema_decay, warmup_step_lr
+from tests.detr.rtdetr_checks import tiny_rtdetr_config
 
 RTDETR_RECIPES = ("rtdetr_r18vd_6x", "rtdetr_r50vd_6x", "rtdetr_r18vd_6x_peg", "rtdetr_r50vd_6x_peg")
 
@@ -275,15 +276,7 @@ def test_onnx_export_runs_at_other_sizes_like_pytorch(trained, tmp_path, capsys)
 
 def test_init_from_a_hugging_face_folder_trains_with_a_peg_and_resumes(data, tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
-    backbone = transformers.RTDetrResNetConfig(
-        layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128], embedding_size=16,
-        out_features=["stage2", "stage3", "stage4"],
-    )  # fmt: skip
-    config = transformers.RTDetrConfig(
-        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 64, 128],
-        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=2,
-        num_queries=20, num_labels=4, anchor_image_size=None, num_denoising=10,
-    )  # fmt: skip
+    config = tiny_rtdetr_config(transformers)
     folder = tmp_path / "hf"
     transformers.RTDetrForObjectDetection(config).save_pretrained(folder)
     out = tmp_path / "run"

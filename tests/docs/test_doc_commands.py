@@ -56,6 +56,8 @@ from unittest import mock
 
 import pytest
 
+from tests.detr.rtdetr_checks import tiny_rtdetr_config
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(bash|sh|python)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
@@ -344,15 +346,7 @@ def _rtdetr_folder(path: Path) -> None:
     import transformers
 
     torch.manual_seed(0)
-    backbone = transformers.RTDetrResNetConfig(
-        layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128], embedding_size=16,
-        out_features=["stage2", "stage3", "stage4"],
-    )  # fmt: skip
-    cfg = transformers.RTDetrConfig(
-        backbone_config=backbone, encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 64, 128],
-        decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64, decoder_layers=2,
-        num_queries=20, num_labels=80, anchor_image_size=None, num_denoising=10,
-    )  # fmt: skip
+    cfg = tiny_rtdetr_config(transformers, num_labels=80)
     transformers.RTDetrForObjectDetection(cfg).save_pretrained(path)
 
 
