@@ -236,3 +236,25 @@ def test_resume_keeps_the_runs_accumulation(tmp_path, capsys):
     capsys.readouterr()
     err = one_line_error(capsys, main([*argv, "--resume", "auto"]))
     assert "trained with --grad-accum-steps 2" in err and err.endswith("--grad-accum-steps 1"), err
+
+
+@pytest.mark.slow
+def test_two_process_accumulation_equals_the_large_batch(tmp_path):
+    """torchrun, 2 processes (gloo): DDP syncs the gradients once per optimizer step, after the micro-batches."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.core.classify_runs import tiny
+
+    def run(out, *extra):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+               "peg_core", "train", *tiny(40, 8, "--epochs", "2", "--lr", "1e-3", "--output-dir", str(out), *extra)]  # fmt: skip
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    run(tmp_path / "large", "--batch-size", "8")  # per process: 20 images, steps of 8, 8, 4
+    run(tmp_path / "accum", "--batch-size", "4", "--grad-accum-steps", "2")
+    _assert_same_run(tmp_path / "large", tmp_path / "accum")
