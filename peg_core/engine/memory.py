@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..models.layers import Attention
 from .command import UserError
 
 __all__ = ["Largest", "add_max_memory_arg", "check_memory", "default_memory_limit", "human_bytes", "largest_tensor",
@@ -127,6 +128,7 @@ def largest_tensor(
             return out
 
     training = fn.training if isinstance(fn, torch.nn.Module) else None
+    probe, Attention.probe = Attention.probe, None  # diagnostics must not record fake tensors
     try:
         if training:
             fn.eval()
@@ -139,6 +141,7 @@ def largest_tensor(
     except Exception:  # a dry run that cannot run says nothing
         return None
     finally:
+        Attention.probe = probe
         if training:
             fn.train()
     return seen

@@ -87,4 +87,4 @@ def test_demo_fast_path_under_two_cpu_capabilities(default_run, tmp_path: Path) 
     assert runs["default"]["cpu"]["capability"] == torch.backends.cpu.get_cpu_capability()
     for summary in runs.values():
         metrics = readme_numbers.metrics(summary)
-        assert len(metrics) == 16 and all(0.0 <= v <= 1.0 for v in metrics.values()), metrics
+        assert len(metrics) == 26 and all(0.0 <= v <= 1.0 for v in metrics.values()), metrics
