@@ -85,20 +85,12 @@ def batch_length(batch: Any) -> int:
     elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         items = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
     elif isinstance(batch, list | tuple):
-        if any(
+        # a structure such as (images, labels): its first tensor says; else a list of samples
+        if not any(
             (isinstance(x, Tensor) and x.dim() > 0) or _is_structure(x) or isinstance(x, list) for x in batch
         ):
-            items = list(batch)
-            # a structure such as (images, labels): its first tensor says
-            for x in items:
-                if isinstance(x, Tensor) and x.dim() > 0:
-                    return int(x.shape[0])
-            for x in items:
-                try:
-                    return batch_length(x)
-                except ValueError:
-                    continue
-        return len(batch)
+            return len(batch)
+        items = list(batch)
     else:
         raise ValueError(f"cannot count the samples of a {type(batch).__name__}")
     for x in items:
@@ -109,6 +101,8 @@ def batch_length(batch: Any) -> int:
             return batch_length(x)
         except ValueError:
             continue
+    if isinstance(batch, list | tuple):
+        return len(batch)
     raise ValueError("the batch holds no tensor or list of samples")
 
 
