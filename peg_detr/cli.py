@@ -263,7 +263,7 @@ def _add_train_data_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--total-batch-size",
         type=positive_int,
-        help="images per step over all processes, split over them (--batch-size, per process, wins)",
+        help="images per optimizer step, split over the processes and --grad-accum-steps (--batch-size, per process, wins)",
     )
     t = p.add_argument_group("schedule")
     t.add_argument("--lr-backbone", type=nonnegative_float, help="learning rate of the backbone")

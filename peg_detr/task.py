@@ -328,16 +328,21 @@ def recorded_label_map(ckpt: dict[str, Any], requested: str | None, where: Any) 
 
 
 def per_process_batch(args: argparse.Namespace, world_size: int) -> int:
-    """``--batch-size``, else ``--total-batch-size`` split over the processes."""
+    """``--batch-size``, else ``--total-batch-size`` split over the processes and ``--grad-accum-steps``.
+
+    ``--total-batch-size`` is the optimizer step's batch (the recipes' number), so 32 on one process with
+    ``--grad-accum-steps 4`` runs micro-batches of 8, as on 4 processes without accumulation.
+    """
     if args.batch_size:
         return args.batch_size
-    total = args.total_batch_size
-    if total % world_size:
+    total, steps = args.total_batch_size, accum_steps(args)
+    if total % (world_size * steps):
+        split = f"the {world_size} processes" + (f" x {steps} accumulation steps" if steps > 1 else "")
         raise UserError(
-            f"not divisible by the {world_size} processes; pass --batch-size (per process) instead",
+            f"not divisible by {split}; pass --batch-size (per process) instead",
             f"--total-batch-size {total}",
         )
-    return total // world_size
+    return total // (world_size * steps)
 
 
 def _val_transforms(arch: str, size: int) -> Callable:

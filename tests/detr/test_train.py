@@ -211,6 +211,10 @@ def test_named_configs():
     with pytest.raises(UserError, match="not divisible by the 3 processes") as e:
         per_process_batch(b, 3)
     assert e.value.line().endswith(": --total-batch-size 64")
+    b.grad_accum_steps = 4  # the total is the optimizer step's batch: 64 = 2 processes x 4 steps x 8
+    assert per_process_batch(b, 2) == 8
+    with pytest.raises(UserError, match="not divisible by the 3 processes x 4 accumulation steps"):
+        per_process_batch(b, 3)
     b.batch_size = 3
     assert per_process_batch(b, 8) == 3  # --batch-size (per process) wins
 
