@@ -49,9 +49,10 @@ three calls are timed per kind, forward and forward+backward:
 
 printed as ``attn+pos/plain``, ``attn/plain`` and the 12-layer ratio ``(pos + 12 attn) / (12 plain)``,
 the bias cost per forward amortised over the layers that share it.  Run it with ``--threads 1``.
-A memory table follows for the 4× size (896 px, 56×56 grid + class token, 6 heads): the bytes of the
-returned bias in float32 and bfloat16 (from the shape), the largest intermediate from the shapes
-(FIRE's ``(N, N, hidden)`` MLP hidden layer; the float32 ``(heads, N, N)`` grid bias for the others),
+A memory table follows for every timed size and the 4× size (896 px, 56×56 grid + class token, 6 heads):
+the bytes of the returned bias in float32 and bfloat16 (from the shape), the largest intermediate from the shapes
+(FIRE's ``(N, N, hidden)`` MLP hidden layer, or its row chunk above ``FIRE_CHUNK_BYTES``; the float32
+``(heads, N, N)`` grid bias otherwise),
 and the measured peak: the rise of the resident set size over the call (result included, no
 gradient), read from ``/proc/self/status`` after resetting the high-water mark through
 ``/proc/self/clear_refs`` (Linux only; ``n/a`` elsewhere), in a fresh subprocess whose glibc maps
@@ -81,7 +82,7 @@ from torch import Tensor, nn
 from torch.utils.benchmark import Timer
 
 from peg_core import PEG2d, apply_rope
-from peg_core.bias import AttentionBias, FIREBias
+from peg_core.bias import FIRE_CHUNK_BYTES, FIRE_MAX_CHUNKS, AttentionBias, FIREBias
 from peg_core.models.layers import Attention
 from peg_core.peg import peg2d_reference, tokens_to_grid
 from peg_core.registry import EncodingContext, encoding_names, get_encoding
@@ -567,12 +568,22 @@ def bias_bytes(heads: int, size: tuple[int, ...], num_prefix_tokens: int, itemsi
 
 
 def largest_intermediate(module: nn.Module, size: tuple[int, ...]) -> tuple[str, int]:
-    """The largest float32 tensor computing the bias makes, from the shapes (grid tokens only)."""
+    """The largest float32 tensor computing the bias makes, from the shapes (grid tokens only).
+
+    FIRE's ``(N, N, hidden)`` hidden layer is made whole up to :data:`~peg_core.bias.FIRE_CHUNK_BYTES`
+    and in row chunks above (at most :data:`~peg_core.bias.FIRE_MAX_CHUNKS`), as :class:`FIREBias` does.
+    """
     n = math.prod(size)
-    if isinstance(module, FIREBias):
-        hidden = module.mlp[0].out_features
-        return f"(N, N, {hidden}) MLP hidden", n * n * hidden * 4
-    return f"({module.num_heads}, N, N) grid bias", module.num_heads * n * n * 4
+    grid = (f"({module.num_heads}, N, N) grid bias", module.num_heads * n * n * 4)
+    if not isinstance(module, FIREBias):
+        return grid
+    hidden = (module.axis_mlps[0] if module.per_axis else module.mlp)[0].out_features
+    whole = n * n * hidden * 4
+    if whole <= FIRE_CHUNK_BYTES:
+        return f"(N, N, {hidden}) MLP hidden", whole
+    rows = max(FIRE_CHUNK_BYTES // (n * hidden * 4), -(-n // FIRE_MAX_CHUNKS), 1)
+    chunk = (f"({rows}, N, {hidden}) MLP hidden chunk", rows * n * hidden * 4)
+    return max(chunk, grid, key=lambda c: c[1])
 
 
 def _proc_status_bytes(field: str) -> int:
@@ -784,9 +795,11 @@ def main(argv: list[str] | None = None) -> None:
                 ratios.setdefault(r.kind, []).append(f"{r.model_vs_plain:.2f}")
         summary = ", ".join(f"{kind} {' / '.join(v)}" for kind, v in ratios.items())
         print(f"\n{BIAS_DEPTH}-layer/plain at {last} (fwd / fwd+bwd): {summary}")
+        # every timed size, then 4x the first (896 px for ViT-S): the peak memory per size
         first = bias_list[0]
-        mem_size = (4 * first.size[0], 4 * first.size[1])  # 4x the first resolution (896 px for ViT-S)
-        mem_rows = measure_bias_memory(first.heads, mem_size, args.threads)
+        mem_sizes = [case.size for case in bias_list] + [(4 * first.size[0], 4 * first.size[1])]
+        mem_rows = [row for size in dict.fromkeys(mem_sizes)
+                    for row in measure_bias_memory(first.heads, size, args.threads)]  # fmt: skip
         print("\n" + markdown_bias_memory(mem_rows))
         payload["bias_rows"] = [
             asdict(r) | {"call_vs_plain": r.call_vs_plain, "attn_vs_plain": r.attn_vs_plain,

@@ -86,7 +86,14 @@ def test_bias_bytes_at_896_px() -> None:
     assert bias_bytes(6, (56, 56), 1, 2) == 6 * 3137 * 3137 * 2
     assert bias_bytes(6, (14, 14), 0, 4) == 6 * 196 * 196 * 4
     n = 56 * 56
-    assert largest_intermediate(FIREBias(6, 2), (56, 56)) == ("(N, N, 32) MLP hidden", n * n * 32 * 4)
-    assert largest_intermediate(FIREBias(6, 2, hidden=8), (56, 56))[1] == n * n * 8 * 4
+    # FIRE's 1.26 GB hidden layer is made in row chunks of at most 256 MiB: 668 rows of 3136 x 32 floats
+    assert largest_intermediate(FIREBias(6, 2), (56, 56)) == (
+        "(668, N, 32) MLP hidden chunk",
+        668 * n * 32 * 4,
+    )
+    assert largest_intermediate(FIREBias(6, 2, hidden=8), (56, 56))[1] == 2674 * n * 8 * 4
+    assert largest_intermediate(FIREBias(6, 2), (28, 28)) == ("(N, N, 32) MLP hidden", 784 * 784 * 32 * 4)
+    # past 64 chunks the (heads, N, N) result is the largest tensor
+    assert largest_intermediate(FIREBias(6, 2), (128, 128)) == ("(6, N, N) grid bias", 6 * 128**4 * 4)
     for bias in (ALiBiBias(6, 2), LookHereBias(6, 2)):
         assert largest_intermediate(bias, (56, 56)) == ("(6, N, N) grid bias", 6 * n * n * 4)
