@@ -117,8 +117,20 @@ def summary_line(verb: str, report: Mapping[str, Any], spec: Summary, where: Any
         text += f", {_skipped(report)} skipped"
     elif _skipped(report):
         text += f", {_skipped(report)} skipped"
+    text += _compiled(report)
     where = where if where is not None else report.get("report") or report.get("output_dir")
     return f"{verb} {state}: {text}" + (f" ({where})" if where is not None else "")
+
+
+def _compiled(report: Mapping[str, Any]) -> str:
+    """``, compiled: 3 graphs in 61.2 s, 1.42x`` for a ``--compile`` run (its ``report["compile"]``)."""
+    c = report.get("compile")
+    if not isinstance(c, Mapping):
+        return ""
+    text = f", compiled: {c.get('graphs')} graphs in {c.get('compile_seconds', 0):.1f} s"
+    if isinstance(c.get("speedup"), int | float):
+        text += f", {c['speedup']:.2f}x"
+    return text
 
 
 def _is_main() -> bool:

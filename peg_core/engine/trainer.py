@@ -56,6 +56,7 @@ from .checkpoint import (
 )
 from .cli import json_safe
 from .command import TrainingDiverged, UserError
+from .compile import CompiledModel
 from .distributed import (
     DistInfo,
     all_gather_object,
@@ -66,6 +67,15 @@ from .distributed import (
     seed_everything,
 )
 from .flag_checks import refuse_changed_on_resume, refuse_resume_changes
+from .fsdp import (
+    check_fsdp_args,
+    full_model_state,
+    full_optimizer_state,
+    load_full_state,
+    local_tensor,
+    no_gradient_sync,
+    shard_model,
+)
 from .metric_log import MetricLogger
 from .outputs import REPORT_NAME, check_output_folder, check_run_folder, clear_run_files, ensure_writable
 from .progress import Progress, epoch_line
@@ -321,6 +331,10 @@ class _Fit:
         if ctx.requested_amp not in ("off", "none") and ctx.amp == "off":
             ctx.print(f"--amp {ctx.requested_amp} applies on CUDA only; running in float32 on {ctx.device}")
         check_recipe_args(args)
+        #: --fsdp: FSDP2 shards instead of DDP (:mod:`.fsdp`)
+        self.fsdp = bool(getattr(args, "fsdp", False))
+        if self.fsdp:
+            check_fsdp_args(args, ctx.dist.world_size)
         patience = getattr(args, "early_stopping_patience", 0) or 0
         if patience and getattr(args, "eval_every", 1) == 0:
             raise UserError("needs evaluations during training; give --eval-every N (0 evaluates at the end only)",
@@ -342,6 +356,10 @@ class _Fit:
                                 "--grad-checkpointing")  # fmt: skip
             ctx.print(f"--grad-checkpointing: {len(blocks)} transformer blocks recompute their activations "
                       "in the backward")  # fmt: skip
+        if self.fsdp:
+            sharded = shard_model(parts.model, parts.optimizer, AMP_DTYPES.get(ctx.amp))
+            ctx.print(f"--fsdp: {len(sharded)} transformer blocks and the root sharded over "
+                      f"{ctx.dist.world_size} processes")  # fmt: skip
         if uses_sizes(args) and parts.resize_batch is None:
             raise UserError(f"task {self.task.name!r} does not resize batches",
                             "--train-sizes / --progressive-sizes")  # fmt: skip
@@ -361,7 +379,9 @@ class _Fit:
                 self.early.update(ckpt["early_stopping"])
         self.epochs_done = start_epoch
         net: nn.Module = parts.model
-        if ctx.dist.distributed:
+        #: --compile: the model's regions compiled in place, before DDP wraps it
+        self.compiled = CompiledModel(parts.model) if getattr(args, "compile", False) else None
+        if ctx.dist.distributed and not self.fsdp:
             net = nn.parallel.DistributedDataParallel(
                 parts.model,
                 device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
@@ -429,15 +449,22 @@ class _Fit:
         finally:
             logger.close()
         report = self._report(status, step, train_stats, metrics)
+        if self.compiled is not None:
+            report["compile"] = self.compiled.report()
+            ctx.print(self.compiled.line())
         if ctx.is_main:
             write_json(self.out / REPORT_NAME, report)
         return report
 
     def _restore(self, ckpt: dict[str, Any], path: Path | None) -> tuple[int, int, dict[str, Any]]:
         parts, ctx = self.parts, self.ctx
-        load_model_state(parts.model, ckpt["model"], path)
+        if self.fsdp:  # the full state into this process's shards
+            load_full_state(parts.model, parts.optimizer, ckpt["model"], ckpt["optimizer"], path)
+        else:
+            load_model_state(parts.model, ckpt["model"], path)
         try:
-            parts.optimizer.load_state_dict(ckpt["optimizer"])
+            if not self.fsdp:
+                parts.optimizer.load_state_dict(ckpt["optimizer"])
             if parts.scheduler is not None and ckpt.get("scheduler") is not None:
                 parts.scheduler.load_state_dict(ckpt["scheduler"])
             if ckpt.get("scaler"):
@@ -481,10 +508,9 @@ class _Fit:
                     micro = parts.resize_batch(micro, size)
                 last_micro = index + 1 == len(micros)
                 # DDP: the gradients are averaged over processes once, at the step's last micro-batch
-                sync = (
-                    contextlib.nullcontext() if last_micro or not hasattr(net, "no_sync") else net.no_sync()
-                )
-                with sync:
+                sync = contextlib.nullcontext() if last_micro else self._no_sync(net)
+                timed = self.compiled.timed_step(micro) if self.compiled else contextlib.nullcontext()
+                with sync, timed:
                     try:
                         out = parts.step(net, micro, ctx)
                     except NonFiniteError as e:
@@ -532,6 +558,12 @@ class _Fit:
             stats["size"] = drawn[0] if len(set(drawn)) == 1 else sum(drawn) / len(drawn)
         return stats, step
 
+    def _no_sync(self, net: nn.Module) -> contextlib.AbstractContextManager:
+        """A micro-batch before the step's last: gradients accumulate without a reduction over processes."""
+        if self.fsdp:
+            return no_gradient_sync(net)
+        return net.no_sync() if hasattr(net, "no_sync") else contextlib.nullcontext()
+
     def _watch(self, metrics: Mapping[str, Any], epoch: int) -> bool:
         """Count an evaluation for ``--early-stopping-patience``; True when it is the best so far."""
         key = self.early["metric"]
@@ -570,8 +602,10 @@ class _Fit:
         good checkpoint.  One device-to-host read per epoch; the flag is summed over ranks (buffers,
         e.g. batch-norm statistics, may differ between them) so that every rank stops together.
         """
-        tensors = [
-            t for t in (*self.parts.model.parameters(), *self.parts.model.buffers()) if t.is_floating_point()
+        tensors = [  # --fsdp: this process's shards (the flag is summed over processes)
+            local_tensor(t)
+            for t in (*self.parts.model.parameters(), *self.parts.model.buffers())
+            if t.is_floating_point()
         ]
         if not tensors:
             return
@@ -593,14 +627,17 @@ class _Fit:
     def _save(self, epoch: int, step: int, metrics: dict[str, Any], best: bool = False) -> None:
         parts, ctx, args = self.parts, self.ctx, self.args
         rng_per_rank = all_gather_object(capture_rng_state())  # every rank's RNG, for an exact resume
+        # --fsdp: every process takes part in gathering the full states onto rank 0
+        model_state = full_model_state(parts.model) if self.fsdp else None
+        optimizer_state = full_optimizer_state(parts.model, parts.optimizer) if self.fsdp else None
         if ctx.is_main:
             state = {
                 "format": CHECKPOINT_FORMAT,
                 "task": self.task.name,
-                "model": parts.model.state_dict(),
+                "model": model_state if model_state is not None else parts.model.state_dict(),
                 "model_config": parts.model_config,
                 "meta": parts.meta,
-                "optimizer": parts.optimizer.state_dict(),
+                "optimizer": optimizer_state if optimizer_state is not None else parts.optimizer.state_dict(),
                 "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else None,
                 "scaler": ctx.scaler.state_dict(),
                 "epoch": epoch,
@@ -711,6 +748,7 @@ def evaluate_checkpoint(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         ckpt = reader(ckpt_path) if reader is not None else read_checkpoint(ckpt_path, task.name)
         parts = task.setup_eval(args, ctx, ckpt)
         parts.model.eval()
+        compiled = CompiledModel(parts.model) if getattr(args, "compile", False) else None
         try:
             metrics = _evaluate_finite(parts.evaluate, parts.model, ctx)
         except NonFiniteError as e:  # a diverged run's weights: nothing to score
@@ -727,6 +765,9 @@ def evaluate_checkpoint(task: Task, args: argparse.Namespace) -> dict[str, Any]:
             "output_dir": str(out),
             "report": str(out / REPORT_NAME),
         }
+        if compiled is not None:
+            report["compile"] = compiled.report()
+            ctx.print(compiled.line())
         if ctx.is_main:
             write_json(out / REPORT_NAME, report)
             if parts.summary is not None:
