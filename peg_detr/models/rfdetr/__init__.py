@@ -1,0 +1,59 @@
+"""RF-DETR (Robinson et al., 2025, arXiv:2511.09554) in peg_detr: the model, equal to transformers' ``rf_detr``.
+
+Files: ``backbone`` (the DINOv2 ViT with windowed attention, run on the suite's CPVT so its
+position encoding comes from the registry: RF-DETR's interpolated table, ``none``, or a
+zero-initialised PEG after block 0; LW-DETR's one-scale projector), ``decoder`` (two-stage query
+selection per Group DETR group, the deformable decoder with RT-DETR's layers, the heads),
+``model`` (the detector and its output dict).  transformers' ``RfDetrForObjectDetection`` keys
+and ``RfDetrConfig`` are read by :mod:`peg_detr.interop.hf_rfdetr`.
+
+Not here yet (issue 40's later steps): the criterion with per-group matching, recipes, the
+``--arch`` entry, export-hf, ONNX.
+
+Published sizes (facts for the recipes; COCO val2017 AP50:95 as the authors report it).  Source:
+roboflow/rf-detr README (tables at commit 021f7136 for N / S / M; the earlier README for base) and
+its ``rfdetr/config.py`` (patch, windows, resolution, decoder layers); T4 TensorRT FP16 latency::
+
+    size   resolution  patch  windows  ViT            dec. layers  params   COCO AP50:95  AP50
+    N      384         16     2        DINOv2-S (384) 2            30.5 M   48.4          67.6
+    S      512         16     2        DINOv2-S       3            32.1 M   53.0          72.1
+    M      576         16     2        DINOv2-S       4            33.7 M   54.7          73.6
+    base   560         14     4        DINOv2-S       3            29.0 M   53.3          -
+    L      704         16     2        DINOv2-S       (later README; its AP50:95 is not recorded here)
+
+All use ``hidden_dim`` 256, 300 queries, 13 Group DETR groups in training, the P4 projector, and
+the ViT's feature blocks ``[3, 6, 9, 12]`` as rf-detr counts them (``[2, 5, 8, 11]`` for base); the
+base table was trained for a 37 x 37 grid (518 px at patch 14), N / S / M for ``resolution /
+patch`` (24 / 32 / 36).  (The deprecated first "large", DINOv2-B with a P3 + P5 projector and
+128 M parameters, is not built here: transformers' ``RfDetrConfig`` has the P4 projector only.)
+"""
+
+from .backbone import (
+    RFDETR_VIT_ENCODINGS,
+    C2fLayer,
+    ScaleProjector,
+    WindowedViTBackbone,
+    build_windowed_vit,
+    from_windows,
+    normalize_pos_enc,
+    to_windows,
+)
+from .decoder import RFDETRDecoder, RFDETRDecoderLayer, box_sine_embedding, cell_proposals, refine_boxes
+from .model import RFDETR
+
+__all__ = [
+    "RFDETR",
+    "RFDETR_VIT_ENCODINGS",
+    "C2fLayer",
+    "RFDETRDecoder",
+    "RFDETRDecoderLayer",
+    "ScaleProjector",
+    "WindowedViTBackbone",
+    "box_sine_embedding",
+    "build_windowed_vit",
+    "cell_proposals",
+    "from_windows",
+    "normalize_pos_enc",
+    "refine_boxes",
+    "to_windows",
+]

@@ -1,0 +1,293 @@
+"""RF-DETR's decoder: two-stage query selection per Group DETR group, a deformable decoder, the heads.
+
+The decoder takes the projector's one map, flattened to a memory ``(B, S, D)`` (``S = h * w``),
+and (LW-DETR / RF-DETR, as transformers' ``RfDetrModel`` computes it):
+
+1. **Proposals.**  One box per memory cell, ``cx = (x + 0.5) / w``, ``cy = (y + 0.5) / h``,
+   ``w = h = 0.05`` (cxcywh, not logits); a cell whose box leaves ``(0.01, 0.99)`` is invalid
+   (memory and box zeroed, score ``-inf``).
+2. **Two-stage selection, per group.**  Group ``g`` has its own ``enc_output[g]`` (Linear +
+   LayerNorm ``enc_output_norm[g]``), score head ``enc_out_class_embed[g]`` and box head
+   ``enc_out_bbox_embed[g]``; its ``Q`` best cells (max class logit) give ``Q`` boxes
+   ``refine(proposal, delta)`` (``cxcy + delta_xy * wh``, ``wh * exp(delta_wh)``), detached.
+3. **Queries.**  The learned ``refpoint_embed`` rows are deltas on those boxes (the same
+   ``refine``): the reference boxes; the learned ``query_feat`` rows are the content queries.
+   The selected cells' features are NOT the queries (they only feed the encoder's auxiliary loss).
+4. **Layers.**  Every layer uses the same reference boxes and the same query position
+   ``ref_point_head(sine(ref))`` (LW-DETR's "lite" refinement: no box update between layers):
+   self-attention (positions on queries and keys), deformable cross-attention with 4-d reference
+   boxes, FFN, each post-norm; the output of layer ``l`` is ``norm(x_l)``.
+5. **Heads** (shared by every layer): ``class_embed`` (sigmoid logits, no "no object") and
+   ``bbox_embed`` (a delta refined onto the reference boxes as in 3).
+
+**Group DETR.**  In training there are ``G = group_detr`` groups of ``Q`` queries (``G * Q`` rows
+of ``query_feat`` / ``refpoint_embed``, step 2 once per group); self-attention stays inside a group
+(the groups are folded into the batch), cross-attention and FFN are per query anyway, so the
+groups are ``G`` weight-sharing decoders whose losses all train the same weights.  In eval only
+group 0 runs (``Q`` queries), so inference costs one group.
+
+Reused from the RT-DETR family: :class:`~peg_detr.models.rtdetr.decoder.RTDETRDecoderLayer` (its
+self-attention, :class:`~peg_detr.models.rtdetr.decoder.MSDeformableAttention` with 4-d reference
+boxes, post-norm FFN) and :class:`~peg_detr.models.detr.MLP`; the layer only adds the group fold
+and separate head counts for self- and cross-attention (RF-DETR: 8 and 16).  The padding mask is
+ignored (as the RT-DETR family here: batches are resized, not padded), so transformers'
+``valid_ratios`` are 1 and its masks keep every cell.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..detr import MLP
+from ..rtdetr.decoder import MSDeformableAttention, RTDETRDecoderLayer
+
+__all__ = [
+    "RFDETRDecoder",
+    "RFDETRDecoderLayer",
+    "RFDETRDecoderOutput",
+    "box_sine_embedding",
+    "cell_proposals",
+    "refine_boxes",
+]
+
+
+def refine_boxes(boxes: Tensor, deltas: Tensor) -> Tensor:
+    """LW-DETR's box re-parameterisation: ``(cx, cy) + d_xy * (w, h)``, ``(w, h) * exp(d_wh)``; ``(..., 4)`` each."""
+    return torch.cat(
+        [boxes[..., :2] + deltas[..., :2] * boxes[..., 2:], boxes[..., 2:] * deltas[..., 2:].exp()], -1
+    )
+
+
+def box_sine_embedding(boxes: Tensor, num_feats: int, temperature: float = 10000.0) -> Tensor:
+    """Sine codes of cxcywh boxes: ``(..., 4)`` -> ``(..., 4 * num_feats)`` in the order ``y, x, w, h``.
+
+    Coordinate ``v`` gets ``num_feats`` features ``v * 2pi / T^(2 floor(i / 2) / num_feats)``,
+    sine at even ``i`` and cosine at odd ``i`` (interleaved, DETR's convention, computed in float32);
+    the ``y`` block comes before ``x`` as in DETR's ``[pos_y, pos_x]``.
+    """
+    i = torch.arange(num_feats, dtype=torch.float32, device=boxes.device)
+    freq = temperature ** (2 * (i // 2) / num_feats)
+    angles = boxes.float()[..., None] * (2 * math.pi) / freq  # (..., 4, F)
+    codes = torch.stack([angles[..., 0::2].sin(), angles[..., 1::2].cos()], dim=-1).flatten(-2)
+    cx, cy, w, h = codes.unbind(-2)
+    return torch.cat([cy, cx, w, h], dim=-1).to(boxes.dtype)
+
+
+def cell_proposals(
+    spatial_shapes: Sequence[tuple[int, int]],
+    *,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor]:
+    """One cxcywh box per cell of each level (``wh = 0.05 * 2**level``) and its validity.
+
+    Returns ``proposals`` ``(1, S, 4)`` (zero where invalid) and ``valid`` ``(1, S, 1)`` bool: every
+    coordinate inside ``(0.01, 0.99)``.  Built for the sizes of this call (any input size).
+    """
+    levels = []
+    for level, (h, w) in enumerate(spatial_shapes):
+        ys = (torch.arange(h, device=device, dtype=dtype) + 0.5) / h
+        xs = (torch.arange(w, device=device, dtype=dtype) + 0.5) / w
+        cy, cx = torch.meshgrid(ys, xs, indexing="ij")
+        wh = torch.full_like(cx, 0.05 * 2.0**level)
+        levels.append(torch.stack([cx, cy, wh, wh], dim=-1).reshape(-1, 4))
+    proposals = torch.cat(levels).unsqueeze(0)
+    valid = ((proposals > 0.01) & (proposals < 0.99)).all(-1, keepdim=True)
+    return proposals * valid, valid
+
+
+class RFDETRDecoderLayer(RTDETRDecoderLayer):
+    """RT-DETR's post-norm layer with Group DETR self-attention and its own cross-attention head count.
+
+    ``forward(x, pos, ref, memory, shapes, groups)``: ``x``, ``pos`` ``(B, G*Q, D)``; with ``groups
+    = G > 1`` the self-attention runs on ``(B*G, Q, D)`` (each group attends to itself only).
+    """
+
+    def __init__(
+        self,
+        d_model: int = 256,
+        self_heads: int = 8,
+        cross_heads: int = 16,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        activation: str = "relu",
+        num_levels: int = 1,
+        num_points: int = 4,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__(d_model, self_heads, dim_feedforward, dropout, activation, num_levels, num_points,
+                         layer_norm_eps)  # fmt: skip
+        self.self_attn.dropout = attention_dropout  # the attention probabilities' (transformers: 0)
+        if cross_heads != self_heads:
+            self.encoder_attn = MSDeformableAttention(d_model, cross_heads, num_levels, num_points)
+
+    def forward(  # type: ignore[override]
+        self,
+        x: Tensor,
+        pos: Tensor,
+        reference_boxes: Tensor,
+        memory: Tensor,
+        spatial_shapes: Sequence[tuple[int, int]],
+        groups: int = 1,
+    ) -> Tensor:
+        b, n, d = x.shape
+        if groups > 1:  # (B, G*Q, D) -> (B*G, Q, D): attention within each group
+            sa = self.self_attn(
+                x.reshape(b * groups, n // groups, d), pos.reshape(b * groups, n // groups, d)
+            )
+            sa = sa.reshape(b, n, d)
+        else:
+            sa = self.self_attn(x, pos)
+        x = self.self_attn_layer_norm(x + self.dropout(sa))
+        x = x + self.dropout(self.encoder_attn(x + pos, reference_boxes, memory, spatial_shapes))
+        x = self.encoder_attn_layer_norm(x)
+        ffn = self.fc2(self.dropout(self.activation(self.fc1(x))))
+        return self.final_layer_norm(x + self.dropout(ffn))
+
+
+@dataclass
+class RFDETRDecoderOutput:
+    """What :class:`RFDETRDecoder` returns (``N = G * Q`` in training, ``Q`` in eval).
+
+    Attributes:
+        logits: ``(L', B, N, C)`` class logits of every layer in training, the last one in eval.
+        boxes: ``(L', B, N, 4)`` cxcywh in [0, 1], same layers.
+        enc_logits: ``(B, N, C)`` the selected cells' scores (each group's own head).
+        enc_boxes: ``(B, N, 4)`` their refined proposal boxes (with gradient).
+        groups: ``G`` of this call (1 in eval).
+    """
+
+    logits: Tensor
+    boxes: Tensor
+    enc_logits: Tensor
+    enc_boxes: Tensor
+    groups: int
+
+
+class RFDETRDecoder(nn.Module):
+    """Query selection, decoder layers and heads (module docstring).
+
+    Args:
+        d_model: width ``D`` (the projector's output).
+        num_classes: sigmoid classes ``C``.
+        num_queries: ``Q`` per group (at most the cells of the smallest input).
+        group_detr: ``G``, groups in training.
+        num_layers, self_heads, cross_heads, dim_feedforward, dropout, attention_dropout,
+            activation, num_points: the layers' (transformers' ``decoder_*``).
+        num_levels: memory levels (1: the P4 projector).
+    """
+
+    def __init__(
+        self,
+        d_model: int = 256,
+        num_classes: int = 80,
+        *,
+        num_queries: int = 300,
+        group_detr: int = 13,
+        num_layers: int = 3,
+        self_heads: int = 8,
+        cross_heads: int = 16,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        activation: str = "relu",
+        num_points: int = 4,
+        num_levels: int = 1,
+    ) -> None:
+        super().__init__()
+        if group_detr < 1:
+            raise ValueError(f"group_detr must be >= 1; got {group_detr}")
+        d = d_model
+        self.d_model, self.num_classes, self.num_queries, self.group_detr = (
+            d,
+            num_classes,
+            num_queries,
+            group_detr,
+        )
+        self.layers = nn.ModuleList(
+            RFDETRDecoderLayer(
+                d,
+                self_heads,
+                cross_heads,
+                dim_feedforward,
+                dropout,
+                attention_dropout,
+                activation,
+                num_levels,
+                num_points,
+            )
+            for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(d)
+        self.ref_point_head = MLP(2 * d, d, d, 2)
+        self.query_feat = nn.Embedding(group_detr * num_queries, d)
+        self.refpoint_embed = nn.Embedding(group_detr * num_queries, 4)
+        self.enc_output = nn.ModuleList(nn.Linear(d, d) for _ in range(group_detr))
+        self.enc_output_norm = nn.ModuleList(nn.LayerNorm(d) for _ in range(group_detr))
+        self.enc_out_class_embed = nn.ModuleList(nn.Linear(d, num_classes) for _ in range(group_detr))
+        self.enc_out_bbox_embed = nn.ModuleList(MLP(d, d, 4, 3) for _ in range(group_detr))
+        self.class_embed = nn.Linear(d, num_classes)
+        self.bbox_embed = MLP(d, d, 4, 3)
+        self.reset_parameters()
+
+    def reset_parameters(self, prior_prob: float = 0.01) -> None:
+        """LW-DETR's init: class biases at the ``prior_prob`` logit, box heads' last layer and reference deltas zero."""
+        bias = -math.log((1 - prior_prob) / prior_prob)
+        for head in (self.class_embed, *self.enc_out_class_embed):
+            nn.init.constant_(head.bias, bias)
+        for mlp in (self.bbox_embed, *self.enc_out_bbox_embed):
+            nn.init.zeros_(mlp.layers[-1].weight)
+            nn.init.zeros_(mlp.layers[-1].bias)
+        nn.init.zeros_(self.refpoint_embed.weight)
+
+    def select(
+        self, memory: Tensor, spatial_shapes: Sequence[tuple[int, int]], groups: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Two-stage selection for ``groups`` groups: ``(boxes (B, G*Q, 4) detached, enc_logits, enc_boxes)``."""
+        proposals, valid = cell_proposals(spatial_shapes, device=memory.device, dtype=memory.dtype)
+        memory = memory * valid.to(memory.dtype)
+        q = self.num_queries
+        boxes, enc_logits, enc_boxes = [], [], []
+        for g in range(groups):
+            cells = self.enc_output_norm[g](self.enc_output[g](memory))  # (B, S, D)
+            scores = self.enc_out_class_embed[g](cells).masked_fill(~valid, float("-inf"))
+            cell_boxes = refine_boxes(proposals, self.enc_out_bbox_embed[g](cells))
+            # With untrained heads, near-equal scores make the order float-rounding dependent;
+            # trained models (and random weights that are not all-equal) separate them.
+            index = scores.max(-1).values.topk(q, dim=1).indices  # (B, Q)
+
+            def take(t: Tensor, index: Tensor = index) -> Tensor:
+                return t.gather(1, index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
+
+            chosen = take(cell_boxes)
+            boxes.append(chosen.detach())
+            enc_boxes.append(chosen)
+            # the head on the chosen cells (not the gathered masked scores): finite even for a
+            # chosen invalid cell, as transformers computes it
+            enc_logits.append(self.enc_out_class_embed[g](take(cells)))
+        return torch.cat(boxes, 1), torch.cat(enc_logits, 1), torch.cat(enc_boxes, 1)
+
+    def forward(self, memory: Tensor, spatial_shapes: Sequence[tuple[int, int]]) -> RFDETRDecoderOutput:
+        """``memory`` ``(B, S, D)`` (the projector's map flattened row-major), ``spatial_shapes`` ``[(h, w)]``."""
+        groups = self.group_detr if self.training else 1
+        n = groups * self.num_queries
+        b = memory.shape[0]
+        selected, enc_logits, enc_boxes = self.select(memory, spatial_shapes, groups)
+        ref = refine_boxes(selected, self.refpoint_embed.weight[:n].unsqueeze(0))  # (B, N, 4)
+        x = self.query_feat.weight[:n].unsqueeze(0).expand(b, -1, -1)
+        pos = self.ref_point_head(box_sine_embedding(ref, self.d_model // 2))
+        logits, boxes = [], []
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, pos, ref, memory, spatial_shapes, groups)
+            if self.training or i == last:  # eval: only the last layer's heads are read
+                hs = self.norm(x)
+                logits.append(self.class_embed(hs))
+                boxes.append(refine_boxes(ref, self.bbox_embed(hs)))
+        return RFDETRDecoderOutput(torch.stack(logits), torch.stack(boxes), enc_logits, enc_boxes, groups)

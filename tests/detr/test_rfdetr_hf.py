@@ -1,0 +1,208 @@
+"""RF-DETR from transformers' ``RfDetrForObjectDetection``: the same logits and boxes, and the PEG variant.
+
+A tiny random ``RfDetrConfig`` (a 4-block ViT of width 32, patch 4, 2 x 2 windows, a 14 x 14 table;
+2 decoder layers; 3 Group DETR groups of 10 queries), every parameter perturbed so that no
+zero-initialised head (transformers zeroes the box heads' last layers) hides a mismatch, written
+with ``save_pretrained`` and read back by :func:`peg_detr.interop.hf_rfdetr.rfdetr_from_hf`.
+
+The query selection is a top-k over the cells' class scores: on random weights two cells could
+tie and make the two implementations pick different queries.  So the projector's map and the
+pre-top-k scores of group 0 (what precedes the selection) are compared first: a tie would show
+as equal scores with different outputs rather than as a silent mismatch (none occurs at this seed;
+the perturbed heads give every cell a distinct score).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from peg_core.errors import InputError
+from peg_detr.interop.hf_rfdetr import (
+    RFDETR_FILE_KEYS,
+    load_rfdetr_state,
+    rfdetr_from_hf,
+    rfdetr_from_hf_config,
+    rfdetr_hf_to_ours,
+    rfdetr_ours_to_hf,
+)
+from peg_detr.models.rfdetr import from_windows, to_windows
+from peg_detr.models.rfdetr.backbone import IMAGENET_MEAN, IMAGENET_STD
+from peg_detr.models.rfdetr.decoder import cell_proposals
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers.models.rf_detr")
+
+TOL = 1e-4
+NATIVE = (56, 56)  # the table's 14 x 14 grid at patch 4
+NON_SQUARE = (48, 80)  # 12 x 20 patches: the 2 x 2 windows divide it, the table is resized
+
+
+def _config(**overrides):
+    backbone = dict(
+        model_type="rf_detr_dinov2", hidden_size=32, num_hidden_layers=4, num_attention_heads=2, image_size=56,
+        patch_size=4, num_windows=2, out_features=["stage1", "stage2", "stage4"],
+    )  # fmt: skip
+    options = dict(
+        backbone_config=backbone, d_model=32, decoder_ffn_dim=64, decoder_layers=2, decoder_self_attention_heads=2,
+        decoder_cross_attention_heads=4, decoder_n_points=2, num_queries=10, group_detr=3, num_labels=5,
+        c2f_num_blocks=1, dropout=0.0,
+    )  # fmt: skip
+    options.update(overrides)
+    return transformers.RfDetrConfig(**options)
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory) -> tuple[object, Path]:
+    torch.manual_seed(0)
+    model = transformers.RfDetrForObjectDetection(_config()).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    folder = tmp_path_factory.mktemp("rfdetr")
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def _hf_pixels(x: torch.Tensor) -> torch.Tensor:
+    """transformers' model takes the standardised image (its processor normalises); ours takes [0, 1] pixels."""
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
+    return (x - mean) / std
+
+
+def _group0_scores(model, memory: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Our pre-top-k class scores of group 0 ``(B, S)`` (invalid cells -inf)."""
+    dec = model.decoder
+    _, valid = cell_proposals([shape])
+    cells = dec.enc_output_norm[0](dec.enc_output[0](memory * valid))
+    return dec.enc_out_class_embed[0](cells).masked_fill(~valid, float("-inf")).max(-1).values
+
+
+def _hf_group0_scores(hf, feat: torch.Tensor) -> torch.Tensor:
+    memory = feat.flatten(2).transpose(1, 2)
+    mask = torch.ones(memory.shape[:2], dtype=torch.bool)
+    query, _, invalid = hf.model.gen_encoder_output_proposals(memory, ~mask, [tuple(feat.shape[-2:])])
+    cells = hf.model.enc_output_norm[0](hf.model.enc_output[0](query))
+    return hf.model.enc_out_class_embed[0](cells).masked_fill(invalid, float("-inf")).max(-1).values
+
+
+@pytest.mark.parametrize("size", [NATIVE, NON_SQUARE], ids=["native", "non-square"])
+def test_equal_to_transformers_in_eval(hf_folder, size) -> None:
+    hf, folder = hf_folder
+    ours, report = rfdetr_from_hf(folder)
+    assert not report.missing, report.missing
+    assert list(report.skipped) == ["backbone.0.encoder.encoder.embeddings.mask_token"]
+    torch.manual_seed(1)
+    x = torch.rand(2, 3, *size)
+    with torch.no_grad():
+        theirs = hf(pixel_values=_hf_pixels(x))
+        feat = ours.projector(ours.backbone(x))
+        hf_feat, _ = hf.model.backbone(_hf_pixels(x), torch.ones(2, *size, dtype=torch.long))
+        # what precedes the top-k: the projector's map and group 0's scores
+        assert (feat - hf_feat).abs().max() < TOL
+        memory = feat.flatten(2).transpose(1, 2)
+        scores = _group0_scores(ours, memory, tuple(feat.shape[-2:]))
+        assert (scores - _hf_group0_scores(hf, hf_feat)).abs().max() < TOL
+        out = ours(x)
+    assert out["pred_logits"].shape == (2, 10, 5) and set(out) == {"pred_logits", "pred_boxes"}
+    assert (out["pred_logits"] - theirs.logits).abs().max() < TOL
+    assert (out["pred_boxes"] - theirs.pred_boxes).abs().max() < TOL
+
+
+def test_equal_to_transformers_in_training_group_detr(hf_folder) -> None:
+    """Training: all 3 groups' queries (dropout 0 in this config), the encoder proposals, the layers."""
+    hf, folder = hf_folder
+    ours, _ = rfdetr_from_hf(folder)
+    hf.train()
+    ours.train()
+    try:
+        x = torch.rand(2, 3, *NON_SQUARE)
+        with torch.no_grad():
+            theirs = hf(pixel_values=_hf_pixels(x))
+            out = ours(x)
+    finally:
+        hf.eval()
+    assert out["num_groups"] == 3 and out["pred_logits"].shape == (2, 30, 5)
+    assert (out["pred_logits"] - theirs.logits).abs().max() < TOL
+    assert (out["pred_boxes"] - theirs.pred_boxes).abs().max() < TOL
+    enc = out["enc_aux_outputs"][0]
+    assert (enc["pred_logits"] - theirs.enc_outputs_class).abs().max() < TOL
+    assert (enc["pred_boxes"] - theirs.enc_outputs_coord_logits).abs().max() < TOL
+    assert len(out["aux_outputs"]) == 1
+
+
+def test_module_layout_and_key_map_round_trip(hf_folder) -> None:
+    """transformers' in-memory state dict maps too; ours -> file layout gives the folder's keys back."""
+    hf, folder = hf_folder
+    ours = rfdetr_from_hf_config(hf.config).eval()
+    report = load_rfdetr_state(ours, hf.state_dict())
+    assert not report.missing and list(report.skipped) == ["model.backbone.backbone.embeddings.mask_token"]
+    x = torch.rand(1, 3, *NATIVE)
+    with torch.no_grad():
+        assert (ours(x)["pred_boxes"] - hf(pixel_values=_hf_pixels(x)).pred_boxes).abs().max() < TOL
+    from safetensors.torch import load_file
+
+    file_state = load_file(str(folder / "model.safetensors"))
+    back, _, skipped = rfdetr_ours_to_hf(ours.state_dict())
+    assert not skipped
+    assert set(back) == set(file_state) - {"backbone.0.encoder.encoder.embeddings.mask_token"}
+    assert all(torch.equal(back[k], file_state[k]) for k in back)
+    ours_again, _, _ = rfdetr_hf_to_ours(back)
+    assert all(torch.equal(ours_again[k], v) for k, v in ours.state_dict().items())
+    assert len(RFDETR_FILE_KEYS) < 50  # a table, not code
+
+
+def test_peg_equals_none_and_runs_where_the_table_never_was(hf_folder) -> None:
+    _, folder = hf_folder
+    peg, report = rfdetr_from_hf(folder, pos_enc="peg")
+    none, _ = rfdetr_from_hf(folder, pos_enc="none")
+    # the folder's table is skipped, the zero PEG after block 0 is the only thing left at init
+    assert "backbone.vit.pos_enc.pos_embed" in report.skipped
+    assert report.missing and all(k.startswith("backbone.vit.pos_blocks.0.") for k in report.missing)
+    for size in (NATIVE, NON_SQUARE, (96, 40)):  # (96, 40): a 24 x 10 grid, never the table's 14 x 14
+        x = torch.rand(1, 3, *size)
+        with torch.no_grad():
+            a, b = peg(x), none(x)
+        assert torch.equal(a["pred_logits"], b["pred_logits"]) and torch.equal(
+            a["pred_boxes"], b["pred_boxes"]
+        )
+    with torch.no_grad():  # a trained (non-zero) PEG changes the output: it is on the path
+        for p in peg.backbone.vit.pos_blocks.parameters():
+            p.normal_(0, 0.1)
+        assert not torch.equal(peg(x)["pred_logits"], none(x)["pred_logits"])
+
+
+def test_gradients_reach_every_parameter(hf_folder) -> None:
+    _, folder = hf_folder
+    model, _ = rfdetr_from_hf(folder, pos_enc="learned+peg")
+    model.train()
+    out = model(torch.rand(2, 3, *NON_SQUARE))
+    heads = [out, *out["aux_outputs"], *out["enc_aux_outputs"]]
+    loss = sum(h["pred_logits"].sum() + h["pred_boxes"].sum() for h in heads)
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_size_the_windows_do_not_divide_is_an_input_error(hf_folder) -> None:
+    _, folder = hf_folder
+    model, _ = rfdetr_from_hf(folder)
+    with pytest.raises(InputError, match=r"multiples of patch_size x num_windows = 4 x 2 = 8 px") as err:
+        model(torch.rand(1, 3, 52, 56))
+    assert err.value.where == "52 x 56 px"
+    assert "48, 56" in str(err.value)  # the nearest valid sides
+
+
+def test_window_partition_is_inverted_exactly() -> None:
+    tokens = torch.randn(2, 1 + 6 * 10, 3)
+    windows = to_windows(tokens, (6, 10), 2)
+    assert windows.shape == (8, 1 + 15, 3)
+    assert torch.equal(from_windows(windows, (6, 10), 2), tokens[:, 1:])
+
+
+def test_config_fields_this_model_cannot_take() -> None:
+    with pytest.raises(ValueError, match="use_swiglu_ffn"):
+        rfdetr_from_hf_config(_config(backbone_config=dict(model_type="rf_detr_dinov2", use_swiglu_ffn=True)))
