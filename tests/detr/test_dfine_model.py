@@ -138,13 +138,16 @@ def test_peg_starts_equal_to_none_and_build_config_rebuilds():
     assert rebuilt.state_dict().keys() == state.keys()
 
 
-def test_presets_are_builder_keywords():
-    assert set(DFINE_SIZES) == {"n", "s", "m", "l", "x"}
-    import inspect
+def test_presets_are_config_overrides():
+    from dataclasses import fields
 
-    params = set(inspect.signature(build_dfine).parameters)
-    for preset in DFINE_SIZES.values():
-        assert set(preset) <= params
+    from peg_detr.models.dfine import DFineConfig
+
+    assert set(DFINE_SIZES) == {"n", "s", "m", "l", "x"}
+    names = {f.name for f in fields(DFineConfig)}
+    for size, preset in DFINE_SIZES.items():
+        assert set(preset) <= names
+        assert DFineConfig.preset(size).backbone == preset["backbone"]  # validated as a config
 
 
 def test_torch_export_with_dynamic_height_and_width():

@@ -1,10 +1,9 @@
-"""``build_dfine``: D-FINE's model, loss and post-processor from json-safe keywords.
+"""``build_dfine``: D-FINE's model, loss and post-processor from its :class:`~.config.DFineConfig`.
 
 The contract of :func:`peg_detr.models.rtdetr.build.build_rtdetr`: three objects returned
-separately and ``model.build_config`` recording every keyword but the weights file, so a
-checkpoint rebuilds exactly the trained model.  :data:`DFINE_SIZES` holds the published sizes
-(Peterande/D-FINE ``configs/dfine/dfine_hgnetv2_{n,s,m,l,x}_coco.yml``; transformers' ``DFineConfig``
-defaults are L's): ``build_dfine(**DFINE_SIZES["s"])``.
+separately and ``model.build_config`` the config's stored settings (all but the weights file), so a
+checkpoint rebuilds exactly the trained model.  :data:`~.config.DFINE_SIZES` holds the published
+sizes (transformers' ``DFineConfig`` defaults are L's): ``build_dfine(DFineConfig.preset("s"))``.
 """
 
 from __future__ import annotations
@@ -16,38 +15,30 @@ from typing import Any
 from torch import nn
 
 from peg_core.interop.io import load_state_strict, read_state_file
-from peg_core.registry import parse_pos_enc
 
 from ..matcher import HungarianMatcher
 from ..rtdetr.backbone import build_resnet_vd
 from ..rtdetr.postprocess import RTDETRPostProcess
 from .backbone import HGNETV2_BACKBONES, build_hgnetv2
+from .config import CLS_LOSSES, DFINE_SIZES, DFineConfig
 from .criterion import DFineCriterion, build_dfine_weight_dict
 from .decoder import DFineDecoder
-from .encoder import DFINE_ENCODINGS, DFineHybridEncoder
+from .encoder import DFineHybridEncoder
 from .model import DFINE
 
-__all__ = ["CLS_LOSSES", "DFINE_BACKBONES", "DFINE_SIZES", "build_dfine", "dfine_training_parts"]
-
-#: ``cls_loss`` choices: D-FINE's varifocal loss, DEIM's matchability-aware loss, plain focal
-CLS_LOSSES = ("vfl", "mal", "focal")
+__all__ = [
+    "CLS_LOSSES",
+    "DFINE_BACKBONES",
+    "DFINE_SIZES",
+    "DFineConfig",
+    "build_dfine",
+    "dfine_training_parts",
+]
 
 #: the backbones ``build_dfine`` takes: RT-DETR's CPU-sized ResNet-vd and the HGNetv2 presets
 DFINE_BACKBONES = ("tiny", *HGNETV2_BACKBONES)
 #: D-FINE freezes the norms (and the stem) of its large backbones only (L: B4, X: B5)
 _FROZEN_BY_DEFAULT = ("hgnetv2_b4", "hgnetv2_b5")
-
-#: ``size -> build_dfine keywords`` of the published COCO models (backbone, widths, depths, points).
-DFINE_SIZES: dict[str, dict[str, Any]] = {
-    "n": dict(backbone="hgnetv2_b0", backbone_return_idx=[2, 3], hidden_dim=128, dim_feedforward=512,
-              encoder_dim_feedforward=512, encoder_expansion=0.34, depth_mult=0.5, dec_layers=3,
-              num_points=[6, 6]),
-    "s": dict(backbone="hgnetv2_b0", encoder_expansion=0.5, depth_mult=0.34, dec_layers=3, num_points=[3, 6, 3]),
-    "m": dict(backbone="hgnetv2_b2", encoder_expansion=1.0, depth_mult=0.67, dec_layers=4, num_points=[3, 6, 3]),
-    "l": dict(backbone="hgnetv2_b4", encoder_expansion=1.0, depth_mult=1.0, dec_layers=6, num_points=[3, 6, 3]),
-    "x": dict(backbone="hgnetv2_b5", encoder_hidden_dim=384, encoder_dim_feedforward=2048, encoder_expansion=1.0,
-              depth_mult=1.0, dec_layers=6, num_points=[3, 6, 3], reg_scale=8.0),
-}  # fmt: skip
 
 
 def _backbone(
@@ -82,126 +73,48 @@ def _backbone(
 
 
 def build_dfine(
-    backbone: str = "hgnetv2_b4",
-    pos_enc: str = "sincos",
-    *,
-    num_classes: int = 80,
-    hidden_dim: int = 256,
-    encoder_hidden_dim: int | None = None,
-    num_heads: int = 8,
-    enc_layers: int = 1,
-    dec_layers: int = 6,
-    dim_feedforward: int = 1024,
-    encoder_dim_feedforward: int | None = None,
-    dropout: float = 0.0,
-    num_queries: int = 300,
-    num_points: int | Sequence[int] = (3, 6, 3),
-    encoder_expansion: float = 1.0,
-    depth_mult: float = 1.0,
-    eval_idx: int = -1,
-    max_num_bins: int = 32,
-    reg_scale: float = 4.0,
-    up: float = 0.5,
-    lqe_hidden_dim: int = 64,
-    decoder_activation: str = "relu",
-    mlp_activation: str = "relu",
-    num_denoising: int = 100,
-    label_noise_ratio: float = 0.5,
-    box_noise_scale: float = 1.0,
-    aux_loss: bool = True,
-    backbone_weights: str | os.PathLike | None = None,
-    freeze_backbone_bn: bool | None = None,
-    backbone_freeze_at: int | None = None,
-    backbone_return_idx: Sequence[int] | None = None,
-    peg_at: Sequence[int] | int | str = (-1,),
-    peg_kernel_size: int = 3,
-    peg_separable: bool = False,
-    peg_padding: str = "zeros",
-    peg_dynamic: bool = False,
-    peg_num_kernels: int = 4,
-    learned_grid: Sequence[int] = (20, 20),
-    pos_interpolation: str = "bicubic",
-    vfl_loss_coef: float = 1.0,
-    bbox_loss_coef: float = 5.0,
-    giou_loss_coef: float = 2.0,
-    fgl_loss_coef: float = 0.15,
-    ddf_loss_coef: float = 1.5,
-    cls_loss: str = "vfl",
-    cls_loss_gamma: float | None = None,
+    config: DFineConfig | str | None = None, pos_enc: str | None = None, /, **overrides: Any
 ) -> tuple[DFINE, DFineCriterion, RTDETRPostProcess]:
-    """D-FINE with the chosen AIFI position encoding; returns ``(model, criterion, postprocessor)``.
+    """D-FINE of ``config`` (:class:`DFineConfig`); returns ``(model, criterion, postprocessor)``.
 
-    Args:
-        backbone: ``hgnetv2_b0`` .. ``hgnetv2_b5`` or ``tiny`` (:data:`DFINE_BACKBONES`).
-        pos_enc: AIFI's encoding (:data:`~.encoder.DFINE_ENCODINGS`): ``sincos`` (D-FINE's formula,
-            computed for the actual size), ``peg`` (zero-initialised: equals ``none`` until
-            trained), ``none``, ``learned``, a rotary or bias kind.
-        num_classes: sigmoid classes.
-        hidden_dim: the decoder's width (and the encoder's unless ``encoder_hidden_dim``; X: 384).
-        num_heads, enc_layers, dec_layers, dropout: heads (encoder and decoder), AIFI layers,
-            decoder layers (N/S: 3, M: 4, L/X: 6), dropout.
-        dim_feedforward, encoder_dim_feedforward: FFN widths of the decoder and of AIFI (default: the same).
-        num_queries: selected queries.
-        num_points: deformable points per head for each level (D-FINE S-X: ``[3, 6, 3]``; N: ``[6, 6]``).
-        encoder_expansion, depth_mult: the RepNCSPELAN4 width and depth multipliers.
-        eval_idx: the decoder layer that predicts in eval (-1: the last).
-        max_num_bins, reg_scale, up: fine-grained distribution refinement (32, 4 (X: 8), 0.5).
-        lqe_hidden_dim: the localisation-quality MLP's width.
-        decoder_activation, mlp_activation: the decoder FFN's and the box / position heads'
-            activations (D-FINE: ReLU both; DEIM: SiLU both).
-        num_denoising, label_noise_ratio, box_noise_scale: contrastive denoising (0 queries: off).
-        aux_loss: losses on every decoder layer, the pre-bbox head and the encoder proposals.
-        backbone_weights: a local state dict of the HGNetv2 in timm's names (nothing is downloaded).
-        freeze_backbone_bn, backbone_freeze_at: frozen norms and frozen stem / stages
-            (:class:`~.backbone.HGNetv2Backbone`); ``None``: D-FINE's (frozen for B4 / B5 with the stem).
-        backbone_return_idx: the HGNetv2 stages returned (default ``(1, 2, 3)``: strides 8/16/32; N ``(2, 3)``).
-        peg_at, peg_kernel_size, peg_separable, peg_padding, peg_dynamic, peg_num_kernels,
-            learned_grid, pos_interpolation: the position options of RT-DETR's AIFI.
-        vfl_loss_coef, bbox_loss_coef, giou_loss_coef, fgl_loss_coef, ddf_loss_coef: loss weights
-            (D-FINE: 1, 5, 2, 0.15, 1.5); ``vfl_loss_coef`` weighs whichever ``cls_loss`` is chosen.
-        cls_loss, cls_loss_gamma: the classification loss, ``vfl`` (D-FINE), ``mal`` (DEIM's
-            matchability-aware loss) or ``focal``, and its focusing exponent (``None``: 2.0, MAL 1.5).
+    ``build_dfine(DFineConfig.preset("s"))``; ``overrides`` replace the config's fields, and the
+    keyword form ``build_dfine("tiny", "peg", hidden_dim=32)`` (backbone and encoding first) builds
+    the config of the keywords.  A bad setting is a ``ValueError``.
     """
-    config = {k: v for k, v in locals().items() if k != "backbone_weights"}
-    parse_pos_enc(pos_enc, DFINE_ENCODINGS)  # refused before the backbone is built
-    if num_classes < 1 or num_queries < 1 or num_denoising < 0:
-        raise ValueError(
-            f"num_classes={num_classes} and num_queries={num_queries} must be >= 1, num_denoising >= 0"
-        )
-    enc_dim = hidden_dim if encoder_hidden_dim is None else encoder_hidden_dim
-    for width in (hidden_dim, enc_dim):
-        if width % num_heads:
-            raise ValueError(
-                f"hidden widths ({hidden_dim}, {enc_dim}) must be divisible by num_heads={num_heads}"
-            )
-    net = _backbone(backbone, freeze_backbone_bn, backbone_freeze_at, backbone_return_idx, backbone_weights)
+    cfg = DFineConfig.resolve(config, pos_enc, overrides)
+    enc_dim = cfg.hidden_dim if cfg.encoder_hidden_dim is None else cfg.encoder_hidden_dim
+    net = _backbone(cfg.backbone, cfg.freeze_backbone_bn, cfg.backbone_freeze_at, cfg.backbone_return_idx,
+                    cfg.backbone_weights)  # fmt: skip
     levels = len(net.out_channels)
-    peg_at = [int(peg_at)] if isinstance(peg_at, int) else peg_at if isinstance(peg_at, str) else list(peg_at)
     encoder = DFineHybridEncoder(
-        net.out_channels, enc_dim, num_heads=num_heads,
-        dim_feedforward=dim_feedforward if encoder_dim_feedforward is None else encoder_dim_feedforward,
-        dropout=dropout, expansion=encoder_expansion, depth_mult=depth_mult, num_layers=enc_layers,
-        use_encoder_idx=(levels - 1,), pos_enc=pos_enc, peg_at=peg_at, peg_kernel_size=peg_kernel_size,
-        peg_separable=peg_separable, peg_padding=peg_padding, peg_dynamic=peg_dynamic,
-        peg_num_kernels=peg_num_kernels, learned_grid=tuple(learned_grid), pos_interpolation=pos_interpolation,
+        net.out_channels, enc_dim, num_heads=cfg.num_heads,
+        dim_feedforward=cfg.dim_feedforward if cfg.encoder_dim_feedforward is None else cfg.encoder_dim_feedforward,
+        dropout=cfg.dropout, expansion=cfg.encoder_expansion, depth_mult=cfg.depth_mult, num_layers=cfg.enc_layers,
+        use_encoder_idx=(levels - 1,), pos_enc=cfg.pos_enc, peg_at=cfg.peg_at, peg_kernel_size=cfg.peg_kernel_size,
+        peg_separable=cfg.peg_separable, peg_padding=cfg.peg_padding, peg_dynamic=cfg.peg_dynamic,
+        peg_num_kernels=cfg.peg_num_kernels, learned_grid=tuple(cfg.learned_grid),
+        pos_interpolation=cfg.pos_interpolation,
     )  # fmt: skip
     decoder = DFineDecoder(
-        [enc_dim] * levels, hidden_dim, num_classes, num_queries=num_queries, num_layers=dec_layers,
-        num_heads=num_heads, dim_feedforward=dim_feedforward, dropout=dropout,
-        num_points=num_points if isinstance(num_points, int) else list(num_points), eval_idx=eval_idx,
-        max_num_bins=max_num_bins, reg_scale=reg_scale, up=up, lqe_hidden_dim=lqe_hidden_dim,
-        activation=decoder_activation, mlp_activation=mlp_activation,
+        [enc_dim] * levels, cfg.hidden_dim, cfg.num_classes, num_queries=cfg.num_queries, num_layers=cfg.dec_layers,
+        num_heads=cfg.num_heads, dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout,
+        num_points=cfg.num_points if isinstance(cfg.num_points, int) else list(cfg.num_points),
+        eval_idx=cfg.eval_idx, max_num_bins=cfg.max_num_bins, reg_scale=cfg.reg_scale, up=cfg.up,
+        lqe_hidden_dim=cfg.lqe_hidden_dim, activation=cfg.decoder_activation, mlp_activation=cfg.mlp_activation,
     )  # fmt: skip
     model = DFINE(
-        net, encoder, decoder, num_classes=num_classes, num_queries=num_queries,
-        num_denoising=num_denoising, label_noise_ratio=label_noise_ratio,
-        box_noise_scale=box_noise_scale, aux_loss=aux_loss,
+        net, encoder, decoder, num_classes=cfg.num_classes, num_queries=cfg.num_queries,
+        num_denoising=cfg.num_denoising, label_noise_ratio=cfg.label_noise_ratio,
+        box_noise_scale=cfg.box_noise_scale, aux_loss=cfg.aux_loss,
     )  # fmt: skip
-    model.build_config = _json_safe({**config, "peg_at": peg_at})
+    model.build_config = cfg.to_dict()
     weights = dict(
-        cls=vfl_loss_coef, bbox=bbox_loss_coef, giou=giou_loss_coef, fgl=fgl_loss_coef, ddf=ddf_loss_coef
+        cls=cfg.vfl_loss_coef, bbox=cfg.bbox_loss_coef, giou=cfg.giou_loss_coef, fgl=cfg.fgl_loss_coef,
+        ddf=cfg.ddf_loss_coef,
+    )  # fmt: skip
+    return model, *dfine_training_parts(
+        model, **weights, cls_loss=cfg.cls_loss, cls_loss_gamma=cfg.cls_loss_gamma
     )
-    return model, *dfine_training_parts(model, **weights, cls_loss=cls_loss, cls_loss_gamma=cls_loss_gamma)
 
 
 def dfine_training_parts(
@@ -237,8 +150,3 @@ def dfine_training_parts(
         reg_max=model.decoder.max_num_bins, dec_layers=dec_layers, gamma=gamma,
     )  # fmt: skip
     return criterion, RTDETRPostProcess(num_top_queries=model.num_queries)
-
-
-def _json_safe(config: dict[str, Any]) -> dict[str, Any]:
-    """Tuples as lists, so the stored config equals its JSON round trip."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}

@@ -10,6 +10,7 @@ decoder, iterative box refinement), ``denoising`` (contrastive denoising groups)
 """
 
 from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
+from .config import RTDETRConfig
 from .criterion import RTDETRCriterion, build_rtdetr_weight_dict, varifocal_loss
 from .decoder import RTDETRDecoder, generate_anchors, inverse_sigmoid
 from .denoising import DenoisingGroup, contrastive_denoising_group
@@ -27,6 +28,7 @@ __all__ = [
     "FusedConv",
     "FusionStats",
     "HybridEncoder",
+    "RTDETRConfig",
     "RTDETRCriterion",
     "RTDETRDecoder",
     "RTDETRPostProcess",

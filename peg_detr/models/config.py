@@ -1,0 +1,259 @@
+"""One typed config per detector family: the mechanism the families share.
+
+Each family (DETR, RT-DETR, D-FINE, DEIMv2) declares a ``@dataclass`` subclass of
+:class:`DetectorConfig` in its folder (``models/<family>/config.py``): the builder's settings with
+their defaults, the published sizes as named overrides (:attr:`DetectorConfig.SIZES`), validation
+in :meth:`DetectorConfig.validate`.  A field's command-line flag and Hugging Face ``config.json``
+name are declared once, on the field (:func:`option`), or, for the settings every family shares
+under one name (``hidden_dim``, ``num_heads``, the PEG group, ...), once in :data:`COMMON`.  The
+command line (``peg_detr.cli``), the arch registry (``peg_detr.archs``) and the Hugging Face
+interop read them from here instead of restating them.
+
+A config's :meth:`~DetectorConfig.to_dict` is what a checkpoint stores as ``model_config`` (with
+``arch``): the builder's keyword names, json-safe, so checkpoints written before the configs were
+typed (``model.build_config`` of the keyword builders) are read by :meth:`~DetectorConfig.from_dict`
+unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+__all__ = ["COMMON", "DetectorConfig", "Option", "json_safe", "option", "peg_at_value"]
+
+C = TypeVar("C", bound="DetectorConfig")
+
+
+@dataclass(frozen=True)
+class Option:
+    """What a config field is outside Python: its flag, its Hugging Face name, how the flag parses.
+
+    Attributes:
+        flag: the ``train`` option string (``"--head-act"``); None: no flag sets it.
+        hf: the field's name in the family's Hugging Face ``config.json`` (a tuple: every field holding
+            it, e.g. the encoder's and the decoder's width); None: transformers has none.
+        help, choices, metavar: the flag's argparse settings.
+        type: the value's kind, named (``"positive_int"``, ``"unit_fraction"``, ``"int"``; None: a string): the
+            command line owns the parsers, and importing a model loads no argparse.
+        boolean: a ``--flag`` / ``--no-flag`` pair whose unset value is None (the builder's default).
+        loss: the setting shapes the criterion, not the model (a Hugging Face ``--init`` run keeps it).
+        stored: recorded in the checkpoint's ``model_config`` (a weights file's path is not).
+        shared: the flag is added by the command line's shared groups (its help and aliases live there).
+    """
+
+    flag: str | None = None
+    hf: str | tuple[str, ...] | None = None
+    help: str | None = None
+    type: str | None = None
+    choices: Sequence[str] | None = None
+    metavar: str | None = None
+    boolean: bool = False
+    loss: bool = False
+    stored: bool = True
+    shared: bool = False
+
+
+def option(default: Any = None, *, factory: Callable[[], Any] | None = None, **spec: Any) -> Any:
+    """A config field with its :class:`Option` (``spec``: the Option's attributes); ``factory``: a mutable default."""
+    meta = {"option": Option(**spec)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+#: the settings every family that has them names alike: one flag each, declared here once.  The
+#: command line's shared groups add these flags (``--num-heads`` with its alias ``--nheads``, the
+#: PEG group of :func:`peg_core.engine.add_pos_args`); a family has the flag when its config has the field.
+COMMON: dict[str, Option] = {
+    "backbone": Option("--backbone", shared=True),
+    "pos_enc": Option("--pos-enc", shared=True),
+    "num_queries": Option("--num-queries", hf="num_queries", shared=True),
+    "aux_loss": Option("--no-aux-loss", hf="auxiliary_loss", shared=True),
+    "hidden_dim": Option("--hidden-dim", shared=True),
+    "num_heads": Option("--num-heads", shared=True),
+    "enc_layers": Option("--enc-layers", hf="encoder_layers", shared=True),
+    "dec_layers": Option("--dec-layers", hf="decoder_layers", shared=True),
+    "dim_feedforward": Option("--dim-feedforward", shared=True),
+    "dropout": Option("--dropout", hf="dropout", shared=True),
+    "backbone_weights": Option("--backbone-weights", stored=False, shared=True),
+    "learned_grid": Option("--learned-grid", shared=True),
+    "pos_interpolation": Option("--pos-interpolation", shared=True),
+    "peg_at": Option("--peg-at", shared=True),
+    "peg_kernel_size": Option("--peg-kernel-size", shared=True),
+    "peg_separable": Option("--peg-separable", shared=True),
+    "peg_padding": Option("--peg-padding", shared=True),
+    "peg_dynamic": Option("--peg-dynamic", shared=True),
+    "peg_num_kernels": Option("--peg-num-kernels", shared=True),
+    "num_denoising": Option(
+        "--num-denoising",
+        hf="num_denoising",
+        type="nonnegative_int",
+        help="denoising queries per image (0: off)",
+    ),
+    "label_noise_ratio": Option(
+        "--label-noise-ratio",
+        hf="label_noise_ratio",
+        type="unit_fraction",
+        help="denoising: labels flipped at random",
+    ),
+    "box_noise_scale": Option(
+        "--box-noise-scale",
+        hf="box_noise_scale",
+        type="nonnegative_float",
+        help="denoising: box jitter, in box sizes",
+    ),
+    # the RT-DETR family's: added from here to the command line (DETR's encoder has no CSP, no denoising)
+    "encoder_expansion": Option(
+        "--encoder-expansion",
+        hf="hidden_expansion",
+        type="positive_float",
+        help="CCFM CSP width multiplier (R18vd 0.5)",
+    ),
+}
+
+#: model_config keys of older checkpoints -> today's field names
+RENAMED = {"nheads": "num_heads"}
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as JSON reads it back: tuples as lists, paths as strings, recursively."""
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
+
+
+def peg_at_value(peg_at: Sequence[int] | int | str) -> list[int] | str:
+    """``peg_at`` as configs hold it: ``"all"`` or a list of layer indices."""
+    if isinstance(peg_at, str):
+        return peg_at
+    return [int(peg_at)] if isinstance(peg_at, int) else [int(i) for i in peg_at]
+
+
+@dataclass(kw_only=True)
+class DetectorConfig:
+    """A family's builder settings (subclasses declare the fields; see the module docstring).
+
+    Class attributes a family sets:
+        TITLE: the family's name in messages (``"RT-DETR"``).
+        ENCODINGS: what ``pos_enc`` may be (the family encoder's
+            :class:`~peg_core.registry.EncodingSupport`; ``--pos-enc`` is checked against it).
+        SIZES: ``name -> overrides`` of the published (and the CPU demos') sizes, ``--model-size``'s presets.
+    """
+
+    TITLE: ClassVar[str] = "detector"
+    ENCODINGS: ClassVar[Any] = None
+    SIZES: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+
+    def __post_init__(self) -> None:
+        if hasattr(self, "peg_at"):  # one stored form for 0, (0,), [0]
+            self.peg_at = peg_at_value(self.peg_at)
+        self.validate()
+
+    def validate(self) -> None:
+        """A ``ValueError`` naming the setting when the values cannot build a model (the family's checks)."""
+
+    # ------------------------------------------------------------------ the fields' declarations
+
+    @classmethod
+    def field_options(cls) -> dict[str, Option]:
+        """``field name -> Option`` of every field with one (its own, else :data:`COMMON`'s of that name)."""
+        found = {}
+        for f in fields(cls):
+            spec = f.metadata.get("option") or COMMON.get(f.name)
+            if spec is not None:
+                found[f.name] = spec
+        return found
+
+    @classmethod
+    def flags(cls) -> dict[str, Option]:
+        """``field name -> Option`` of the fields a ``train`` flag sets (the field name is the flag's dest)."""
+        return {name: spec for name, spec in cls.field_options().items() if spec.flag is not None}
+
+    @classmethod
+    def loss_fields(cls) -> tuple[str, ...]:
+        """The fields that shape the criterion rather than the model."""
+        return tuple(name for name, spec in cls.field_options().items() if spec.loss)
+
+    @classmethod
+    def hf_fields(cls) -> dict[str, tuple[str, ...]]:
+        """``field name -> the Hugging Face config.json fields holding it``, for the fields transformers has."""
+        return {
+            name: (spec.hf,) if isinstance(spec.hf, str) else tuple(spec.hf)
+            for name, spec in cls.field_options().items()
+            if spec.hf is not None
+        }
+
+    @classmethod
+    def default(cls, name: str) -> Any:
+        """The default of field ``name`` (a recipe names it instead of restating the number)."""
+        f = cls.__dataclass_fields__[name]
+        return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+    # ------------------------------------------------------------------ building and storing
+
+    @classmethod
+    def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
+        """The config of stored or given settings: a ``model_config`` (``arch`` ignored), old key names read.
+
+        A key that is no field of this family is a ``ValueError`` naming it.
+        """
+        kw = {RENAMED.get(k, k): v for k, v in data.items() if k != "arch"}
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kw) - names)
+        if unknown:
+            raise ValueError(f"{cls.TITLE} has no setting {', '.join(map(repr, unknown))}")
+        return cls(**kw)
+
+    @classmethod
+    def preset(cls: type[C], size: str, **overrides: Any) -> C:
+        """The config of the published size ``size`` (:attr:`SIZES`), with ``overrides`` on top."""
+        if size not in cls.SIZES:
+            raise ValueError(f"{cls.TITLE} has no size {size!r}; choose from {sorted(cls.SIZES)}")
+        return cls.from_dict({**cls.SIZES[size], **overrides})
+
+    def settings(self) -> dict[str, Any]:
+        """Every field's value, the unstored ones too (what :meth:`replace` starts from)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def replace(self: C, **overrides: Any) -> C:
+        """A copy with ``overrides`` (validated; an unknown key is a ``ValueError``)."""
+        return type(self).from_dict({**self.settings(), **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored settings, json-safe: a checkpoint's ``model_config`` without ``arch``."""
+        options = self.field_options()
+        return {
+            f.name: json_safe(getattr(self, f.name))
+            for f in fields(self)
+            if options.get(f.name, Option()).stored
+        }
+
+    @classmethod
+    def resolve(
+        cls: type[C],
+        config: C | str | None = None,
+        pos_enc: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> C:
+        """A builder's arguments as a config: a config, or (the keyword builders' form) a backbone name.
+
+        ``build_rtdetr(config)``, ``build_rtdetr(config, hidden_dim=64)`` and the older
+        ``build_rtdetr("tiny", "peg", hidden_dim=64)`` all land here.
+        """
+        if isinstance(config, DetectorConfig):
+            if not isinstance(config, cls):
+                raise TypeError(f"expected a {cls.__name__}, got a {type(config).__name__}")
+            base = config.settings()
+        else:
+            base = {} if config is None else {"backbone": config}
+        if pos_enc is not None:
+            base["pos_enc"] = pos_enc
+        return cls.from_dict({**base, **(overrides or {})})
