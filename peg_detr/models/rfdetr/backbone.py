@@ -305,6 +305,9 @@ def build_windowed_vit(
         qkv_bias=qkv_bias,
         norm_eps=norm_eps,
     )
+    # stochastic depth: the same rate in every block (DINOv2 / transformers' RF-DETR), not CPVT's ramp
+    for blk in vit.blocks:
+        blk.drop_path.p = drop_path_rate
     # zero PEG: the model computes what "none" computes until the PEG trains (CPVT's PEG added to
     # a pre-trained backbone); done here so any PEG variant the registry builds starts at zero
     with torch.no_grad():
