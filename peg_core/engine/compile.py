@@ -136,8 +136,13 @@ class CompiledModel:
         self.graphs: list[dict[str, Any]] = []  # one per graph: region, training, seconds
         self._training = False  # inside :meth:`timed_step`: the graphs compiled are training graphs
         for name, region in self.regions:
+            # isolate_recompiles: every module's call is the one ``Module._call_impl`` code object, so
+            # without it the regions (and other compiled modules of the process) share one limit
             region.compile(
-                backend=self._backend(name or "model"), dynamic=False, recompile_limit=recompile_limit
+                backend=self._backend(name or "model"),
+                dynamic=False,
+                recompile_limit=recompile_limit,
+                isolate_recompiles=True,
             )
             if self.bucket is not None:
                 region._compiled_call_impl = _PaddedCall(region._compiled_call_impl, self.bucket)

@@ -45,8 +45,6 @@ __all__ = [
 
 def check_fsdp_args(args: argparse.Namespace, world_size: int) -> None:
     """The combinations ``--fsdp`` cannot run, refused in one line before any data is read."""
-    if world_size < 2:
-        raise UserError("shards over processes: launch with torchrun --nproc_per_node 2 or more", "--fsdp")
     if (getattr(args, "ema_decay", 0) or 0) > 0:
         raise UserError(
             "the weight EMA is not sharded (its average would need the full weights on every process); "
@@ -57,6 +55,8 @@ def check_fsdp_args(args: argparse.Namespace, world_size: int) -> None:
         raise UserError(
             "sharded gradients are not unscaled by the fp16 GradScaler; use --amp bf16", "--fsdp --amp fp16"
         )
+    if world_size < 2:
+        raise UserError("shards over processes: launch with torchrun --nproc_per_node 2 or more", "--fsdp")
 
 
 def _broadcast_from_rank0(model: nn.Module) -> None:
