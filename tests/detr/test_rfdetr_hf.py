@@ -28,8 +28,8 @@ from peg_detr.interop.hf_rfdetr import (
     rfdetr_hf_to_ours,
     rfdetr_ours_to_hf,
 )
-from peg_detr.models.rfdetr import from_windows, to_windows
-from peg_detr.models.rfdetr.backbone import IMAGENET_MEAN, IMAGENET_STD
+from peg_detr.models.rfdetr import build_windowed_vit, from_windows, to_windows
+from peg_detr.models.rfdetr.backbone import IMAGENET_MEAN, IMAGENET_STD, window_token_order, windows_to_map
 from peg_detr.models.rfdetr.decoder import cell_proposals
 
 transformers = pytest.importorskip("transformers")
@@ -206,3 +206,71 @@ def test_window_partition_is_inverted_exactly() -> None:
 def test_config_fields_this_model_cannot_take() -> None:
     with pytest.raises(ValueError, match="use_swiglu_ffn"):
         rfdetr_from_hf_config(_config(backbone_config=dict(model_type="rf_detr_dinov2", use_swiglu_ffn=True)))
+
+
+def _small_vit(pos_enc: str, num_windows: int, **kw):
+    torch.manual_seed(2)
+    options = dict(embed_dim=32, depth=3, num_heads=2, patch_size=4, image_size=32, out_blocks=(0, 2))
+    options.update(kw)
+    vit = build_windowed_vit(pos_enc=pos_enc, num_windows=num_windows, normalize_input=False, **options)
+    with torch.no_grad():  # a PEG that is not zero, so a wrong grid order would show
+        for p in vit.vit.pos_blocks.parameters():
+            p.normal_(0, 0.2)
+    return vit.eval()
+
+
+@pytest.mark.parametrize(
+    "pos_enc", ["learned+rope-axial", "peg+alibi-2d", "rope-mixed", "peg+rope-dinov3+fire"]
+)
+def test_one_window_is_cpvt(pos_enc) -> None:
+    """With one window every block is a plain ViT block: the maps are CPVT's own intermediates."""
+    vit = _small_vit(pos_enc, 1)
+    x = torch.randn(2, 3, 24, 40)
+    with torch.no_grad():
+        ours = vit(x)
+        ref = vit.vit.forward_intermediates(x, indices=[0, 2], norm=True, intermediates_only=True)
+    assert all((a - b).abs().max() < 1e-5 for a, b in zip(ours, ref))
+
+
+@pytest.mark.parametrize("pos_enc", ["rope-axial+alibi-2d", "peg+rope-mixed+lookhere"])
+def test_windows_read_their_tokens_rows_of_the_grid_tables(pos_enc) -> None:
+    """Block 0 windowed, block 1 global: each window (and the merged image) uses the rows of its own
+    tokens of the grid's rotary table and bias, checked against a loop over windows."""
+    vit = _small_vit(pos_enc, 2, depth=2, out_blocks=(1,), global_blocks=(1,), apply_layernorm=False)
+    v, grid, b = vit.vit, (6, 10), 2
+    x = torch.randn(b, 3, 24, 40)
+    tokens, _ = v.patch_embed(x)
+    tokens = torch.cat([v.cls_token.expand(b, -1, -1), tokens], dim=1)
+    order = window_token_order(grid, 2)
+    assert torch.equal(to_windows(tokens, grid, 2), tokens[:, order].flatten(0, 1))
+    rope = v.rope(grid, num_prefix_tokens=1)
+    bias = v.attn_bias(grid, num_prefix_tokens=1)
+
+    def extras(i: int, idx: torch.Tensor):
+        sin, cos = (rope[0][i], rope[1][i]) if v.rope.learned else rope
+        layer_bias = v.attn_bias.layer_bias(bias, i)
+        return (sin[..., idx, :], cos[..., idx, :]), layer_bias[:, :, idx[:, None], idx[None, :]]
+
+    with torch.no_grad():
+        windows = torch.stack(
+            [v.blocks[0](tokens[:, idx], *extras(0, idx)) for idx in order], 1
+        )  # (B, 4, 1+L, C)
+        if "0" in v.pos_blocks:  # the PEG on the true grid, then back to windows
+            windows = vit._peg("0", windows.flatten(0, 1), grid).unflatten(0, (b, 4))
+        merged = v.blocks[1](windows.flatten(1, 2), *extras(1, order.reshape(-1)))
+        ref = windows_to_map(merged.reshape(b * 4, -1, merged.shape[-1]), grid, 2)
+        assert (vit(x)[0] - ref).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("pos_enc", ["peg+rope-axial", "learned+alibi-2d"])
+def test_rotary_and_bias_variants_train_at_two_sizes(hf_folder, pos_enc) -> None:
+    """The detector from the folder with another backbone encoding: runs at two sizes, every parameter trains."""
+    _, folder = hf_folder
+    model, _ = rfdetr_from_hf(folder, pos_enc=pos_enc)
+    model.train()
+    for size in (NATIVE, NON_SQUARE):
+        model.zero_grad()
+        out = model(torch.rand(1, 3, *size))
+        heads = [out, *out["aux_outputs"], *out["enc_aux_outputs"]]
+        sum(h["pred_logits"].sum() + h["pred_boxes"].sum() for h in heads).backward()
+        assert not [n for n, p in model.named_parameters() if p.grad is None]

@@ -41,8 +41,12 @@ bicubically with ``align_corners=False`` and anti-aliasing, in float32 (transfor
 ``interpolate_pos_encoding``; the table itself when the grid is unchanged); ``none``: no position;
 ``peg``: a PEG (depthwise 3x3 conv, CPVT) after the blocks of ``peg_at`` (default block 0, CPVT's
 choice), zero-initialised so it computes what ``none`` computes until it trains, and free of any
-grid size; ``learned+peg`` both.  Rotary and bias kinds are not offered: a windowed block would
-need per-window positions.
+grid size; ``learned+peg`` both.  The rotary kinds (``rope-axial``, ``rope-mixed``, ``rope-dinov3``)
+and attention biases (``alibi-2d``, ``fire``, ``lookhere``) are built for the whole ``h x w`` grid of
+the call, as CPVT builds them, and each token keeps its own row in every block: a windowed block
+reads the rows of its window's tokens (the class-token copies the prefix row), a global block the
+rows of all windows in their order (:func:`window_token_order`), so a window's attention sees the
+true grid positions of its tokens.
 """
 
 from __future__ import annotations
@@ -69,18 +73,20 @@ __all__ = [
     "build_windowed_vit",
     "from_windows",
     "to_windows",
+    "window_token_order",
 ]
 
 #: the mean / std RF-DETR standardises its input with (``RfDetrImageProcessor``: ImageNet's)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-#: What the windowed ViT builds from a ``pos_enc``: a table added once at the input and / or a
-#: conditional encoding (PEG) after chosen blocks.  ``table`` is accepted as RF-DETR's name of
+#: What the windowed ViT builds from a ``pos_enc``: a table added once at the input, a conditional
+#: encoding (PEG) after chosen blocks, a rotary encoding and an attention bias of every block, at
+#: most one of each.  ``table`` is accepted as RF-DETR's name of
 #: its learned table (:func:`normalize_pos_enc`).
 RFDETR_VIT_ENCODINGS = EncodingSupport(
-    "RF-DETR's windowed ViT", 2, slots=("table", "conditional"), exclude=("sine",),
-    examples=("learned", "peg", "learned+peg"),
+    "RF-DETR's windowed ViT", 2, slots=("table", "conditional", "rotary", "bias"), exclude=("sine",),
+    examples=("learned", "peg", "learned+peg", "peg+rope-axial", "peg+alibi-2d"),
 )  # fmt: skip
 
 _ACTS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
@@ -126,6 +132,39 @@ def from_windows(windows: Tensor, grid: tuple[int, int], num_windows: int) -> Te
     return cells.reshape(b, h * w, c)
 
 
+def window_token_order(grid: tuple[int, int], num_windows: int, device: torch.device | None = None) -> Tensor:
+    """``(nw^2, 1 + L)`` long: the index in the unwindowed ``(1 + h*w)`` sequence of every windowed token.
+
+    Column 0 (each window's class-token copy) is 0; a rotary table or attention bias built for the
+    whole grid is gathered with it, so every token keeps its own position (module docstring).
+    """
+    n = 1 + grid[0] * grid[1]
+    return to_windows(torch.arange(n, device=device).view(1, n, 1), grid, num_windows)[..., 0]
+
+
+def _rows(table: Tensor, order: Tensor, batch: int, merged: bool) -> Tensor:
+    """A rotary table ``(N, D)`` / ``(heads, N, D)`` -> the rows of the windowed tokens.
+
+    ``merged`` (a global block): ``(M, D)`` / ``(heads, M, D)`` for the ``M = nw^2 (1 + L)`` tokens of
+    an image; else ``(B * nw^2, 1 | heads, 1 + L, D)`` for the window batch (window ``j`` of image
+    ``b`` at ``b * nw^2 + j``, as :func:`to_windows` orders them).
+    """
+    if merged:
+        return table[..., order.reshape(-1), :]
+    rows = table[..., order, :]  # (nw^2, 1 + L, D) | (heads, nw^2, 1 + L, D)
+    rows = rows.unsqueeze(1) if table.dim() == 2 else rows.transpose(0, 1)
+    return rows.repeat(batch, 1, 1, 1)
+
+
+def _bias_rows(bias: Tensor, order: Tensor, batch: int, merged: bool) -> Tensor:
+    """An attention bias ``(1, heads, N, N)`` -> ``(1, heads, M, M)`` (merged) or ``(B * nw^2, heads, 1 + L, 1 + L)``."""
+    if merged:
+        flat = order.reshape(-1)
+        return bias[:, :, flat[:, None], flat[None, :]]
+    rows = bias[0][:, order[:, :, None], order[:, None, :]]  # (heads, nw^2, 1 + L, 1 + L)
+    return rows.transpose(0, 1).repeat(batch, 1, 1, 1)
+
+
 def windows_to_map(windows: Tensor, grid: tuple[int, int], num_windows: int) -> Tensor:
     """Windowed tokens ``(B*nw^2, 1 + L, C)`` -> a map ``(B, C, h, w)`` as transformers reads it back.
 
@@ -168,8 +207,6 @@ class WindowedViTBackbone(nn.Module):
         depth = len(vit.blocks)
         if vit.cls_token is None or vit.reg_token is not None:
             raise ValueError("RF-DETR's ViT has a class token and no registers")
-        if vit.rope is not None or vit.attn_bias is not None:
-            raise ValueError("RF-DETR's windowed ViT takes no rotary or bias encoding")
         out_blocks = sorted({int(i) for i in out_blocks})
         if not out_blocks or not all(0 <= i < depth for i in out_blocks):
             raise ValueError(f"out_blocks must be block indices 0..{depth - 1}; got {out_blocks}")
@@ -242,15 +279,33 @@ class WindowedViTBackbone(nn.Module):
             tokens = vit.pos_blocks["-1"](tokens, grid)
         b = tokens.shape[0]
         windows = to_windows(tokens, grid, nw)  # (B * nw^2, 1 + L, C)
+        # rotary table / attention bias for the whole grid, once per call (CPVT's); each block reads
+        # its tokens' rows of it
+        rope = None if vit.rope is None else vit.rope(grid, num_prefix_tokens=1)
+        bias = None
+        if vit.attn_bias is not None:
+            bias = vit.attn_bias(grid, num_prefix_tokens=1, dtype=tokens.dtype, device=tokens.device)
+        order = None if rope is None and bias is None else window_token_order(grid, nw, tokens.device)
         wanted, global_blocks = set(self.out_blocks), set(self.global_blocks)
         maps: list[Tensor] = []
         for i, blk in enumerate(vit.blocks[: self.out_blocks[-1] + 1]):
-            if i in global_blocks and nw > 1:
+            merged = i in global_blocks and nw > 1
+            extras: tuple[object, ...] = ()
+            if order is not None:
+                table = None
+                if rope is not None:
+                    sin, cos = (rope[0][i], rope[1][i]) if vit.rope.learned else rope
+                    table = (_rows(sin, order, b, merged), _rows(cos, order, b, merged))
+                mask = (
+                    None if bias is None else _bias_rows(vit.attn_bias.layer_bias(bias, i), order, b, merged)
+                )
+                extras = (table, mask)
+            if merged:
                 # every token of an image in one sequence; norms and MLPs are per token, so the
                 # whole block runs on it and the window layout comes back unchanged
-                windows = blk(windows.reshape(b, -1, windows.shape[-1])).reshape(windows.shape)
+                windows = blk(windows.reshape(b, -1, windows.shape[-1]), *extras).reshape(windows.shape)
             else:
-                windows = blk(windows)
+                windows = blk(windows, *extras)
             if str(i) in vit.pos_blocks:
                 windows = self._peg(str(i), windows, grid)
             if i in wanted:
