@@ -274,3 +274,29 @@ def test_rotary_and_bias_variants_train_at_two_sizes(hf_folder, pos_enc) -> None
         heads = [out, *out["aux_outputs"], *out["enc_aux_outputs"]]
         sum(h["pred_logits"].sum() + h["pred_boxes"].sum() for h in heads).backward()
         assert not [n for n, p in model.named_parameters() if p.grad is None]
+
+
+def test_default_config_keys_and_shapes_match() -> None:
+    """transformers' default ``RfDetrConfig`` (the base shape: DINOv2-S, patch 14, 4 windows, 13 groups):
+    every tensor of its state dict has our key and shape, and ours has no other."""
+    config = transformers.RfDetrConfig()
+    with torch.device("meta"):
+        hf = transformers.RfDetrForObjectDetection(config)
+        ours = rfdetr_from_hf_config(config)
+    mapped, _, skipped = rfdetr_hf_to_ours(hf.state_dict())
+    assert list(skipped) == ["model.backbone.backbone.embeddings.mask_token"]
+    target = ours.state_dict()
+    assert set(mapped) == set(target)
+    assert all(tuple(mapped[k].shape) == tuple(target[k].shape) for k in target)
+    assert ours.backbone.out_blocks == [1, 4, 7, 10] and ours.backbone.global_blocks == [2, 5, 8, 11]
+
+
+def test_eval_output_feeds_the_rtdetr_postprocessor(hf_folder) -> None:
+    from peg_detr.models.rtdetr import RTDETRPostProcess
+
+    _, folder = hf_folder
+    model, _ = rfdetr_from_hf(folder)
+    with torch.no_grad():
+        out = model(torch.rand(2, 3, *NATIVE))
+    dets = RTDETRPostProcess(num_top_queries=7)(out, torch.tensor([[100, 200], [50, 60]]))
+    assert [d["boxes"].shape for d in dets] == [(7, 4), (7, 4)]
