@@ -1,8 +1,8 @@
 """RF-DETR (Robinson et al., 2025, arXiv:2511.09554) in peg_detr: the model, equal to transformers' ``rf_detr``.
 
 Files: ``backbone`` (the DINOv2 ViT with windowed attention, run on the suite's CPVT so its
-position encoding comes from the registry: RF-DETR's interpolated table, ``none``, or a
-zero-initialised PEG after block 0; LW-DETR's one-scale projector), ``decoder`` (two-stage query
+position encoding comes from the registry: RF-DETR's interpolated table, ``none``, a
+zero-initialised PEG after block 0, the rotary and bias kinds; LW-DETR's one-scale projector), ``decoder`` (two-stage query
 selection per Group DETR group, the deformable decoder with RT-DETR's layers, the heads),
 ``model`` (the detector and its output dict).  transformers' ``RfDetrForObjectDetection`` keys
 and ``RfDetrConfig`` are read by :mod:`peg_detr.interop.hf_rfdetr`.
@@ -10,22 +10,23 @@ and ``RfDetrConfig`` are read by :mod:`peg_detr.interop.hf_rfdetr`.
 Not here yet (issue 40's later steps): the criterion with per-group matching, recipes, the
 ``--arch`` entry, export-hf, ONNX.
 
-Published sizes (facts for the recipes; COCO val2017 AP50:95 as the authors report it).  Source:
-roboflow/rf-detr README (tables at commit 021f7136 for N / S / M; the earlier README for base) and
-its ``rfdetr/config.py`` (patch, windows, resolution, decoder layers); T4 TensorRT FP16 latency::
+Published sizes (facts for the recipes; COCO val2017 AP as the authors report it, T4 TensorRT FP16).
+Sources: the roboflow/rf-detr README (its detection table at commit 021f7136 for N / S / M; the
+earlier README's table for base; a later README adds L with COCO AP50 75.1, whose AP50:95 is not
+recorded here) and rf-detr's ``config.py`` (resolution, patch, windows, decoder layers, table)::
 
-    size   resolution  patch  windows  ViT            dec. layers  params   COCO AP50:95  AP50
-    N      384         16     2        DINOv2-S (384) 2            30.5 M   48.4          67.6
-    S      512         16     2        DINOv2-S       3            32.1 M   53.0          72.1
-    M      576         16     2        DINOv2-S       4            33.7 M   54.7          73.6
-    base   560         14     4        DINOv2-S       3            29.0 M   53.3          -
-    L      704         16     2        DINOv2-S       (later README; its AP50:95 is not recorded here)
+    size   resolution  patch  windows  table   dec. layers  params   COCO AP50:95  AP50
+    N      384         16     2        24x24   2            30.5 M   48.4          67.6
+    S      512         16     2        32x32   3            32.1 M   53.0          72.1
+    M      576         16     2        36x36   4            33.7 M   54.7          73.6
+    L      704         16     2        44x44   4            -        -             75.1
+    base   560         14     4        37x37   3            29.0 M   53.3          -
 
-All use ``hidden_dim`` 256, 300 queries, 13 Group DETR groups in training, the P4 projector, and
-the ViT's feature blocks ``[3, 6, 9, 12]`` as rf-detr counts them (``[2, 5, 8, 11]`` for base); the
-base table was trained for a 37 x 37 grid (518 px at patch 14), N / S / M for ``resolution /
-patch`` (24 / 32 / 36).  (The deprecated first "large", DINOv2-B with a P3 + P5 projector and
-128 M parameters, is not built here: transformers' ``RfDetrConfig`` has the P4 projector only.)
+All: a DINOv2-S ViT (384 wide, 12 blocks, 6 heads), ``hidden_dim`` 256, 8 / 16 self- / cross-attention
+heads, 2 sampling points, 300 queries, 13 Group DETR groups in training, the P4 projector; feature
+stages ``[3, 6, 9, 12]`` (outputs of blocks 2, 5, 8, 11; base: ``[2, 5, 8, 11]``, blocks 1, 4, 7,
+10).  (The deprecated first "large", DINOv2-B with a P3 + P5 projector and 128 M parameters, is
+not built here: transformers' ``RfDetrConfig`` has the P4 projector only.)
 """
 
 from .backbone import (

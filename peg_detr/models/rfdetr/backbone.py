@@ -33,7 +33,9 @@ output of block ``k - 1``, stage 0 the embeddings), so the maps are taken after 
 past the last out index attend globally, the others (``window_block_indexes``) in windows.  That
 off-by-one is transformers' and rf-detr's own; :func:`peg_detr.interop.hf_rfdetr.rfdetr_from_hf_config`
 translates it into the explicit ``out_blocks`` / ``global_blocks`` used here.  Blocks after the last
-taken one never run (no feature reads them).
+taken one never run (no feature reads them; transformers runs them for nothing): the base size's
+block 11 gets no gradient, so DDP needs ``find_unused_parameters`` for it (N / S / M / L read the
+last block).
 
 Position encodings (``pos_enc``, from :mod:`peg_core.registry`): ``learned`` is RF-DETR's table
 ``(1, 1 + g*g, C)`` for the pre-training grid ``g = image_size / patch``, resized to ``(h, w)``
