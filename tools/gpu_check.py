@@ -12,7 +12,13 @@ are optional).  In one run, in this order:
    (the bandwidth floor), as a ratio;
 5. RT-DETR-R18vd (``peg`` and ``sincos`` in AIFI) training steps at 640x640, batch 4, bf16
    autocast, with denoising queries and the VFL criterion; then the ``peg`` model evaluated at
-   two sizes (640 and 960): its encoder against a float32 CPU copy, and bf16 eval images/s.
+   two sizes (640 and 960): its encoder against a float32 CPU copy, and bf16 eval images/s;
+6. the CPVT-S/16 classifier (PEG) training steps at 224x224, batch 64, bf16 autocast, eager and
+   compiled.
+
+The compiled rows compile what ``train --compile`` compiles (:class:`peg_core.engine.compile.CompiledModel`:
+the whole classifier, video ViT and DETR; the RT-DETR family's backbone and encoder) and give its
+graph count.
 
 Steps 2 and 3 also count the host-device synchronisations of one training
 step under ``torch.cuda.set_sync_debug_mode("warn")`` ("syncs per step"; the
@@ -166,7 +172,12 @@ def _train_step_timer(
     """``forward_targets``: the model takes the targets too (RT-DETR builds its denoising queries from them)."""
     model.to(device).train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    fwd = torch.compile(model) if compile_model else model
+    graphs = None
+    if compile_model:  # what train --compile compiles, in place
+        from peg_core.engine.compile import CompiledModel
+
+        graphs = CompiledModel(model)
+    fwd = model
     inputs, targets = make_batch()
 
     def step():
@@ -185,6 +196,11 @@ def _train_step_timer(
     first = time.perf_counter() - t0
     sec = _time(step, device, warmup, iters)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    if graphs is not None:
+        print(
+            f"  compiled: {graphs.report()['graphs']} graphs in {graphs.report()['compile_seconds']} s",
+            flush=True,
+        )
     return sec, first, peak, _count_syncs(step, device)
 
 
@@ -354,6 +370,46 @@ def bench_rtdetr(device, quick, amp_dtype, compile_modes) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------- 6. classifier
+def bench_classify(device, quick, amp_dtype, compile_modes) -> list[dict]:
+    """CPVT-S/16 (PEG) training steps, eager and compiled: images/s, first step (compilation), peak memory."""
+    from peg_core.models import CPVT, cpvt_small
+
+    if quick:
+        make, side, batch, warmup, iters = (
+            lambda: CPVT(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=10),
+            32, 2, 1, 2,
+        )  # fmt: skip
+        name = "CPVT-tiny peg"
+    else:
+        make, side, batch, warmup, iters = (lambda: cpvt_small(num_classes=1000)), 224, 64, 3, 10
+        name = "CPVT-S/16 peg"
+    rows = []
+    for comp in compile_modes:
+        model = make()
+        classes = model.head.out_features
+
+        def make_batch(side=side, classes=classes):
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(batch, 3, side, side, generator=g).to(device)
+            return x, torch.randint(0, classes, (batch,), generator=g).to(device)
+
+        sec, first, peak, syncs = _train_step_timer(
+            model,
+            make_batch,
+            lambda o, y: F.cross_entropy(o.float(), y),
+            device,
+            amp_dtype,
+            comp,
+            warmup,
+            iters,
+        )
+        rows.append({"model": name, "input": f"{batch}x3x{side}x{side}", "compile": comp, "img_per_s": batch / sec,
+                     "step_ms": sec * 1e3, "first_step_s": first, "peak_mem_gib": peak, "syncs_per_step": syncs})  # fmt: skip
+        del model
+    return rows
+
+
 def eval_rtdetr_sizes(device, quick, amp_dtype) -> list[dict]:
     """The ``peg`` RT-DETR (PEG weights perturbed from zero) in eval mode at two square sizes.
 
@@ -503,6 +559,7 @@ def main(argv: list[str] | None = None) -> dict:
     peg = bench_peg_vs_copy(device, args.quick, bench_dtype)
     rtdetr = bench_rtdetr(device, args.quick, amp_dtype, compile_modes)
     rtdetr_eval = eval_rtdetr_sizes(device, args.quick, amp_dtype)
+    classify = bench_classify(device, args.quick, amp_dtype, compile_modes)
     result = {
         "env": env,
         "correctness": correctness,
@@ -511,6 +568,7 @@ def main(argv: list[str] | None = None) -> dict:
         "peg_vs_copy": peg,
         "rtdetr": rtdetr,
         "rtdetr_eval": rtdetr_eval,
+        "classify": classify,
         "seconds": round(time.time() - t0, 1),
         "all_correct": all(r["ok"] for r in correctness + rtdetr_eval),
     }
@@ -559,6 +617,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(_table(rtdetr, [*train_cols, "syncs_per_step", "loss"]))
     print()
     print(_table(rtdetr_eval, ["model", "input", "enc_rel_err", "img_per_s", "eval_ms", "ok"]))
+    print()
+    print(_table(classify, [*train_cols, "syncs_per_step"]))
     print(f"\nJSON: {args.json}")
     return result
 

@@ -155,10 +155,18 @@ class CompiledModel:
         def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             from torch._inductor.compile_fx import compile_fx
 
+            # dynamo's id of this compilation: (frame, its n-th compilation); a graph break's resumed
+            # code is another frame, so n > 0 alone marks a recompile (a guard that failed)
+            cid = torch._guards.CompileContext.current_compile_id()
             t0 = time.perf_counter()
             compiled = compile_fx(gm, example_inputs)
             self.graphs.append(
-                {"region": region, "training": self._training, "seconds": time.perf_counter() - t0}
+                {
+                    "region": region,
+                    "training": self._training,
+                    "seconds": time.perf_counter() - t0,
+                    "compile_id": (cid.frame_id, cid.frame_compile_id) if cid is not None else None,
+                }
             )
             return compiled
 
@@ -199,9 +207,11 @@ class CompiledModel:
 
     @property
     def recompiles(self) -> int:
-        """Graphs beyond the first of each region: dynamo's recompiles (a new shape, train / eval)."""
-        counted = {g["region"] for g in self.graphs}
-        return len(self.graphs) - len(counted)
+        """Dynamo's recompilations of a frame (a new shape, train / eval): its compilations after the first.
+
+        Graph breaks (FSDP's hooks, activation checkpointing) add graphs, not recompiles."""
+        ids = {g["compile_id"] for g in self.graphs if g["compile_id"] is not None}
+        return sum(1 for _, n in ids if n > 0)
 
     def report(self) -> dict[str, Any]:
         """JSON-safe numbers for ``report.json``: graphs, recompiles, compile seconds, step times, speed-up."""

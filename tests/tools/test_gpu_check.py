@@ -66,6 +66,10 @@ def test_gpu_check_cpu_quick(tmp_path: Path) -> None:
         r["ok"] is True and r["enc_rel_err"] == 0.0 and r["img_per_s"] > 0 for r in result["rtdetr_eval"]
     )
 
+    # The classifier: eager in the smoke run (the compiled rows run on the GPU), positive throughput.
+    assert [(r["model"], r["compile"]) for r in result["classify"]] == [("CPVT-tiny peg", False)]
+    assert result["classify"][0]["img_per_s"] > 0
+
     # The table is printed last.
     assert proc.stdout.rstrip().splitlines()[-1].startswith("JSON:")
     assert "| check |" in proc.stdout and "| op | peg_ms | copy_ms | ratio |" in proc.stdout
