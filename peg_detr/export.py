@@ -54,7 +54,7 @@ from .archs import arch_named, arch_of_model
 from .interop.hf_processor import hf_side
 from .labels import LabelMap
 from .model import load_model, only_named
-from .models.postprocess import mask_unnamed
+from .models.common import mask_unnamed
 from .models.rtdetr import fuse_for_deploy, fusion_stats
 
 __all__ = [

@@ -21,9 +21,9 @@ from peg_core.models.cpvt import CPVT_ENCODINGS
 from peg_core.registry import PosEncError, parse_pos_enc
 from peg_detr import build_detr
 from peg_detr.models import DETR_ENCODINGS
+from peg_detr.models.detr.transformer import rotary_self_attention
 from peg_detr.models.rtdetr import AIFI_ENCODINGS
 from peg_detr.models.rtdetr.encoder import AIFI
-from peg_detr.models.transformer import rotary_self_attention
 from peg_video.models import VIDEO_ENCODINGS, VideoTransformer
 
 BIASES = ["alibi-2d", "fire", "lookhere"]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from peg_core.engine.accum import batch_length, split_batch
-from peg_detr.models.criterion import SetCriterion
+from peg_detr.models import SetCriterion
 from peg_detr.models.dfine.criterion import DFineCriterion
 from peg_detr.models.matcher import HungarianMatcher
 from peg_detr.models.rtdetr.criterion import RTDETRCriterion

@@ -115,7 +115,7 @@ def cpvt_flops(arch: str = "cpvt_tiny", size: int = 224, num_classes: int = 100)
 
 def detr_flops(height: int = 800, width: int = 1333, backbone: str = "resnet50") -> int:
     """Forward FLOPs of DETR (``backbone``, a PEG in the encoder, 100 queries) on one ``height x width`` image."""
-    from peg_detr.models.build import build_detr
+    from peg_detr.models import build_detr
 
     with warnings.catch_warnings(), torch.device("meta"):
         warnings.simplefilter("ignore")  # "starts from random weights": no weights are needed to count

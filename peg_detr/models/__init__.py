@@ -11,21 +11,33 @@ Public API::
     groups = param_groups(model, 1e-4, decay_1d=True, lr_by_prefix={"backbone.": 1e-5})
     optimizer = torch.optim.AdamW(groups, lr=1e-4)
 
-Files: ``backbone`` (ResNets with FrozenBatchNorm2d, the tiny CPU backbone),
-``transformer`` (encoder/decoder; where position information enters and why
-the decoder keeps sine keys by default), ``detr`` (the detector), ``matcher``
-and ``criterion`` (Hungarian matching, losses), ``postprocess`` (COCO boxes), ``build``.
-Outside weights (official DETR files, Hugging Face folders) are :mod:`peg_detr.interop`'s;
+One folder per detector family, each with its typed config (``config``), builder (``build``) and
+modules: ``detr/`` (DETR), ``rtdetr/``, ``dfine/``, ``deimv2/``; shared: ``config`` (the configs'
+mechanism: fields' flags and Hugging Face names), ``matcher`` (Hungarian matching), ``common``
+(the input batch, target checks, label masking).  Outside weights (official DETR files, Hugging Face folders) are :mod:`peg_detr.interop`'s;
 nothing here imports it.
 """
 
-from .backbone import BACKBONES, Joiner, ResNetBackbone, TinyBackbone, build_backbone
-from .build import DETR_ENCODINGS, build_detr
-from .criterion import SetCriterion, build_weight_dict
-from .detr import DETR, MLP, to_image_batch
+from .common import to_image_batch
+from .config import DetectorConfig
+from .detr import (
+    BACKBONES,
+    DECODER_KEY_POS,
+    DETR,
+    DETR_ENCODINGS,
+    MLP,
+    DETRConfig,
+    Joiner,
+    PostProcess,
+    ResNetBackbone,
+    SetCriterion,
+    TinyBackbone,
+    Transformer,
+    build_backbone,
+    build_detr,
+    build_weight_dict,
+)
 from .matcher import HungarianMatcher, match_cost
-from .postprocess import PostProcess
-from .transformer import DECODER_KEY_POS, Transformer
 
 __all__ = [
     "BACKBONES",
@@ -33,6 +45,8 @@ __all__ = [
     "DETR",
     "DETR_ENCODINGS",
     "MLP",
+    "DETRConfig",
+    "DetectorConfig",
     "HungarianMatcher",
     "Joiner",
     "PostProcess",

@@ -143,12 +143,14 @@ class DetectorConfig:
 
     Class attributes a family sets:
         TITLE: the family's name in messages (``"RT-DETR"``).
+        HELP_TITLE: the ``--help`` heading of the flags only this family has (None: ``TITLE``).
         ENCODINGS: what ``pos_enc`` may be (the family encoder's
             :class:`~peg_core.registry.EncodingSupport`; ``--pos-enc`` is checked against it).
         SIZES: ``name -> overrides`` of the published (and the CPU demos') sizes, ``--model-size``'s presets.
     """
 
     TITLE: ClassVar[str] = "detector"
+    HELP_TITLE: ClassVar[str | None] = None
     ENCODINGS: ClassVar[Any] = None
     SIZES: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
 
@@ -203,13 +205,14 @@ class DetectorConfig:
     def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
         """The config of stored or given settings: a ``model_config`` (``arch`` ignored), old key names read.
 
-        A key that is no field of this family is a ``ValueError`` naming it.
+        A key that is no field of this family is a ``TypeError`` naming it (as an unknown keyword of a
+        function is); a value the family cannot build is a ``ValueError`` (:meth:`validate`).
         """
         kw = {RENAMED.get(k, k): v for k, v in data.items() if k != "arch"}
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(kw) - names)
         if unknown:
-            raise ValueError(f"{cls.TITLE} has no setting {', '.join(map(repr, unknown))}")
+            raise TypeError(f"{cls.TITLE} has no setting {', '.join(map(repr, unknown))}")
         return cls(**kw)
 
     @classmethod
@@ -224,7 +227,7 @@ class DetectorConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def replace(self: C, **overrides: Any) -> C:
-        """A copy with ``overrides`` (validated; an unknown key is a ``ValueError``)."""
+        """A copy with ``overrides`` (validated; an unknown key is a ``TypeError``)."""
         return type(self).from_dict({**self.settings(), **overrides})
 
     def to_dict(self) -> dict[str, Any]:

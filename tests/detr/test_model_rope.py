@@ -11,7 +11,7 @@ import torch
 from peg_core.registry import parse_pos_enc
 from peg_detr import build_detr
 from peg_detr.models import DETR_ENCODINGS, Transformer
-from peg_detr.models.transformer import rotary_self_attention
+from peg_detr.models.detr.transformer import rotary_self_attention
 
 ROTARY = ["rope-axial", "rope-mixed", "rope-dinov3", "peg+rope-axial", "peg+rope-mixed"]
 SMALL = dict(

@@ -75,6 +75,7 @@ class DFineConfig(RTDETRConfig):
     """
 
     TITLE = "D-FINE"
+    HELP_TITLE = "D-FINE and DEIM"  # DEIM trains D-FINE's model: its loss and activations are these flags
     ENCODINGS: ClassVar[EncodingSupport] = DFINE_ENCODINGS
     SIZES: ClassVar[Mapping[str, Mapping[str, Any]]] = {**DFINE_SIZES, "tiny": _TINY}
 

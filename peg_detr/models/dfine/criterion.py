@@ -34,7 +34,7 @@ from torchvision.ops import box_convert, sigmoid_focal_loss
 
 from peg_core.engine.distributed import get_world_size, reduce_sum
 
-from ..criterion import check_targets, device_indices
+from ..common import check_targets, device_indices
 from ..matcher import HungarianMatcher
 from ..rtdetr.criterion import denoising_indices, paired_iou, varifocal_loss
 from .fdr import weighting_function

@@ -12,7 +12,7 @@ from peg_core.errors import InputError
 from peg_core.resize import is_tracing
 
 from ...structures import ImageBatch
-from ..detr import to_image_batch
+from ..common import to_image_batch
 from ..rtdetr.model import RTDETR
 
 __all__ = ["DFINE"]

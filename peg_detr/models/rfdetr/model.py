@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from peg_core.interop.classes import ClassParam
 
 from ...structures import ImageBatch
-from ..detr import to_image_batch
+from ..common import to_image_batch
 from .backbone import ScaleProjector, WindowedViTBackbone
 from .decoder import RFDETRDecoder
 

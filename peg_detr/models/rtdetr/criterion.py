@@ -17,7 +17,7 @@ from torchvision.ops import box_convert, generalized_box_iou_loss
 
 from peg_core.engine.distributed import get_world_size, reduce_sum
 
-from ..criterion import check_targets, device_indices
+from ..common import check_targets, device_indices
 from ..matcher import HungarianMatcher
 
 __all__ = ["RTDETRCriterion", "build_rtdetr_weight_dict", "denoising_indices", "paired_iou", "varifocal_loss"]

@@ -14,7 +14,7 @@ from peg_core.interop.classes import ClassParam
 from peg_core.resize import is_tracing
 
 from ...structures import ImageBatch
-from ..detr import to_image_batch
+from ..common import to_image_batch
 from .decoder import RTDETRDecoder
 from .denoising import DenoisingGroup, contrastive_denoising_group
 

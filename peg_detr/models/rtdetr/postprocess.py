@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import box_convert
 
-from ..postprocess import mask_unnamed
+from ..common import mask_unnamed
 
 __all__ = ["RTDETRPostProcess"]
 

@@ -13,9 +13,10 @@ from torchvision.ops import box_convert, generalized_box_iou
 
 from peg_core.engine.distributed import get_world_size, reduce_sum
 
-from .matcher import HungarianMatcher
+from ..common import check_targets, device_indices
+from ..matcher import HungarianMatcher
 
-__all__ = ["SetCriterion", "build_weight_dict", "check_targets", "device_indices"]
+__all__ = ["SetCriterion", "build_weight_dict"]
 
 
 def build_weight_dict(
@@ -146,36 +147,3 @@ class SetCriterion(nn.Module):
         n_pred = (logits.argmax(-1) != self.num_classes).sum(1).float()
         n_tgt = torch.tensor([float(len(t["labels"])) for t in targets]).to(logits.device, non_blocking=True)
         return {"class_error": class_error.float(), "cardinality_error": F.l1_loss(n_pred, n_tgt)}
-
-
-def check_targets(targets: list[dict[str, Tensor]], batch_size: int) -> None:
-    """One target per image, each with ``boxes (M, 4)`` and ``labels (M,)``; shapes only.
-
-    The label range is checked on the host by the matcher (its one transfer): no sync here.
-    """
-    if len(targets) != batch_size:
-        raise ValueError(f"{len(targets)} targets for a batch of {batch_size} images")
-    for i, t in enumerate(targets):
-        labels, boxes = t["labels"], t["boxes"]
-        if boxes.dim() != 2 or boxes.shape[-1] != 4 or boxes.shape[0] != labels.shape[0]:
-            raise ValueError(
-                f"target {i}: boxes {tuple(boxes.shape)} and labels {tuple(labels.shape)} must be (M, 4), (M,)"
-            )
-
-
-def device_indices(
-    per_layer: list[list[tuple[Tensor, Tensor]]], targets: list[dict[str, Tensor]], device: torch.device
-) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Host matches -> per layer ``(batch_idx, query_idx, target_idx)`` on ``device``, ``target_idx``
-    into the concatenated targets; all layers go in one non-blocking host-to-device copy."""
-    offsets = [0]
-    for t in targets[:-1]:
-        offsets.append(offsets[-1] + len(t["labels"]))
-    rows = []
-    for indices in per_layer:
-        for b, (q, j) in enumerate(indices):
-            rows.append(torch.stack([torch.full_like(q, b), q, j + offsets[b]]))
-    counts = [sum(len(q) for q, _ in indices) for indices in per_layer]
-    flat = torch.cat(rows, dim=1) if rows else torch.empty(3, 0, dtype=torch.int64)
-    flat = flat.to(device, non_blocking=True)
-    return [tuple(part.unbind(0)) for part in flat.split(counts, dim=1)]

@@ -10,11 +10,12 @@ from torch import Tensor, nn
 
 from peg_core.interop.classes import ClassParam
 
-from ..structures import ImageBatch, pad_images
+from ...structures import ImageBatch
+from ..common import to_image_batch
 from .backbone import Joiner
 from .transformer import Transformer
 
-__all__ = ["DETR", "MLP", "to_image_batch"]
+__all__ = ["DETR", "MLP"]
 
 
 class MLP(nn.Module):
@@ -40,32 +41,6 @@ class MLP(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x) if i == len(self.layers) - 1 else self.activation(layer(x))
         return x
-
-
-def to_image_batch(samples: ImageBatch | Tensor | Sequence[Tensor]) -> ImageBatch:
-    """Accept an :class:`ImageBatch`, a ``(B, 3, H, W)`` tensor (no padding) or a list of ``(3, H_i, W_i)`` images."""
-    if isinstance(samples, ImageBatch):
-        batch = samples
-    elif isinstance(samples, Tensor):
-        if samples.dim() != 4:
-            raise ValueError(
-                f"a tensor input must be a batch (B, 3, H, W); got shape {tuple(samples.shape)} "
-                "(pass a list for images of different sizes)"
-            )
-        mask = torch.zeros(samples.shape[0], *samples.shape[-2:], dtype=torch.bool, device=samples.device)
-        batch = ImageBatch(samples, mask)
-    elif isinstance(samples, Sequence) and all(isinstance(s, Tensor) for s in samples):
-        batch = pad_images(list(samples))
-    else:
-        raise TypeError(
-            f"expected an ImageBatch, a (B, 3, H, W) tensor or a list of images; got {type(samples)}"
-        )
-    t, m = batch
-    if t.dim() != 4 or t.shape[1] != 3 or m.shape != (t.shape[0], *t.shape[-2:]):
-        raise ValueError(
-            f"images {tuple(t.shape)} / mask {tuple(m.shape)}: expected (B, 3, H, W) images and a (B, H, W) mask"
-        )
-    return batch
 
 
 def _full_precision(x: Tensor) -> Tensor:

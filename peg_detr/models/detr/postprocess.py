@@ -6,23 +6,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import box_convert
 
-__all__ = ["PostProcess", "mask_unnamed"]
-
-
-def mask_unnamed(logits: Tensor, named: Tensor | None, fill: float = float("-inf")) -> Tensor:
-    """``logits`` ``(..., C[+1])`` with the classes that name no category at ``-inf`` (``named`` ``(C,)`` bool).
-
-    A label of an id no category uses (``--labels ids`` on COCO: 11 of 91) or past the categories is
-    then never a detection's label (sigmoid 0, softmax 0: DETR's softmax is then renormalised over
-    the named classes, which is what an exported graph or folder computes).  A trailing "no object" logit (DETR's
-    ``C + 1``-th) is left as it is; ``named`` None: nothing is masked.  ``fill``: the masked value
-    (an exported graph uses the dtype's lowest finite value, so that outputs compare as numbers).
-    """
-    if named is None:
-        return logits
-    keep = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)
-    keep[: named.numel()] = named.to(logits.device)
-    return logits.masked_fill(~keep, fill)
+__all__ = ["PostProcess"]
 
 
 class PostProcess(nn.Module):

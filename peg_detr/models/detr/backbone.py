@@ -29,7 +29,7 @@ from torchvision.ops import FrozenBatchNorm2d
 
 from peg_core.interop.io import LoadReport, WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 
-from ..structures import ImageBatch
+from ...structures import ImageBatch
 
 __all__ = ["BACKBONES", "Joiner", "ResNetBackbone", "TinyBackbone", "build_backbone", "downsample_mask"]
 

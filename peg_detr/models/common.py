@@ -1,0 +1,91 @@
+"""Helpers every detector family shares: the input batch, the targets' checks and device indices, label masking.
+
+They were DETR's (the first family) and sat in its modules; the RT-DETR family, D-FINE, DEIMv2
+and RF-DETR import them from here, so no family imports another's modules for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ..structures import ImageBatch, pad_images
+
+__all__ = ["check_targets", "device_indices", "mask_unnamed", "to_image_batch"]
+
+
+def to_image_batch(samples: ImageBatch | Tensor | Sequence[Tensor]) -> ImageBatch:
+    """Accept an :class:`ImageBatch`, a ``(B, 3, H, W)`` tensor (no padding) or a list of ``(3, H_i, W_i)`` images."""
+    if isinstance(samples, ImageBatch):
+        batch = samples
+    elif isinstance(samples, Tensor):
+        if samples.dim() != 4:
+            raise ValueError(
+                f"a tensor input must be a batch (B, 3, H, W); got shape {tuple(samples.shape)} "
+                "(pass a list for images of different sizes)"
+            )
+        mask = torch.zeros(samples.shape[0], *samples.shape[-2:], dtype=torch.bool, device=samples.device)
+        batch = ImageBatch(samples, mask)
+    elif isinstance(samples, Sequence) and all(isinstance(s, Tensor) for s in samples):
+        batch = pad_images(list(samples))
+    else:
+        raise TypeError(
+            f"expected an ImageBatch, a (B, 3, H, W) tensor or a list of images; got {type(samples)}"
+        )
+    t, m = batch
+    if t.dim() != 4 or t.shape[1] != 3 or m.shape != (t.shape[0], *t.shape[-2:]):
+        raise ValueError(
+            f"images {tuple(t.shape)} / mask {tuple(m.shape)}: expected (B, 3, H, W) images and a (B, H, W) mask"
+        )
+    return batch
+
+
+def check_targets(targets: list[dict[str, Tensor]], batch_size: int) -> None:
+    """One target per image, each with ``boxes (M, 4)`` and ``labels (M,)``; shapes only.
+
+    The label range is checked on the host by the matcher (its one transfer): no sync here.
+    """
+    if len(targets) != batch_size:
+        raise ValueError(f"{len(targets)} targets for a batch of {batch_size} images")
+    for i, t in enumerate(targets):
+        labels, boxes = t["labels"], t["boxes"]
+        if boxes.dim() != 2 or boxes.shape[-1] != 4 or boxes.shape[0] != labels.shape[0]:
+            raise ValueError(
+                f"target {i}: boxes {tuple(boxes.shape)} and labels {tuple(labels.shape)} must be (M, 4), (M,)"
+            )
+
+
+def device_indices(
+    per_layer: list[list[tuple[Tensor, Tensor]]], targets: list[dict[str, Tensor]], device: torch.device
+) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Host matches -> per layer ``(batch_idx, query_idx, target_idx)`` on ``device``, ``target_idx``
+    into the concatenated targets; all layers go in one non-blocking host-to-device copy."""
+    offsets = [0]
+    for t in targets[:-1]:
+        offsets.append(offsets[-1] + len(t["labels"]))
+    rows = []
+    for indices in per_layer:
+        for b, (q, j) in enumerate(indices):
+            rows.append(torch.stack([torch.full_like(q, b), q, j + offsets[b]]))
+    counts = [sum(len(q) for q, _ in indices) for indices in per_layer]
+    flat = torch.cat(rows, dim=1) if rows else torch.empty(3, 0, dtype=torch.int64)
+    flat = flat.to(device, non_blocking=True)
+    return [tuple(part.unbind(0)) for part in flat.split(counts, dim=1)]
+
+
+def mask_unnamed(logits: Tensor, named: Tensor | None, fill: float = float("-inf")) -> Tensor:
+    """``logits`` ``(..., C[+1])`` with the classes that name no category at ``-inf`` (``named`` ``(C,)`` bool).
+
+    A label of an id no category uses (``--labels ids`` on COCO: 11 of 91) or past the categories is
+    then never a detection's label (sigmoid 0, softmax 0: DETR's softmax is then renormalised over
+    the named classes, which is what an exported graph or folder computes).  A trailing "no object" logit (DETR's
+    ``C + 1``-th) is left as it is; ``named`` None: nothing is masked.  ``fill``: the masked value
+    (an exported graph uses the dtype's lowest finite value, so that outputs compare as numbers).
+    """
+    if named is None:
+        return logits
+    keep = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    keep[: named.numel()] = named.to(logits.device)
+    return logits.masked_fill(~keep, fill)
