@@ -4,11 +4,12 @@ Public API::
 
     from peg_core import PEG2d, PEG3d, build_position_encoding, resize_pos_embed
     from peg_core import RoPEAxial, RoPEMixed, RoPEDinoV3, apply_rope, build_rope
+    from peg_core import AttentionBias, ALiBiBias, FIREBias, LookHereBias   # the attention biases
     peg_core.from_timm(timm_model, peg_at=0)   # today's timm ViTs as a CPVT (loads peg_core.interop)
 
 ``import peg_core`` is the position-encoding library alone: the PEGs (static, separable,
 dynamic), the fixed and learned encodings in 1/2/3-D, the rotary encodings (axial, mixed, DINOv3, 3-D;
-``peg_core.rope``), resizing and the grid helpers.  It
+``peg_core.rope``), the attention biases (ALiBi-2D, FIRE, LookHere; ``peg_core.bias``), resizing and the grid helpers.  It
 depends on torch alone and loads nothing else of the project; the sub-packages are opt-in:
 ``peg_core.engine`` (training), ``peg_core.interop`` (weights files, surgery, timm /
 torchvision conversion), ``peg_core.export`` (ONNX, int8), ``peg_core.classify`` (the CPVT
@@ -16,6 +17,7 @@ task), ``peg_core.models`` (CPVT and its ViT layers), ``peg_core.viz``.
 """
 
 from .base import PositionEncoding
+from .bias import ALiBiBias, AttentionBias, FIREBias, LookHereBias, with_key_padding
 from .encodings import (
     LearnedPositionEncoding2d,
     LearnedPositionEncoding3d,
@@ -26,13 +28,25 @@ from .encodings import (
     sincos_1d,
     sincos_2d,
 )
-from .peg import PEG2d, PEG3d, PEGNd, check_mask, check_size, check_tokens, grid_to_tokens, tokens_to_grid
+from .peg import (
+    PEG2d,
+    PEG3d,
+    PEGNd,
+    PegOptions,
+    check_mask,
+    check_size,
+    check_tokens,
+    grid_to_tokens,
+    tokens_to_grid,
+)
 from .registry import (
     Encoding,
     EncodingContext,
+    EncodingParts,
     EncodingSpec,
     EncodingSupport,
     PosEncError,
+    build_encoding_parts,
     build_position_encoding,
     encoding_names,
     parse_pos_enc,
@@ -48,39 +62,51 @@ from .resize import (
 )
 from .rope import (
     ROPE_KINDS,
+    ROTARY_KINDS,
     RoPEAxial,
     RoPEDinoV3,
     RoPEMixed,
     RotaryEmbedding,
+    RotaryKind,
     apply_rope,
     build_rope,
     rope_coords,
+    rotary_kind,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ROPE_KINDS",
+    "ROTARY_KINDS",
+    "ALiBiBias",
+    "AttentionBias",
     "Encoding",
     "EncodingContext",
+    "EncodingParts",
     "EncodingSpec",
     "EncodingSupport",
+    "FIREBias",
     "LearnedPositionEncoding2d",
     "LearnedPositionEncoding3d",
+    "LookHereBias",
     "NoPositionEncoding",
     "PEG2d",
     "PEG3d",
     "PEGNd",
+    "PegOptions",
     "PosEncError",
     "PositionEncoding",
     "RoPEAxial",
     "RoPEDinoV3",
     "RoPEMixed",
     "RotaryEmbedding",
+    "RotaryKind",
     "SinCosPositionEncoding2d",
     "SinCosPositionEncoding3d",
     "SinePositionEncoding2d",
     "apply_rope",
+    "build_encoding_parts",
     "build_position_encoding",
     "build_rope",
     "check_mask",
@@ -97,9 +123,11 @@ __all__ = [
     "resize_pos_embed_3d",
     "resize_pos_embed_traceable",
     "rope_coords",
+    "rotary_kind",
     "sincos_1d",
     "sincos_2d",
     "tokens_to_grid",
+    "with_key_padding",
 ]
 
 #: names served from an opt-in sub-package on first use, so ``import peg_core`` stays torch-only

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
@@ -28,9 +29,11 @@ __all__ = [
     "PEG2d",
     "PEG3d",
     "PEGNd",
+    "PegOptions",
     "check_mask",
     "check_size",
     "check_tokens",
+    "fold_peg_keys",
     "grid_to_tokens",
     "peg2d_reference",
     "resolve_peg_at",
@@ -65,6 +68,109 @@ def resolve_peg_at(peg_at: Sequence[int] | str, depth: int) -> tuple[int, ...]:
             f"({depth} blocks)"
         )
     return positions
+
+
+@dataclass(frozen=True)
+class PegOptions:
+    """The PEG's options as one value: what every family passes to its conditional encoding's builder.
+
+    Attributes:
+        kernel_size: the depthwise kernel, an odd int or one odd int per grid axis (CPVT: 3).
+        separable: 2-D only: ``1 x k`` then ``k x 1`` (:class:`PEG2d` ``separable``); a 3-D family
+            chooses ``peg3d-factorized`` by name instead.
+        padding_mode: the conv's border, one of :data:`PADDING_MODES`.
+        dynamic: per-sample kernels mixed from a bank (:class:`PEGNd` ``dynamic``).
+        num_kernels: that bank's size; ``None``: not given (4).  A family may refuse a size given
+            without ``dynamic``.
+        zero_init: start the (last) conv at zero, so the PEG adds nothing until it trains (a PEG
+            added to a pre-trained model).
+
+    Configs and checkpoints written before this value store the options as loose keywords
+    (``peg_kernel_size``, ``peg_separable``, ``peg_padding``, ``peg_dynamic``, ``peg_num_kernels``,
+    ``peg_zero_init``: :data:`LEGACY_KEYS`, also the command line's destinations);
+    :func:`fold_peg_keys` is the one place that reads them.
+    """
+
+    kernel_size: int | tuple[int, ...] = 3
+    separable: bool = False
+    padding_mode: str = "zeros"
+    dynamic: bool = False
+    num_kernels: int | None = None
+    zero_init: bool = False
+
+    #: the loose keyword of configs, checkpoints and command-line destinations -> the field
+    LEGACY_KEYS: ClassVar[dict[str, str]] = {
+        "peg_kernel_size": "kernel_size",
+        "peg_separable": "separable",
+        "peg_padding": "padding_mode",
+        "peg_dynamic": "dynamic",
+        "peg_num_kernels": "num_kernels",
+        "peg_zero_init": "zero_init",
+    }
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kernel_size, list):  # a JSON config's (kT, kH, kW)
+            object.__setattr__(self, "kernel_size", tuple(self.kernel_size))
+
+    @classmethod
+    def of(cls, value: PegOptions | Mapping[str, Any] | None) -> PegOptions:
+        """``value`` as a :class:`PegOptions`: itself, the defaults for ``None``, or built from a mapping of fields."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise TypeError(
+                    f"PegOptions has no field {', '.join(map(repr, unknown))}; fields: {sorted(known)}"
+                )
+            return cls(**value)
+        raise TypeError(f"peg must be a PegOptions or a mapping of its fields; got {type(value).__name__}")
+
+    def class_options(self, ndim: int = 2) -> dict[str, Any]:
+        """The keywords of the PEG class for an ``ndim``-D grid (:class:`PEG2d`, :class:`PEG3d`).
+
+        ``separable`` is a 2-D keyword (given to a 3-D class only when set, which it refuses);
+        ``num_kernels`` is 4 when not given.
+        """
+        out: dict[str, Any] = {
+            "kernel_size": self.kernel_size,
+            "padding_mode": self.padding_mode,
+            "dynamic": self.dynamic,
+            "num_kernels": 4 if self.num_kernels is None else self.num_kernels,
+            "zero_init": self.zero_init,
+        }
+        if ndim == 2 or self.separable:
+            out["separable"] = self.separable
+        return out
+
+    def as_config(self) -> dict[str, Any]:
+        """The loose ``peg_*`` keywords of this value (what configs and checkpoints store), JSON-safe."""
+        out: dict[str, Any] = {}
+        for key, name in self.LEGACY_KEYS.items():
+            value = getattr(self, name)
+            out[key] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+def fold_peg_keys(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with its loose ``peg_*`` keywords folded into one ``peg`` :class:`PegOptions`.
+
+    The one reader of the keywords configs and checkpoints store (:attr:`PegOptions.LEGACY_KEYS`),
+    so a stored config builds a model that takes ``peg=PegOptions(...)``.  ``None`` values are
+    "not given" (the field's default); a ``peg`` entry already there (a :class:`PegOptions` or a
+    mapping of its fields) is the base the loose keywords override.
+    """
+    out = dict(config)
+    loose = {PegOptions.LEGACY_KEYS[k]: out.pop(k) for k in list(out) if k in PegOptions.LEGACY_KEYS}
+    loose = {k: v for k, v in loose.items() if v is not None}
+    if not loose and "peg" not in out:
+        return out
+    base = PegOptions.of(out.get("peg"))
+    out["peg"] = PegOptions(**{**{f.name: getattr(base, f.name) for f in fields(PegOptions)}, **loose})
+    return out
 
 
 # permute orders (B, *grid, C) -> (B, C, *grid) by grid rank, and back by map rank; precomputed since

@@ -20,9 +20,13 @@ against what a model family supports (:class:`EncodingSupport`: grid rank, slots
 names it has no implementation of); every task's command line takes its ``--pos-enc`` help and
 validation from here, so a wrong pair is refused when the arguments are parsed.
 
-A model builds each part with ``part.build(EncodingContext(...))``; the context carries what the
-model knows (channels, training grid, prefix tokens, where the codes go, resize mode, heads,
-depth, and the family's extra options such as the PEG flags).
+A model builds its parts with one :func:`build_encoding_parts` call (its table, its PEGs by
+position, its rotary and bias parts: :class:`EncodingParts`) from the spec and one
+:class:`EncodingContext`, which carries what the model knows (channels, training grid, prefix
+tokens, where the codes go, resize mode, heads, depth, the PEG's options as one
+:class:`peg_core.peg.PegOptions`, and the family's extra options).  The rotary kinds register
+themselves in :mod:`peg_core.rope` (:func:`peg_core.rope.rotary_kind`); this module registers an
+encoding for each.
 
 Your own encoding, from Python::
 
@@ -49,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -67,8 +71,8 @@ from .encodings import (
     SinePositionEncoding2d,
 )
 from .errors import InputError
-from .peg import PEG2d, PEG3d
-from .rope import ROPE_KINDS, RotaryEmbedding, build_rope
+from .peg import PEG2d, PEG3d, PegOptions, resolve_peg_at
+from .rope import ROTARY_KINDS, RotaryEmbedding, build_rope
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -78,9 +82,11 @@ __all__ = [
     "SLOTS",
     "Encoding",
     "EncodingContext",
+    "EncodingParts",
     "EncodingSpec",
     "EncodingSupport",
     "PosEncError",
+    "build_encoding_parts",
     "build_position_encoding",
     "encoding_names",
     "get_encoding",
@@ -115,9 +121,10 @@ class EncodingContext:
         temporal_interpolation: how a 3-D table's time axis is resized (``"linear"``, ``"nearest"``...).
         num_heads, depth: attention heads (rotary frequencies, attention biases) and layers
             (per-layer rotary frequencies).
-        options: the family's further keywords for this part (the PEG flags ``kernel_size``,
-            ``padding_mode``, ``dynamic``...; rotary ``temperature``...); builders take the ones
-            they know.
+        options: the family's further keywords for this part (rotary ``temperature``,
+            ``indexing``...); builders take the ones they know.
+        peg: the PEG's options (:class:`peg_core.peg.PegOptions`), read by the conditional
+            builders.
     """
 
     dim: int
@@ -130,6 +137,7 @@ class EncodingContext:
     num_heads: int = 1
     depth: int = 1
     options: Mapping[str, Any] = field(default_factory=dict)
+    peg: PegOptions = field(default_factory=PegOptions)
 
     @property
     def ndim(self) -> int:
@@ -314,9 +322,18 @@ def _load_plugins() -> None:
                                    RuntimeWarning, ENTRY_POINT_GROUP, 0, module=__name__)  # fmt: skip
 
 
+def _register_rotary_kinds() -> None:
+    """An encoding of kind ``"rotate"`` for every rotary kind :mod:`peg_core.rope` lists (:data:`ROTARY_KINDS`)
+    and the registry has not yet: the one list of rotary names is there, kinds added later included."""
+    for k in ROTARY_KINDS.values():
+        if k.name not in _REGISTRY:
+            register_encoding(Encoding(k.name, "rotate", _rope(k.name), k.dims, description=k.description))
+
+
 def get_encoding(name: str) -> Encoding:
     """The registered encoding ``name``; :class:`PosEncError` naming the choices otherwise."""
     _load_plugins()
+    _register_rotary_kinds()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -328,6 +345,7 @@ def get_encoding(name: str) -> Encoding:
 def encoding_names(*, kind: str | None = None, ndim: int | None = None) -> list[str]:
     """Registered names in registration order, optionally of one kind / for one grid rank."""
     _load_plugins()
+    _register_rotary_kinds()
     return [
         e.name
         for e in _REGISTRY.values()
@@ -453,6 +471,98 @@ def parse_pos_enc(text: str, support: EncodingSupport | None = None) -> Encoding
     return spec if support is None else support.check(spec)
 
 
+# --- a family's parts --------------------------------------------------------------------------
+
+
+@dataclass
+class EncodingParts:
+    """What one family builds from a spec (:func:`build_encoding_parts`); ``None`` / empty where the slot is.
+
+    Attributes:
+        table: the ``"add"`` table (a :class:`peg_core.PositionEncoding`: codes ``(1, N, C)`` added
+            to the tokens, or to every layer's queries and keys when its ``apply_to`` is ``"qk"``).
+        pegs: the conditional encodings by position ``{i: module}``: ``-1`` before block 0, ``i``
+            after block ``i`` (sorted); each is a :class:`peg_core.PositionEncoding` computed from
+            the tokens.
+        rotary: the ``"rotate"`` part (a :class:`peg_core.rope.RotaryEmbedding`: a ``(sin, cos)``
+            table per grid for the queries and keys of every attention).
+        bias: the ``"bias"`` part (a :class:`peg_core.bias.AttentionBias`: one ``(1, heads, N, N)``
+            float term per grid for every attention's logits).
+    """
+
+    table: nn.Module | None = None
+    pegs: dict[int, nn.Module] = field(default_factory=dict)
+    rotary: nn.Module | None = None
+    bias: nn.Module | None = None
+
+    @property
+    def peg_at(self) -> tuple[int, ...]:
+        """The positions of :attr:`pegs`, sorted."""
+        return tuple(sorted(self.pegs))
+
+    def peg_modules(self) -> nn.ModuleDict:
+        """:attr:`pegs` keyed by ``str(i)`` (the state-dict keys ``pos_blocks.<i>.*`` / ``pegs.<i>.*``)."""
+        return nn.ModuleDict({str(i): self.pegs[i] for i in self.peg_at})
+
+
+def build_encoding_parts(
+    spec: EncodingSpec,
+    ctx: EncodingContext,
+    *,
+    peg_at: Sequence[int] | str = (),
+    rotary_options: Mapping[str, Any] | None = None,
+    table_prefix_tokens: int | None = None,
+    own: Mapping[str, Builder] | None = None,
+    order: Sequence[str] = SLOTS,
+) -> EncodingParts:
+    """Build the parts of ``spec`` a family asks for: its table, its PEGs by position, its rotary and bias.
+
+    Args:
+        spec: the parsed ``pos_enc`` (:func:`parse_pos_enc`, checked against the family).
+        ctx: the model's context: channels ``C``, training grid, prefix tokens, where a table's codes
+            go, resize modes, heads and depth (the number of blocks the PEG positions and the
+            per-layer rotary / bias parts count), the PEG's options ``ctx.peg`` and a table's
+            ``ctx.options``.  The rotary and bias parts get it with ``dim = C // heads`` (they work
+            per head) and ``rotary_options`` / no options.
+        peg_at: where the conditional encodings go (:func:`peg_core.peg.resolve_peg_at` over
+            ``ctx.depth`` blocks: ``-1`` before block 0, ``i`` after block ``i``, ``"all"``).
+        rotary_options: the rotary class's keywords (``temperature``, ``indexing``, ``layout``...).
+        table_prefix_tokens: the table's own count of prefix entries when it differs from the
+            tokens' (timm's ``no_embed_class``: 0); ``None``: ``ctx.num_prefix_tokens``.
+        own: the family's own builder of a registered name (RT-DETR's layout of ``sincos``).
+        order: the slots to build, in this order (:data:`SLOTS` by default).  A slot not listed is
+            left empty, so a family that builds layers between its parts keeps the order its
+            parameters were always drawn from the RNG in (seeded runs keep their weights).
+
+    Raises :class:`ValueError` for ``peg_at`` outside the blocks, and what the builders raise.
+    """
+    unknown = [slot for slot in order if slot not in SLOTS]
+    if unknown:
+        raise ValueError(f"order names slots {unknown}; the slots are {SLOTS}")
+    own = own or {}
+    parts = EncodingParts()
+
+    def build(e: Encoding, c: EncodingContext) -> nn.Module:
+        return own[e.name](c) if e.name in own else e.build(c)
+
+    head = dataclasses.replace(ctx, dim=ctx.dim // max(1, ctx.num_heads), options={})
+    for slot in order:
+        e = getattr(spec, slot)
+        if e is None:
+            continue
+        if slot == "table":
+            prefix = ctx.num_prefix_tokens if table_prefix_tokens is None else table_prefix_tokens
+            parts.table = build(e, dataclasses.replace(ctx, num_prefix_tokens=prefix))
+        elif slot == "conditional":
+            conditional = dataclasses.replace(ctx, options={})
+            parts.pegs = {i: build(e, conditional) for i in resolve_peg_at(peg_at, ctx.depth)}
+        elif slot == "rotary":
+            parts.rotary = build(e, dataclasses.replace(head, options=dict(rotary_options or {})))
+        else:
+            parts.bias = build(e, head)
+    return parts
+
+
 # --- the built-in encodings -------------------------------------------------------------------
 
 
@@ -479,12 +589,16 @@ def _learned(ctx: EncodingContext) -> nn.Module:
 
 
 def _peg(ctx: EncodingContext) -> nn.Module:
-    return PEG2d(ctx.dim, num_prefix_tokens=ctx.num_prefix_tokens, **ctx.options)
+    # options given directly (build_position_encoding's keywords) override the PegOptions value
+    return PEG2d(
+        ctx.dim, num_prefix_tokens=ctx.num_prefix_tokens, **{**ctx.peg.class_options(2), **ctx.options}
+    )
 
 
 def _peg3d(factorized: bool) -> Builder:
     def build(ctx: EncodingContext) -> nn.Module:
-        return PEG3d(ctx.dim, num_prefix_tokens=ctx.num_prefix_tokens, factorized=factorized, **ctx.options)
+        return PEG3d(ctx.dim, num_prefix_tokens=ctx.num_prefix_tokens, factorized=factorized,
+                     **{**ctx.peg.class_options(3), **ctx.options})  # fmt: skip
 
     return build
 
@@ -511,14 +625,6 @@ def _lookhere(ctx: EncodingContext) -> nn.Module:
     return LookHereBias(ctx.num_heads, ctx.ndim, depth=ctx.depth, **ctx.options)
 
 
-_ROPE_DIMS = {"rope-3d": (3,)}
-_ROPE_TEXT = {
-    "rope-axial": "rotary, axial frequencies (naver / timm rope ViTs)",
-    "rope-mixed": "rotary, learned mixed frequencies per layer and head",
-    "rope-dinov3": "rotary, DINOv3's normalised coordinates",
-    "rope-3d": "rotary over (T, H, W) (V-JEPA 2)",
-}
-
 for _e in (
     Encoding("peg", "add", _peg, (2,), conditional=True, description="PEG: depthwise conv after blocks (CPVT)"),
     Encoding("peg3d", "add", _peg3d(False), (3,), conditional=True, description="3-D PEG after blocks"),
@@ -527,8 +633,11 @@ for _e in (
     Encoding("learned", "add", _learned, (2, 3), description="learned table, resized to the grid"),
     Encoding("sincos", "add", _sincos, (2, 3), description="fixed sin-cos table (MAE)"),
     Encoding("sine", "add", _sine, (2,), description="DETR's mask-aware sine encoding"),
-    *(Encoding(k, "rotate", _rope(k), _ROPE_DIMS.get(k, (2,)), description=_ROPE_TEXT.get(k, "rotary"))
-      for k in ROPE_KINDS),
+):  # fmt: skip
+    register_encoding(_e)
+# the rotary kinds as peg_core.rope registers them (rotary_kind): one list
+_register_rotary_kinds()
+for _e in (
     Encoding("alibi-2d", "bias", _alibi, (2, 3),
              description="ALiBi slopes times the grid distance (3-D for videos), added to the logits"),
     Encoding("fire", "bias", _fire, (2, 3),

@@ -47,7 +47,8 @@ from __future__ import annotations
 import functools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -55,16 +56,18 @@ from torch import Tensor, nn
 
 __all__ = [
     "ROPE_KINDS",
+    "ROTARY_KINDS",
     "RoPEAxial",
     "RoPEDinoV3",
     "RoPEMixed",
     "RotaryEmbedding",
+    "RotaryKind",
     "apply_rope",
     "build_rope",
     "rope_coords",
+    "rotary_kind",
 ]
 
-ROPE_KINDS = ("rope-axial", "rope-mixed", "rope-dinov3", "rope-3d")
 NORMALIZE = ("separate", "min", "max")
 
 
@@ -486,6 +489,66 @@ class RoPEMixed(RotaryEmbedding):
         return {"freqs"}
 
 
+@dataclass(frozen=True)
+class RotaryKind:
+    """One rotary encoding by name: how :func:`build_rope` builds it, its grid ranks, one line of help.
+
+    ``build(head_dim, *, num_heads, depth, temperature, **options)``; ``temperature=None`` is the
+    kind's default.  :func:`rotary_kind` adds one to :data:`ROTARY_KINDS`, the one list of rotary
+    names (:mod:`peg_core.registry` registers an encoding of kind ``"rotate"`` for each).
+    """
+
+    name: str
+    build: Callable[..., RotaryEmbedding]
+    dims: tuple[int, ...] = (2,)
+    description: str = "rotary"
+
+
+#: name -> :class:`RotaryKind`, in registration order (``--pos-enc`` lists them in that order)
+ROTARY_KINDS: dict[str, RotaryKind] = {}
+
+
+def rotary_kind(name: str, dims: tuple[int, ...] = (2,), description: str = "rotary") -> Callable:
+    """Decorator: register the decorated builder as the rotary kind ``name`` (:class:`RotaryKind`)."""
+
+    def register(fn: Callable[..., RotaryEmbedding]) -> Callable[..., RotaryEmbedding]:
+        ROTARY_KINDS[name] = RotaryKind(name, fn, dims, description)
+        return fn
+
+    return register
+
+
+def _default(temperature: float | None, value: float) -> float:
+    return value if temperature is None else temperature
+
+
+@rotary_kind("rope-axial", description="rotary, axial frequencies (naver / timm rope ViTs)")
+def _axial(head_dim: int, *, num_heads=None, depth=None, temperature=None, **kwargs) -> RotaryEmbedding:
+    kwargs.setdefault("indexing", "xy")
+    return RoPEAxial(head_dim, 2, temperature=_default(temperature, 100.0), **kwargs)
+
+
+@rotary_kind("rope-mixed", description="rotary, learned mixed frequencies per layer and head")
+def _mixed(head_dim: int, *, num_heads=None, depth=None, temperature=None, **kwargs) -> RotaryEmbedding:
+    if num_heads is None or depth is None:
+        raise ValueError("rope-mixed needs num_heads and depth (one set of frequencies per layer and head)")
+    return RoPEMixed(head_dim, num_heads, depth, temperature=_default(temperature, 10.0), **kwargs)
+
+
+@rotary_kind("rope-dinov3", description="rotary, DINOv3's normalised coordinates")
+def _dinov3(head_dim: int, *, num_heads=None, depth=None, temperature=None, **kwargs) -> RotaryEmbedding:
+    return RoPEDinoV3(head_dim, temperature=_default(temperature, 100.0), **kwargs)
+
+
+@rotary_kind("rope-3d", dims=(3,), description="rotary over (T, H, W) (V-JEPA 2)")
+def _rope_3d(head_dim: int, *, num_heads=None, depth=None, temperature=None, **kwargs) -> RotaryEmbedding:
+    return RoPEAxial(head_dim, 3, temperature=_default(temperature, 10000.0), **kwargs)
+
+
+#: the rotary names, in :data:`ROTARY_KINDS` order (kept for callers of the tuple)
+ROPE_KINDS = tuple(ROTARY_KINDS)
+
+
 def build_rope(
     kind: str,
     head_dim: int,
@@ -495,26 +558,15 @@ def build_rope(
     temperature: float | None = None,
     **kwargs,
 ) -> RotaryEmbedding:
-    """A rotary encoding by name (:data:`ROPE_KINDS`); ``temperature=None`` takes the kind's default.
+    """A rotary encoding by name (:data:`ROTARY_KINDS`); ``temperature=None`` takes the kind's default.
 
     ``rope-axial``: 2-D :class:`RoPEAxial`, temperature 100, ``indexing="xy"`` (naver / timm);
     ``rope-mixed``: :class:`RoPEMixed` (needs ``num_heads`` and ``depth``), temperature 10;
     ``rope-dinov3``: :class:`RoPEDinoV3`, temperature 100; ``rope-3d``: 3-D :class:`RoPEAxial`
     over ``(T, H, W)``, temperature 10000.  Other keywords go to the class.
     """
-    if kind == "rope-axial":
-        kwargs.setdefault("indexing", "xy")
-        return RoPEAxial(head_dim, 2, temperature=100.0 if temperature is None else temperature, **kwargs)
-    if kind == "rope-3d":
-        return RoPEAxial(head_dim, 3, temperature=10000.0 if temperature is None else temperature, **kwargs)
-    if kind == "rope-dinov3":
-        return RoPEDinoV3(head_dim, temperature=100.0 if temperature is None else temperature, **kwargs)
-    if kind == "rope-mixed":
-        if num_heads is None or depth is None:
-            raise ValueError(
-                "rope-mixed needs num_heads and depth (one set of frequencies per layer and head)"
-            )
-        return RoPEMixed(
-            head_dim, num_heads, depth, temperature=10.0 if temperature is None else temperature, **kwargs
-        )
-    raise ValueError(f"unknown rotary encoding {kind!r}; choose from {ROPE_KINDS}")
+    if kind not in ROTARY_KINDS:
+        raise ValueError(f"unknown rotary encoding {kind!r}; choose from {tuple(ROTARY_KINDS)}")
+    return ROTARY_KINDS[kind].build(
+        head_dim, num_heads=num_heads, depth=depth, temperature=temperature, **kwargs
+    )

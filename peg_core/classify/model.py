@@ -31,6 +31,7 @@ from ..interop.classes import ClassParam, match_classes, transfer_class_rows
 from ..interop.from_timm import from_timm_file
 from ..interop.io import LoadReport, WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 from ..interop.resolve import resolve_weights
+from ..peg import fold_peg_keys
 from ..resize import resize_pos_embed
 
 __all__ = [
@@ -91,7 +92,7 @@ def build_model(config: Mapping[str, Any]) -> models.CPVT:
     config :func:`peg_core.from_timm` records for a converted timm ViT).
     Raises ``ValueError`` / ``TypeError`` for a config that builds no CPVT.
     """
-    cfg = dict(config)
+    cfg = fold_peg_keys(config)  # configs store the PEG's options as loose peg_* keywords
     arch = cfg.pop("arch", "demo")
     if arch == "demo":
         return models.CPVT(**{**DEMO_CONFIG, **cfg})

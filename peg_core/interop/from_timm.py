@@ -36,6 +36,7 @@ from torch import nn
 
 from ..errors import require
 from ..models.cpvt import CPVT
+from ..peg import fold_peg_keys
 from .convert import _loaded_class
 from .io import WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 from .resolve import resolve_weights
@@ -231,7 +232,7 @@ def from_timm(model: nn.Module, peg_at: Sequence[int] | int | None = None, peg_k
         "qkv_bias": _qkv_bias(blk),
         "pos_antialias": "learned" in parts,  # timm's resample_abs_pos_embed default
     }
-    out = CPVT(**kwargs)
+    out = CPVT(**fold_peg_keys(kwargs))
     # The keywords that rebuild this network (a checkpoint's ``model_config``; ``arch="cpvt"`` is the
     # plain class): ``train --init`` of a converted file builds exactly this model from them.
     out.build_config = {"arch": "cpvt", **_json_safe(kwargs)}

@@ -36,16 +36,15 @@ wraps them (:mod:`peg_core.interop.timm`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..peg import resolve_peg_at
-from ..registry import EncodingContext, EncodingSupport, parse_pos_enc
+from ..peg import PegOptions, fold_peg_keys
+from ..registry import EncodingContext, EncodingSupport, build_encoding_parts, parse_pos_enc
 from .layers import Block, PatchEmbed, init_vit_weights, vit_lr_layer_id
 
 __all__ = ["CPVT", "CPVT_ENCODINGS", "cpvt_base", "cpvt_small", "cpvt_tiny"]
@@ -99,12 +98,13 @@ class CPVT(nn.Module):
             for the "PEG at 0-5" variant); ``-1`` is right after the patch embedding,
             before block 0; ``"all"`` is after every block (:func:`peg_core.peg.resolve_peg_at`).
             Ignored unless ``pos_enc="peg"``.
-        peg_kernel_size: PEG depthwise conv size (3 in CPVT).
-        peg_separable: the light ``1×k`` then ``k×1`` PEG (:class:`PEG2d` ``separable``).
-        peg_padding: the PEG conv's ``padding_mode``: ``"zeros"`` (CPVT) or ``"circular"``
-            (no border, so no absolute position: the "without zero padding" ablation).
-        peg_dynamic: per-image PEG kernels mixed from a bank of ``peg_num_kernels``
-            (:class:`PEG2d` ``dynamic``); state-dict keys ``pos_blocks.<i>.{weight,bias,route.*}``.
+        peg: the PEG's options as one value (:class:`peg_core.peg.PegOptions`, or a mapping of its
+            fields): ``kernel_size`` (3 in CPVT), ``separable`` (the light ``1×k`` then ``k×1``
+            PEG), ``padding_mode`` (``"zeros"``, CPVT; ``"circular"``: no border, so no absolute
+            position, the "without zero padding" ablation), ``dynamic`` (per-image kernels mixed
+            from a bank of ``num_kernels``; state-dict keys ``pos_blocks.<i>.{weight,bias,route.*}``).
+            A config that stores the loose ``peg_kernel_size``... keywords builds through
+            :func:`peg_core.peg.fold_peg_keys`.
         global_pool: ``"avg"`` (mean of the grid tokens, CPVT-GAP, the paper's best,
             the default) or ``"token"`` (class token, DeiT).
         class_token: prepend a class token; ``None`` means "only for
@@ -140,11 +140,7 @@ class CPVT(nn.Module):
         mlp_ratio: float = 4.0,
         pos_enc: str = "peg",
         peg_at: Sequence[int] = (0,),
-        peg_kernel_size: int = 3,
-        peg_separable: bool = False,
-        peg_padding: str = "zeros",
-        peg_dynamic: bool = False,
-        peg_num_kernels: int = 4,
+        peg: PegOptions | Mapping[str, Any] | None = None,
         global_pool: str = "avg",
         class_token: bool | None = None,
         drop_path_rate: float = 0.0,
@@ -168,8 +164,6 @@ class CPVT(nn.Module):
             class_token = global_pool == "token"
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
-        # the suite's one meaning of peg_at (-1: before block 0, i: after block i, "all": every block)
-        peg_at = resolve_peg_at(peg_at, depth) if spec.conditional else ()
         if num_reg_tokens < 0:
             raise ValueError(f"num_reg_tokens must be >= 0; got {num_reg_tokens}")
 
@@ -182,46 +176,30 @@ class CPVT(nn.Module):
         self.num_prefix_tokens = (1 if class_token else 0) + num_reg_tokens
         self.no_embed_class = no_embed_class
         self.pos_enc_kind = pos_enc
-        self.peg_at = peg_at
-        self.peg_options = {
-            "kernel_size": peg_kernel_size,
-            "separable": peg_separable,
-            "padding_mode": peg_padding,
-            "dynamic": peg_dynamic,
-            "num_kernels": peg_num_kernels,
-        }
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+        peg = PegOptions.of(peg)
+        self.peg_options = peg.class_options(2)
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, num_reg_tokens, embed_dim)) if num_reg_tokens else None
-        p = self.num_prefix_tokens
-        table_prefix = 0 if no_embed_class else p  # the table's prefix entries
-        grid = EncodingContext(
-            embed_dim, self.grid_size, interpolation=pos_interpolation, antialias=pos_antialias
-        )
-        # conditional encodings live in pos_blocks; "none" has nothing
-        self.pos_enc = spec.table.build(replace(grid, num_prefix_tokens=table_prefix)) if spec.table else None
-        # ModuleDict keyed by block index: state-dict keys read pos_blocks.<i>.proj.weight
-        # (pos_blocks.-1.* for the PEG before block 0).  PEG2d checks the options.
-        peg = replace(grid, num_prefix_tokens=p, options=self.peg_options)
-        self.pos_blocks = nn.ModuleDict({str(i): spec.conditional.build(peg) for i in peg_at})
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
-        self.rope = None
-        if spec.rotary is not None:
-            rope_kw = dict(rope_options or {})
-            if rope_indexing is not None:
-                rope_kw["indexing"] = rope_indexing
-            rope_kw["temperature"] = rope_temperature
-            head = EncodingContext(embed_dim // num_heads, self.grid_size, num_heads=num_heads, depth=depth,
-                                   options=rope_kw)  # fmt: skip
-            self.rope = spec.rotary.build(head)
-        # an attention bias (alibi-2d, fire): one module for every block (FIRE shares its MLP)
-        self.attn_bias = None
-        if spec.bias is not None:
-            ctx = EncodingContext(embed_dim // num_heads, self.grid_size, num_prefix_tokens=self.num_prefix_tokens,
-                                  num_heads=num_heads, depth=depth)  # fmt: skip
-            self.attn_bias = spec.bias.build(ctx)
+        rope_kw = dict(rope_options or {})
+        if rope_indexing is not None:
+            rope_kw["indexing"] = rope_indexing
+        rope_kw["temperature"] = rope_temperature
+        ctx = EncodingContext(embed_dim, self.grid_size, num_prefix_tokens=self.num_prefix_tokens,
+                              interpolation=pos_interpolation, antialias=pos_antialias, num_heads=num_heads,
+                              depth=depth, peg=peg)  # fmt: skip
+        # the table has no prefix entries with no_embed_class; PEGs (pos_blocks.<i>, pos_blocks.-1 before
+        # block 0) and the rotary table skip the prefix tokens; one attention bias serves every block
+        parts = build_encoding_parts(spec, ctx, peg_at=peg_at, rotary_options=rope_kw,
+                                     table_prefix_tokens=0 if no_embed_class else None)  # fmt: skip
+        self.peg_at = parts.peg_at
+        self.pos_enc = parts.table
+        self.pos_blocks = parts.peg_modules()
+        self.rope = parts.rotary
+        self.attn_bias = parts.bias
         half = self.rope is not None and self.rope.half
         dpr = [drop_path_rate * i / max(1, depth - 1) for i in range(depth)]  # plain floats: meta-device safe
         block = {"qkv_bias": qkv_bias, "norm_eps": norm_eps, "init_values": init_values, "rope_half": half}
@@ -427,6 +405,7 @@ class CPVT(nn.Module):
 
 
 def _cpvt(embed_dim: int, num_heads: int, **kwargs) -> CPVT:
+    kwargs = fold_peg_keys(kwargs)  # a stored config's loose peg_* keywords
     kwargs.setdefault("depth", 12)
     kwargs.setdefault("patch_size", 16)
     return CPVT(embed_dim=embed_dim, num_heads=num_heads, **kwargs)

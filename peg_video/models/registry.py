@@ -6,13 +6,15 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from peg_core.peg import fold_peg_keys
+
 from .vit import VideoTransformer
 from .x3d import X3D_CONFIGS, build_x3d
 
 __all__ = ["VIT_CONFIGS", "VIT_ONLY_OPTIONS", "build_video_model", "list_video_models"]
 
 #: VideoTransformer keywords an X3D (a CNN: no attention, no PEG) cannot honour
-VIT_ONLY_OPTIONS = ("num_heads", "peg_at", "peg_kernel_size", "peg_padding", "peg_dynamic", "peg_num_kernels",
+VIT_ONLY_OPTIONS = ("num_heads", "peg_at", "peg", "peg_kernel_size", "peg_padding", "peg_dynamic", "peg_num_kernels",
                     "pos_interpolation", "pos_temporal_interpolation", "pool_depth", "pool_mlp_ratio")  # fmt: skip
 
 #: name -> (embed_dim, depth, num_heads), the DeiT shapes
@@ -70,7 +72,8 @@ def build_video_model(
               value biases only, VideoMAE), ``norm_eps``, ``in_chans``;
             * attention: ``attention`` (``"joint"`` or ``"divided"``, TimeSformer),
               ``temporal_fc`` (divided: TimeSformer's projection after the temporal attention);
-            * PEG3d: ``peg_at``, ``peg_kernel_size``, ``peg_padding``, ``peg_dynamic``,
+            * PEG3d: ``peg_at``, ``peg`` (:class:`peg_core.peg.PegOptions`), or the loose
+              keywords configs store: ``peg_kernel_size``, ``peg_padding``, ``peg_dynamic``,
               ``peg_num_kernels``, ``peg_zero_init`` (start as the identity, for a PEG3d added
               to a pre-trained model);
             * tables: ``pos_interpolation`` (spatial resize mode of ``"learned"``, and the mode
@@ -103,6 +106,7 @@ def build_video_model(
     if name not in VIT_CONFIGS:
         raise ValueError(f"unknown video model {name!r}; choose from {list_video_models()}")
     embed_dim, depth, num_heads = VIT_CONFIGS[name]
+    options = fold_peg_keys(options)  # a stored config's loose peg_* keywords -> peg=PegOptions(...)
     options.setdefault("embed_dim", embed_dim)
     options.setdefault("depth", depth)
     options.setdefault("num_heads", num_heads)

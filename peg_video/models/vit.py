@@ -46,15 +46,15 @@ token index, :class:`SinusoidTable3d`), ``qkv_bias="qv"`` (query and value biase
 ``attn.qkv.q_bias`` / ``attn.qkv.v_bias``), ``norm_eps``, ``fc_norm_eps`` (a LayerNorm after the
 pooling instead of one over the tokens), ``global_pool="first"`` (the first grid token, VideoMAE
 without mean pooling), ``temporal_fc`` (TimeSformer's extra projection after the temporal
-attention), ``peg_zero_init`` (PEG3ds that start as the identity) and ``global_pool="attentive"``
+attention), ``peg=PegOptions(zero_init=True)`` (PEG3ds that start as the identity) and ``global_pool="attentive"``
 (V-JEPA 2's attentive-pooler head, ``pool_depth`` / ``pool_mlp_ratio``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -64,8 +64,15 @@ from peg_core import check_tokens
 from peg_core.base import PositionEncoding
 from peg_core.encodings import sincos_1d
 from peg_core.models.layers import Attention, Block, init_vit_weights, vit_lr_layer_id
-from peg_core.peg import resolve_peg_at
-from peg_core.registry import Encoding, EncodingContext, EncodingSupport, parse_pos_enc, register_encoding
+from peg_core.peg import PegOptions
+from peg_core.registry import (
+    Encoding,
+    EncodingContext,
+    EncodingSupport,
+    build_encoding_parts,
+    parse_pos_enc,
+    register_encoding,
+)
 from peg_core.resize import is_tracing, resize_pos_embed_3d, resize_pos_embed_traceable
 
 from .pool import AttentivePool
@@ -308,8 +315,8 @@ class DividedBlock(Block):
 
 def _check_options(
     *, attention: str, global_pool: str, qkv_bias: bool | str, temporal_fc: bool,
-    pool_depth: int, pool_mlp_ratio: float, pos_temporal_interpolation: str, peg_dynamic: bool,
-    peg_num_kernels: int | None, embed_dim: int, num_heads: int,
+    pool_depth: int, pool_mlp_ratio: float, pos_temporal_interpolation: str, peg: PegOptions,
+    embed_dim: int, num_heads: int,
 ) -> None:  # fmt: skip
     """:class:`VideoTransformer`'s options that exclude each other: a ``ValueError`` naming them.
 
@@ -332,7 +339,7 @@ def _check_options(
     if global_pool != "attentive" and (pool_depth, pool_mlp_ratio) != (1, 4.0):
         raise ValueError("pool_depth and pool_mlp_ratio size global_pool='attentive'; "
                          f"got global_pool={global_pool!r}")  # fmt: skip
-    if peg_num_kernels is not None and not peg_dynamic:
+    if peg.num_kernels is not None and not peg.dynamic:
         raise ValueError("peg_num_kernels sizes the kernel bank of peg_dynamic=True; got peg_dynamic=False")
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
@@ -365,15 +372,16 @@ class VideoTransformer(nn.Module):
             every block (UniFormer's dynamic position embedding) is
             ``(-1, 0, ..., depth-2)``; checkpoints written when ``"all"`` meant
             that are read as such (:func:`peg_video.model.checkpoint_run`).
-        peg_kernel_size: PEG3d kernel, odd int or ``(kT, kH, kW)``.
-        peg_padding: PEG3d border, ``"zeros"`` (absolute position from the
-            border), ``"circular"`` or ``"replicate"``.
-        peg_dynamic: per-clip PEG3d kernels mixed from a bank of
-            ``peg_num_kernels`` (default 4); not with ``"peg3d-factorized"``.
+        peg: the PEG3d's options as one value (:class:`peg_core.peg.PegOptions`, or a mapping of
+            its fields): ``kernel_size`` (odd int or ``(kT, kH, kW)``), ``padding_mode``
+            (``"zeros"``: absolute position from the border, ``"circular"`` or ``"replicate"``),
+            ``dynamic`` (per-clip kernels mixed from a bank of ``num_kernels``, default 4; not with
+            ``"peg3d-factorized"``), ``zero_init`` (start every PEG3d's last conv at zero, so it is
+            the identity until it trains: a PEG3d added to a pre-trained model).  A stored config's
+            loose ``peg_kernel_size``... keywords build through :func:`peg_core.peg.fold_peg_keys`
+            (:func:`~peg_video.models.build_video_model`).
         attention: ``"joint"`` space-time attention over all tokens (default) or
             ``"divided"`` (temporal then spatial attention per block, TimeSformer).
-        peg_zero_init: start every PEG3d's (last) conv at zero, so it is the identity until it
-            trains (a PEG3d added to a pre-trained model).
         temporal_fc: divided attention only: TimeSformer's extra ``Linear(C, C)`` after the
             temporal attention (:class:`DividedBlock`).
         global_pool: ``"avg"`` (mean of the grid tokens; default: the CPVT-GAP
@@ -417,11 +425,7 @@ class VideoTransformer(nn.Module):
         pos_enc: str = "peg3d",
         rope_layout: str = "pairs",
         peg_at: Sequence[int] | str = (0,),
-        peg_kernel_size: int | Sequence[int] = 3,
-        peg_padding: str = "zeros",
-        peg_dynamic: bool = False,
-        peg_num_kernels: int | None = None,
-        peg_zero_init: bool = False,
+        peg: PegOptions | Mapping[str, Any] | None = None,
         attention: str = "joint",
         temporal_fc: bool = False,
         global_pool: str = "avg",
@@ -435,11 +439,12 @@ class VideoTransformer(nn.Module):
     ) -> None:
         super().__init__()
         spec = parse_pos_enc(pos_enc, VIDEO_ENCODINGS)
+        peg = PegOptions.of(peg)
         _check_options(
             attention=attention, global_pool=global_pool, qkv_bias=qkv_bias,
             temporal_fc=temporal_fc, pool_depth=pool_depth, pool_mlp_ratio=pool_mlp_ratio,
-            pos_temporal_interpolation=pos_temporal_interpolation, peg_dynamic=peg_dynamic,
-            peg_num_kernels=peg_num_kernels, embed_dim=embed_dim, num_heads=num_heads,
+            pos_temporal_interpolation=pos_temporal_interpolation, peg=peg, embed_dim=embed_dim,
+            num_heads=num_heads,
         )  # fmt: skip
         tub = _triple(tubelet)
         hw = (img_size, img_size) if isinstance(img_size, int) else tuple(int(s) for s in img_size)
@@ -456,37 +461,21 @@ class VideoTransformer(nn.Module):
         self.attention = attention
         self.global_pool = global_pool
         self.num_prefix_tokens = p = 1 if global_pool == "token" else 0
-        self.peg_at = resolve_peg_at(peg_at, depth) if spec.conditional else ()
-        # the parts are built in this order (rotary, table, conditional) as they always were: the
-        # parameters are drawn from the RNG in creation order
-        self.rope = None
-        if spec.rotary is not None:
-            head = EncodingContext(embed_dim // num_heads, self.grid_size, num_prefix_tokens=p,
-                                   num_heads=num_heads, depth=depth, options={"layout": rope_layout})  # fmt: skip
-            self.rope = spec.rotary.build(head)
-
         self.patch_embed = TubeletEmbed(tub, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if p else None
-        grid = EncodingContext(embed_dim, self.grid_size, num_prefix_tokens=p, interpolation=pos_interpolation,
-                               temporal_interpolation=pos_temporal_interpolation)  # fmt: skip
-        self.pos_enc = spec.table.build(grid) if spec.table is not None else None
-        peg_options = {
-            "kernel_size": peg_kernel_size,
-            "padding_mode": peg_padding,
-            "dynamic": peg_dynamic,
-            "num_kernels": 4 if peg_num_kernels is None else peg_num_kernels,
-            "zero_init": peg_zero_init,
-        }
-        # Keyed by block index as CPVT's pos_blocks, so "pos_blocks.0" inflates from the 2D "pos_blocks.0".
-        peg = replace(grid, options=peg_options)
-        self.pos_blocks = nn.ModuleDict({str(i): spec.conditional.build(peg) for i in self.peg_at})
-        # one attention bias for every block (FIRE shares its MLP); built here, so the other
-        # encodings draw their parameters in the same order as before
-        self.attn_bias = None
-        if spec.bias is not None:
-            head = EncodingContext(embed_dim // num_heads, self.grid_size, num_prefix_tokens=p,
-                                   num_heads=num_heads, depth=depth)  # fmt: skip
-            self.attn_bias = spec.bias.build(head)
+        ctx = EncodingContext(embed_dim, self.grid_size, num_prefix_tokens=p, interpolation=pos_interpolation,
+                              temporal_interpolation=pos_temporal_interpolation, num_heads=num_heads, depth=depth,
+                              peg=peg)  # fmt: skip
+        # rotary first, as it always was (the parameters are drawn from the RNG in creation order; the
+        # rotary kinds of videos draw nothing); PEG3ds keyed by block index as CPVT's pos_blocks, so
+        # "pos_blocks.0" inflates from the 2D "pos_blocks.0"; one attention bias for every block
+        parts = build_encoding_parts(spec, ctx, peg_at=peg_at, rotary_options={"layout": rope_layout},
+                                     order=("rotary", "table", "conditional", "bias"))  # fmt: skip
+        self.rope = parts.rotary
+        self.pos_enc = parts.table
+        self.peg_at = parts.peg_at
+        self.pos_blocks = parts.peg_modules()
+        self.attn_bias = parts.bias
         self.blocks = self._make_blocks(
             embed_dim, depth, num_heads, mlp_ratio, qkv_bias, norm_eps, drop_path_rate, temporal_fc
         )

@@ -18,6 +18,7 @@ from peg_core.classify.cli import build_train_parser
 from peg_core.classify.model import build_model, load_model, model_config_from_args
 from peg_core.engine import read_checkpoint
 from peg_core.models import CPVT
+from peg_core.peg import PegOptions, fold_peg_keys
 from tests.core.classify_runs import (
     keep_threads,  # noqa: F401 (autouse: restores torch's threads)
     tiny,
@@ -69,14 +70,15 @@ def shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
 )
 def test_options_build_their_pegs(options: dict, expected: dict) -> None:
     torch.manual_seed(0)
-    model = CPVT(**SMALL, class_token=True, **options).eval()
+    # the loose peg_* keywords of stored configs, folded into one PegOptions value
+    model = CPVT(**fold_peg_keys({**SMALL, "class_token": True, **options})).eval()
     assert shapes(model) == expected
     with torch.no_grad():
         assert model(torch.randn(2, 3, 40, 24)).shape == (2, 3)  # 5x3 grid: non-square, odd
 
 
 def test_circular_padding_reaches_the_conv() -> None:
-    model = CPVT(**SMALL, peg_padding="circular", peg_at=(0, 2))
+    model = CPVT(**SMALL, peg=PegOptions(padding_mode="circular"), peg_at=(0, 2))
     assert {m.padding_mode for m in model.pos_blocks.values()} == {"circular"}
     assert {m.proj.padding_mode for m in model.pos_blocks.values()} == {"circular"}
 
@@ -107,9 +109,9 @@ def test_bad_options_are_refused() -> None:
         and not CPVT(**SMALL, pos_enc="none").pos_blocks
     )
     with pytest.raises(ValueError, match="factorized"):
-        CPVT(**SMALL, peg_dynamic=True, peg_separable=True)
+        CPVT(**SMALL, peg=PegOptions(dynamic=True, separable=True))
     with pytest.raises(ValueError, match="padding_mode"):
-        CPVT(**SMALL, peg_padding="mirror")
+        CPVT(**SMALL, peg={"padding_mode": "mirror"})
 
 
 def _config(*flags: str) -> dict:
@@ -181,7 +183,7 @@ def test_train_then_eval_with_dynamic_circular_peg(tmp_path: Path) -> None:
 def test_torch_export_with_dynamic_peg() -> None:
     """The batched grouped conv (groups = B*C) traces with torch.export at a fixed input size."""
     torch.manual_seed(2)
-    model = CPVT(**{**SMALL, "depth": 1}, peg_dynamic=True, peg_at=(-1, 0)).eval()
+    model = CPVT(**{**SMALL, "depth": 1}, peg=PegOptions(dynamic=True), peg_at=(-1, 0)).eval()
     x = torch.randn(2, 3, 32, 24)
     exported = torch.export.export(model, (x,))
     with torch.no_grad():

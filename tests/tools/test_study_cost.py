@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from peg_core import PEG2d
+from peg_core import PEG2d, PegOptions
 from peg_core.models import CPVT
 from tools.study_cost import cpvt_encoding_cost, main
 
@@ -50,9 +50,9 @@ def test_cpvt_share_from_the_model() -> None:
     assert cost["params"] == 16 * 32 and cost["flops"] == 0
     # real tensors: the same encoding figures; the model total may lack the attention products, which
     # FlopCounterMode does not see in CPU's fused SDPA kernel (on meta SDPA runs as counted matmuls)
-    real = CPVT(32, 2, 2, patch_size=8, num_classes=5, peg_dynamic=True).eval()
+    real = CPVT(32, 2, 2, patch_size=8, num_classes=5, peg=PegOptions(dynamic=True)).eval()
     with torch.device("meta"):
-        meta = CPVT(32, 2, 2, patch_size=8, num_classes=5, peg_dynamic=True).eval()
+        meta = CPVT(32, 2, 2, patch_size=8, num_classes=5, peg=PegOptions(dynamic=True)).eval()
     on_cpu, on_meta = cpvt_encoding_cost(real, 24), cpvt_encoding_cost(meta, 24)
     for key in ("params", "model_params", "flops"):
         assert on_cpu[key] == on_meta[key], key

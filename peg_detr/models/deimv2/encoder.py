@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from peg_core.peg import PegOptions
+
 from ..dfine.encoder import SCDown
 from ..rtdetr.encoder import AIFI, ConvNormLayer, RepVggBlock
 
@@ -184,9 +186,9 @@ class DEIMv2HybridEncoder(nn.Module):
         self.pos_enc = pos_enc
         layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, act=act, normalize_before=normalize_before,
                      eps=layer_norm_eps)  # fmt: skip
-        peg_options = dict(kernel_size=peg_kernel_size, separable=peg_separable, padding_mode=peg_padding)
+        peg = PegOptions(kernel_size=peg_kernel_size, separable=peg_separable, padding_mode=peg_padding)
         aifi = dict(num_layers=num_layers, layer_options=layer, pos_enc=pos_enc, temperature=temperature,
-                    peg_at=peg_at, peg_options=peg_options, learned_grid=learned_grid,
+                    peg_at=peg_at, peg=peg, learned_grid=learned_grid,
                     pos_interpolation=pos_interpolation)  # fmt: skip
         self.input_proj = nn.ModuleList()
         if in_channels is not None:

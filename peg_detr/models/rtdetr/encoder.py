@@ -49,8 +49,8 @@ from torch import Tensor, nn
 
 from peg_core import PositionEncoding, check_tokens, sincos_2d
 from peg_core.bias import AttentionBias
-from peg_core.peg import resolve_peg_at
-from peg_core.registry import EncodingContext, EncodingSupport, parse_pos_enc
+from peg_core.peg import PegOptions, fold_peg_keys
+from peg_core.registry import EncodingContext, EncodingSupport, build_encoding_parts, parse_pos_enc
 from peg_core.rope import RotaryEmbedding, apply_rope
 
 __all__ = [
@@ -321,41 +321,31 @@ class AIFI(nn.Module):
         pos_enc: str = "sincos",
         temperature: float = 10000.0,
         peg_at: Sequence[int] | str = (-1,),
-        peg_options: dict | None = None,
+        peg: PegOptions | None = None,
         learned_grid: tuple[int, int] = (20, 20),
         pos_interpolation: str = "bicubic",
     ) -> None:
         super().__init__()
         spec = parse_pos_enc(pos_enc, AIFI_ENCODINGS)
-        ctx = EncodingContext(dim, tuple(learned_grid), apply_to="qk", interpolation=pos_interpolation)
-        self.rope: RotaryEmbedding | None = None
-        if spec.rotary is not None:
-            self.rope = spec.rotary.build(
-                replace(ctx, dim=dim // num_heads, num_heads=num_heads, depth=num_layers)
-            )
+        # the PEG always starts at zero: a peg encoder computes what the none encoder computes until it trains
+        peg = replace(PegOptions.of(peg), zero_init=True)
+        ctx = EncodingContext(dim, tuple(learned_grid), apply_to="qk", interpolation=pos_interpolation,
+                              num_heads=num_heads, depth=num_layers, peg=peg)  # fmt: skip
+        # the rotary part first (the layers rotate in its pair layout), then the layers, then the rest:
+        # the order the parameters were always drawn from the RNG in
+        self.rope: RotaryEmbedding | None = build_encoding_parts(spec, ctx, order=("rotary",)).rotary
         half = self.rope is not None and self.rope.half
         options = {**(layer_options or {}), "rope_half": half}
         self.layers = nn.ModuleList(AIFILayer(dim, num_heads, **options) for _ in range(num_layers))
-        self.pos: PositionEncoding | None = None
-        if spec.table is not None and spec.table.name == "sincos":
-            self.pos = RTDetrSinCos2d(
-                dim, temperature
-            )  # RT-DETR's layout of the table (HF parity), not MAE's
-        elif spec.table is not None:
-            self.pos = spec.table.build(ctx)
-        pegs = {}
-        if spec.conditional is not None:
-            options = {"kernel_size": 3, **(peg_options or {}), "zero_init": True}
-            peg = replace(ctx, options=options)
-            pegs = {str(i): spec.conditional.build(peg) for i in resolve_peg_at(peg_at, num_layers)}
+        # sincos is RT-DETR's layout of the table (HF parity), not MAE's
+        own = {"sincos": lambda c: RTDetrSinCos2d(c.dim, temperature)}
+        parts = build_encoding_parts(
+            spec, ctx, peg_at=peg_at, own=own, order=("table", "conditional", "bias")
+        )
+        self.pos: PositionEncoding | None = parts.table
         # An empty ModuleDict has no keys, so the non-PEG encoders keep HF's exact state dict.
-        self.pegs = nn.ModuleDict(pegs)
-        # built last: the other encoders draw their parameters in the same order as before
-        self.attn_bias: AttentionBias | None = None
-        if spec.bias is not None:
-            self.attn_bias = spec.bias.build(
-                replace(ctx, dim=dim // num_heads, num_heads=num_heads, depth=num_layers)
-            )
+        self.pegs = parts.peg_modules()
+        self.attn_bias: AttentionBias | None = parts.bias
 
     def _rope_table(self, size: tuple[int, int]) -> tuple[Tensor, Tensor] | None:
         return None if self.rope is None else self.rope(size)
@@ -419,13 +409,10 @@ class HybridEncoderBase(nn.Module):
             nn.Sequential(nn.Conv2d(c, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim))
             for c in in_channels
         )
-        peg_options = dict(kernel_size=hparams["peg_kernel_size"], separable=hparams["peg_separable"],
-                           padding_mode=hparams["peg_padding"], dynamic=hparams["peg_dynamic"],
-                           num_kernels=hparams["peg_num_kernels"])  # fmt: skip
         layer = dict(dim_feedforward=hparams["dim_feedforward"], dropout=hparams["dropout"], act=hparams["act"],
                      normalize_before=hparams["normalize_before"], eps=hparams["layer_norm_eps"])  # fmt: skip
         aifi = dict(num_layers=hparams["num_layers"], layer_options=layer, pos_enc=self.pos_enc,
-                    temperature=hparams["temperature"], peg_at=hparams["peg_at"], peg_options=peg_options,
+                    temperature=hparams["temperature"], peg_at=hparams["peg_at"], peg=fold_peg_keys(hparams)["peg"],
                     learned_grid=hparams["learned_grid"], pos_interpolation=hparams["pos_interpolation"])  # fmt: skip
         self.aifi = nn.ModuleList(
             AIFI(hidden_dim, hparams["num_heads"], **aifi) for _ in self.use_encoder_idx
