@@ -142,24 +142,6 @@ def test_deimv2_from_hf_matches_transformers(kind: str, tmp_path: Path) -> None:
         assert _max([out_hf.pred_boxes], [out["pred_boxes"]]) <= TOL, f"boxes at {size}"
 
 
-def test_peg_starts_as_none(tmp_path: Path) -> None:
-    """``pos_enc="peg"``: the same weights plus a zero PEG (reported), computing what ``none`` computes."""
-    torch.manual_seed(0)
-    hf = transformers.Deimv2ForObjectDetection(_config("n")).eval()
-    _randomise(hf, 3)
-    hf.save_pretrained(tmp_path)
-    peg, report = deimv2_from_hf(tmp_path, pos_enc="peg")
-    none, _ = deimv2_from_hf(tmp_path, pos_enc="none")
-    assert report.converted and all(".pegs." in k for k in report.converted)
-    assert all(not peg.state_dict()[k].any() for k in report.converted)
-    for h, w in [(64, 96), (96, 64), (128, 128)]:  # the PEG adds exact zeros; op order rounds (1e-6)
-        x = torch.randn(1, 3, h, w, generator=torch.Generator().manual_seed(h + w))
-        with torch.no_grad():
-            a, b = peg(x), none(x)
-        torch.testing.assert_close(a["pred_logits"], b["pred_logits"], atol=1e-5, rtol=0)
-        torch.testing.assert_close(a["pred_boxes"], b["pred_boxes"], atol=1e-5, rtol=0)
-
-
 @pytest.mark.parametrize(
     ("field", "value", "named"),
     [

@@ -2,12 +2,11 @@
 
 Tiny models (hidden 32, 2 decoder layers, 20 queries): the DINOv3 + STA + hybrid encoder variant,
 HGNetv2 + lite encoder (atto / femto / pico layout: shared box head, no gateway) and HGNetv2 +
-2-level hybrid encoder (N).  transformers parity is ``test_deimv2_hf.py``'s.
+2-level hybrid encoder (N).  transformers parity is ``test_deimv2_hf.py``'s; the PEG starting as
+``none``, the config rebuilding the model and the export with a dynamic batch and size: ``test_archs.py``.
 """
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
@@ -121,28 +120,6 @@ def test_lite_variant_shares_one_box_head_and_runs_at_other_sizes() -> None:
             assert model(torch.randn(1, 3, h, w))["pred_boxes"].shape == (1, 20, 4)
 
 
-def test_peg_equals_none_at_initialisation() -> None:
-    """A zero PEG in AIFI: the same model as ``none`` until it trains."""
-    none, _, _ = _dinov3(pos_enc="none")
-    peg, _, _ = _dinov3(pos_enc="peg")
-    missing, unexpected = peg.load_state_dict(none.state_dict(), strict=False)
-    assert missing and all(".pegs." in k for k in missing) and not unexpected
-    none.eval(), peg.eval()
-    with torch.no_grad():
-        for h, w in [(64, 96), (96, 96), (112, 80)]:
-            x = torch.randn(1, 3, h, w)
-            torch.testing.assert_close(peg(x)["pred_logits"], none(x)["pred_logits"], atol=1e-5, rtol=0)
-
-
-def test_build_config_rebuilds_the_model() -> None:
-    model, _, _ = _dinov3(pos_enc="peg")
-    config = json.loads(json.dumps(model.build_config))  # json-safe
-    assert config == model.build_config
-    again, _, _ = build_deimv2(**config)
-    shapes = {k: v.shape for k, v in model.state_dict().items()}
-    assert {k: v.shape for k, v in again.state_dict().items()} == shapes
-
-
 def test_published_sizes_and_refusals() -> None:
     assert {"atto", "femto", "pico", "n", "s", "m", "l"} <= set(DEIMV2_SIZES)
     model, _, _ = build_deimv2(**{**DEIMV2_SIZES["s"], "num_denoising": 0})
@@ -157,34 +134,6 @@ def test_published_sizes_and_refusals() -> None:
     small, _, _ = _dinov3()
     with pytest.raises(InputError, match="too small"):
         small.eval()(torch.randn(1, 3, 16, 16))
-
-
-def test_dinov3_variant_exports_with_dynamic_batch_height_and_width() -> None:
-    """``torch.export`` with free batch / height / width: the rotary table, the padding to the patch and
-    the STA sizes stay symbolic (no size guard), and the program equals eager at other sizes."""
-    model, _, _ = _dinov3()
-    model.eval()
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self, inner: DEIMv2) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            out = self.inner(x)
-            return out["pred_logits"], out["pred_boxes"]
-
-    wrapper = Wrapper(model).eval()
-    dim = torch.export.Dim
-    dynamic = (
-        {0: dim("batch", min=1, max=64), 2: dim("h", min=64, max=2048), 3: dim("w", min=64, max=2048)},
-    )
-    program = torch.export.export(wrapper, (torch.randn(2, 3, 96, 128),), dynamic_shapes=dynamic).module()
-    with torch.no_grad():
-        for h, w in [(128, 96), (100, 140)]:  # another shape; sides that are not multiples of 16
-            x = torch.randn(3, 3, h, w)
-            for got, want in zip(program(x), wrapper(x)):
-                torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
 #: DEIMv2's published parameter counts (README, millions)

@@ -10,8 +10,8 @@ final outputs are not comparable; every case compares the encoder's output maps 
 head's logits on every cell before the top-K, and the final logits and boxes on the first of a
 few random inputs without a near tie (required for the main model at both sizes).
 Variants: two levels (D-FINE N's layout), an encoder wider than the decoder (D-FINE X's
-projection), trainable backbone norms.  ``pos_enc="peg"`` equals ``"none"`` before training and runs
-at three other sizes; the export back loads with ``from_pretrained`` and computes the same.
+projection), trainable backbone norms.  The export back loads with ``from_pretrained`` and computes
+the same.  (A built model's export, and ``pos_enc="peg"`` equal to ``"none"`` as read: ``test_archs.py``.)
 """
 
 from __future__ import annotations
@@ -146,24 +146,6 @@ def test_variants(tmp_path, levels, overrides):
     assert diffs is None or max(diffs) <= TOL, diffs
 
 
-def test_peg_equals_none_and_runs_at_other_sizes(folder):
-    path, _ = folder
-    peg, report = from_hf(path, pos_enc="peg")
-    none, _ = from_hf(path, pos_enc="none")
-    assert report.converted and all("PEG starts at zero" in why for why in report.converted.values())
-    assert all(".pegs." in key for key in report.converted)
-    x = torch.randn(1, 3, 128, 128)
-    with torch.no_grad():
-        a, b = peg(x), none(x)
-    # a zero PEG adds exact zeros; only the token layout it returns may change float rounding (~1e-8)
-    assert (a["pred_logits"] - b["pred_logits"]).abs().max() <= 1e-5
-    assert (a["pred_boxes"] - b["pred_boxes"]).abs().max() <= 1e-5
-    for size in [(64, 64), (100, 70), (160, 224)]:
-        with torch.no_grad():
-            out = peg(torch.randn(1, 3, *size))
-        assert out["pred_logits"].shape == (1, 20, 5) and torch.isfinite(out["pred_boxes"]).all()
-
-
 def test_export_back(folder, tmp_path):
     path, _ = folder
     model, _ = from_hf(path)
@@ -190,26 +172,3 @@ def test_config_errors_name_the_field(folder, tmp_path):
         (bad / "model.safetensors").symlink_to(path / "model.safetensors")
         with pytest.raises(WeightsError, match=field):
             from_hf(bad)
-
-
-def test_export_of_a_built_model(tmp_path):
-    """``build_dfine`` with an HGNetv2 preset is written from its modules' settings (no folder config)."""
-    from peg_detr.models.dfine import build_dfine
-
-    torch.manual_seed(0)
-    model, _, _ = build_dfine(
-        "hgnetv2_b0", num_classes=4, hidden_dim=64, num_heads=4, dec_layers=2, dim_feedforward=64,
-        num_queries=20, max_num_bins=8, encoder_expansion=0.5, depth_mult=0.34,
-    )  # fmt: skip
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if any(k in name for k in ("bbox_embed", "bbox_head", "reg_conf", "gateway")):
-                p.normal_(0, 0.1)
-    model.eval()
-    export_hf_dfine(model, tmp_path)
-    back = transformers.DFineForObjectDetection.from_pretrained(tmp_path).eval()
-    x = torch.randn(1, 3, 128, 160)
-    with torch.no_grad():
-        a, b = back(pixel_values=x), model(x)
-    assert (a.logits - b["pred_logits"]).abs().max() <= TOL
-    assert (a.pred_boxes - b["pred_boxes"]).abs().max() <= TOL
