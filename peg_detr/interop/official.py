@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from peg_core import PEG2d
-from peg_core.engine.distributed import is_main_process
+from peg_core.dist import is_main_process
 from peg_core.interop.io import LoadReport, WeightsError, read_state_file, strip_prefixes, unwrap_state_dict
 
 from .hf_detr import hf_to_official, is_hf_source, looks_like_hf, read_hf_state

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: everything ``import peg_core`` may load of the project: the contract, PEGs, encodings, resizing
@@ -64,3 +66,22 @@ def test_interop_loads_neither_the_engine_nor_optional_packages():
         "torchvision",
     ):
         assert name not in loaded, name
+
+
+#: what a model package must not load: the command line, the trainer and the CLI's dependencies
+CLI_MODULES = ("peg_core.engine", "argparse", "tqdm")
+
+
+@pytest.mark.parametrize("package", ["peg_detr.models", "peg_video.models"])
+def test_model_packages_load_no_command_line(package):
+    """Models and losses are a library: building one loads no ``peg_core.engine`` (its CLI, trainer), argparse or tqdm.
+
+    ``import torch`` itself loads argparse and tqdm on some versions (``torch.hub``), so the check is
+    against what a bare ``import torch`` loads in the same kind of fresh process.
+    """
+    torch_only = set(_loaded("import torch"))
+    added = set(_loaded(f"import {package}")) - torch_only
+    assert package in added or package.split(".")[0] in added
+    leaked = sorted(m for m in added if any(m == n or m.startswith(n + ".") for n in CLI_MODULES))
+    assert leaked == [], f"import {package} loads {leaked}"
+    assert "peg_core.dist" in added or package == "peg_video.models"  # the losses reduce through it

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import box_convert, sigmoid_focal_loss
 
-from peg_core.engine.distributed import get_world_size, reduce_sum
+from peg_core.dist import get_world_size, reduce_sum
 
 from ..common import check_targets, device_indices
 from ..matcher import HungarianMatcher
