@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,14 @@ def read_official_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Tensor]
     return state, args if isinstance(args, dict) else None
 
 
+def _note(line: str) -> None:
+    """A fact about the load the caller should see (also in the returned report): a warning, not a print.
+
+    Library code writes nothing to stdout; Python shows each warning once per place, on stderr.
+    """
+    warnings.warn(line, UserWarning, stacklevel=3)
+
+
 def _keys(keys: list[str]) -> str:
     return f"{keys[:5]}{f' and {len(keys) - 5} more' if len(keys) > 5 else ''}"
 
@@ -107,10 +116,8 @@ def load_official_checkpoint(
         state, args = read_hf_state(path)
         state = hf_to_official(state)
         if args and args.get("auxiliary_loss") and is_main_process():
-            print(
-                f"{path}: config.json has auxiliary_loss=true; transformers then layer-norms the decoder input "
-                "between layers and DETR (peg_detr) does not, so outputs differ from that configuration's"
-            )
+            _note(f"{path}: config.json has auxiliary_loss=true; transformers then layer-norms the decoder input "
+                  "between layers and DETR (peg_detr) does not, so outputs differ from that configuration's")  # fmt: skip
     else:
         state, args = read_official_checkpoint(path)
         if looks_like_hf(state):  # a Hugging Face state dict saved under another file name
@@ -137,10 +144,8 @@ def load_official_checkpoint(
         report.skipped.update(dict.fromkeys(dropped, why))
         state = {k: v for k, v in state.items() if not k.startswith("class_embed.")}
         if is_main_process():
-            print(
-                f"{path}: checkpoint has {file_classes} classes, the model {model_classes}: "
-                f"dropping {dropped} (fresh initialisation)"
-            )
+            _note(f"{path}: checkpoint has {file_classes} classes, the model {model_classes}: "
+                  f"dropping {dropped} (fresh initialisation)")  # fmt: skip
     # BatchNorm bookkeeping has no meaning for frozen/eval BN and is absent from FrozenBatchNorm2d.
     state = {k: v for k, v in state.items() if k in own or not k.endswith("num_batches_tracked")}
 
@@ -170,5 +175,5 @@ def load_official_checkpoint(
                 params[k].zero_()
         report.converted.update(dict.fromkeys(peg_zero_init, "zeros: no PEG weights in the file"))
         if is_main_process():
-            print(f"{path}: no PEG weights in the file; {peg_zero_init} start at zero")
+            _note(f"{path}: no PEG weights in the file; {peg_zero_init} start at zero")
     return report

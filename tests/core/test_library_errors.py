@@ -44,6 +44,16 @@ def names_user_error(path: Path) -> bool:
     return False
 
 
+def calls_print(path: Path) -> list[int]:
+    """The lines of ``path`` that call ``print`` (library code warns or returns a report instead)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+    ]
+
+
 def test_library_modules_never_name_the_command_lines_error():
     assert len(LIBRARY) > 20
     assert [str(p.relative_to(PEG_CORE)) for p in LIBRARY if names_user_error(p)] == []

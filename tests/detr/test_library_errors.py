@@ -20,7 +20,7 @@ from peg_detr.data import (
     infer_num_classes,
     load_coco_annotations,
 )
-from tests.core.test_library_errors import names_user_error
+from tests.core.test_library_errors import calls_print, names_user_error
 
 PEG_DETR = Path(__file__).resolve().parents[2] / "peg_detr"
 #: peg_detr's library (the application: cli, task, model, configs, predict, export, demo, ...)
@@ -32,6 +32,15 @@ LIBRARY = [
     PEG_DETR / "labels.py",
     PEG_DETR / "structures.py",
 ]
+
+
+def test_library_modules_print_nothing():
+    """Library code warns or returns a report; the command line decides what to print.
+
+    ``evaluation.py`` prints COCO's summary table only when asked (``verbose=True``).
+    """
+    quiet = [p for p in LIBRARY if p.name != "evaluation.py"]
+    assert {str(p.relative_to(PEG_DETR)): calls_print(p) for p in quiet if calls_print(p)} == {}
 
 
 def test_library_modules_never_name_the_command_lines_error():

@@ -115,12 +115,15 @@ def test_peg_from_official_equals_none(tmp_path, key_pos, capsys):
     path = official_file(tmp_path, small("sine"))
     peg = small("peg", decoder_key_pos=key_pos, peg_at=(0, 1))
     none = small("none", decoder_key_pos=key_pos)
-    report = load_official_checkpoint(peg, path)
+    with pytest.warns(
+        UserWarning, match="no PEG weights in the file"
+    ):  # a warning: library code prints nothing
+        report = load_official_checkpoint(peg, path)
     load_official_checkpoint(none, path)
     assert list(report.converted) == [
         f"transformer.encoder.pegs.{i}.proj.{p}" for i in (0, 1) for p in ("bias", "weight")
     ]
-    assert "PEG" in capsys.readouterr().out
+    assert capsys.readouterr().out == ""
     assert all(p.abs().sum() == 0 for p in peg.transformer.encoder.pegs.parameters())
     x = [torch.randn(3, 64, 96), torch.randn(3, 96, 64)]
     with torch.no_grad():
@@ -140,9 +143,10 @@ def test_num_classes_change_drops_class_embed(tmp_path, capsys):
     path = official_file(tmp_path, src)
     dst = small("peg", num_classes=3)
     fresh = dst.class_embed.weight.detach().clone()
-    report = load_official_checkpoint(dst, path, num_classes=3)
+    with pytest.warns(UserWarning, match="5 classes"):
+        report = load_official_checkpoint(dst, path, num_classes=3)
     assert sorted(report.skipped) == report.missing == ["class_embed.bias", "class_embed.weight"]
-    assert "5 classes" in capsys.readouterr().out
+    assert capsys.readouterr().out == ""
     torch.testing.assert_close(dst.class_embed.weight, fresh, rtol=0, atol=0)
     torch.testing.assert_close(dst.query_embed.weight, src.query_embed.weight, rtol=0, atol=0)
     with pytest.raises(WeightsError, match="num_classes=4"):
