@@ -17,7 +17,8 @@ shape, a bounded set of buckets, with a recompile limit above the number of shap
   :data:`DETR_BUCKET` pixels (the padding is masked, as the collate's is), so that the padded
   shapes of a short-side multi-scale epoch fall in a few buckets rather than one per batch.
 
-Each region's graphs go through one counting backend (inductor's ``compile_fx``), which gives
+Random ops (dropout) draw from eager's generator (inductor's ``fallback_random``), so a compiled run
+draws the numbers the eager run draws.  Each region's graphs go through one counting backend (inductor's ``compile_fx``), which gives
 the number of graphs (the first and the recompiles) and the seconds spent compiling them.  The
 speed-up is measured in the run itself: the first :data:`EAGER_STEPS` training steps at a shape run
 eagerly (timed; the first of a process pays one-off costs, hence the fastest is kept), the next one
@@ -131,6 +132,12 @@ class CompiledModel:
     """
 
     def __init__(self, model: nn.Module, recompile_limit: int = RECOMPILE_LIMIT) -> None:
+        # Random ops (dropout) through eager's generator: inductor's own draws other numbers and leaves the
+        # global generator elsewhere (RT-DETR's denoising queries draw from it next), so a compiled run
+        # would not be the eager run.  Process-wide, like --compile itself.
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fallback_random = True
         self.regions = compile_regions(model)
         self.bucket = DETR_BUCKET if _is_detr(getattr(model, "model", model)) else None
         self.graphs: list[dict[str, Any]] = []  # one per graph: region, training, seconds
@@ -238,8 +245,9 @@ class CompiledModel:
     def line(self) -> str:
         """The one console line: ``--compile: 3 graphs (2 recompiles) compiled in 61.2 s; ...``."""
         r = self.report()
+        shapes = f", {r['shapes']} training shapes" if r["shapes"] else ""
         text = (
-            f"--compile: {r['graphs']} graphs ({r['recompiles']} recompiles, {r['shapes']} training shapes) "
+            f"--compile: {r['graphs']} graphs ({r['recompiles']} recompiles{shapes}) "
             f"compiled in {r['compile_seconds']:.1f} s"
         )
         if "speedup" in r:
