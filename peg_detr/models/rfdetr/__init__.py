@@ -7,8 +7,11 @@ selection per Group DETR group, the deformable decoder with RT-DETR's layers, th
 ``model`` (the detector and its output dict).  transformers' ``RfDetrForObjectDetection`` keys
 and ``RfDetrConfig`` are read by :mod:`peg_detr.interop.hf_rfdetr`.
 
-Not here yet (issue 40's later steps): the criterion with per-group matching, recipes, the
-``--arch`` entry, export-hf, ONNX.
+``criterion`` (Group DETR matching per group, IA-BCE + L1 + GIoU on every layer and the encoder
+proposals, equal to transformers' ``LwDetrForObjectDetectionLoss``) and ``build``
+(:func:`rfdetr_training_parts`: criterion and post-processor of a built model).
+
+Not here yet (issue 40's later steps): recipes, the ``--arch`` entry, export-hf, ONNX.
 
 Published sizes (facts for the recipes; COCO val2017 AP as the authors report it, T4 TensorRT FP16).
 Sources: the roboflow/rf-detr README (its detection table at commit 021f7136 for N / S / M; the
@@ -39,6 +42,14 @@ from .backbone import (
     normalize_pos_enc,
     to_windows,
 )
+from .build import rfdetr_training_parts
+from .criterion import (
+    RFDETRCriterion,
+    build_rfdetr_weight_dict,
+    group_detr_matches,
+    group_num_boxes,
+    iou_aware_bce_loss,
+)
 from .decoder import RFDETRDecoder, RFDETRDecoderLayer, box_sine_embedding, cell_proposals, refine_boxes
 from .model import RFDETR
 
@@ -46,15 +57,21 @@ __all__ = [
     "RFDETR",
     "RFDETR_VIT_ENCODINGS",
     "C2fLayer",
+    "RFDETRCriterion",
     "RFDETRDecoder",
     "RFDETRDecoderLayer",
     "ScaleProjector",
     "WindowedViTBackbone",
     "box_sine_embedding",
+    "build_rfdetr_weight_dict",
     "build_windowed_vit",
     "cell_proposals",
     "from_windows",
+    "group_detr_matches",
+    "group_num_boxes",
+    "iou_aware_bce_loss",
     "normalize_pos_enc",
     "refine_boxes",
+    "rfdetr_training_parts",
     "to_windows",
 ]
