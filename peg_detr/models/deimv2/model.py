@@ -6,10 +6,6 @@ contract), so D-FINE's criterion applies unchanged.
 
 from __future__ import annotations
 
-from typing import Any
-
-from peg_core.errors import InputError
-
 from ..dfine.model import DFINE
 
 __all__ = ["DEIMv2"]
@@ -29,21 +25,12 @@ class DEIMv2(DFINE):
     ``enc_meta``, ``dn_outputs``, ``dn_pre_outputs``, ``dn_meta``), so D-FINE's criterion applies.
     """
 
+    family = "DEIMv2"
+
     @property
     def feature_strides(self) -> list[int]:
         """Strides of the decoder's maps: the backbone's, plus 32 after a lite encoder's stride-16 map."""
-        strides = list(getattr(self.backbone, "out_strides", None) or self.backbone.strides)
+        strides = super().feature_strides
         while len(strides) < self.decoder.num_levels:  # the lite encoder adds a stride-2 level
             strides.append(strides[-1] * 2)
         return strides[-self.decoder.num_levels :]
-
-    def check_input_size(self, height: int, width: int, where: Any = None) -> None:
-        """An :class:`~peg_core.errors.InputError` when a ``height`` x ``width`` input has fewer cells than queries."""
-        cells = self.encoder_cells(height, width)
-        if cells < self.num_queries:
-            side = self.min_input_side()
-            raise InputError(
-                f"input too small for DEIMv2's {self.num_queries} queries, chosen among the encoder's "
-                f"cells ({height} x {width} px gives {cells} cells; at least {side} x {side} px needed)",
-                f"{height} x {width} px" if where is None else where,
-            )

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from peg_core.errors import InputError
-from peg_core.resize import is_tracing
-
-from ...structures import ImageBatch
-from ..common import to_image_batch
-from ..rtdetr.model import RTDETR
+from ..rtdetr.denoising import DenoisingGroup
+from ..rtdetr.model import RTDETR, full_precision
 
 __all__ = ["DFINE"]
-
-
-def _full_precision(x: Tensor) -> Tensor:
-    """float16/bfloat16 -> float32 (the losses, matcher and post-processor run in float32)."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def _layer_dicts(
@@ -58,37 +47,13 @@ class DFINE(RTDETR):
     ``targets``: list of ``{"labels": (N,) int64, "boxes": (N, 4) normalised cxcywh}``.
     """
 
-    @property
-    def feature_strides(self) -> list[int]:
-        """Strides of the backbone maps (HGNetv2 ``strides``, ResNet-vd ``out_strides``): 8, 16, 32 (N: 16, 32)."""
-        strides = getattr(self.backbone, "out_strides", None) or self.backbone.strides
-        return list(strides)
+    family = "D-FINE"
 
-    def check_input_size(self, height: int, width: int, where: Any = None) -> None:
-        """An :class:`~peg_core.errors.InputError` when a ``height`` x ``width`` input has fewer cells than queries."""
-        cells = self.encoder_cells(height, width)
-        if cells < self.num_queries:
-            side = self.min_input_side()
-            raise InputError(
-                f"input too small for D-FINE's {self.num_queries} queries, chosen among the encoder's "
-                f"cells ({height} x {width} px gives {cells} cells; at least {side} x {side} px needed)",
-                f"{height} x {width} px" if where is None else where,
-            )
-
-    def forward(
-        self, samples: ImageBatch | Tensor | Sequence[Tensor], targets: list[dict[str, Any]] | None = None
-    ) -> dict[str, Any]:
-        images = to_image_batch(samples).tensors
-        size = images.shape[-2:]
-        # Eager only: an exported graph keeps the size symbolic (no Python branch on it).
-        if not (is_tracing(size) or torch.compiler.is_exporting() or torch.jit.is_tracing()):
-            self.check_input_size(int(size[0]), int(size[1]))
-        feats = self.encoder(self.backbone(images))
-        dn = self.denoising_group(targets)
-        dec = self.decoder(feats, dn)
-        logits, boxes = _full_precision(dec.logits), _full_precision(dec.boxes)
-        corners, refs = _full_precision(dec.corners), _full_precision(dec.refs)
-        pre_logits, pre_boxes = _full_precision(dec.pre_logits), _full_precision(dec.pre_boxes)
+    def outputs(self, dec: Any, dn: DenoisingGroup | None) -> dict[str, Any]:
+        """RT-DETR's hook (:meth:`RTDETR.outputs`) with D-FINE's outputs: corners, refs, pre-outputs, GO-LSD teachers."""
+        logits, boxes = full_precision(dec.logits), full_precision(dec.boxes)
+        corners, refs = full_precision(dec.corners), full_precision(dec.refs)
+        pre_logits, pre_boxes = full_precision(dec.pre_logits), full_precision(dec.pre_boxes)
         out: dict[str, Any] = {}
         if dn is not None:
             n = dn.queries.shape[1]
@@ -118,7 +83,7 @@ class DFINE(RTDETR):
             teacher = (out["pred_corners"], out["pred_logits"])  # GO-LSD: the last layer teaches the others
             out["aux_outputs"] = _layer_dicts(logits[:-1], boxes[:-1], corners[:-1], refs[:-1], teacher)
             out["pre_outputs"] = {"pred_logits": pre_logits, "pred_boxes": pre_boxes}
-            enc_logits, enc_boxes = _full_precision(dec.enc_logits), _full_precision(dec.enc_boxes)
+            enc_logits, enc_boxes = full_precision(dec.enc_logits), full_precision(dec.enc_boxes)
             out["enc_aux_outputs"] = [{"pred_logits": enc_logits, "pred_boxes": enc_boxes}]
             out["enc_meta"] = {"class_agnostic": False}
         return out

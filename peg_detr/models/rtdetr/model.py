@@ -18,10 +18,10 @@ from ..common import to_image_batch
 from .decoder import RTDETRDecoder
 from .denoising import DenoisingGroup, contrastive_denoising_group
 
-__all__ = ["RTDETR"]
+__all__ = ["RTDETR", "full_precision"]
 
 
-def _full_precision(x: Tensor) -> Tensor:
+def full_precision(x: Tensor) -> Tensor:
     """float16/bfloat16 -> float32 (the losses, matcher and post-processor run in float32)."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
@@ -55,6 +55,9 @@ class RTDETR(nn.Module):
     the reference implementations have no smaller selection either (lyuwenyu/RT-DETR and
     transformers' ``RTDetrModel`` call ``topk(num_queries)`` on the cells, which fails there).
     """
+
+    #: the family's name in messages (a subclass names itself)
+    family: str = "RT-DETR"
 
     def __init__(
         self,
@@ -105,8 +108,12 @@ class RTDETR(nn.Module):
 
     @property
     def feature_strides(self) -> list[int]:
-        """Strides of the backbone maps the encoder and the query selection work on (RT-DETR: 8, 16, 32)."""
-        return list(self.backbone.out_strides)
+        """Strides of the backbone maps the encoder and the query selection work on (RT-DETR: 8, 16, 32).
+
+        A backbone names them ``out_strides`` (ResNet-vd) or ``strides`` (HGNetv2).
+        """
+        strides = getattr(self.backbone, "out_strides", None) or self.backbone.strides
+        return list(strides)
 
     def encoder_cells(self, height: int, width: int) -> int:
         """Cells of the encoder's maps for a ``height`` x ``width`` px input: the queries' candidates.
@@ -132,7 +139,7 @@ class RTDETR(nn.Module):
         if cells < self.num_queries:
             side = self.min_input_side()
             raise InputError(
-                f"input too small for RT-DETR's {self.num_queries} queries, chosen among the encoder's "
+                f"input too small for {self.family}'s {self.num_queries} queries, chosen among the encoder's "
                 f"cells ({height} x {width} px gives {cells} cells; at least {side} x {side} px needed)",
                 f"{height} x {width} px" if where is None else where,
             )
@@ -154,6 +161,7 @@ class RTDETR(nn.Module):
     def forward(
         self, samples: ImageBatch | Tensor | Sequence[Tensor], targets: list[dict[str, Any]] | None = None
     ) -> dict[str, Any]:
+        """Checks the input size, runs backbone, encoder and decoder; :meth:`outputs` reads the decoder's result."""
         images = to_image_batch(samples).tensors
         size = images.shape[-2:]
         # Eager only: an exported graph keeps the size symbolic (no Python branch on it).
@@ -161,8 +169,16 @@ class RTDETR(nn.Module):
             self.check_input_size(int(size[0]), int(size[1]))
         feats = self.encoder(self.backbone(images))
         dn = self.denoising_group(targets)
-        dec = self.decoder(feats, dn)
-        logits, boxes = _full_precision(dec.logits), _full_precision(dec.boxes)
+        return self.outputs(self.decoder(feats, dn), dn)
+
+    def outputs(self, dec: Any, dn: DenoisingGroup | None) -> dict[str, Any]:
+        """The hook a family overrides: its decoder's result -> the output dict (class docstring), float32.
+
+        ``dec`` holds ``logits`` ``(L, B, N, C)``, ``boxes`` ``(L, B, N, 4)`` per decoder layer and
+        ``enc_logits`` / ``enc_boxes`` of the encoder's proposals; the first ``dn.queries.shape[1]``
+        of the ``N`` queries are the denoising ones when ``dn`` is given.
+        """
+        logits, boxes = full_precision(dec.logits), full_precision(dec.boxes)
         out: dict[str, Any] = {}
         if dn is not None:
             n_dn = dn.queries.shape[1]
@@ -173,6 +189,6 @@ class RTDETR(nn.Module):
         if self.training and self.aux_loss:
             out["aux_outputs"] = _heads(logits[:-1], boxes[:-1])
             out["enc_aux_outputs"] = _heads(
-                _full_precision(dec.enc_logits)[None], _full_precision(dec.enc_boxes)[None]
+                full_precision(dec.enc_logits)[None], full_precision(dec.enc_boxes)[None]
             )
         return out
