@@ -247,6 +247,34 @@ def test_group_normaliser_is_boxes_times_groups() -> None:
     assert float(group_num_boxes(targets, 4, torch.device("cpu"), torch.tensor(2.5))) == 10.0
 
 
+def test_micro_batches_with_the_engines_share_sum_to_the_large_batch() -> None:
+    """``--grad-accum-steps``: the engine passes ``num_boxes`` = the step's boxes x the micro-batch's
+    share (:func:`peg_detr.task.step_num_boxes`) and back-propagates ``share x loss``; the criterion
+    multiplies by the groups, so the shares' sum is the large batch's every term."""
+    t = _random_outputs(3, seed=21)
+    targets = _targets([3, 0, 1], seed=22)
+
+    def outputs(rows: slice) -> dict:
+        return {
+            "pred_logits": t["logits"][-1][rows],
+            "pred_boxes": t["boxes"][-1][rows],
+            "aux_outputs": [{"pred_logits": t["logits"][0][rows], "pred_boxes": t["boxes"][0][rows]}],
+            "enc_aux_outputs": [{"pred_logits": t["enc_logits"][rows], "pred_boxes": t["enc_boxes"][rows]}],
+            "num_groups": GROUPS,
+        }
+
+    criterion = RFDETRCriterion(CLASSES, dec_layers=LAYERS)
+    large = criterion(outputs(slice(0, 3)), targets)
+    step_boxes = torch.tensor(4.0)  # over processes / world size, at least 1
+    summed: dict[str, torch.Tensor] = {}
+    for rows, share in ((slice(0, 2), 2 / 3), (slice(2, 3), 1 / 3)):
+        micro = criterion(outputs(rows), targets[rows], num_boxes=step_boxes * share)
+        for k, v in micro.items():
+            summed[k] = summed.get(k, 0) + share * v
+    assert set(summed) == set(large)
+    assert all(abs(float((summed[k] - large[k]).detach())) < 1e-6 for k in large)
+
+
 def test_copied_groups_give_the_one_group_losses_and_matches() -> None:
     """G identical groups: each is matched on its own (the same queries, offset by g*Q), and with the
     normaliser boxes x G every loss equals the one group's."""
