@@ -14,13 +14,14 @@ Two training *families* exist, because the detectors came in two generations:
   the targets in the forward, ``--labels contiguous`` recipes, a minimum input side from the query
   selection).  D-FINE, DEIM and DEIMv2 belong here: they keep RT-DETR's encoder and recipe.
 
-Adding an architecture is one :func:`register_arch` call next to its builder's import below.
+Adding an architecture is a typed config (:class:`~peg_detr.models.config.DetectorConfig`), a
+builder taking it and one :func:`register_arch` call, from this package or from outside it.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -34,37 +35,19 @@ from .interop.hf_deimv2 import deimv2_from_hf_config, export_hf_deimv2
 from .interop.hf_detr import export_hf_detr
 from .interop.hf_dfine import dfine_from_hf_config, export_hf_dfine
 from .interop.hf_rtdetr import export_hf_rtdetr, load_rtdetr_backbone, rtdetr_from_hf_config
-from .models import BACKBONES, DETR, DETR_ENCODINGS, PostProcess, build_detr
-from .models.deimv2 import DEIMV2_SIZES, DINOV3_VITS, DEIMv2, build_deimv2, deimv2_training_parts
-from .models.dfine import (
-    DFINE,
-    DFINE_BACKBONES,
-    DFINE_ENCODINGS,
-    DFINE_SIZES,
-    build_dfine,
-    dfine_training_parts,
-)
+from .models import BACKBONES, DETR, DETRConfig, PostProcess, build_detr
+from .models.config import DetectorConfig
+from .models.deimv2 import DINOV3_VITS, DEIMv2, DEIMv2Config, build_deimv2, deimv2_training_parts
+from .models.dfine import DFINE, DFINE_BACKBONES, DFineConfig, build_dfine, dfine_training_parts
 from .models.dfine.backbone import HGNETV2_BACKBONES
-from .models.rtdetr import AIFI_ENCODINGS, RTDETR
+from .models.rtdetr import RTDETR, RTDETRConfig
 from .models.rtdetr.build import RTDETR_BACKBONES, build_rtdetr, rtdetr_training_parts
 
 __all__ = ["ARCHS", "Arch", "Family", "arch_named", "arch_of", "arch_of_model", "register_arch"]
 
 Family = Literal["detr", "rtdetr"]
-#: builder(backbone, pos_enc, **options) -> (model, criterion, postprocessor)
+#: build(config) -> (model, criterion, postprocessor)
 Builder = Callable[..., tuple[nn.Module, nn.Module, nn.Module]]
-
-# argparse dests forwarded to DETR's builder as keywords when set (None: the builder's default)
-_DETR_OPTIONS = (
-    "backbone_weights", "hidden_dim", "num_heads", "enc_layers", "dec_layers", "dim_feedforward", "dropout",
-    "decoder_key_pos", "learned_grid", "pos_interpolation",
-)  # fmt: skip
-# the same for the RT-DETR family (DETR's decoder-key option does not apply)
-RTDETR_OPTIONS = (
-    "backbone_weights", "hidden_dim", "num_heads", "enc_layers", "dec_layers", "dim_feedforward", "dropout",
-    "encoder_expansion", "num_denoising", "label_noise_ratio", "box_noise_scale", "learned_grid",
-    "pos_interpolation",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -75,12 +58,13 @@ class Arch:
         name: the ``--arch`` value, recorded in ``model_config["arch"]``.
         title: the name in messages and reports (``"RT-DETR"``).
         family: the training recipe family (module docstring).
-        build: the builder, ``build(backbone, pos_enc, **options) -> (model, criterion, postprocessor)``.
+        build: the builder, ``build(config) -> (model, criterion, postprocessor)``; ``config`` an
+            instance of ``config`` (its ``to_dict()`` becomes ``model.build_config``).
+        config: the family's typed config (:class:`~peg_detr.models.config.DetectorConfig`): the
+            defaults, ``--model-size`` presets, flags and Hugging Face names the entry's derived
+            attributes (:attr:`options`, :attr:`sizes`, :attr:`loss_options`, ...) read.
         backbones: the backbone names ``build`` takes.
-        backbone, pos_enc: the builder's defaults when a config does not say.
-        options: the ``train`` argparse destinations forwarded to ``build`` when set.
         model_cls: the model's class (:func:`arch_of_model` tells a built model's arch by it).
-        encodings: what ``--pos-enc`` accepts for it (the registry's support set).
         eval_size: the side a predictor uses when the run recorded none (DETR 800, RT-DETR 640).
         hf_model_types: the ``config.json`` ``model_type`` values ``--init FOLDER`` reads as this arch.
         from_hf_config: ``(config, pos_enc, **encoder_options) -> model`` for a resumed
@@ -98,22 +82,15 @@ class Arch:
             ``i``'s name, ``""`` for an unused id); None: not exportable.
         fuse: whether ``export`` folds conv + BN and RepVGG branches by default.
         recipe_defaults: the ``train`` defaults when ``--arch`` is given without ``--config``.
-        sizes: ``--model-size`` presets, ``name -> builder keywords`` (flags and a recipe's values
-            win over them); empty: the arch has none.
-        loss_options: the ``train`` destinations that shape the loss rather than the model
-            (``training_parts`` takes them as keywords; a run records them in its ``model_config``).
     """
 
     name: str
     title: str
     family: Family
     build: Builder
+    config: type[DetectorConfig]
     backbones: tuple[str, ...]
-    backbone: str
-    pos_enc: str
-    options: tuple[str, ...]
     model_cls: type[nn.Module]
-    encodings: EncodingSupport
     eval_size: int
     hf_model_types: tuple[str, ...] = ()
     from_hf_config: Callable[..., nn.Module] | None = None
@@ -123,8 +100,36 @@ class Arch:
     export_hf: Callable[..., Any] | None = None
     fuse: bool = False
     recipe_defaults: dict[str, Any] = field(default_factory=dict)
-    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    loss_options: tuple[str, ...] = ()
+
+    @property
+    def backbone(self) -> str:
+        """The backbone when a config does not name one (the config's default)."""
+        return self.config.default("backbone")
+
+    @property
+    def pos_enc(self) -> str:
+        """The encoding when a config does not name one (the config's default)."""
+        return self.config.default("pos_enc")
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The ``train`` argparse destinations that set the config's fields (a flag's dest is the field's name)."""
+        return tuple(self.config.flags())
+
+    @property
+    def encodings(self) -> EncodingSupport:
+        """What ``--pos-enc`` accepts for it (the registry's support set, the config's)."""
+        return self.config.ENCODINGS
+
+    @property
+    def sizes(self) -> Mapping[str, Mapping[str, Any]]:
+        """``--model-size`` presets, ``name -> config overrides`` (flags and a recipe's values win); empty: none."""
+        return self.config.SIZES
+
+    @property
+    def loss_options(self) -> tuple[str, ...]:
+        """The destinations that shape the loss rather than the model (``training_parts`` takes them as keywords)."""
+        return self.config.loss_fields()
 
     @property
     def square_inputs(self) -> bool:
@@ -166,9 +171,13 @@ def arch_of_model(model: nn.Module) -> Arch:
     raise TypeError(f"{type(model).__name__} is none of the registered detectors ({sorted(ARCHS)})")
 
 
-def _export_hf_rtdetr(model: nn.Module, out: Any, classes: list[str], size: int | None = None) -> Any:
-    """RT-DETR's folder names only the labels in use (COCO's category ids are sparse)."""
-    return export_hf_rtdetr(model, out, {i: name for i, name in enumerate(classes) if name}, size=size)
+def _named_labels(export: Callable[..., Any]) -> Callable[..., Any]:
+    """``export`` given only the labels in use (COCO's category ids are sparse): the RT-DETR family's folders."""
+
+    def export_named(model: nn.Module, out: Any, classes: list[str], size: int | None = None) -> Any:
+        return export(model, out, {i: name for i, name in enumerate(classes) if name}, size=size)
+
+    return export_named
 
 
 register_arch(
@@ -177,12 +186,9 @@ register_arch(
         title="DETR",
         family="detr",
         build=build_detr,
+        config=DETRConfig,
         backbones=tuple(BACKBONES),
-        backbone="resnet50",
-        pos_enc="peg",
-        options=_DETR_OPTIONS,
         model_cls=DETR,
-        encodings=DETR_ENCODINGS,
         eval_size=800,
         hf_model_types=("detr",),
         export_hf=export_hf_detr,
@@ -194,99 +200,55 @@ register_arch(
         title="RT-DETR",
         family="rtdetr",
         build=build_rtdetr,
+        config=RTDETRConfig,
         backbones=RTDETR_BACKBONES,
-        backbone="r50vd",
-        pos_enc="sincos",
-        options=RTDETR_OPTIONS,
         model_cls=RTDETR,
-        encodings=AIFI_ENCODINGS,
         eval_size=RTDETR_SIZE,
         hf_model_types=("rt_detr",),
         from_hf_config=rtdetr_from_hf_config,
         postprocess=lambda model: rtdetr_training_parts(model)[1],
         training_parts=rtdetr_training_parts,
         load_backbone=load_rtdetr_backbone,
-        export_hf=_export_hf_rtdetr,
+        export_hf=_named_labels(export_hf_rtdetr),
         fuse=True,
         recipe_defaults=RTDETR_DEFAULTS,
     )
 )
-
-
-def _export_hf_dfine(model: nn.Module, out: Any, classes: list[str], size: int | None = None) -> Any:
-    return export_hf_dfine(model, out, {i: name for i, name in enumerate(classes) if name}, size=size)
-
-
-#: ``--model-size tiny``: the CPU demo's D-FINE (the tiny ResNet-vd, width 32, D-FINE's other settings)
-_DFINE_TINY: dict[str, Any] = dict(
-    backbone="tiny", hidden_dim=32, num_heads=2, dim_feedforward=64, dec_layers=2, encoder_expansion=0.5,
-    depth_mult=0.34, num_points=[3, 6, 3],
-)  # fmt: skip
-
 register_arch(
     Arch(
         name="dfine",
         title="D-FINE",
         family="rtdetr",
         build=build_dfine,
+        config=DFineConfig,
         backbones=DFINE_BACKBONES,
-        backbone="hgnetv2_b4",
-        pos_enc="sincos",
-        options=(
-            *RTDETR_OPTIONS,
-            "decoder_activation",
-            "mlp_activation",
-            "cls_loss",
-            "freeze_backbone_bn",
-            "backbone_freeze_at",
-        ),
         model_cls=DFINE,
-        encodings=DFINE_ENCODINGS,
         eval_size=RTDETR_SIZE,
         hf_model_types=("d_fine",),
         from_hf_config=dfine_from_hf_config,
         postprocess=lambda model: dfine_training_parts(model)[1],
         training_parts=dfine_training_parts,
-        export_hf=_export_hf_dfine,
+        export_hf=_named_labels(export_hf_dfine),
         fuse=True,
         recipe_defaults=DFINE_DEFAULTS,
-        sizes={**DFINE_SIZES, "tiny": _DFINE_TINY},
-        loss_options=("cls_loss",),
     )
 )
-
-
-def _export_hf_deimv2(model: nn.Module, out: Any, classes: list[str], size: int | None = None) -> Any:
-    return export_hf_deimv2(model, out, {i: name for i, name in enumerate(classes) if name}, size=size)
-
-
-#: ``--model-size tiny``: the CPU demo's DEIMv2 (a 4-block, 32-wide DINOv3 ViT with the STA, width 32)
-_DEIMV2_TINY: dict[str, Any] = dict(
-    backbone="vit_tiny", vit_options=dict(embed_dim=32, depth=4, num_heads=2, num_reg_tokens=2),
-    vit_out_indices=[1, 2, 3], sta_inplanes=8, hidden_dim=32, num_heads=2, dec_heads=2, enc_dim_feedforward=64,
-    dim_feedforward=64, dec_layers=2, encoder_expansion=0.5, depth_mult=0.34,
-)  # fmt: skip
-
 register_arch(
     Arch(
         name="deimv2",
         title="DEIMv2",
         family="rtdetr",
         build=build_deimv2,
+        config=DEIMv2Config,
         backbones=(*DINOV3_VITS, *HGNETV2_BACKBONES),
-        backbone="vit_tiny",
-        pos_enc="sincos",
-        options=RTDETR_OPTIONS,
         model_cls=DEIMv2,
-        encodings=AIFI_ENCODINGS,
         eval_size=RTDETR_SIZE,
         hf_model_types=("deimv2",),
         from_hf_config=deimv2_from_hf_config,
         postprocess=lambda model: deimv2_training_parts(model)[1],
         training_parts=deimv2_training_parts,
-        export_hf=_export_hf_deimv2,
+        export_hf=_named_labels(export_hf_deimv2),
         fuse=True,
         recipe_defaults=DEIMV2_DEFAULTS,
-        sizes={**DEIMV2_SIZES, "tiny": _DEIMV2_TINY},
     )
 )

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from peg_core.engine import (
-    PEG_OPTIONS,
     RESIZE_MODES,
     Summary,
     add_alias,
@@ -78,8 +77,7 @@ from .data.dense_o2o import dense_o2o_without_effect
 from .evaluation import BACKENDS
 from .make_data import MAKE_DATA_LAYOUTS, write_shapes
 from .models import BACKBONES, DECODER_KEY_POS, DETR_ENCODINGS
-from .models.dfine.build import CLS_LOSSES
-from .models.rtdetr.decoder import ACTIVATIONS
+from .models.config import Option
 from .task import LR_SCHEDULES, DetectTask
 
 __all__ = [
@@ -328,7 +326,56 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     # --init (the run group) takes official DETR .pth files and Hugging Face DETR folders / weights files
     add_alias(m, "--pretrained", dest="init", type=Path)
     _add_rtdetr_args(p)
-    _add_dfine_args(p)
+    _add_config_args(p)
+    _add_dense_o2o_args(p)
+
+
+#: the value kinds a config field's flag names (:attr:`peg_detr.models.config.Option.type`)
+_VALUE_TYPES = {
+    "int": int, "float": float, "positive_int": positive_int, "nonnegative_int": nonnegative_int,
+    "positive_float": positive_float, "nonnegative_float": nonnegative_float, "unit_fraction": unit_fraction,
+}  # fmt: skip
+
+
+def _flag_owners() -> dict[str, tuple[Option, list[str]]]:
+    """``dest -> (its Option, the archs whose config has it)`` over the registered archs, in registration order."""
+    owners: dict[str, tuple[Option, list[str]]] = {}
+    for arch in ARCHS.values():
+        for dest, spec in arch.config.flags().items():
+            owners.setdefault(dest, (spec, []))[1].append(arch.name)
+    return owners
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    """The flags the archs' configs declare that the shared groups above do not add, one group per set of archs.
+
+    A family's flag is declared once, on its config's field (:func:`peg_detr.models.config.option`):
+    a registered arch (one from outside the package too) gets its flags here, in ``--help`` and docs.
+    """
+    groups = {g.title: g for g in p._action_groups}
+    for dest, (spec, names) in _flag_owners().items():
+        if spec.shared or spec.flag in p._option_string_actions:
+            continue
+        suffix = (
+            f"(--arch {', '.join(names)})"  # the group of the archs it serves, the one above if it exists
+        )
+        title = next((t for t in groups if t and t.endswith(suffix)), None)
+        if title is None:
+            configs = [ARCHS[n].config for n in names]
+            title = f"{' / '.join(c.HELP_TITLE or c.TITLE for c in configs)} {suffix}"
+            groups[title] = p.add_argument_group(title)
+        kw: dict[str, Any] = {"dest": dest, "help": spec.help}
+        if spec.boolean:
+            kw.update(action=argparse.BooleanOptionalAction, default=None)
+        else:
+            kw.update(
+                type=_VALUE_TYPES[spec.type] if spec.type else None,
+                choices=spec.choices,
+                metavar=spec.metavar,
+            )
+        groups[title].add_argument(
+            spec.flag, **{k: v for k, v in kw.items() if v is not None or k == "default"}
+        )
 
 
 def _epoch_window(text: str) -> list[int]:
@@ -346,19 +393,8 @@ def _epoch_window(text: str) -> list[int]:
     return parts
 
 
-def _add_dfine_args(p: argparse.ArgumentParser) -> None:
-    """D-FINE's and DEIM's options (``--arch dfine``): DEIM's loss and activations, backbone freezing; mosaic / mixup."""
-    d = p.add_argument_group("D-FINE and DEIM (--arch dfine)")
-    d.add_argument("--cls-loss", choices=CLS_LOSSES, help="classification loss: vfl (D-FINE), mal (DEIM's "
-                   "matchability-aware loss, gamma 1.5), focal")  # fmt: skip
-    d.add_argument("--decoder-act", dest="decoder_activation", choices=ACTIVATIONS,
-                   help="the decoder FFN's activation (D-FINE relu, DEIM silu)")  # fmt: skip
-    d.add_argument("--head-act", dest="mlp_activation", choices=ACTIVATIONS,
-                   help="the box / position heads' activation (D-FINE relu, DEIM silu)")  # fmt: skip
-    d.add_argument("--freeze-backbone-bn", action=argparse.BooleanOptionalAction, default=None,
-                   help="frozen backbone norms (default: the size's; D-FINE L/X frozen, DEIM unfreezes)")  # fmt: skip
-    d.add_argument("--backbone-freeze-at", type=int, help="frozen backbone parts: -1 none, 0 the stem, k the stem "
-                   "and k stages (default: the size's; D-FINE L/X 0, DEIM -1)")  # fmt: skip
+def _add_dense_o2o_args(p: argparse.ArgumentParser) -> None:
+    """DEIM's mosaic / mixup (every ``--arch``; the D-FINE / DEIM model flags come from its config)."""
     o = p.add_argument_group("DEIM's dense one-to-one matching: mosaic and mixup (every --arch)")
     o.add_argument("--mosaic-prob", type=unit_fraction, help="chance that a training image is a 2x2 mosaic of "
                    "four (DEIM: 0.5); more targets per image for the one-to-one matching")  # fmt: skip
@@ -372,16 +408,12 @@ def _add_dfine_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_rtdetr_args(p: argparse.ArgumentParser) -> None:
-    """The RT-DETR family's options (``--arch rtdetr / dfine / deimv2``; the widths, queries and PEG flags above are shared)."""
+    """The RT-DETR family's run options (``--arch rtdetr / dfine / deimv2``; its model flags come from the configs)."""
     sizes = sorted({name for arch in ARCHS.values() for name in arch.sizes})
     r = p.add_argument_group("RT-DETR, D-FINE and DEIMv2 (--arch rtdetr, dfine, deimv2)")
     r.add_argument("--model-size", choices=sizes, metavar="SIZE", help="a published size's model (D-FINE "
                    "n/s/m/l/x, DEIMv2 atto/femto/pico/n/s/m/l: backbone, widths, depths, points; tiny: the "
                    "CPU demos'); other model flags override it (--arch dfine, deimv2)")  # fmt: skip
-    r.add_argument("--encoder-expansion", type=positive_float, help="CCFM CSP width multiplier (R18vd 0.5)")
-    r.add_argument("--num-denoising", type=nonnegative_int, help="denoising queries per image (0: off)")
-    r.add_argument("--label-noise-ratio", type=unit_fraction, help="denoising: labels flipped at random")
-    r.add_argument("--box-noise-scale", type=nonnegative_float, help="denoising: box jitter, in box sizes")
     r.add_argument(
         "--ema-decay", type=unit_fraction, help="weight EMA decay, evaluated and checkpointed (0: no EMA)"
     )
@@ -484,16 +516,6 @@ def build_predict_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: what ``--arch rtdetr --init FOLDER`` takes from the Hugging Face folder (``peg_detr.interop.from_hf``):
-#: everything of the model but ``--pos-enc``, so a flag for any of it would change nothing
-_FOLDER_FIXED = (
-    "backbone", "backbone_weights", "hidden_dim", "num_heads", "enc_layers", "dec_layers", "dim_feedforward",
-    "dropout", "num_queries", "encoder_expansion", "num_denoising", "label_noise_ratio", "box_noise_scale",
-    "aux_loss", *PEG_OPTIONS, "learned_grid", "pos_interpolation", "model_size", "decoder_activation",
-    "mlp_activation", "freeze_backbone_bn", "backbone_freeze_at",
-)  # fmt: skip
-
-
 def refuse_unused_model_flags(args: argparse.Namespace, typed: Mapping[str, str] | None = None) -> None:
     """Model flags the chosen configuration ignores: a :class:`UserError` when the command line gives one.
 
@@ -509,21 +531,16 @@ def refuse_unused_model_flags(args: argparse.Namespace, typed: Mapping[str, str]
     pos_enc = str(args.pos_enc)
     reasons: dict[str, str] = {}
     if arch_of(args).from_hf_config is not None and args.init is not None and Path(args.init).is_dir():
+        # the folder's config.json is the whole model but --pos-enc (and the loss): a model flag would change nothing
         why = f"the model comes from the Hugging Face folder --init {args.init} (only --pos-enc applies)"
-        reasons |= dict.fromkeys(_FOLDER_FIXED, why)
+        fixed = [d for d in arch_of(args).options if d not in ("pos_enc", *arch_of(args).loss_options)]
+        reasons |= dict.fromkeys([*fixed, "model_size"], why)
     for dest, why in unused_pos_flags(pos_enc, args.peg_dynamic, f"--pos-enc {pos_enc}").items():
         reasons.setdefault(dest, why)
     arch = arch_of(args)
-    dfine_only = (
-        "cls_loss",
-        "decoder_activation",
-        "mlp_activation",
-        "freeze_backbone_bn",
-        "backbone_freeze_at",
-    )
-    for dest in dfine_only:
-        if dest not in arch.options:
-            reasons.setdefault(dest, f"applies to --arch dfine only (not --arch {arch.name})")
+    for dest, (_, names) in _flag_owners().items():  # another family's field: named as typed, with its archs
+        if arch.name not in names:
+            reasons.setdefault(dest, f"applies to --arch {', '.join(names)} only (not --arch {arch.name})")
     if not arch.sizes:
         reasons.setdefault("model_size", f"--arch {arch.name} has no size presets")
     if arch.family == "detr":  # DETR's StepLR has neither

@@ -31,6 +31,12 @@ from typing import Any
 
 from peg_core.interop.resolve import PublicModel
 
+from .data import RTDETR_TRAIN_SIZES
+from .models.config import DetectorConfig
+from .models.deimv2.config import DEIMv2Config
+from .models.dfine.config import DFineConfig
+from .models.rtdetr.config import RTDETRConfig
+
 __all__ = [
     "CONFIGS",
     "DEFAULTS",
@@ -42,9 +48,29 @@ __all__ = [
     "RTDETR_DEFAULTS",
 ]
 
+#: the multi-scale training sides of DETR (short side, long side <= 1333) and of the RT-DETR family
+#: (square): 480..800 step 32, defined once (peg_detr.data.RTDETR_TRAIN_SIZES)
+_SIDES = ",".join(map(str, RTDETR_TRAIN_SIZES))
+
+
+def _sides(times_640: int) -> str:
+    """The training sides with 640 ``times_640`` times (D-FINE's collate repeats it ``scale_ori_repeat`` times)."""
+    return ",".join(map(str, sorted([*(s for s in RTDETR_TRAIN_SIZES if s != 640), *[640] * times_640])))
+
+
+def _model_of(config: type[DetectorConfig], size: str) -> dict[str, Any]:
+    """The flags a recipe states for the ``--model-size`` preset ``size`` of ``config``: the size, its backbone,
+    encoding and query count (DETR's train defaults name theirs, and a recipe's values win over its preset)."""
+    preset = config.SIZES[size]
+    return {
+        "model_size": size,
+        **{k: preset.get(k, config.default(k)) for k in ("backbone", "pos_enc", "num_queries")},
+    }
+
+
 # DETR's multi-scale training sizes (short side 480..800 step 32, long side <= 1333).
 _DETR_DATA: dict[str, Any] = {
-    "train_scales": "480,512,544,576,608,640,672,704,736,768,800",
+    "train_scales": _SIDES,
     "max_size": 1333,
     "crop_resize": "400,500,600",
     "crop_size": "384,600",
@@ -129,11 +155,11 @@ _RTDETR_6X: dict[str, Any] = {
     "enc_layers": 1,
     "dim_feedforward": 1024,
     "dropout": 0.0,
-    "num_queries": 300,
+    "num_queries": RTDETRConfig.default("num_queries"),
     "num_denoising": 100,
     "label_noise_ratio": 0.5,
     "box_noise_scale": 1.0,
-    "train_scales": ",".join(str(s) for s in range(480, 801, 32)),
+    "train_scales": _SIDES,
     "val_size": 640,
     "lr": 1e-4,
     "lr_backbone": 1e-5,
@@ -207,39 +233,29 @@ CONFIGS.update(
 # (peg_detr.models.dfine.DFINE_SIZES); a recipe sets only what is not the model's.  lr_drop 1000:
 # D-FINE's MultiStepLR milestone [500] never reached, i.e. a constant lr after the 500-step warm-up.
 # The 640 side repeats scale_ori_repeat times among the multi-scale sides (D-FINE's collate does so).
-_DFINE_SIDES = (480, 512, 544, 576, 608, 672, 704, 736, 768, 800)
+# The preset's backbone, encoding and query count are stated by _model_of.
 _DFINE_BASE: dict[str, Any] = {
-    "arch": "dfine", "pos_enc": "sincos", "enc_layers": 1, "dropout": 0.0, "num_queries": 300,
-    "num_denoising": 100, "label_noise_ratio": 0.5, "box_noise_scale": 1.0, "val_size": 640,
-    "lr": 2e-4, "lr_backbone": 2e-5, "weight_decay": 1e-4, "lr_drop": 1000, "warmup_steps": 500,
-    "total_batch_size": 64, "clip_max_norm": 0.1, "ema_decay": 0.9999, "ema_warmups": 1000,
+    "arch": "dfine", "enc_layers": 1, "dropout": 0.0, "num_denoising": 100, "label_noise_ratio": 0.5,
+    "box_noise_scale": 1.0, "val_size": 640, "lr": 2e-4, "lr_backbone": 2e-5, "weight_decay": 1e-4, "lr_drop": 1000,
+    "warmup_steps": 500, "total_batch_size": 64, "clip_max_norm": 0.1, "ema_decay": 0.9999, "ema_warmups": 1000,
     "labels": "contiguous",
 }  # fmt: skip
-
-
-def _dfine(size: str, epochs: int, stop: int, lr: float, lr_backbone: float, weight_decay: float,
-           repeat_640: int) -> dict[str, Any]:  # fmt: skip
-    """D-FINE's recipe of ``size``: its epochs, the epoch its strong augmentation and multi-scale stop, its lrs."""
-    sides = sorted([*_DFINE_SIDES, *[640] * repeat_640])
-    return {**_DFINE_BASE, "model_size": size, "backbone": _DFINE_BACKBONE[size], "epochs": epochs,
-            "no_aug_epochs": epochs - stop, "lr": lr, "lr_backbone": lr_backbone, "weight_decay": weight_decay,
-            "train_scales": ",".join(map(str, sides))}  # fmt: skip
-
-
-#: D-FINE's backbone of each size (its --model-size preset's; the recipe names it, as DETR's defaults name a ResNet)
-_DFINE_BACKBONE = {
-    "n": "hgnetv2_b0",
-    "s": "hgnetv2_b0",
-    "m": "hgnetv2_b2",
-    "l": "hgnetv2_b4",
-    "x": "hgnetv2_b5",
-}
+#: each size's schedule: its epochs (the last ``no_aug_epochs`` without the strong augmentation and
+#: multi-scale), its learning rates, the 640 side's repeats (N: batch 64 as the others, dfine_hgnetv2_n_coco.yml)
+_DFINE_SCHEDULES: dict[str, dict[str, Any]] = {
+    "n": dict(epochs=160, no_aug_epochs=12, lr=8e-4, lr_backbone=4e-4, weight_decay=1e-4, train_scales=_sides(times_640=0)),
+    "s": dict(epochs=130, no_aug_epochs=10, lr=2.5e-4, lr_backbone=1.25e-4, weight_decay=1.25e-4,
+              train_scales=_sides(times_640=20)),
+    "m": dict(epochs=130, no_aug_epochs=10, lr=2.5e-4, lr_backbone=2.5e-5, weight_decay=1.25e-4,
+              train_scales=_sides(times_640=6)),
+    "l": dict(epochs=80, no_aug_epochs=8, lr=2.5e-4, lr_backbone=1.25e-5, weight_decay=1.25e-4,
+              train_scales=_sides(times_640=4)),
+    "x": dict(epochs=80, no_aug_epochs=8, lr=2.5e-4, lr_backbone=2.5e-6, weight_decay=1.25e-4,
+              train_scales=_sides(times_640=4)),
+}  # fmt: skip
 _DFINE_RECIPES = {
-    "n": _dfine("n", 160, 148, 8e-4, 4e-4, 1e-4, 0),  # batch 64 as the others (dfine_hgnetv2_n_coco.yml)
-    "s": _dfine("s", 130, 120, 2.5e-4, 1.25e-4, 1.25e-4, 20),
-    "m": _dfine("m", 130, 120, 2.5e-4, 2.5e-5, 1.25e-4, 6),
-    "l": _dfine("l", 80, 72, 2.5e-4, 1.25e-5, 1.25e-4, 4),
-    "x": _dfine("x", 80, 72, 2.5e-4, 2.5e-6, 1.25e-4, 4),
+    size: {**_DFINE_BASE, **_model_of(DFineConfig, size), **schedule}
+    for size, schedule in _DFINE_SCHEDULES.items()
 }
 CONFIGS.update({f"dfine_{size}": recipe for size, recipe in _DFINE_RECIPES.items()})
 CONFIGS.update({f"dfine_{size}_peg": {**recipe, "pos_enc": "peg"} for size, recipe in _DFINE_RECIPES.items()})
@@ -268,21 +284,29 @@ _DEIM_BASE: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _deim(size: str, epochs: int, aug_end: int, stop: int, flat: int, lr: float, lr_backbone: float,
-          weight_decay: float, lr_gamma: float = 0.5) -> dict[str, Any]:  # fmt: skip
-    """DEIM's recipe of ``size`` on D-FINE's model of that size."""
-    return {**_DFINE_RECIPES[size], **_DEIM_BASE, "epochs": epochs, "no_aug_epochs": epochs - stop,
-            "mosaic_epochs": [4, aug_end], "mixup_epochs": [4, aug_end], "flat_epochs": flat, "lr": lr,
-            "lr_backbone": lr_backbone, "weight_decay": weight_decay, "lr_gamma": lr_gamma}  # fmt: skip
+#: each size's schedule: epochs, the mosaic / mixup window, the last unaugmented epochs, flat epochs, lrs
+_DEIM_SCHEDULES: dict[str, dict[str, Any]] = {
+    "n": dict(epochs=160, aug_window=[4, 78], no_aug_epochs=12, flat_epochs=7800, lr=8e-4, lr_backbone=4e-4,
+              weight_decay=1e-4, lr_gamma=1.0),  # flat_epoch 7800: a flat lr
+    "s": dict(epochs=132, aug_window=[4, 64], no_aug_epochs=12, flat_epochs=64, lr=4e-4, lr_backbone=2e-4,
+              weight_decay=1e-4),
+    "m": dict(epochs=58, aug_window=[4, 29], no_aug_epochs=8, flat_epochs=29, lr=2.5e-4, lr_backbone=2.5e-5,
+              weight_decay=1.25e-4),
+    "l": dict(epochs=58, aug_window=[4, 29], no_aug_epochs=8, flat_epochs=29, lr=2.5e-4, lr_backbone=1.25e-5,
+              weight_decay=1.25e-4),
+    "x": dict(epochs=58, aug_window=[4, 29], no_aug_epochs=8, flat_epochs=29, lr=2.5e-4, lr_backbone=2.5e-6,
+              weight_decay=1.25e-4),
+}  # fmt: skip
 
 
-_DEIM_RECIPES = {
-    "n": _deim("n", 160, 78, 148, 7800, 8e-4, 4e-4, 1e-4, lr_gamma=1.0),  # flat_epoch 7800: a flat lr
-    "s": _deim("s", 132, 64, 120, 64, 4e-4, 2e-4, 1e-4),
-    "m": _deim("m", 58, 29, 50, 29, 2.5e-4, 2.5e-5, 1.25e-4),
-    "l": _deim("l", 58, 29, 50, 29, 2.5e-4, 1.25e-5, 1.25e-4),
-    "x": _deim("x", 58, 29, 50, 29, 2.5e-4, 2.5e-6, 1.25e-4),
-}
+def _deim(size: str) -> dict[str, Any]:
+    """DEIM's recipe of ``size`` on D-FINE's model of that size (its schedule's window opens mosaic and mixup)."""
+    schedule = dict(_DEIM_SCHEDULES[size])
+    window = schedule.pop("aug_window")
+    return {**_DFINE_RECIPES[size], **_DEIM_BASE, "mosaic_epochs": window, "mixup_epochs": window, **schedule}
+
+
+_DEIM_RECIPES = {size: _deim(size) for size in _DEIM_SCHEDULES}
 CONFIGS.update({f"deim_dfine_{size}": recipe for size, recipe in _DEIM_RECIPES.items()})
 CONFIGS.update(
     {f"deim_dfine_{size}_peg": {**recipe, "pos_enc": "peg"} for size, recipe in _DEIM_RECIPES.items()}
@@ -292,25 +316,22 @@ CONFIGS.update(
 # the S model (--model-size s: DINOv3 ViT-Tiny + STA), AdamW lr 5e-4 (ViT 2.5e-5), weight decay 1e-4,
 # 132 epochs with DEIM's flat-cosine schedule (flat to 64, the last 12 unaugmented), mosaic and mixup.
 _DEIMV2_S: dict[str, Any] = {
-    **_DFINE_BASE, "arch": "deimv2", "model_size": "s", "backbone": "vit_tiny", "total_batch_size": 32,
+    **_DFINE_BASE, "arch": "deimv2", **_model_of(DEIMv2Config, "s"), "total_batch_size": 32,
     "lr": 5e-4, "lr_backbone": 2.5e-5, "weight_decay": 1e-4, "epochs": 132, "no_aug_epochs": 12,
     "lr_schedule": "flatcosine", "flat_epochs": 64, "lr_gamma": 0.5, "warmup_steps": 2000,
-    "train_scales": ",".join(map(str, sorted([*_DFINE_SIDES, *[640] * 20]))),
+    "train_scales": _sides(times_640=20),
 }  # fmt: skip
 CONFIGS["deimv2_s"] = _DEIMV2_S
 CONFIGS["deimv2_s_peg"] = {**_DEIMV2_S, "pos_enc": "peg"}
 # The other published sizes: their --model-size preset with S's schedule (their own config files were
 # not available here).  The preset's backbone, encoding (the lite encoder of atto / femto / pico has
 # no attention: none) and query count are the recipe's, since a recipe's values win over its preset.
-_DEIMV2_MODELS = {"atto": ("hgnetv2_atto", "none", 100), "femto": ("hgnetv2_femto", "none", 150),
-                  "pico": ("hgnetv2_pico", "none", 200), "n": ("hgnetv2_b0", "sincos", 300),
-                  "m": ("vit_tinyplus", "sincos", 300), "l": ("dinov3_vits16", "sincos", 300)}  # fmt: skip
-for _size, (_backbone, _pos, _queries) in _DEIMV2_MODELS.items():
-    CONFIGS[f"deimv2_{_size}"] = {**_DEIMV2_S, "model_size": _size, "backbone": _backbone, "pos_enc": _pos,
-                                  "num_queries": _queries}  # fmt: skip
-    if _pos != "none":
+_DEIMV2_OTHERS = ("atto", "femto", "pico", "n", "m", "l")
+for _size in _DEIMV2_OTHERS:
+    CONFIGS[f"deimv2_{_size}"] = {**_DEIMV2_S, **_model_of(DEIMv2Config, _size)}
+    if CONFIGS[f"deimv2_{_size}"]["pos_enc"] != "none":
         CONFIGS[f"deimv2_{_size}_peg"] = {**CONFIGS[f"deimv2_{_size}"], "pos_enc": "peg"}
-del _size, _backbone, _pos, _queries
+del _size
 #: ``train --arch deimv2`` without ``--config``: DEIMv2-S's recipe
 DEIMV2_DEFAULTS: dict[str, Any] = {k: v for k, v in _DEIMV2_S.items() if k != "arch"}
 
@@ -344,7 +365,7 @@ RTDETR_DEFAULTS: dict[str, Any] = {k: v for k, v in _RTDETR_R50VD.items() if k !
 #: defaults of the detector's train flags (DETR's recipe); --config recipes and explicit flags override them
 DEFAULTS: dict[str, Any] = {
     "epochs": 300, "lr": 1e-4, "lr_backbone": 1e-5, "weight_decay": 1e-4, "lr_drop": 200, "clip_max_norm": 0.1,
-    "total_batch_size": 2, "train_scales": "480,512,544,576,608,640,672,704,736,768,800", "max_size": 1333,
+    "total_batch_size": 2, "train_scales": _SIDES, "max_size": 1333,
     "crop_resize": "400,500,600", "crop_size": "384,600", "val_size": 800, "backbone": "resnet50",
     "pos_enc": "peg", "num_queries": 100, "labels": "ids",
 }  # fmt: skip
@@ -362,8 +383,8 @@ DESCRIPTIONS: dict[str, str] = {
     "rtdetr_r50vd_6x_peg": "rtdetr_r50vd_6x with a PEG in AIFI instead of the sin-cos table (any input size)",
     "rtdetr_demo_tiny": "RT-DETR with a tiny backbone and a PEG for the synthetic shapes: seconds on a CPU",
     **{f"dfine_{s}": f"D-FINE-{s.upper()} as published: HGNetv2 {b[-2:].upper()}, sin-cos AIFI, {r['epochs']} epochs, "
-       f"batch 64, EMA ({ap} COCO AP)" for (s, r), b, ap in zip(_DFINE_RECIPES.items(), _DFINE_BACKBONE.values(),
-                                                                (42.8, 48.5, 52.3, 54.0, 55.8))},
+       f"batch 64, EMA ({ap} COCO AP)" for (s, r), ap in zip(_DFINE_RECIPES.items(), (42.8, 48.5, 52.3, 54.0, 55.8))
+       for b in [r["backbone"]]},
     **{f"dfine_{s}_peg": f"dfine_{s} with a PEG in AIFI instead of the sin-cos table (any input size)" for s in _DFINE_RECIPES},
     "dfine_demo_tiny": "D-FINE with a tiny backbone and a PEG for the synthetic shapes: seconds on a CPU",
     "detr_finetune": "fine-tune a DETR-R50 (--init) on your data: 50 epochs, half the lrs, lr drop at 40, batch 8",
@@ -378,7 +399,7 @@ DESCRIPTIONS: dict[str, str] = {
     "deimv2_s": "DEIMv2-S: DINOv3 ViT-Tiny + STA, sin-cos AIFI, 132 epochs, flat-cosine lr (50.9 COCO AP)",
     "deimv2_s_peg": "deimv2_s with a PEG in AIFI instead of the sin-cos table (any input size)",
     **{f"deimv2_{s}": f"DEIMv2-{s.capitalize() if len(s) > 1 else s.upper()}: its model with deimv2_s's schedule "
-       f"({ap} COCO AP)" for s, ap in zip(_DEIMV2_MODELS, (23.8, 31.0, 38.5, 43.0, 53.0, 56.0))},
+       f"({ap} COCO AP)" for s, ap in zip(_DEIMV2_OTHERS, (23.8, 31.0, 38.5, 43.0, 53.0, 56.0))},
     **{f"deimv2_{s}_peg": f"deimv2_{s} with a PEG in AIFI instead of the sin-cos table" for s in ("n", "m", "l")},
 }  # fmt: skip
 

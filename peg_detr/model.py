@@ -23,7 +23,6 @@ from typing import Any
 from torch import Tensor, nn
 
 from peg_core.engine import LoadedModel, UserError, checkpoint_and_where, load_model_state, read_state_file
-from peg_core.engine.cli import peg_kwargs
 from peg_core.interop.classes import ClassTransfer, carry_classes, match_classes
 from peg_core.interop.io import LoadReport, WeightsError
 from peg_core.interop.resolve import resolve_weights
@@ -63,10 +62,12 @@ def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
 def build_model(
     config: dict[str, Any], source: Any = "model options"
 ) -> tuple[nn.Module, nn.Module, nn.Module]:
-    """``ARCHS[arch](**config)`` -> ``(model, criterion, postprocessor)``; bad settings are a :class:`UserError`.
+    """``arch.build(arch.config.from_dict(config))`` -> ``(model, criterion, postprocessor)``; bad settings are a :class:`UserError`.
 
-    ``source`` names where ``config`` came from (the flags, or a checkpoint path) in the message.
-    ``model.build_config`` records ``arch`` and the builder's keywords.
+    ``config`` is a ``model_config``: ``arch`` and the family config's fields (a checkpoint's, written
+    now or before the configs were typed: the names are the builders' keywords).  ``source`` names
+    where it came from (the flags, or a checkpoint path) in the message.  ``model.build_config``
+    records ``arch`` and the config's :meth:`~peg_detr.models.config.DetectorConfig.to_dict`.
     """
     kw = upgrade_config(config)
     try:
@@ -86,11 +87,12 @@ def build_model(
         if "hf_config" in kw and arch.from_hf_config is not None:  # built by from_hf (--init FOLDER)
             model, criterion, postprocessor = _from_hf_config(arch, kw)
         else:
-            name = kw.pop("backbone", arch.backbone)
-            if folder_weights is not None and name == "tiny":  # as the builders refuse it
+            if (
+                folder_weights is not None and kw.get("backbone", arch.backbone) == "tiny"
+            ):  # as the builders refuse it
                 raise ValueError("the 'tiny' backbone has no pretrained weights; drop backbone_weights")
-            model, criterion, postprocessor = arch.build(name, kw.pop("pos_enc", arch.pos_enc), **kw)
-    except (ValueError, TypeError) as e:  # the builder checks its arguments; TypeError: an unknown key
+            model, criterion, postprocessor = arch.build(arch.config.from_dict(kw))
+    except (ValueError, TypeError) as e:  # the config checks its values; TypeError: an unknown key
         raise UserError(f"invalid model settings ({' '.join(str(e).split())})", source) from None
     if folder_weights is not None:
         arch.load_backbone(model.backbone, folder_weights)
@@ -128,21 +130,12 @@ def model_config_from_args(args: argparse.Namespace, num_classes: int) -> dict[s
         """Whether ``args.<dest>`` (not None) is used over the preset's value."""
         return not (over_recipe and dest in preset and dest not in explicit)
 
-    given = {
-        "backbone": args.backbone,
-        "pos_enc": args.pos_enc,
-        "num_queries": args.num_queries,
-        "aux_loss": args.aux_loss,
-        **peg_kwargs(args),
-        **{name: getattr(args, name, None) for name in arch.options},
-    }
+    given = {dest: getattr(args, dest, None) for dest in arch.options}  # the config's fields with a flag
     kw: dict[str, Any] = {"arch": arch.name, **preset}
     for dest, value in given.items():
         if value is not None and wins(dest):
             kw[dest] = str(value) if isinstance(value, Path) else value
     kw["num_classes"] = num_classes
-    if arch.family == "detr":
-        kw["dilation"] = args.dilation
     return kw
 
 

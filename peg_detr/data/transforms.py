@@ -165,8 +165,9 @@ def make_boxes(xyxy: Tensor, canvas_size: tuple[int, int]) -> tv_tensors.Boundin
 
 # ----------------------------------------------------------------------------------------- RT-DETR
 
-#: RT-DETR's multi-scale training sides (square), drawn once per batch by :class:`MultiScaleCollate`
-RTDETR_TRAIN_SIZES: tuple[int, ...] = tuple(range(480, 801, 32))
+#: RT-DETR's multi-scale training sides (square), drawn once per batch by :class:`MultiScaleCollate`:
+#: DETR's short sides, 480..800 step 32
+RTDETR_TRAIN_SIZES: tuple[int, ...] = DETR_SCALES
 #: RT-DETR's training and evaluation side (its ``eval_spatial_size``)
 RTDETR_SIZE = 640
 

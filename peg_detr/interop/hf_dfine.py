@@ -53,6 +53,7 @@ from ..models.dfine.backbone import build_hgnetv2
 from ..models.dfine.decoder import DFineDecoder
 from ..models.dfine.encoder import DFineHybridEncoder
 from ..models.dfine.model import DFINE
+from ..models.rtdetr.config import NUM_QUERIES
 from .hf_detr import hf_num_labels
 from .hf_hgnetv2 import (
     HF_BACKBONE_PREFIX,
@@ -253,7 +254,7 @@ def dfine_decoder_options(
         f.fail("max_num_bins", "an even number >= 4")
     return dict(
         in_channels=in_channels, hidden_dim=d_model, num_classes=num_classes,
-        num_queries=f.integer("num_queries", 300), num_layers=layers, num_heads=heads,
+        num_queries=f.integer("num_queries", NUM_QUERIES), num_layers=layers, num_heads=heads,
         dim_feedforward=f.integer("decoder_ffn_dim", 1024), dropout=f.number("dropout", 0.0, min=0.0, below=1.0),
         activation=f.choice("decoder_activation_function", "relu", _ACTIVATIONS), num_points=points,
         offset_scale=f.number("decoder_offset_scale", 0.5), eval_idx=eval_idx, max_num_bins=bins,

@@ -57,6 +57,7 @@ from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_wei
 from peg_core.interop.io import LoadReport, WeightsError, load_state_strict, read_state_file
 
 from ..models.rtdetr.backbone import ResNetVd
+from ..models.rtdetr.config import NUM_QUERIES
 from ..models.rtdetr.decoder import RTDETRDecoder
 from ..models.rtdetr.encoder import HybridEncoder
 from ..models.rtdetr.model import RTDETR
@@ -286,7 +287,7 @@ def rtdetr_build_options(
     if d_model % decoder_heads:
         f.fail("decoder_attention_heads", f"a divisor of d_model {d_model}")
     num_classes = hf_num_labels(config, where)
-    num_queries = f.integer("num_queries", 300)
+    num_queries = f.integer("num_queries", NUM_QUERIES)
     decoder = dict(
         in_channels=decoder_levels, hidden_dim=d_model, num_classes=num_classes, num_queries=num_queries,
         num_layers=f.integer("decoder_layers", 6), num_heads=decoder_heads,

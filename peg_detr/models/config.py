@@ -58,8 +58,13 @@ class Option:
 
 
 def option(default: Any = None, *, factory: Callable[[], Any] | None = None, **spec: Any) -> Any:
-    """A config field with its :class:`Option` (``spec``: the Option's attributes); ``factory``: a mutable default."""
-    meta = {"option": Option(**spec)}
+    """A config field with its :class:`Option` attributes ``spec``; ``factory``: a mutable default.
+
+    On a field :data:`COMMON` names, ``spec`` adds to or replaces the common declaration
+    (``hidden_dim: int = option(256, hf="d_model")`` keeps ``--hidden-dim``).
+    """
+    Option(**spec)  # an unknown attribute is a TypeError here, where the field is declared
+    meta = {"option": spec}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -155,7 +160,12 @@ class DetectorConfig:
     SIZES: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
 
     def __post_init__(self) -> None:
-        if hasattr(self, "peg_at"):  # one stored form for 0, (0,), [0]
+        # one form per value, the stored one: a config equals its JSON round trip ((20, 20) is [20, 20])
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                setattr(self, f.name, json_safe(value))
+        if hasattr(self, "peg_at"):  # 0, (0,) and [0] alike
             self.peg_at = peg_at_value(self.peg_at)
         self.validate()
 
@@ -166,12 +176,14 @@ class DetectorConfig:
 
     @classmethod
     def field_options(cls) -> dict[str, Option]:
-        """``field name -> Option`` of every field with one (its own, else :data:`COMMON`'s of that name)."""
+        """``field name -> Option`` of every field with one: :data:`COMMON`'s of that name with the field's own on top."""
         found = {}
         for f in fields(cls):
-            spec = f.metadata.get("option") or COMMON.get(f.name)
-            if spec is not None:
-                found[f.name] = spec
+            own = f.metadata.get("option")
+            if own is not None:
+                found[f.name] = dataclasses.replace(COMMON.get(f.name, Option()), **own)
+            elif f.name in COMMON:
+                found[f.name] = COMMON[f.name]
         return found
 
     @classmethod

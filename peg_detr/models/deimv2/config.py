@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from peg_core.registry import EncodingSupport, parse_pos_enc
 
 from ..config import DetectorConfig, option
-from ..rtdetr.config import check_counts
+from ..rtdetr.config import NUM_QUERIES, check_counts
 from ..rtdetr.encoder import AIFI_ENCODINGS
 from .backbone import DINOV3_VITS
 
@@ -48,13 +48,13 @@ DEIMV2_SIZES: dict[str, dict[str, Any]] = {
                  trailing_conv=True),
     "n": dict(backbone="hgnetv2_b0", hgnet_return_idx=[2, 3], encoder="hybrid", hidden_dim=128,
               enc_dim_feedforward=512, encoder_expansion=0.34, depth_mult=0.5, dec_layers=3, dim_feedforward=512,
-              num_queries=300, num_points=[6, 6], trailing_conv=True),
+              num_queries=NUM_QUERIES, num_points=[6, 6], trailing_conv=True),
     "s": dict(backbone="vit_tiny", hidden_dim=192, enc_dim_feedforward=512, encoder_expansion=0.34, depth_mult=0.67,
-              dec_layers=4, dim_feedforward=512, num_queries=300, num_points=[3, 6, 3]),
+              dec_layers=4, dim_feedforward=512, num_queries=NUM_QUERIES, num_points=[3, 6, 3]),
     "m": dict(backbone="vit_tinyplus", hidden_dim=256, enc_dim_feedforward=512, encoder_expansion=0.67,
-              depth_mult=1.0, dec_layers=4, dim_feedforward=512, num_queries=300, num_points=[3, 6, 3]),
+              depth_mult=1.0, dec_layers=4, dim_feedforward=512, num_queries=NUM_QUERIES, num_points=[3, 6, 3]),
     "l": dict(backbone="dinov3_vits16", hidden_dim=224, enc_dim_feedforward=896, encoder_expansion=1.0,
-              depth_mult=1.0, dec_layers=4, dim_feedforward=1792, num_queries=300, num_points=[3, 6, 3],
+              depth_mult=1.0, dec_layers=4, dim_feedforward=1792, num_queries=NUM_QUERIES, num_points=[3, 6, 3],
               sta_inplanes=32),
 }  # fmt: skip
 
@@ -123,7 +123,7 @@ class DEIMv2Config(DetectorConfig):
     dec_heads: int = option(8, hf="decoder_attention_heads")
     dim_feedforward: int = option(1024, hf="decoder_ffn_dim")
     dropout: float = 0.0
-    num_queries: int = 300
+    num_queries: int = NUM_QUERIES
     num_points: int | Sequence[int] = option(4, hf="decoder_n_points")
     offset_scale: float = option(0.5, hf="decoder_offset_scale")
     max_num_bins: int = option(32, hf="max_num_bins")
@@ -154,11 +154,11 @@ class DEIMv2Config(DetectorConfig):
     freeze_backbone_bn: bool = False
     peg_at: Sequence[int] | int | str = (-1,)
     peg_kernel_size: int = 3
-    mal_loss_coef: float = option(1.0, hf="weight_loss_mal")
-    bbox_loss_coef: float = option(5.0, hf="weight_loss_bbox")
-    giou_loss_coef: float = option(2.0, hf="weight_loss_giou")
-    fgl_loss_coef: float = option(0.15, hf="weight_loss_fgl")
-    ddf_loss_coef: float = option(1.5, hf="weight_loss_ddf")
+    mal_loss_coef: float = 1.0
+    bbox_loss_coef: float = 5.0
+    giou_loss_coef: float = 2.0
+    fgl_loss_coef: float = 0.15
+    ddf_loss_coef: float = 1.5
     losses: Sequence[str] = DEIMV2_LOSSES
     focal_alpha: float = 0.75
     focal_gamma: float = 2.0

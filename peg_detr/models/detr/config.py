@@ -88,7 +88,7 @@ class DETRConfig(DetectorConfig):
     dropout: float = 0.1
     pre_norm: bool = False
     # transformers' auxiliary_loss is another computation (module docstring of peg_detr.interop.hf_detr)
-    aux_loss: bool = option(True, flag="--no-aux-loss", shared=True)
+    aux_loss: bool = option(True, hf=None)
     peg_at: Sequence[int] | int | str = (0,)
     peg_kernel_size: int = 3
     peg_separable: bool = False

@@ -80,9 +80,12 @@ class DFineConfig(RTDETRConfig):
     SIZES: ClassVar[Mapping[str, Mapping[str, Any]]] = {**DFINE_SIZES, "tiny": _TINY}
 
     backbone: str = "hgnetv2_b4"
+    # the decoder's width and FFN; the encoder's are encoder_hidden_dim / encoder_dim_feedforward (None: the same)
+    hidden_dim: int = option(256, hf="d_model")
+    dim_feedforward: int = option(1024, hf="decoder_ffn_dim")
     num_points: int | Sequence[int] = option((3, 6, 3), hf="decoder_n_points")
     freeze_backbone_bn: bool | None = option(
-        None, flag="--freeze-backbone-bn", boolean=True, hf="freeze_backbone_batch_norms",
+        None, flag="--freeze-backbone-bn", boolean=True,
         help="frozen backbone norms (default: the size's; D-FINE L/X frozen, DEIM unfreezes)",
     )  # fmt: skip
     encoder_hidden_dim: int | None = option(None, hf="encoder_hidden_dim")
@@ -109,8 +112,8 @@ class DFineConfig(RTDETRConfig):
         "D-FINE L/X 0, DEIM -1)",
     )  # fmt: skip
     backbone_return_idx: Sequence[int] | None = None
-    fgl_loss_coef: float = option(0.15, hf="weight_loss_fgl")
-    ddf_loss_coef: float = option(1.5, hf="weight_loss_ddf")
+    fgl_loss_coef: float = 0.15
+    ddf_loss_coef: float = 1.5
     cls_loss: str = option(
         "vfl", flag="--cls-loss", choices=CLS_LOSSES, loss=True,
         help="classification loss: vfl (D-FINE), mal (DEIM's matchability-aware loss, gamma 1.5), focal",

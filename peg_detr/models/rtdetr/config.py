@@ -15,7 +15,10 @@ from peg_core.registry import EncodingSupport, parse_pos_enc
 from ..config import DetectorConfig, option
 from .encoder import AIFI_ENCODINGS
 
-__all__ = ["RTDETRConfig", "check_counts"]
+__all__ = ["NUM_QUERIES", "RTDETRConfig", "check_counts"]
+
+#: the queries RT-DETR and its successors (D-FINE, DEIM, DEIMv2's N..L) select: one definition
+NUM_QUERIES = 300
 
 
 def check_counts(num_classes: int, num_queries: int, num_denoising: int) -> None:
@@ -66,7 +69,7 @@ class RTDETRConfig(DetectorConfig):
     dec_layers: int = 6
     dim_feedforward: int = option(1024, hf=("encoder_ffn_dim", "decoder_ffn_dim"))
     dropout: float = 0.0
-    num_queries: int = 300
+    num_queries: int = NUM_QUERIES
     num_points: int | Sequence[int] = option(4, hf="decoder_n_points")
     encoder_expansion: float = 1.0
     depth_mult: float = 1.0
@@ -75,7 +78,7 @@ class RTDETRConfig(DetectorConfig):
     box_noise_scale: float = 1.0
     aux_loss: bool = True
     backbone_weights: str | None = None
-    freeze_backbone_bn: bool | None = option(None, hf="freeze_backbone_batch_norms")
+    freeze_backbone_bn: bool | None = None
     peg_at: Sequence[int] | int | str = (-1,)
     peg_kernel_size: int = 3
     peg_separable: bool = False
@@ -84,9 +87,9 @@ class RTDETRConfig(DetectorConfig):
     peg_num_kernels: int = 4
     learned_grid: Sequence[int] = (20, 20)
     pos_interpolation: str = "bicubic"
-    vfl_loss_coef: float = option(1.0, hf="weight_loss_vfl")
-    bbox_loss_coef: float = option(5.0, hf="weight_loss_bbox")
-    giou_loss_coef: float = option(2.0, hf="weight_loss_giou")
+    vfl_loss_coef: float = 1.0
+    bbox_loss_coef: float = 5.0
+    giou_loss_coef: float = 2.0
 
     def validate(self) -> None:
         """The encoding (refused before any backbone is built), the counts, the head split."""
