@@ -8,13 +8,20 @@ counted by the engine's backend and by dynamo's own ``unique_graphs`` counter.
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import pytest
 import torch
 from torch import nn
 
 from peg_core.engine.compile import compile_regions, input_key, pad_to_bucket
-from peg_detr.structures import ImageBatch
+
+
+class ImageBatch(NamedTuple):
+    """peg_detr's padded batch (``peg_detr.structures.ImageBatch``): images and a mask True at padding."""
+
+    tensors: torch.Tensor
+    mask: torch.Tensor
 
 
 def test_regions_of_each_family():
