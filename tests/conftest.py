@@ -1,10 +1,13 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
-# Two cores on the build machines: keep intra-op threads at that.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Two cores on the build machines: keep intra-op threads at that, shared by the pytest-xdist workers
+# (make test runs two: one thread each)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 
 @pytest.fixture(autouse=True)
@@ -20,3 +23,47 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def one_thread_module():
+    """:func:`one_thread` for a whole module: its module fixtures (a training run) and its tests then
+    compute with the same thread count (another count changes float summation order).  A module asks
+    for it before its other fixtures with ``pytestmark = pytest.mark.usefixtures("one_thread_module")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+#: the synthetic COCO set of :func:`coco`: 64 px, 3 classes, 1-2 shapes a third to half the side, 8 + 4 images
+COCO_DEFAULTS = dict(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5,
+                     num_train=8, num_val=4, seed=1)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def coco_set(tmp_path_factory):
+    """``coco_set(**fields) -> root``: a synthetic COCO set (:data:`COCO_DEFAULTS` updated by ``fields``:
+    :class:`peg_detr.data.SyntheticSpec`'s, ``num_train``, ``num_val``, ``seed``), written once per session
+    and shared by every module asking for the same one.  Tests read it; a test that changes files copies it."""
+    made: dict[tuple, Path] = {}
+
+    def make(**fields) -> Path:
+        from peg_detr.data import SyntheticSpec, make_synthetic_coco
+
+        options = {**COCO_DEFAULTS, **fields}
+        key = tuple(sorted(options.items()))
+        if key not in made:
+            counts = {k: options.pop(k) for k in ("num_train", "num_val", "seed")}
+            made[key] = make_synthetic_coco(
+                tmp_path_factory.mktemp("coco"), spec=SyntheticSpec(**options), **counts
+            )
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def coco(request, coco_set):
+    """The module's synthetic COCO set: its ``COCO_SET`` dict (``coco_set``'s fields) over :data:`COCO_DEFAULTS`."""
+    return coco_set(**getattr(request.module, "COCO_SET", {}))

@@ -254,14 +254,6 @@ DETR_CLI = [
 RTDETR_CLI = ["--config", "rtdetr_demo_tiny", "--workers", "0", "--no-progress", "--device", "cpu"]
 
 
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory):
-    from peg_detr.data.synthetic import SyntheticSpec, make_synthetic_coco
-
-    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5)
-    return make_synthetic_coco(tmp_path_factory.mktemp("coco"), num_train=8, num_val=4, seed=1, spec=spec)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("arch", "pos_enc", "sizes"),

@@ -179,14 +179,6 @@ def test_classifier_trains_and_evaluates_with_registered_encodings(tmp_path):
     assert list(ev["top1_by_size"]) == ["16", "24"] and all(0 <= v <= 1 for v in ev["top1_by_size"].values())
 
 
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory):
-    from peg_detr.data.synthetic import SyntheticSpec, make_synthetic_coco
-
-    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5)
-    return make_synthetic_coco(tmp_path_factory.mktemp("coco"), num_train=8, num_val=4, seed=1, spec=spec)
-
-
 DETR_TINY = [
     "--backbone", "tiny", "--hidden-dim", "32", "--num-heads", "2", "--enc-layers", "1", "--dec-layers", "1",
     "--dim-feedforward", "64", "--num-queries", "6", "--train-sizes", "64", "--max-size", "64",

@@ -67,12 +67,7 @@ def test_video_same_losses(tmp_path):
     _same_losses(run, tmp_path)
 
 
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory):
-    from peg_detr.data import SyntheticSpec, make_synthetic_coco
-
-    spec = SyntheticSpec(size=96, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5)
-    return make_synthetic_coco(tmp_path_factory.mktemp("coco"), num_train=4, num_val=2, seed=1, spec=spec)
+COCO_SET = dict(size=96, num_train=4, num_val=2)  # the module's ``coco`` (tests/conftest.py)
 
 
 DETR_TINY = ["--backbone", "tiny", "--hidden-dim", "32", "--num-heads", "2", "--enc-layers", "1", "--dec-layers", "1",

@@ -129,12 +129,7 @@ def test_peg_core_commands_refuse_every_torch_payload(torch_files, tmp_path, cap
             assert "refused" in _calls(core_main, capsys, argv, p), argv
 
 
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory):
-    from peg_detr.data import SyntheticSpec, make_synthetic_coco
-
-    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3)
-    return make_synthetic_coco(tmp_path_factory.mktemp("coco"), num_train=4, num_val=2, seed=3, spec=spec)
+COCO_SET = dict(max_frac=0.45, num_train=4, num_val=2, seed=3)  # the module's ``coco`` (tests/conftest.py)
 
 
 def test_peg_detr_commands_refuse_every_torch_payload(torch_files, coco, tmp_path, capsys):

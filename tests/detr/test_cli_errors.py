@@ -16,7 +16,6 @@ import torch
 
 from peg_detr.__main__ import main as cli
 from peg_detr.cli import train as train_main
-from peg_detr.data import SyntheticSpec, make_synthetic_coco
 
 pytestmark = pytest.mark.slow
 
@@ -26,10 +25,7 @@ RUN = ["--train-sizes", "64", "--crop-resize", "", "--val-size", "64", "--total-
        "--no-progress", "--epochs", "1"]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3)
-    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=8, num_val=2, seed=3, spec=spec)
+COCO_SET = dict(max_frac=0.45, num_val=2, seed=3)  # the module's ``data`` (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

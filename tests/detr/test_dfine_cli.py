@@ -19,7 +19,6 @@ from peg_detr.archs import arch_of_model
 from peg_detr.cli import parse_train_args
 from peg_detr.cli import train as train_main
 from peg_detr.configs import CONFIGS, PUBLISHED_AP
-from peg_detr.data import SyntheticSpec, make_synthetic_coco
 from peg_detr.model import build_model, load_model, model_config_from_args
 from peg_detr.models.dfine import DFINE, DFINE_SIZES
 
@@ -117,10 +116,7 @@ def test_flags_override_the_preset_and_misuse_is_refused():
 # -------------------------------------------------------------------------------------- end to end
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    spec = SyntheticSpec(size=96, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5)
-    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=8, num_val=4, seed=1, spec=spec)
+COCO_SET = dict(size=96)  # the module's ``data`` (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,10 @@ import peg_detr.task
 from peg_core.engine import EXIT_DIVERGED
 from peg_core.errors import NonFiniteError
 from peg_detr.__main__ import main as cli
-from peg_detr.data import SyntheticSpec, make_synthetic_coco
 from peg_detr.evaluation import CocoEvaluator
 from peg_detr.models import HungarianMatcher
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread_module")]
 
 DIVERGED = re.compile(
     r"error: the matching cost has NaN/inf entries \(non-finite pred_logits or pred_boxes\) at step \d+ "
@@ -32,18 +31,7 @@ DIVERGED = re.compile(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5)
-    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=8, num_val=2, seed=1, spec=spec)
+COCO_SET = dict(num_val=2)  # the module's ``data`` (tests/conftest.py)
 
 
 def _argv(arch: str, data, out, *extra: str) -> list[str]:

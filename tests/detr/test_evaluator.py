@@ -18,14 +18,8 @@ from peg_detr import build_detr
 from peg_detr.data import CocoDetr, SyntheticSpec, collate_detr, make_synthetic_coco, make_val_transforms
 from peg_detr.evaluation import STAT_NAMES, CocoEvaluator, coco_stats, evaluate_coco, to_coco_results
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # One intra-op thread: faster for these tiny models on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# one intra-op thread for the module and its fixtures (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
 @pytest.fixture(scope="module")

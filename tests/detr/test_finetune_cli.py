@@ -15,7 +15,6 @@ import torch
 
 from peg_core.engine import read_checkpoint
 from peg_detr.__main__ import main as cli
-from peg_detr.data import SyntheticSpec, make_synthetic_coco
 from peg_detr.model import load_model
 from tests.detr.test_dfine_cli import _tiny_dfine_folder
 
@@ -23,10 +22,7 @@ RUN = ["--epochs", "1", "--workers", "0", "--no-progress", "--device", "cpu", "-
        "--val-size", "96", "--eval-sizes", "96"]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    spec = SyntheticSpec(size=96, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5)
-    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=4, num_val=2, seed=1, spec=spec)
+COCO_SET = dict(size=96, num_train=4, num_val=2)  # the module's ``data`` (tests/conftest.py)
 
 
 def _folder(path, names):

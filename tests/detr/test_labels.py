@@ -24,13 +24,7 @@ from peg_detr.data import (
 )
 from peg_detr.evaluation import BACKENDS, CocoEvaluator
 from peg_detr.model import load_model
-from tests.detr.label_runs import NAMES, SMALL_RUN, make_gap_data, train_contiguous
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_gap_data(tmp_path_factory.mktemp("gaps"))
-
+from tests.detr.label_runs import NAMES, SMALL_RUN, train_contiguous
 
 # ------------------------------------------------------------------------------------ the label map
 
@@ -98,12 +92,12 @@ def test_recipes_default_to_their_label_mode():
 # -------------------------------------------------------------------------- dataset and evaluation
 
 
-def test_dataset_gives_contiguous_labels_of_the_annotations(data):
-    annotations = load_coco_annotations(data / "annotations" / "instances_train2017.json")
+def test_dataset_gives_contiguous_labels_of_the_annotations(gap_data):
+    annotations = load_coco_annotations(gap_data / "annotations" / "instances_train2017.json")
     contiguous = LabelMap.from_categories(annotations.categories, "contiguous")
     square = make_rtdetr_val_transforms(64)
-    by_ids = CocoDetr(data / "train2017", annotations, square)
-    by_labels = CocoDetr(data / "train2017", annotations, square, contiguous)
+    by_ids = CocoDetr(gap_data / "train2017", annotations, square)
+    by_labels = CocoDetr(gap_data / "train2017", annotations, square, contiguous)
     seen = set()
     for i in range(len(by_ids)):
         image_id = by_ids.ids[i]
@@ -117,11 +111,11 @@ def test_dataset_gives_contiguous_labels_of_the_annotations(data):
     assert seen == {1, 3, 7}  # every gap id was exercised
 
 
-def test_a_category_outside_the_map_is_refused(data, tmp_path):
-    annotations = load_coco_annotations(data / "annotations" / "instances_val2017.json")
+def test_a_category_outside_the_map_is_refused(gap_data, tmp_path):
+    annotations = load_coco_annotations(gap_data / "annotations" / "instances_val2017.json")
     only_two = LabelMap.from_categories(annotations.categories[:2], "contiguous")
     with pytest.raises(CocoDataError, match=r"categories \[7\] are not among the 2"):
-        CocoDetr(data / "val2017", annotations, None, only_two)
+        CocoDetr(gap_data / "val2017", annotations, None, only_two)
 
 
 def _predictions(coco, labels_of) -> dict[int, dict[str, torch.Tensor]]:
@@ -142,8 +136,8 @@ def _predictions(coco, labels_of) -> dict[int, dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_coco_eval_with_the_remap_equals_the_ids_run(data, backend):
-    annotations = load_coco_annotations(data / "annotations" / "instances_val2017.json")
+def test_coco_eval_with_the_remap_equals_the_ids_run(gap_data, backend):
+    annotations = load_coco_annotations(gap_data / "annotations" / "instances_val2017.json")
     contiguous = LabelMap.from_categories(annotations.categories, "contiguous")
     by_ids = CocoEvaluator(annotations.coco, backend)
     by_ids.update(_predictions(annotations.coco, lambda c: c))
@@ -177,13 +171,15 @@ def _train(data: Path, out: Path, *flags: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def contiguous_run(data, tmp_path_factory):
+def contiguous_run(gap_data, tmp_path_factory):
     """``--config rtdetr_r18vd_6x`` (no ``--labels``: the recipe's contiguous) shrunk to seconds on a CPU."""
     out = tmp_path_factory.mktemp("contiguous")
-    return out, train_contiguous(data, out)
+    return out, train_contiguous(gap_data, out)
 
 
-def test_a_contiguous_run_records_its_map_and_predicts_category_ids(contiguous_run, data, tmp_path, capsys):
+def test_a_contiguous_run_records_its_map_and_predicts_category_ids(
+    contiguous_run, gap_data, tmp_path, capsys
+):
     from peg_core.engine import read_checkpoint
     from peg_detr.predict import Predictor
 
@@ -197,7 +193,7 @@ def test_a_contiguous_run_records_its_map_and_predicts_category_ids(contiguous_r
     loaded = load_model(out / "checkpoint.pth")
     assert loaded.classes == ["square", "disc", "triangle"]
     predictor = Predictor(out / "checkpoint.pth", threshold=0.0)
-    image = next((data / "val2017").iterdir())
+    image = next((gap_data / "val2017").iterdir())
     (pred,) = predictor.predict_files([str(image)])
     assert pred.detections and all(d.label in NAMES and d.name == NAMES[d.label] for d in pred.detections)
     raw = predictor.detect(predictor.read(str(image)), threshold=0.0)
@@ -205,7 +201,7 @@ def test_a_contiguous_run_records_its_map_and_predicts_category_ids(contiguous_r
 
 
 def test_export_hf_writes_the_recorded_names_and_init_picks_contiguous(
-    contiguous_run, data, tmp_path, capsys
+    contiguous_run, gap_data, tmp_path, capsys
 ):
     transformers = pytest.importorskip("transformers")
     from peg_detr.__main__ import main as cli
@@ -219,7 +215,7 @@ def test_export_hf_writes_the_recorded_names_and_init_picks_contiguous(
     capsys.readouterr()
     # the recipe says ids (8 classes); the folder's 3 names are the data's: contiguous, said in one line
     run = tmp_path / "init"
-    assert cli(["train", "--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(run),
+    assert cli(["train", "--config", "rtdetr_demo_tiny", "--data-root", str(gap_data), "--output-dir", str(run),
                 "--init", str(folder), "--epochs", "1", "--workers", "0", "--no-progress", *SMALL_RUN]) == 0  # fmt: skip
     said = [line for line in capsys.readouterr().out.splitlines() if "label names" in line]
     assert said == [
@@ -228,12 +224,12 @@ def test_export_hf_writes_the_recorded_names_and_init_picks_contiguous(
     assert load_model(run / "checkpoint.pth").classes == ["square", "disc", "triangle"]
 
 
-def test_a_batch_larger_than_the_data_names_the_flags(data, tmp_path, capsys):
+def test_a_batch_larger_than_the_data_names_the_flags(gap_data, tmp_path, capsys):
     """The refusal says which flags make the batch fit (the data has 4 training images)."""
     from peg_detr.__main__ import main as cli
 
     out = tmp_path / "run"
-    argv = ["train", "--config", "rtdetr_r18vd_6x", "--data-root", str(data), "--output-dir", str(out),
+    argv = ["train", "--config", "rtdetr_r18vd_6x", "--data-root", str(gap_data), "--output-dir", str(out),
             "--epochs", "1", "--workers", "0", "--no-progress"]  # fmt: skip
     assert cli(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -243,7 +239,7 @@ def test_a_batch_larger_than_the_data_names_the_flags(data, tmp_path, capsys):
 
 
 @pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
-def test_init_from_an_hf_detr_folder_with_the_data_names_keeps_its_class_head(data, tmp_path, capsys):
+def test_init_from_an_hf_detr_folder_with_the_data_names_keeps_its_class_head(gap_data, tmp_path, capsys):
     """A DETR folder whose 3 id2label names are the data's: contiguous, the classifier loaded (not dropped)."""
     transformers = pytest.importorskip("transformers")
     from peg_core.engine import read_checkpoint
@@ -259,7 +255,7 @@ def test_init_from_an_hf_detr_folder_with_the_data_names_keeps_its_class_head(da
     transformers.DetrForObjectDetection(config).save_pretrained(folder)
     capsys.readouterr()
     train([
-        "--data-root", str(data), "--output-dir", str(tmp_path / "run"), "--init", str(folder), "--pos-enc", "sine",
+        "--data-root", str(gap_data), "--output-dir", str(tmp_path / "run"), "--init", str(folder), "--pos-enc", "sine",
         "--backbone", "resnet18", "--num-queries", "5", "--hidden-dim", "32", "--num-heads", "2", "--enc-layers", "1",
         "--dec-layers", "1", "--dim-feedforward", "64", "--train-sizes", "64", "--crop-resize", "", "--val-size", "64",
         "--total-batch-size", "4", "--epochs", "1", "--lr", "1e-12", "--lr-backbone", "0", "--weight-decay", "0",

@@ -17,22 +17,17 @@ import torch
 from peg_core.engine import read_checkpoint
 from peg_detr.__main__ import main as cli
 from peg_detr.data import LabelMap
-from tests.detr.label_runs import NAMES, make_gap_data, train_contiguous
+from tests.detr.label_runs import NAMES, train_contiguous
 
 #: label k of the contiguous run -> its category id (the k-th of 1, 3, 7)
 CATEGORY_OF_LABEL = dict(enumerate(sorted(NAMES)))
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_gap_data(tmp_path_factory.mktemp("gaps"))
-
-
-@pytest.fixture(scope="module")
-def run(data, tmp_path_factory) -> tuple[Path, dict]:
+def run(gap_data, tmp_path_factory) -> tuple[Path, dict]:
     """``(checkpoint.pth, training report)`` of the contiguous run."""
     out = tmp_path_factory.mktemp("contiguous")
-    return out / "checkpoint.pth", train_contiguous(data, out)
+    return out / "checkpoint.pth", train_contiguous(gap_data, out)
 
 
 def _spread_classes(checkpoint: Path, out: Path, mode: str) -> Path:
@@ -67,9 +62,9 @@ def _predict(checkpoint: Path, images: list[Path], out: Path) -> dict[str, list[
     return json.loads((out / "detections.json").read_text())
 
 
-def test_predict_command_writes_category_ids_and_names(run, data, tmp_path, capsys):
+def test_predict_command_writes_category_ids_and_names(run, gap_data, tmp_path, capsys):
     checkpoint, _ = run
-    images = sorted((data / "val2017").iterdir())
+    images = sorted((gap_data / "val2017").iterdir())
     (plain,) = _predict(
         checkpoint, images[:1], tmp_path / "plain"
     ).values()  # the trained weights as they are

@@ -34,11 +34,9 @@ from tests.core.test_optional_deps import _hide
 ALL_AREAS = ("ap", "ap50", "ap75", "ar1", "ar10", "ar100")
 
 
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory) -> Path:
-    """16 train and 4 val images, 64 px, 0-2 shapes of 3 classes (some images without objects)."""
-    spec = SyntheticSpec(size=64, num_classes=3, min_objects=0, max_objects=2, min_frac=0.3, max_frac=0.5)
-    return make_synthetic_coco(tmp_path_factory.mktemp("coco"), num_train=16, num_val=4, seed=1, spec=spec)
+#: the module's ``coco`` (tests/conftest.py): 16 train and 4 val images, 64 px, 0-2 shapes of 3 classes
+#: (some images without objects)
+COCO_SET = dict(min_objects=0, num_train=16)
 
 
 @pytest.fixture(scope="module")

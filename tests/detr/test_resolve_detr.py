@@ -20,7 +20,6 @@ from peg_core.interop.hf_folder import read_hf_weights
 from peg_detr import from_hf
 from peg_detr.__main__ import main as cli
 from peg_detr.cli import parse_train_args
-from peg_detr.data import SyntheticSpec, make_synthetic_coco
 from peg_detr.interop import load_rtdetr_backbone
 from peg_detr.model import build_model
 from peg_detr.models import build_detr
@@ -106,10 +105,7 @@ def test_predictor_from_a_hub_id(hf_home, folders, name):
     assert got.detections[0].name.startswith("LABEL_")  # transformers' default id2label names the labels
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5)
-    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=4, num_val=2, seed=1, spec=spec)
+COCO_SET = dict(num_train=4, num_val=2)  # the module's ``data`` (tests/conftest.py)
 
 
 def test_train_init_and_backbone_weights_resolve_from_the_caches(hf_home, folders, data, tmp_path, capsys):

@@ -21,10 +21,8 @@ from peg_detr.cli import train as train_main
 from peg_detr.configs import CONFIGS, PUBLISHED_AP
 from peg_detr.data import (
     MultiScaleCollate,
-    SyntheticSpec,
     make_rtdetr_train_transforms,
     make_rtdetr_val_transforms,
-    make_synthetic_coco,
 )
 from peg_detr.data.transforms import make_boxes
 from peg_detr.model import EMA_PREFIX, load_model
@@ -195,10 +193,7 @@ def test_ema_decays_once_per_update_with_buffers_of_two_dtypes():
 # -------------------------------------------------------------------------------------- end to end
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    spec = SyntheticSpec(size=96, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5)
-    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=8, num_val=4, seed=1, spec=spec)
+COCO_SET = dict(size=96)  # the module's ``data`` (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

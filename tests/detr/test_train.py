@@ -15,28 +15,14 @@ from peg_detr.cli import evaluate as eval_main
 from peg_detr.cli import parse_train_args
 from peg_detr.cli import train as train_main
 from peg_detr.configs import CONFIGS, PUBLISHED_AP
-from peg_detr.data import SyntheticSpec, make_synthetic_coco
 from peg_detr.evaluation import STAT_NAMES
 from peg_detr.model import build_model, model_config_from_args
 from peg_detr.task import per_process_batch
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread_module")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models: one intra-op thread is faster. Module scope: the module fixtures below must train
-    # with the same thread count as the tests (a different count changes float summation order).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    spec = SyntheticSpec(size=64, num_classes=3, min_objects=0, max_objects=2, min_frac=0.3, max_frac=0.5)
-    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=16, num_val=4, seed=1, spec=spec)
+COCO_SET = dict(min_objects=0, num_train=16)  # the module's ``data`` (tests/conftest.py)
 
 
 def _argv(data, out, epochs, *extra):

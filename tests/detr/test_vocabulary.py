@@ -9,7 +9,6 @@ from peg_core.engine import read_checkpoint
 from peg_core.interop.io import atomic_save
 from peg_detr import build_detr
 from peg_detr.cli import build_make_data_parser, evaluate, parse_eval_args, parse_train_args, train
-from peg_detr.data import SyntheticSpec, make_synthetic_coco
 from peg_detr.model import build_model, load_model, model_config_from_args
 from peg_detr.task import run_args
 
@@ -133,10 +132,7 @@ def test_pos_interpolation_reaches_the_learned_table():
     assert _model("--pos-enc", "learned").transformer.encoder.pos.interpolation == "bicubic"  # the default
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3)
-    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=4, num_val=2, seed=3, spec=spec)
+COCO_SET = dict(max_frac=0.45, num_train=4, num_val=2, seed=3)  # the module's ``data`` (tests/conftest.py)
 
 
 def test_old_checkpoint_names_load(data, tmp_path):

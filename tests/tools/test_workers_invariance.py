@@ -13,7 +13,6 @@ import torch
 
 import peg_core.engine.trainer as trainer
 from peg_detr.cli import train as detr_train
-from peg_detr.data import SyntheticSpec, make_synthetic_coco
 from peg_video.__main__ import main as video_main
 from tests.video.runs import TINY, synthetic_set
 
@@ -38,10 +37,8 @@ def losses(monkeypatch):
     return seen
 
 
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory):
-    spec = SyntheticSpec(size=64, num_classes=3, min_objects=1, max_objects=3)
-    return make_synthetic_coco(tmp_path_factory.mktemp("coco"), num_train=16, num_val=4, seed=3, spec=spec)
+#: the module's ``coco`` (tests/conftest.py): 16 + 4 images of 1-3 shapes
+COCO_SET = dict(max_objects=3, min_frac=0.2, max_frac=0.45, num_train=16, seed=3)
 
 
 DETR = ["--config", "demo_tiny", "--train-sizes", "48,56,64", "--max-size", "80", "--val-size", "64"]

@@ -27,11 +27,7 @@ CFG = ClipTransformConfig(crop=32, train_scale=(32, 40), test_scale=32, num_crop
 BAD_SIZE = SyntheticSpec(num_train=1, num_val=1, width=48, height=40, frames=4)
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("syn")
-    make_synthetic_kinetics(root, SPEC)
-    return root
+VIDEOS = dict(num_train=12, num_val=6)  # the module's ``data`` (tests/video/conftest.py): SPEC's set
 
 
 def test_layout_and_formats(data):

@@ -16,9 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 ONE_EPOCH = [*TINY, "--epochs", "1"]
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return synthetic_set(tmp_path_factory.mktemp("syn"), num_train=4, num_val=3, frames=8, seed=5)
+VIDEOS = dict(num_train=4, num_val=3, frames=8, seed=5)  # the module's ``data`` (tests/video/conftest.py)
 
 
 @pytest.fixture(scope="module")

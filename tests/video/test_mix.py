@@ -13,7 +13,7 @@ from torch import nn
 from peg_core.engine import read_checkpoint
 from peg_video.__main__ import main
 from peg_video.mix import ClipMix, build_clip_mix, mix_seed, smooth_one_hot
-from tests.video.runs import TINY, synthetic_set
+from tests.video.runs import TINY
 
 K = 5
 
@@ -112,11 +112,6 @@ def test_a_five_d_batch_is_required():
 
 
 # ------------------------------------------------------------------------------- the train command
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return synthetic_set(tmp_path_factory.mktemp("syn"), num_train=8, num_val=4, seed=3)
 
 
 def _train(data, out, *extra) -> int:

@@ -45,13 +45,7 @@ def test_shim_makes_pytorchvideo_transforms_import_in_a_fresh_process():
     assert module == expected
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("syn")
-    make_synthetic_kinetics(
-        root, SyntheticSpec(num_train=6, num_val=3, width=64, height=48, frames=12, fps=12, seed=6)
-    )
-    return root
+VIDEOS = dict(num_train=6, num_val=3, seed=6)  # the module's ``data`` (tests/video/conftest.py)
 
 
 def test_labeled_video_dataset_with_decord_yields_clips(data, tmp_path):

@@ -7,14 +7,12 @@ import torch
 
 from peg_core.engine import EXIT_DIVERGED, read_checkpoint
 from peg_video.__main__ import main
-from tests.video.runs import TINY, synthetic_set
+from tests.video.runs import TINY
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return synthetic_set(tmp_path_factory.mktemp("syn"), num_train=12, num_val=6, seed=2)
+VIDEOS = dict(num_train=12, num_val=6, seed=2)  # the module's ``data`` (tests/video/conftest.py)
 
 
 def _train(data, out, *extra) -> int:

@@ -24,12 +24,7 @@ RUN = ["--epochs", "1", "--batch-size", "2", "--num-clips", "1", "--stride", "2"
 RENAMED = {"move right": "Move Right", "move left": "shift left", "move up": "jump", "move down": "move_down"}
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("syn")
-    argv = ["make-data", str(out), "--num-train", "8", "--num-val", "4", "--width", "64", "--height", "48"]
-    assert main([*argv, "--frames", "8", "--seed", "3"]) == 0
-    return out
+VIDEOS = dict(frames=8)  # the module's ``data`` (tests/video/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -42,12 +42,7 @@ def _videomae(folder, seed=0, preprocessor=True, **sizes):
     return folder
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("syn")
-    argv = ["make-data", str(out), "--num-train", "4", "--num-val", "2", "--width", "64", "--height", "48"]
-    assert main([*argv, "--frames", "8", "--seed", "3"]) == 0
-    return out
+VIDEOS = dict(num_train=4, num_val=2, frames=8)  # the module's ``data`` (tests/video/conftest.py)
 
 
 @pytest.fixture(scope="module")
