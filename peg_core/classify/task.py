@@ -275,6 +275,8 @@ class ClassifyTask:
         if "quantized" in ckpt:  # a .pt2 from 'peg_core quantize': CPU only, its own resize mode
             if ctx.device.type != "cpu":
                 raise UserError("quantized models run on the CPU only", f"--device {ctx.device}")
+            if getattr(args, "compile", False):  # an exported int8 graph, not the model torch.compile traces
+                raise UserError("a quantized model runs as exported, not compiled", "--compile")
             model = ckpt["quantized"]
         else:
             model = load_model(ckpt, path, pos_interpolation=args.pos_interpolation).model.to(ctx.device)

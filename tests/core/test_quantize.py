@@ -108,6 +108,9 @@ def test_errors_are_one_line(run, tmp_path, capsys):
     assert "argument --calib: expected a positive integer" in err
     err = _one_line_error(capsys, main(["eval", "--checkpoint", str(run / "int8.pt2"), "--device", "cuda"]))
     assert err == "error: quantized models run on the CPU only: --device cuda"
+    argv = ["eval", "--checkpoint", str(run / "int8.pt2"), "--device", "cpu", "--compile"]
+    err = _one_line_error(capsys, main(argv))
+    assert err == "error: a quantized model runs as exported, not compiled: --compile"
     fake = tmp_path / "fake.pt2"
     fake.write_bytes(b"not a zip")
     err = _one_line_error(capsys, main(["eval", "--checkpoint", str(fake), "--no-progress"]))
