@@ -29,7 +29,7 @@ from peg_video.data.transforms import (
     normalize_clip,
     parse_rand_augment,
 )
-from tests.video.runs import TINY, synthetic_set
+from tests.video.runs import TINY
 
 MEAN, STD = (0.45, 0.45, 0.45), (0.225, 0.225, 0.225)
 
@@ -137,9 +137,7 @@ def test_train_transform_without_augmentations_is_unchanged():
 # ---------------------------------------------------------------------------- repeated augmentation
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return synthetic_set(tmp_path_factory.mktemp("syn"), num_train=7, num_val=2, seed=4)
+VIDEOS = dict(num_train=7, num_val=2, seed=4)  # the module's ``data`` (tests/video/conftest.py)
 
 
 CFG = ClipTransformConfig(crop=32, train_scale=(32, 40), test_scale=32)

@@ -23,7 +23,7 @@ from peg_video.data.transforms import (
     EvalClipTransform,
     TrainClipTransform,
 )
-from tests.video.runs import TINY, synthetic_set
+from tests.video.runs import TINY
 
 
 def _clip(t: int = 5, h: int = 48, w: int = 64, same: bool = False, seed: int = 0) -> torch.Tensor:
@@ -132,9 +132,7 @@ def test_config_refuses_bad_values():
 # ------------------------------------------------------------------------------------- data sets
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return synthetic_set(tmp_path_factory.mktemp("syn"), num_train=6, num_val=2, seed=5)
+VIDEOS = dict(num_train=6, num_val=2, seed=5)  # the module's ``data`` (tests/video/conftest.py)
 
 
 JITTER = ClipTransformConfig(crop=32, train_scale=(32, 40), test_scale=32)
