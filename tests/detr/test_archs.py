@@ -13,7 +13,9 @@ its tiny settings to :data:`tests.detr.tiny.TINY`, or a ``"tiny"`` size preset):
   ``pos_enc="peg"`` the folder's model computes what ``"none"`` computes (the PEG added at zero and
   reported), and that model is refused by the export;
 * the ONNX export (dynamic batch / height / width, a PEG with trained-looking weights) equals
-  onnxruntime at sizes other than the export's (sides no multiple of the stride).
+  onnxruntime at sizes other than the export's (sides no multiple of the stride);
+* every position encoding the arch accepts (``Arch.encodings``: each registered one alone, and the
+  combinations its ``-h`` shows) builds, runs at a square and an odd non-square size, and trains.
 
 Parity with transformers' own random models (folders transformers wrote, their variants and
 refusals) stays per family: ``test_rtdetr_hf.py``, ``test_dfine_hf.py``, ``test_deimv2_hf.py``,
@@ -42,6 +44,9 @@ TARGETS = [
 #: the registry when the tests are collected
 ARCH_NAMES = list(ARCHS)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+# tiny models: one intra-op thread is faster (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _normalise(x: torch.Tensor, mean=MEAN, std=STD) -> torch.Tensor:
@@ -224,3 +229,34 @@ def test_onnx_export_equals_onnxruntime_at_other_sizes(arch, tmp_path):
         assert logits.shape == (batch, TINY[arch]["num_queries"], _num_logits(arch))
         torch.testing.assert_close(torch.from_numpy(logits), want["pred_logits"], atol=1e-4, rtol=0)
         torch.testing.assert_close(torch.from_numpy(boxes), want["pred_boxes"], atol=1e-4, rtol=0)
+
+
+#: (arch, pos_enc): every encoding each arch's registry entry accepts alone, and its ``-h`` combinations
+#: (the registry when the tests are collected, less encodings other tests register)
+ENCODINGS = [
+    (arch, name)
+    for arch in ARCH_NAMES
+    for name in dict.fromkeys([*ARCHS[arch].encodings.names(), *ARCHS[arch].encodings.examples])
+    if not name.startswith("test-")
+]
+
+
+@pytest.mark.parametrize(("arch", "pos_enc"), ENCODINGS, ids=[f"{a}-{e}" for a, e in ENCODINGS])
+def test_every_encoding_of_every_arch_runs_at_any_size_and_trains(arch, pos_enc):
+    model, criterion, _ = tiny_model(arch, pos_enc=pos_enc)
+    assert model.build_config["pos_enc"] == pos_enc
+    q = TINY[arch]["num_queries"]
+    model.eval()
+    for i, size in enumerate([(96, 96), (97, 130)]):  # square; odd and non-square
+        with torch.no_grad():
+            out = model(_model_input(arch, _pixels(1, size, 40 + i)))
+        assert out["pred_logits"].shape == (1, q, _num_logits(arch)), size
+        assert torch.isfinite(out["pred_logits"]).all() and torch.isfinite(out["pred_boxes"]).all(), size
+    model.train()
+    x = _model_input(arch, _pixels(2, (96, 128), 42))
+    out = model(x, TARGETS) if ARCHS[arch].square_inputs else model(x)
+    total = criterion.total(criterion(out, TARGETS))
+    total.backward()
+    assert torch.isfinite(total)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
