@@ -70,6 +70,7 @@ from torch import Tensor, nn
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import WeightsError, read_state_file
 
+from ..models.detr.config import DETRConfig
 from .hf_processor import PREPROCESSOR_CONFIG, detr_processor_config
 
 __all__ = [
@@ -433,38 +434,31 @@ def detr_hf_config(model: nn.Module, names: Sequence[str] | None = None) -> dict
     missing: written ``LABEL_i``).  Other encodings, pre-norm layers, non-ResNet backbones or other
     decoder key positions have no Hugging Face DETR equivalent: a ``ValueError`` names every one.
     """
-    cfg = getattr(getattr(model, "module", model), "build_config", None)  # a DDP wrapper: its model's
-    if not isinstance(cfg, dict) or "num_classes" not in cfg:
+    stored = getattr(getattr(model, "module", model), "build_config", None)  # a DDP wrapper: its model's
+    if not isinstance(stored, dict) or "num_classes" not in stored:
         raise ValueError("the model has no build_config (not built by build_detr)")
+    cfg = DETRConfig.from_dict(stored)  # older names (nheads) read too
     refusals = [
-        (cfg.get("pos_enc", "peg") != "sine", f"pos_enc {cfg.get('pos_enc')!r} (only 'sine' exists in Hugging Face DETR)"),
-        (not str(cfg.get("backbone", "resnet50")).startswith("resnet"), f"backbone {cfg.get('backbone')!r} (ResNets only)"),
-        (bool(cfg.get("pre_norm", False)), "pre_norm=True (Hugging Face DETR is post-norm)"),
-        (cfg.get("decoder_key_pos", "sine") != "sine", f"decoder_key_pos {cfg.get('decoder_key_pos')!r} (only 'sine')"),
+        (cfg.pos_enc != "sine", f"pos_enc {cfg.pos_enc!r} (only 'sine' exists in Hugging Face DETR)"),
+        (not cfg.backbone.startswith("resnet"), f"backbone {cfg.backbone!r} (ResNets only)"),
+        (cfg.pre_norm, "pre_norm=True (Hugging Face DETR is post-norm)"),
+        (cfg.decoder_key_pos != "sine", f"decoder_key_pos {cfg.decoder_key_pos!r} (only 'sine')"),
     ]  # fmt: skip
     bad = [why for refused, why in refusals if refused]
     if bad:
         raise ValueError("; ".join(bad))
-    num_classes = int(cfg["num_classes"])
+    num_classes = cfg.num_classes
     names = list(names or [])
     id2label = {str(i): (names[i] if i < len(names) else "") or f"LABEL_{i}" for i in range(num_classes)}
+    # the sizes, under the Hugging Face names declared on DETRConfig's fields
+    sizes = {hf: getattr(cfg, name) for name, hf_names in DETRConfig.hf_fields().items() for hf in hf_names}
     return {
         "architectures": ["DetrForObjectDetection"],
         "model_type": "detr",
         "use_timm_backbone": True,
-        "backbone": cfg.get("backbone", "resnet50"),
         "use_pretrained_backbone": False,
         "num_channels": 3,
-        "dilation": bool(cfg.get("dilation", False)),
-        "d_model": int(cfg.get("hidden_dim", 256)),
-        "encoder_layers": int(cfg.get("enc_layers", 6)),
-        "decoder_layers": int(cfg.get("dec_layers", 6)),
-        "encoder_attention_heads": int(cfg.get("num_heads", cfg.get("nheads", 8))),
-        "decoder_attention_heads": int(cfg.get("num_heads", cfg.get("nheads", 8))),
-        "encoder_ffn_dim": int(cfg.get("dim_feedforward", 2048)),
-        "decoder_ffn_dim": int(cfg.get("dim_feedforward", 2048)),
-        "num_queries": int(cfg.get("num_queries", 100)),
-        "dropout": float(cfg.get("dropout", 0.1)),
+        **sizes,
         "activation_function": "relu",
         "position_embedding_type": "sine",
         # False whatever the training used: with auxiliary_loss=True transformers feeds each decoder layer
