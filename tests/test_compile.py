@@ -72,6 +72,26 @@ def test_detr_batches_padded_to_buckets_and_keys():
     assert input_key({"video": torch.zeros(1, 3, 4, 8, 8), "label": torch.zeros(1)}) == (1, 3, 4, 8, 8)
 
 
+def test_detr_eager_steps_see_the_bucket_too():
+    """The timed eager steps of a DETR run are steps of the padded run (no compilation needed to check)."""
+    from peg_core.engine.compile import CompiledModel
+
+    class DetrLike(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone, self.transformer, self.input_proj = nn.Identity(), nn.Identity(), nn.Identity()
+
+        def forward(self, batch: ImageBatch) -> torch.Size:
+            return batch.tensors.shape
+
+    model = DetrLike()
+    compiled = CompiledModel(model)
+    assert compiled.bucket == 128 and [n for n, _ in compiled.regions] == [""]
+    with compiled.eager():
+        shape = model(ImageBatch(torch.zeros(1, 3, 100, 130), torch.zeros(1, 100, 130, dtype=torch.bool)))
+    assert shape == (1, 3, 128, 256)
+
+
 def _losses(out):
     rows = map(json.loads, (out / "log.jsonl").read_text().splitlines())
     return [r["loss"] for r in rows if r["tag"] == "train"]

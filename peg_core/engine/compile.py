@@ -181,9 +181,12 @@ class CompiledModel:
 
     @contextlib.contextmanager
     def eager(self) -> Iterator[None]:
-        """The plain forward of every region inside the block."""
+        """The plain forward of every region inside the block (DETR: on the same bucket-padded batch, so
+        the eager steps are steps of the run the compiled ones make)."""
         for _, m in self.regions:
-            m._compiled_call_impl = None
+            m._compiled_call_impl = (
+                _PaddedCall(m._call_impl, self.bucket) if self.bucket is not None else None
+            )
         try:
             yield
         finally:
