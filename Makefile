@@ -1,12 +1,15 @@
 # Two entry points that do all the set-up on a fresh machine:
 #   make demo   - main job on the embedded (generated) data, writes runs/demo/summary.json
-#   make test   - lint + the whole test suite
+#   make test   - lint + the whole test suite (two pytest workers)
+#   make test-fast - lint + the suite without the tests marked slow (end-to-end training, ONNX exports)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers (one per core of the 2-core build machines); each test file runs on one worker
+PYTEST_JOBS ?= 2
 
-.PHONY: demo test lint format install bench clean
+.PHONY: demo test test-fast lint format install bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -25,7 +28,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest -n $(PYTEST_JOBS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

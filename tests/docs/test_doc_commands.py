@@ -22,7 +22,7 @@
     the ``--quick`` runs of the study and the GPU check, which
     ``tests/tools/test_study.py`` and ``test_gpu_check.py`` run for real
     (:data:`COVERED`);
-  - ``skip``: the two ``make`` targets (``make test`` is this suite;
+  - ``skip``: the ``make`` targets (``make test`` / ``make test-fast`` are this suite;
     ``make demo`` is covered by ``tests/tools/test_demo.py``) and the install
     lines (``pip``: the Makefile's set-up runs the same installs, and
     ``tests/core/test_packaging.py`` builds the wheels).
@@ -205,7 +205,7 @@ COVERED = {
     "tools.study": "tests/tools/test_study.py (--quick, every task)",
     "tools.gpu_check": "tests/tools/test_gpu_check.py (--device cpu --quick)",
 }
-SKIPPED = {("make", "demo"), ("make", "test")}
+SKIPPED = {("make", "demo"), ("make", "test"), ("make", "test-fast")}
 
 
 def _is_install(argv: list[str]) -> bool:
