@@ -306,6 +306,7 @@ def test_classifier_predict_threads_end_to_end(tmp_path, capsys, monkeypatch):
 # ------------------------------------------------------------------------------ peg_core export
 
 
+@pytest.mark.slow  # an ONNX export
 def test_peg_core_export_runs_in_onnxruntime_at_other_sizes(tmp_path, capsys):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")

@@ -45,7 +45,8 @@ def _checkpoint(tmp_path, pos_enc: str):
     return model.eval(), path
 
 
-@pytest.mark.parametrize("pos_enc", ["peg", "sine", "learned", "none", "rope-axial", "peg+rope-mixed"])
+@pytest.mark.slow  # an ONNX export each (``peg`` alone: every arch's, test_archs.py)
+@pytest.mark.parametrize("pos_enc", ["sine", "learned", "none", "rope-axial", "peg+rope-mixed"])
 def test_export_dynamic_sizes_match_pytorch(tmp_path, capsys, pos_enc):
     import onnx
     import onnxruntime as ort

@@ -92,6 +92,7 @@ def test_predict_command_writes_category_ids_and_names(run, gap_data, tmp_path, 
     assert report["detections"] == raw  # the --json closing line carries the ids run's raw labels
 
 
+@pytest.mark.slow  # an ONNX export
 def test_onnx_export_records_the_label_map(run, tmp_path, capsys):
     onnx = pytest.importorskip("onnx")
     checkpoint, _ = run

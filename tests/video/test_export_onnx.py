@@ -63,6 +63,7 @@ def _export_and_compare(model, ckpt, out, capsys) -> None:
         torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # an ONNX export each
 @pytest.mark.parametrize("pos_enc", ["peg3d", "peg3d-factorized", "learned", "none"])
 def test_export_dynamic_clips_match_pytorch(tmp_path, capsys, pos_enc):
     import onnx
@@ -75,6 +76,7 @@ def test_export_dynamic_clips_match_pytorch(tmp_path, capsys, pos_enc):
     assert json.loads(props["peg_classes"]) == ["a", "b", "c"]
 
 
+@pytest.mark.slow  # an ONNX export
 def test_export_vjepa2_classifier_with_its_attentive_pooler(tmp_path, capsys):
     """A V-JEPA 2 classifier folder (3-D rotary, attentive pooler) as ``train --init FOLDER`` builds it.
 
