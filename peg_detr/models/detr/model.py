@@ -2,45 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg_core.interop.classes import ClassParam
 
 from ...structures import ImageBatch
 from ..common import to_image_batch
+from ..layers import MLP
 from .backbone import Joiner
 from .transformer import Transformer
 
 __all__ = ["DETR", "MLP"]
-
-
-class MLP(nn.Module):
-    """``num_layers`` linear layers with an activation between them (keys ``layers.N.*``, as in DETR's box head).
-
-    ``activation``: ReLU (DETR, RT-DETR, D-FINE) or any elementwise function (DEIM's heads: SiLU).
-    """
-
-    def __init__(
-        self,
-        input_dim: int,
-        hidden_dim: int,
-        output_dim: int,
-        num_layers: int,
-        activation: Callable[[Tensor], Tensor] = F.relu,
-    ) -> None:
-        super().__init__()
-        dims = [input_dim] + [hidden_dim] * (num_layers - 1)
-        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, [*dims[1:], output_dim]))
-        self.activation = activation
-
-    def forward(self, x: Tensor) -> Tensor:
-        for i, layer in enumerate(self.layers):
-            x = layer(x) if i == len(self.layers) - 1 else self.activation(layer(x))
-        return x
 
 
 def _full_precision(x: Tensor) -> Tensor:

@@ -43,6 +43,8 @@ from torchvision.ops import FrozenBatchNorm2d
 
 from peg_core.errors import require
 
+from ..layers import ACTIVATIONS
+
 __all__ = ["HGNETV2_ACTIVATIONS", "HGNETV2_BACKBONES", "HGNetv2Backbone", "StageSpec", "build_hgnetv2"]
 
 #: ``(in_chs, mid_chs, out_chs, num_blocks, downsample, light_block, kernel_size, num_layers)``
@@ -147,13 +149,7 @@ HGNETV2_BACKBONES: dict[str, dict[str, Any]] = {
 
 #: Activations every activated layer may use instead of timm's ReLU (DEIMv2's HGNetv2 ``act``,
 #: whose ``get_activation`` names these the same way).
-HGNETV2_ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "relu": nn.ReLU,
-    "silu": nn.SiLU,
-    "swish": nn.SiLU,
-    "gelu": nn.GELU,
-    "hardswish": nn.Hardswish,
-}
+HGNETV2_ACTIVATIONS: dict[str, type[nn.Module]] = ACTIVATIONS
 
 
 def _timm_hgnet() -> types.ModuleType:

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..detr import MLP
-from ..rtdetr.decoder import ACTIVATIONS, QueryAttention, RTDETRDecoder, inverse_sigmoid
+from ..layers import MLP, create_act
+from ..rtdetr.decoder import QueryAttention, RTDETRDecoder, inverse_sigmoid
 from .fdr import distance2bbox, integral, weighting_function
 
 if TYPE_CHECKING:
@@ -202,14 +202,13 @@ class DFineDecoderLayer(nn.Module):
         layer_norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; expected one of {sorted(ACTIVATIONS)}")
+        activation_module = create_act(activation, optional=False)  # a wrong name fails before any weight
         self.self_attn = QueryAttention(d_model, num_heads, dropout)
         self.self_attn_layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.encoder_attn = MSDeformableAttentionV2(d_model, num_heads, num_points, offset_scale)
         self.fc1 = nn.Linear(d_model, dim_feedforward)
         self.fc2 = nn.Linear(dim_feedforward, d_model)
-        self.activation = ACTIVATIONS[activation]()
+        self.activation = activation_module
         self.final_layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.gateway = Gate(d_model)
         self.dropout = nn.Dropout(dropout)
@@ -336,11 +335,8 @@ class DFineDecoder(nn.Module):
         # query selection: RT-DETR's heads (same names, same math)
         self.enc_output = nn.Sequential(nn.Linear(d, d), nn.LayerNorm(d, eps=layer_norm_eps))
         self.enc_score_head = nn.Linear(d, num_classes)
-        if mlp_activation not in ACTIVATIONS:
-            raise ValueError(
-                f"unknown mlp_activation {mlp_activation!r}; expected one of {sorted(ACTIVATIONS)}"
-            )
-        act = ACTIVATIONS[mlp_activation]()  # the box / position heads' (DEIM: SiLU), no parameters
+        # the box / position heads' (DEIM: SiLU), no parameters
+        act = create_act(mlp_activation, "mlp_activation", optional=False)
         self.enc_bbox_head = MLP(d, d, 4, 3, act)
         self.weight_embedding = nn.Embedding(num_queries, d) if learn_initial_query else None
         self.layers = nn.ModuleList(

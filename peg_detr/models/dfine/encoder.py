@@ -27,28 +27,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..rtdetr.encoder import AIFI_ENCODINGS, ConvNormLayer, CSPRepLayer, HybridEncoderBase
+from ..layers import ConvNormLayer
+from ..rtdetr.encoder import AIFI_ENCODINGS, CSPRepLayer, HybridEncoderBase
 
 __all__ = ["DFINE_ENCODINGS", "DFineHybridEncoder", "RepNCSPELAN4", "SCDown"]
 
 #: D-FINE's AIFI takes what RT-DETR's takes (the same module).
 DFINE_ENCODINGS = AIFI_ENCODINGS
-
-
-class _DepthwiseConvNorm(ConvNormLayer):
-    """``BN(depthwise conv k×k, stride s)``, no activation; keys ``conv.*``, ``norm.*`` (HF's ``DFineConvNormLayer``).
-
-    A :class:`ConvNormLayer` (its forward, and :func:`~peg_detr.models.rtdetr.fuse.fuse_for_deploy`
-    folds it like the others) whose convolution is grouped; RT-DETR's constructor has no ``groups``,
-    so the three modules are set here.
-    """
-
-    def __init__(self, channels: int, kernel_size: int, stride: int, eps: float = 1e-5) -> None:
-        nn.Module.__init__(self)
-        pad = (kernel_size - 1) // 2
-        self.conv = nn.Conv2d(channels, channels, kernel_size, stride, pad, groups=channels, bias=False)
-        self.norm = nn.BatchNorm2d(channels, eps)
-        self.activation = nn.Identity()
 
 
 class SCDown(nn.Module):
@@ -61,7 +46,8 @@ class SCDown(nn.Module):
     def __init__(self, channels: int, kernel_size: int = 3, stride: int = 2, eps: float = 1e-5) -> None:
         super().__init__()
         self.conv1 = ConvNormLayer(channels, channels, 1, eps=eps)
-        self.conv2 = _DepthwiseConvNorm(channels, kernel_size, stride, eps)
+        # depthwise k×k, no activation (HF's DFineConvNormLayer with groups)
+        self.conv2 = ConvNormLayer(channels, channels, kernel_size, stride, eps=eps, groups=channels)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.conv2(self.conv1(x))

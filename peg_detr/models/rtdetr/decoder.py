@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..detr import MLP
+from ..layers import LAYER_ACTIVATIONS, MLP, create_act
 
 if TYPE_CHECKING:
     from .denoising import DenoisingGroup
@@ -42,7 +42,8 @@ __all__ = [
     "multi_scale_deformable_attention",
 ]
 
-ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+#: the decoder layers' activations by name (:data:`peg_detr.models.layers.LAYER_ACTIVATIONS`)
+ACTIVATIONS = LAYER_ACTIVATIONS
 
 
 def inverse_sigmoid(x: Tensor, eps: float = 1e-5) -> Tensor:
@@ -221,15 +222,14 @@ class RTDETRDecoderLayer(nn.Module):
         layer_norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; expected one of {sorted(ACTIVATIONS)}")
+        activation_module = create_act(activation, optional=False)  # a wrong name fails before any weight
         self.self_attn = QueryAttention(d_model, num_heads, dropout)
         self.self_attn_layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.encoder_attn = MSDeformableAttention(d_model, num_heads, num_levels, num_points)
         self.encoder_attn_layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.fc1 = nn.Linear(d_model, dim_feedforward)
         self.fc2 = nn.Linear(dim_feedforward, d_model)
-        self.activation = ACTIVATIONS[activation]()
+        self.activation = activation_module
         self.final_layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.dropout = nn.Dropout(dropout)
 

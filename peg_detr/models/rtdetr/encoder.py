@@ -53,6 +53,8 @@ from peg_core.peg import PegOptions, fold_peg_keys
 from peg_core.registry import EncodingContext, EncodingSupport, build_encoding_parts, parse_pos_enc
 from peg_core.rope import RotaryEmbedding, apply_rope
 
+from ..layers import ConvNormLayer, FeedForward, create_act
+
 __all__ = [
     "AIFI",
     "AIFI_ENCODINGS",
@@ -76,16 +78,6 @@ AIFI_ENCODINGS = EncodingSupport(
     combos=(("conditional", "rotary"), ("conditional", "bias")), exclude=("sine",),
     examples=("peg+rope-mixed", "peg+alibi-2d"),
 )  # fmt: skip
-
-_ACTS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
-
-
-def _act(name: str | None) -> nn.Module:
-    if name is None:
-        return nn.Identity()
-    if name not in _ACTS:
-        raise ValueError(f"activation must be one of {sorted(_ACTS)} or None; got {name!r}")
-    return _ACTS[name]()
 
 
 class RTDetrSinCos2d(PositionEncoding):
@@ -130,27 +122,6 @@ def rtdetr_sincos_2d(
     return RTDetrSinCos2d(dim, temperature).table(size, like)
 
 
-class ConvNormLayer(nn.Module):
-    """``Conv2d`` (no bias, padding ``(k - 1) // 2``) -> ``BatchNorm2d`` -> activation; keys ``conv.*``, ``norm.*``."""
-
-    def __init__(
-        self,
-        cin: int,
-        cout: int,
-        kernel_size: int,
-        stride: int = 1,
-        act: str | None = None,
-        eps: float = 1e-5,
-    ) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(cin, cout, kernel_size, stride, padding=(kernel_size - 1) // 2, bias=False)
-        self.norm = nn.BatchNorm2d(cout, eps)
-        self.activation = _act(act)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.activation(self.norm(self.conv(x)))
-
-
 class RepVggBlock(nn.Module):
     """``act(BN(conv3x3(x)) + BN(conv1x1(x)))`` (RepVGG's training form), channels kept."""
 
@@ -158,7 +129,7 @@ class RepVggBlock(nn.Module):
         super().__init__()
         self.conv1 = ConvNormLayer(channels, channels, 3, eps=eps)
         self.conv2 = ConvNormLayer(channels, channels, 1, eps=eps)
-        self.activation = _act(act)
+        self.activation = create_act(act)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.activation(self.conv1(x) + self.conv2(x))
@@ -244,20 +215,6 @@ class SelfAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).flatten(2))
 
 
-class MLP(nn.Module):
-    """``fc2(dropout(act(fc1(x))))`` (keys ``fc1``, ``fc2``)."""
-
-    def __init__(self, dim: int, hidden: int, act: str = "gelu", dropout: float = 0.0) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-        self.activation = _act(act)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.fc2(self.dropout(self.activation(self.fc1(x)))))
-
-
 class AIFILayer(nn.Module):
     """One transformer encoder layer (post-norm unless ``normalize_before``): attention, then MLP.
 
@@ -282,7 +239,7 @@ class AIFILayer(nn.Module):
         self.self_attn = SelfAttention(dim, num_heads, dropout, rope_half=rope_half)
         self.self_attn_layer_norm = nn.LayerNorm(dim, eps=eps)
         self.dropout = nn.Dropout(dropout)
-        self.mlp = MLP(dim, dim_feedforward, act, dropout)
+        self.mlp = FeedForward(dim, dim_feedforward, act, dropout)
         self.final_layer_norm = nn.LayerNorm(dim, eps=eps)
 
     def forward(
