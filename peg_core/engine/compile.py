@@ -39,7 +39,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["DETR_BUCKET", "RECOMPILE_LIMIT", "CompiledModel", "compile_regions", "input_key"]
+__all__ = [
+    "DETR_BUCKET",
+    "EAGER_STEPS",
+    "RECOMPILE_LIMIT",
+    "CompiledModel",
+    "compile_regions",
+    "input_key",
+    "pad_to_bucket",
+]
 
 #: DETR's padded batches are padded further to multiples of this many pixels under ``--compile``
 DETR_BUCKET = 128
