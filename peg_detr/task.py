@@ -17,14 +17,12 @@ checkpointed beside the live weights.
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from peg_core.engine import (
@@ -43,7 +41,9 @@ from peg_core.engine import (
 from peg_core.engine.accum import accum_steps
 from peg_core.engine.cli import class_map_arg, peg_kwargs
 from peg_core.engine.distributed import get_world_size, reduce_sum
+from peg_core.engine.ema import EmaModel, warmup_ema_decay
 from peg_core.engine.memory import check_memory
+from peg_core.engine.optim import LR_SCHEDULES, flat_cosine_lr, warmup_step_lr
 from peg_core.interop.hf_folder import read_hf_config
 from peg_core.interop.io import WeightsError
 from peg_core.peg import PEG2d
@@ -71,9 +71,11 @@ from .model import build_model, load_model, model_config_from_args, relabel, set
 from .structures import targets_to, to_float
 
 __all__ = [
+    "LR_SCHEDULES",
     "DetectTask",
     "EmaModel",
     "ValSets",
+    "flat_cosine_lr",
     "optimizer_groups",
     "recorded_label_map",
     "resolve_label_map",
@@ -120,101 +122,6 @@ def rtdetr_optimizer_groups(
     ``rtdetrv2_pytorch`` configs differ: they exempt only norm / bn parameters and decay biases.)
     """
     return param_groups(model, weight_decay, decay_1d=False, lr_by_prefix={"backbone.": lr_backbone})
-
-
-def warmup_step_lr(warmup_steps: int, drop_every: int) -> Callable[[int], float]:
-    """``LambdaLR`` factor of step ``s``: linear warm-up over ``warmup_steps``, /10 every ``drop_every`` steps."""
-
-    def factor(step: int) -> float:
-        warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
-        return warm * 0.1 ** (step // max(drop_every, 1))
-
-    return factor
-
-
-#: ``--lr-schedule`` choices (:func:`warmup_step_lr`, :func:`flat_cosine_lr`)
-LR_SCHEDULES = ("step", "flatcosine")
-
-
-def flat_cosine_lr(
-    warmup_steps: int, flat_steps: int, total_steps: int, final_steps: int, gamma: float
-) -> Callable[[int], float]:
-    """DEIM's ``LambdaLR`` factor of step ``s``: warm-up, flat, cosine decay, flat at the end.
-
-    Quadratic warm-up ``(s / warmup_steps) ** 2`` (DEIM's ``flat_cosine_schedule``), then 1 until
-    ``flat_steps``, then a half cosine from 1 down to ``gamma`` reached at ``total_steps -
-    final_steps`` (the last, unaugmented epochs), then ``gamma``.  ``flat_steps`` counts from the
-    start, as DEIM's ``flat_epoch`` does.
-    """
-    decay_end = total_steps - final_steps
-
-    def factor(step: int) -> float:
-        if warmup_steps and step <= warmup_steps:
-            return (step / warmup_steps) ** 2
-        if step <= flat_steps:
-            return 1.0
-        if step >= decay_end:
-            return gamma
-        progress = (step - flat_steps) / max(decay_end - flat_steps, 1)
-        return gamma + (1.0 - gamma) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def warmup_ema_decay(decay: float, warmups: int, n: int) -> float:
-    """RT-DETR's warm-up EMA decay ``decay * (1 - exp(-n / warmups))`` of the ``n``-th update (from 1).
-
-    Early averages follow the model closely; the decay reaches ``decay`` after a few ``warmups``.
-    """
-    return decay * (1.0 - math.exp(-n / warmups))
-
-
-class EmaModel(nn.Module):
-    """A model and its weight EMA (``torch.optim.swa_utils.AveragedModel``); ``forward`` is the model's.
-
-    The state dict holds ``model.*`` (trained weights) and ``ema.module.*`` / ``ema.n_averaged``
-    (the average, buffers included), so a checkpoint resumes both and
-    :func:`peg_detr.model.load_model` evaluates the average.  The average's parameters need no
-    gradient, so DDP and the gradient clipping see the model's alone.  Call :meth:`update` after
-    every optimiser step (``DetectTask`` registers it as the optimiser's step post-hook); its decay
-    is :func:`warmup_ema_decay` of the update count, RT-DETR's (which counts the current update too).
-    """
-
-    def __init__(self, model: nn.Module, decay: float, warmups: int) -> None:
-        super().__init__()
-        self.model = model
-        self.decay, self.warmups = decay, warmups
-        # The update count on the host: read from the (device) ``n_averaged`` once, at the first
-        # update and again after a load, so the decay costs no device sync per step.  It is kept
-        # here, not in the averaging function, because AveragedModel calls that function once per
-        # (device, dtype) group of parameters and buffers: several times per update.
-        self._count: int | None = None
-        self._decay_now = 0.0
-        self.ema = AveragedModel(model, multi_avg_fn=self._average, use_buffers=True)
-        self.ema.requires_grad_(False)
-        self.register_load_state_dict_post_hook(EmaModel._forget_count)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.model(*args, **kwargs)
-
-    def _average(self, ema_params: list[Tensor], params: list[Tensor], num_averaged: Tensor) -> None:
-        get_ema_multi_avg_fn(self._decay_now)(ema_params, params, num_averaged)
-
-    @staticmethod
-    def _forget_count(module: nn.Module, _incompatible: Any) -> None:
-        module._count = None  # a resumed state: the next update reads the loaded n_averaged
-
-    def update(self) -> None:
-        if self._count is None:
-            self._count = int(self.ema.n_averaged)
-        self._decay_now = warmup_ema_decay(self.decay, self.warmups, self._count + 1)
-        self.ema.update_parameters(self.model)
-        self._count += 1
-
-    @property
-    def averaged(self) -> nn.Module:
-        """The averaged copy of the model (evaluated instead of the live weights)."""
-        return self.ema.module
 
 
 def run_args(ckpt: dict[str, Any]) -> dict[str, Any]:

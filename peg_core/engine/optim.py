@@ -1,4 +1,4 @@
-"""The optimiser pieces every task shares: AdamW parameter groups and the warm-up + cosine schedule.
+"""The optimiser pieces every task shares: AdamW parameter groups and the learning-rate schedules.
 
 Weight decay is not applied to 1-d parameters (norms, biases) and to the names a model lists in
 ``no_weight_decay()`` (class tokens, learned position tables, rotary frequencies), the convention of
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,13 +24,16 @@ from torch import nn
 from .command import UserError
 
 __all__ = [
+    "LR_SCHEDULES",
     "LayerDecayModel",
     "check_layer_decay",
+    "flat_cosine_lr",
     "layer_lr_scale",
     "no_weight_decay_names",
     "param_groups",
     "param_groups_for_run",
     "warmup_cosine",
+    "warmup_step_lr",
 ]
 
 
@@ -198,3 +201,42 @@ def warmup_cosine(
     fn = partial(_warmup_cosine_factor, warmup=max(0, int(warmup_steps)), total=int(total_steps),
                  min_ratio=float(min_ratio))  # fmt: skip
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def warmup_step_lr(warmup_steps: int, drop_every: int) -> Callable[[int], float]:
+    """``LambdaLR`` factor of step ``s``: linear warm-up over ``warmup_steps``, /10 every ``drop_every`` steps."""
+
+    def factor(step: int) -> float:
+        warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+        return warm * 0.1 ** (step // max(drop_every, 1))
+
+    return factor
+
+
+#: ``--lr-schedule`` choices (:func:`warmup_step_lr`, :func:`flat_cosine_lr`)
+LR_SCHEDULES = ("step", "flatcosine")
+
+
+def flat_cosine_lr(
+    warmup_steps: int, flat_steps: int, total_steps: int, final_steps: int, gamma: float
+) -> Callable[[int], float]:
+    """DEIM's ``LambdaLR`` factor of step ``s``: warm-up, flat, cosine decay, flat at the end.
+
+    Quadratic warm-up ``(s / warmup_steps) ** 2`` (DEIM's ``flat_cosine_schedule``), then 1 until
+    ``flat_steps``, then a half cosine from 1 down to ``gamma`` reached at ``total_steps -
+    final_steps`` (the last, unaugmented epochs), then ``gamma``.  ``flat_steps`` counts from the
+    start, as DEIM's ``flat_epoch`` does.
+    """
+    decay_end = total_steps - final_steps
+
+    def factor(step: int) -> float:
+        if warmup_steps and step <= warmup_steps:
+            return (step / warmup_steps) ** 2
+        if step <= flat_steps:
+            return 1.0
+        if step >= decay_end:
+            return gamma
+        progress = (step - flat_steps) / max(decay_end - flat_steps, 1)
+        return gamma + (1.0 - gamma) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
