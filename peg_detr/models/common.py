@@ -11,9 +11,18 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from peg_core.dist import get_world_size, reduce_sum
+
 from ..structures import ImageBatch, pad_images
 
-__all__ = ["check_targets", "device_indices", "mask_unnamed", "to_image_batch"]
+__all__ = [
+    "box_normaliser",
+    "check_targets",
+    "device_indices",
+    "mask_unnamed",
+    "num_boxes_of",
+    "to_image_batch",
+]
 
 
 def to_image_batch(samples: ImageBatch | Tensor | Sequence[Tensor]) -> ImageBatch:
@@ -89,3 +98,25 @@ def mask_unnamed(logits: Tensor, named: Tensor | None, fill: float = float("-inf
     keep = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)
     keep[: named.numel()] = named.to(logits.device)
     return logits.masked_fill(~keep, fill)
+
+
+def box_normaliser(count: int, device: torch.device) -> Tensor:
+    """``count`` summed over processes / world size, at least 1: a loss normaliser ``()`` on ``device``.
+
+    A device fill, not a host copy, and kept a tensor: the normalisation adds no synchronisation.
+    """
+    value = torch.full((), float(count), device=device)
+    return torch.clamp(reduce_sum(value) / get_world_size(), min=1)
+
+
+def num_boxes_of(
+    targets: list[dict[str, Tensor]], device: torch.device, num_boxes: Tensor | None = None
+) -> Tensor:
+    """The box normaliser of a criterion's call: ``num_boxes`` when given, else this batch's boxes over processes.
+
+    ``num_boxes`` is given under gradient accumulation: the optimizer step's boxes (over processes /
+    world size) times the micro-batch's share of the step's samples (:func:`peg_detr.task.step_num_boxes`).
+    """
+    if num_boxes is not None:
+        return num_boxes
+    return box_normaliser(sum(len(t["labels"]) for t in targets), device)

@@ -11,9 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import box_convert, generalized_box_iou
 
-from peg_core.dist import get_world_size, reduce_sum
-
-from ..common import check_targets, device_indices
+from ..common import check_targets, device_indices, num_boxes_of
 from ..matcher import HungarianMatcher
 
 __all__ = ["SetCriterion", "build_weight_dict"]
@@ -82,17 +80,12 @@ class SetCriterion(nn.Module):
     ) -> dict[str, Tensor]:
         """The losses of ``outputs`` against ``targets``.
 
-        ``num_boxes``: the box normaliser to use instead of this batch's count over processes: under
-        gradient accumulation, the optimizer step's boxes (over processes / world size) times the
-        micro-batch's share of the step's samples (:func:`peg_detr.task.step_num_boxes`).
+        ``num_boxes``: the box normaliser to use instead of this batch's count over processes
+        (:func:`~peg_detr.models.common.num_boxes_of`; gradient accumulation gives the step's).
         """
         self._check_targets(outputs, targets)
         device = outputs["pred_logits"].device
-        # Built on the device (a fill, not a host copy) and kept a tensor: no sync for the normalisation.
-        count = torch.full((), float(sum(len(t["labels"]) for t in targets)), device=device)
-        num_boxes = (
-            torch.clamp(reduce_sum(count) / get_world_size(), min=1) if num_boxes is None else num_boxes
-        )
+        num_boxes = num_boxes_of(targets, device, num_boxes)
 
         layers = [outputs, *outputs.get("aux_outputs", [])]
         # All layers matched with the step's single device-to-host copy, the indices sent back in one copy.

@@ -32,9 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import box_convert, sigmoid_focal_loss
 
-from peg_core.dist import get_world_size, reduce_sum
-
-from ..common import check_targets, device_indices
+from ..common import box_normaliser, check_targets, device_indices
 from ..matcher import HungarianMatcher
 from ..rtdetr.criterion import denoising_indices, paired_iou, varifocal_loss
 from .fdr import weighting_function
@@ -345,14 +343,13 @@ class DFineCriterion(nn.Module):
     ) -> dict[str, Tensor]:
         """The losses of ``outputs`` against ``targets``.
 
-        ``num_boxes``: the box normaliser to use instead of this batch's count over processes: under
-        gradient accumulation, the optimizer step's boxes (over processes / world size) times the
-        micro-batch's share of the step's samples (:func:`peg_detr.task.step_num_boxes`).  The
+        ``num_boxes``: the box normaliser to use instead of this batch's count over processes
+        (:func:`~peg_detr.models.common.num_boxes_of`; gradient accumulation gives the step's).  The
         union-set normaliser (a count of matches, known only now) is scaled by the same factor.
         """
         self._check(outputs, targets)
         device = outputs["pred_logits"].device
-        own_boxes = _normaliser(sum(len(t["labels"]) for t in targets), device)
+        own_boxes = box_normaliser(sum(len(t["labels"]) for t in targets), device)
         scale = None if num_boxes is None else num_boxes / own_boxes
         num_boxes = own_boxes if num_boxes is None else num_boxes
         labels = torch.cat([t["labels"] for t in targets]).to(device)
@@ -369,7 +366,7 @@ class DFineCriterion(nn.Module):
             union = union_matches(host)
             *own, shared = device_indices([*host, union], targets, device)  # one host-to-device copy
             box_indices = [shared] * len(own)
-            box_norm = _normaliser(sum(len(q) for q, _ in union), device)
+            box_norm = box_normaliser(sum(len(q) for q, _ in union), device)
             box_norm = box_norm if scale is None else box_norm * scale
         else:
             own = box_indices = device_indices(host, targets, device)
@@ -559,12 +556,6 @@ class DFineCriterion(nn.Module):
         mean_neg = torch.where(matched.unsqueeze(-1), 0, loss).sum() / (4 * n_neg).clamp(min=1)
         s_pos, s_neg = (n_pos.sqrt(), n_neg.sqrt()) if split is None else (split[0].sqrt(), split[1].sqrt())
         return (mean_pos * s_pos + mean_neg * s_neg) / (s_pos + s_neg), (n_pos, n_neg)
-
-
-def _normaliser(count: int, device: torch.device) -> Tensor:
-    """``count`` summed over processes / world size, at least 1; a device fill, no host copy."""
-    value = torch.full((), float(count), device=device)
-    return torch.clamp(reduce_sum(value) / get_world_size(), min=1)
 
 
 def _same_tensor(a: Tensor, b: Tensor) -> bool:
