@@ -7,16 +7,25 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader, DistributedSampler
 
-from peg_core.engine import SkipBroken, UserError
+from peg_core.dist import DistInfo
+from peg_core.engine import SkipBroken
 from peg_core.engine.accum import step_batch_size
-from peg_core.engine.distributed import DistInfo
+from peg_core.errors import InputError
 
 from .annotations import Annotations
 from .clip import ClipSpec
 from .kinetics import ClipBatches, KineticsVideoDataset
 from .transforms import RRC_RATIO, RRC_SCALE, ClipTransformConfig
 
-__all__ = ["make_loader", "repeated_aug", "transform_config"]
+__all__ = ["LoaderOptionError", "make_loader", "repeated_aug", "transform_config"]
+
+
+class LoaderOptionError(InputError):
+    """Data options that exclude each other (a flip on SSv2, the peg back-end's options on pytorchvideo).
+
+    A library error (:class:`~peg_core.errors.InputError`): ``what`` says why, ``where`` names the
+    options as the command line spells them; the command line prints it as one line.
+    """
 
 
 def transform_config(args: argparse.Namespace, clip: ClipSpec | None = None) -> ClipTransformConfig:
@@ -28,7 +37,7 @@ def transform_config(args: argparse.Namespace, clip: ClipSpec | None = None) -> 
     the arguments can train it with flipped "left to right" clips.
     """
     if args.hflip and getattr(args, "dataset", "kinetics") == "ssv2":
-        raise UserError(
+        raise LoaderOptionError(
             "horizontal flips contradict SSv2's left / right labels", "--hflip with --dataset ssv2"
         )
     clip = ClipSpec.of_run(args) if clip is None else clip
@@ -58,13 +67,13 @@ def repeated_aug(args: argparse.Namespace) -> int:
 def _check_pytorchvideo(args: argparse.Namespace, cfg: ClipTransformConfig) -> None:
     """The pytorchvideo back-end has its own train pipeline: the peg back-end's options are refused."""
     if getattr(args, "sampling", "stride") != "stride":
-        raise UserError("segment sampling needs the peg back-end", "--data-backend pytorchvideo")
+        raise LoaderOptionError("segment sampling needs the peg back-end", "--data-backend pytorchvideo")
     peg_only = {"--rand-augment": cfg.rand_augment, "--random-erasing": cfg.random_erasing,
                 "--repeated-aug": repeated_aug(args) > 1,
                 "--train-crop rrc": cfg.train_crop == "rrc"}  # fmt: skip
     flags = [flag for flag, on in peg_only.items() if on]
     if flags:
-        raise UserError(f"no {', '.join(flags)} in this back-end (the peg back-end has them)",
+        raise LoaderOptionError(f"no {', '.join(flags)} in this back-end (the peg back-end has them)",
                         "--data-backend pytorchvideo")  # fmt: skip
 
 

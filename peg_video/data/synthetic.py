@@ -32,9 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from peg_core.engine import UserError
-from peg_core.errors import require
-from peg_core.errors import InputError
+from peg_core.errors import InputError, require
 
 av = require("av", None, "av", what="peg_video")  # the video encoder / decoder (PyAV)
 
@@ -43,6 +41,7 @@ __all__ = [
     "MOTIONS",
     "FrameSizeError",
     "SyntheticSpec",
+    "SyntheticSpecError",
     "make_synthetic_dataset",
     "make_synthetic_kinetics",
     "render_video",
@@ -57,6 +56,10 @@ GENERATOR_VERSION = 2
 # Label names deliberately contain spaces, like Kinetics ("air drumming").
 MOTIONS = ("move right", "move left", "move down", "move up", "circle clockwise", "circle counterclockwise")
 _ID_CHARS = string.ascii_letters + string.digits + "-_"
+
+
+class SyntheticSpecError(InputError):
+    """A :class:`SyntheticSpec` that cannot make the data set asked for (e.g. too few videos for three splits)."""
 
 
 class FrameSizeError(InputError):
@@ -361,7 +364,7 @@ def make_synthetic_dataset(out: str | Path, dataset: str, spec: SyntheticSpec = 
             "width and height must be even for yuv420p", f"--width {spec.width} --height {spec.height}"
         )
     if dataset in ("ucf101", "hmdb51") and spec.num_train + spec.num_val < 3:
-        raise UserError(
+        raise SyntheticSpecError(
             "three splits need at least 3 videos", f"--num-train {spec.num_train} --num-val {spec.num_val}"
         )
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from peg_core.engine import SkipBroken, UserError, read_checkpoint
+from peg_core.engine import SkipBroken, read_checkpoint
 from peg_core.engine.distributed import DistInfo
 from peg_video.__main__ import main
 from peg_video.data import (
@@ -21,7 +21,7 @@ from peg_video.data import (
     VideoRecord,
     load_annotations,
 )
-from peg_video.data.loaders import make_loader
+from peg_video.data.loaders import LoaderOptionError, make_loader
 from peg_video.data.transforms import (
     TrainClipTransform,
     clip_rand_augment,
@@ -190,7 +190,7 @@ def test_repeated_aug_batches_ddp_shards_and_steps(data, tmp_path):
     assert sorted(set(seen)) == list(range(7))
     test_loader, _ = make_loader(_args(), ann, "test", DistInfo(), tmp_path)  # testing: one clip per view
     assert next(iter(test_loader)).data["video"].shape[1:] == (1, 3, 4, 32, 32)
-    with pytest.raises(UserError, match=r"no --random-erasing, --repeated-aug in this back-end"):
+    with pytest.raises(LoaderOptionError, match=r"no --random-erasing, --repeated-aug in this back-end"):
         make_loader(
             _args(data_backend="pytorchvideo", random_erasing=0.5), ann, "train", DistInfo(), tmp_path
         )

@@ -9,13 +9,12 @@ import pytest
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from peg_core.engine import UserError
 from peg_core.engine.distributed import DistInfo
 from peg_video.__main__ import main
 from peg_video.cli import parse_train_args
 from peg_video.configs import CONFIGS, FINETUNE_CONFIGS
 from peg_video.data import ClipTransformConfig, KineticsVideoDataset, load_annotations
-from peg_video.data.loaders import make_loader
+from peg_video.data.loaders import LoaderOptionError, make_loader
 from peg_video.data.transforms import (
     RRC_RATIO,
     RRC_SCALE,
@@ -166,7 +165,7 @@ def test_eval_is_unaffected_and_pytorchvideo_refuses(data, tmp_path):
     rrc, _ = make_loader(_args(train_crop="rrc"), ann, "test", DistInfo(), tmp_path)
     for a, b in zip(jitter, rrc, strict=True):
         assert a.data["video"].shape == (1, 2, 3, 4, 32, 32) and torch.equal(a.data["video"], b.data["video"])
-    with pytest.raises(UserError, match=r"no --train-crop rrc in this back-end"):
+    with pytest.raises(LoaderOptionError, match=r"no --train-crop rrc in this back-end"):
         make_loader(_args(data_backend="pytorchvideo", train_crop="rrc"), ann, "train", DistInfo(), tmp_path)
 
 
