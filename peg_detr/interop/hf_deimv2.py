@@ -54,7 +54,7 @@ from torch import Tensor
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import LoadReport, WeightsError
 
-from ..models.deimv2 import DEIMv2, build_deimv2
+from ..models.deimv2 import DEIMv2, DEIMv2Config, build_deimv2
 from .hf_detr import hf_num_labels
 from .hf_dfine import (
     dfine_decoder_options,
@@ -419,22 +419,14 @@ def deimv2_from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tup
 
 
 # ---------------------------------------------------------------- export (a model -> a folder)
-_ENCODER_FIELDS = {
-    "num_heads": "encoder_attention_heads", "dim_feedforward": "encoder_ffn_dim", "num_layers": "encoder_layers",
-    "use_encoder_idx": "encode_proj_layers", "temperature": "positional_encoding_temperature",
-    "expansion": "hidden_expansion", "depth_mult": "depth_mult", "fuse_op": "encoder_fuse_op",
-    "trailing_conv": "encoder_has_trailing_conv",
-}  # fmt: skip
+#: encoder / decoder ``hparams`` key -> Deimv2Config field: the config's fields declare theirs
+#: (:meth:`~peg_detr.models.config.DetectorConfig.hf_names`); these the builder fixes
+_ENCODER_FIELDS = {**DEIMv2Config.hf_names("encoder"), "use_encoder_idx": "encode_proj_layers"}
 _DECODER_FIELDS = {
-    "hidden_dim": "d_model", "in_channels": "decoder_in_channels", "num_layers": "decoder_layers",
-    "num_heads": "decoder_attention_heads", "dim_feedforward": "decoder_ffn_dim",
-    "query_pos_act": "decoder_activation_function", "num_points": "decoder_n_points",
-    "offset_scale": "decoder_offset_scale", "eval_idx": "eval_idx", "max_num_bins": "max_num_bins",
-    "reg_scale": "reg_scale", "up": "up", "lqe_k": "top_prob_values", "lqe_hidden_dim": "lqe_hidden_dim",
-    "lqe_layers": "lqe_layers", "learn_initial_query": "learn_initial_query", "use_gateway": "use_gateway",
-    "share_bbox_head": "share_bbox_head", "layer_norm_eps": "layer_norm_eps", "batch_norm_eps": "batch_norm_eps",
-    "dropout": "dropout",
-}  # fmt: skip
+    **DEIMv2Config.hf_names("decoder"),
+    "in_channels": "decoder_in_channels",
+    "eval_idx": "eval_idx",
+}
 
 
 def _identity_block(backbone: Any) -> bool:

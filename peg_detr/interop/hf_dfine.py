@@ -50,6 +50,7 @@ from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_wei
 from peg_core.interop.io import LoadReport, WeightsError
 
 from ..models.dfine.backbone import build_hgnetv2
+from ..models.dfine.config import DFineConfig
 from ..models.dfine.decoder import DFineDecoder
 from ..models.dfine.encoder import DFineHybridEncoder
 from ..models.dfine.model import DFINE
@@ -404,20 +405,17 @@ def dfine_from_hf(folder: str | os.PathLike, pos_enc: str = "sincos") -> tuple[D
 
 
 # ---------------------------------------------------------------- the way back: model -> folder
+#: encoder / decoder ``hparams`` key -> DFineConfig field: the config's fields declare theirs
+#: (:meth:`~peg_detr.models.config.DetectorConfig.hf_names`); these the builder fixes
 _ENCODER_FIELDS = {
-    "in_channels": "encoder_in_channels", "hidden_dim": "encoder_hidden_dim", "num_heads": "encoder_attention_heads",
-    "dim_feedforward": "encoder_ffn_dim", "dropout": "dropout", "act": "encoder_activation_function",
-    "conv_act": "activation_function", "expansion": "hidden_expansion", "depth_mult": "depth_mult",
-    "num_layers": "encoder_layers", "use_encoder_idx": "encode_proj_layers",
-    "temperature": "positional_encoding_temperature", "normalize_before": "normalize_before",
-    "layer_norm_eps": "layer_norm_eps", "batch_norm_eps": "batch_norm_eps",
+    **DFineConfig.hf_names("encoder"),
+    "in_channels": "encoder_in_channels", "act": "encoder_activation_function", "conv_act": "activation_function",
+    "use_encoder_idx": "encode_proj_layers", "temperature": "positional_encoding_temperature",
+    "normalize_before": "normalize_before", "layer_norm_eps": "layer_norm_eps", "batch_norm_eps": "batch_norm_eps",
 }  # fmt: skip
 _DECODER_FIELDS = {
-    "hidden_dim": "d_model", "in_channels": "decoder_in_channels", "num_layers": "decoder_layers",
-    "num_heads": "decoder_attention_heads", "dim_feedforward": "decoder_ffn_dim",
-    "activation": "decoder_activation_function", "num_points": "decoder_n_points",
-    "offset_scale": "decoder_offset_scale", "eval_idx": "eval_idx", "max_num_bins": "max_num_bins",
-    "reg_scale": "reg_scale", "up": "up", "lqe_k": "top_prob_values", "lqe_hidden_dim": "lqe_hidden_dim",
+    **DFineConfig.hf_names("decoder"),
+    "in_channels": "decoder_in_channels", "offset_scale": "decoder_offset_scale", "lqe_k": "top_prob_values",
     "lqe_layers": "lqe_layers", "learn_initial_query": "learn_initial_query",
 }  # fmt: skip
 

@@ -57,7 +57,7 @@ from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_wei
 from peg_core.interop.io import LoadReport, WeightsError, load_state_strict, read_state_file
 
 from ..models.rtdetr.backbone import ResNetVd
-from ..models.rtdetr.config import NUM_QUERIES
+from ..models.rtdetr.config import NUM_QUERIES, RTDETRConfig
 from ..models.rtdetr.decoder import RTDETRDecoder
 from ..models.rtdetr.encoder import HybridEncoder
 from ..models.rtdetr.model import RTDETR
@@ -523,22 +523,14 @@ def load_rtdetr_backbone(net: ResNetVd, source: str | os.PathLike) -> LoadReport
 
 # ---------------------------------------------------------------- the way back: model -> folder
 #: :class:`HybridEncoder` keyword -> the ``RTDetrConfig`` field :func:`rtdetr_build_options` reads it from
+#: encoder ``hparams`` key -> RTDetrConfig field: the config's fields declare theirs
+#: (:meth:`~peg_detr.models.config.DetectorConfig.hf_names`); these the builder fixes
 _ENCODER_FIELDS = {
-    "in_channels": "encoder_in_channels",
-    "hidden_dim": "encoder_hidden_dim",
-    "num_heads": "encoder_attention_heads",
-    "dim_feedforward": "encoder_ffn_dim",
-    "dropout": "dropout",
-    "act": "encoder_activation_function",
-    "conv_act": "activation_function",
-    "expansion": "hidden_expansion",
-    "num_layers": "encoder_layers",
-    "use_encoder_idx": "encode_proj_layers",
-    "temperature": "positional_encoding_temperature",
-    "normalize_before": "normalize_before",
-    "layer_norm_eps": "layer_norm_eps",
-    "batch_norm_eps": "batch_norm_eps",
-}
+    **RTDETRConfig.hf_names("encoder"),
+    "in_channels": "encoder_in_channels", "act": "encoder_activation_function", "conv_act": "activation_function",
+    "use_encoder_idx": "encode_proj_layers", "temperature": "positional_encoding_temperature",
+    "normalize_before": "normalize_before", "layer_norm_eps": "layer_norm_eps", "batch_norm_eps": "batch_norm_eps",
+}  # fmt: skip
 
 
 def _require_sincos(encoder: HybridEncoder) -> None:

@@ -36,6 +36,10 @@ class Option:
         flag: the ``train`` option string (``"--head-act"``); None: no flag sets it.
         hf: the field's name in the family's Hugging Face ``config.json`` (a tuple: every field holding
             it, e.g. the encoder's and the decoder's width); None: transformers has none.
+        where: where a built model records each of ``hf``'s values, ``"encoder.<key>"`` /
+            ``"decoder.<key>"`` (the module's ``hparams`` key: ``dec_layers`` is the decoder's
+            ``num_layers``), paired with ``hf`` in order; the Hugging Face export reads them there,
+            since a model built from a folder has no config of ours (:meth:`DetectorConfig.hf_names`).
         help, choices, metavar: the flag's argparse settings.
         type: the value's kind, named (``"positive_int"``, ``"unit_fraction"``, ``"int"``; None: a string): the
             command line owns the parsers, and importing a model loads no argparse.
@@ -47,6 +51,7 @@ class Option:
 
     flag: str | None = None
     hf: str | tuple[str, ...] | None = None
+    where: str | tuple[str, ...] | None = None
     help: str | None = None
     type: str | None = None
     choices: Sequence[str] | None = None
@@ -80,10 +85,11 @@ COMMON: dict[str, Option] = {
     "aux_loss": Option("--no-aux-loss", hf="auxiliary_loss", shared=True),
     "hidden_dim": Option("--hidden-dim", shared=True),
     "num_heads": Option("--num-heads", shared=True),
-    "enc_layers": Option("--enc-layers", hf="encoder_layers", shared=True),
-    "dec_layers": Option("--dec-layers", hf="decoder_layers", shared=True),
+    # one hyper-parameter, three names: ours, the module's, transformers'
+    "enc_layers": Option("--enc-layers", hf="encoder_layers", where="encoder.num_layers", shared=True),
+    "dec_layers": Option("--dec-layers", hf="decoder_layers", where="decoder.num_layers", shared=True),
     "dim_feedforward": Option("--dim-feedforward", shared=True),
-    "dropout": Option("--dropout", hf="dropout", shared=True),
+    "dropout": Option("--dropout", hf="dropout", where="encoder.dropout", shared=True),
     "backbone_weights": Option("--backbone-weights", stored=False, shared=True),
     "learned_grid": Option("--learned-grid", shared=True),
     "pos_interpolation": Option("--pos-interpolation", shared=True),
@@ -115,6 +121,7 @@ COMMON: dict[str, Option] = {
     "encoder_expansion": Option(
         "--encoder-expansion",
         hf="hidden_expansion",
+        where="encoder.expansion",
         type="positive_float",
         help="CCFM CSP width multiplier (R18vd 0.5)",
     ),
@@ -204,6 +211,25 @@ class DetectorConfig:
             for name, spec in cls.field_options().items()
             if spec.hf is not None
         }
+
+    @classmethod
+    def hf_names(cls, part: str) -> dict[str, str]:
+        """``hparams key -> Hugging Face config.json field`` of module ``part`` (``"encoder"``, ``"decoder"``).
+
+        The Hugging Face exporters write ``model.<part>.hparams[key]`` under these names: the
+        fields' declarations (:attr:`Option.where` paired with :attr:`Option.hf`), not a map of their own.
+        """
+        found = {}
+        for spec in cls.field_options().values():
+            if spec.hf is None or spec.where is None:
+                continue
+            names = (spec.hf,) if isinstance(spec.hf, str) else spec.hf
+            places = (spec.where,) if isinstance(spec.where, str) else spec.where
+            for hf, place in zip(names, places, strict=True):
+                module, _, key = place.partition(".")
+                if module == part:
+                    found[key] = hf
+        return found
 
     @classmethod
     def default(cls, name: str) -> Any:

@@ -224,3 +224,8 @@ def test_the_hugging_face_names_declared_on_the_fields_hold_their_values(arch, e
             if isinstance(value, int) and isinstance(got, list):  # one value for every level
                 value = [value] * len(got)
             assert got == value, (name, hf, got, value)
+    # the exporters' encoder / decoder maps are these declarations: each name holds the module's value
+    for part in ("encoder", "decoder"):
+        hparams = getattr(getattr(model, part, None), "hparams", None)
+        for key, hf in config.hf_names(part).items() if hparams is not None else ():
+            assert json_safe(exported[hf]) == json_safe(hparams[key]), (part, key, hf)

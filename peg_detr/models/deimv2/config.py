@@ -108,36 +108,37 @@ class DEIMv2Config(DetectorConfig):
     backbone: str = "vit_tiny"
     pos_enc: str = "sincos"
     num_classes: int = 80
-    hidden_dim: int = option(192, hf=("d_model", "encoder_hidden_dim"))
+    # the one width: the export writes it as encoder_hidden_dim too (the lite encoder has no hparams of it)
+    hidden_dim: int = option(192, hf="d_model", where="decoder.hidden_dim")
     encoder: str = option("hybrid", hf="encoder_type")
-    num_heads: int = option(8, hf="encoder_attention_heads")
+    num_heads: int = option(8, hf="encoder_attention_heads", where="encoder.num_heads")
     enc_layers: int = 1
-    enc_dim_feedforward: int = option(1024, hf="encoder_ffn_dim")
+    enc_dim_feedforward: int = option(1024, hf="encoder_ffn_dim", where="encoder.dim_feedforward")
     encoder_expansion: float = 1.0
-    depth_mult: float = option(1.0, hf="depth_mult")
-    trailing_conv: bool = option(False, hf="encoder_has_trailing_conv")
-    fuse_op: str = option("sum", hf="encoder_fuse_op")
+    depth_mult: float = option(1.0, hf="depth_mult", where="encoder.depth_mult")
+    trailing_conv: bool = option(False, hf="encoder_has_trailing_conv", where="encoder.trailing_conv")
+    fuse_op: str = option("sum", hf="encoder_fuse_op", where="encoder.fuse_op")
     use_encoder_idx: Sequence[int] = (-1,)
-    temperature: float = option(10000.0, hf="positional_encoding_temperature")
+    temperature: float = option(10000.0, hf="positional_encoding_temperature", where="encoder.temperature")
     dec_layers: int = 6
-    dec_heads: int = option(8, hf="decoder_attention_heads")
-    dim_feedforward: int = option(1024, hf="decoder_ffn_dim")
-    dropout: float = 0.0
+    dec_heads: int = option(8, hf="decoder_attention_heads", where="decoder.num_heads")
+    dim_feedforward: int = option(1024, hf="decoder_ffn_dim", where="decoder.dim_feedforward")
+    dropout: float = option(0.0, where="decoder.dropout")  # one value; the export writes the decoder's
     num_queries: int = NUM_QUERIES
-    num_points: int | Sequence[int] = option(4, hf="decoder_n_points")
-    offset_scale: float = option(0.5, hf="decoder_offset_scale")
-    max_num_bins: int = option(32, hf="max_num_bins")
-    reg_scale: float = option(4.0, hf="reg_scale")
-    up: float = option(0.5, hf="up")
-    use_gateway: bool = option(True, hf="use_gateway")
-    share_bbox_head: bool = option(False, hf="share_bbox_head")
-    query_pos_act: str = option("relu", hf="decoder_activation_function")
-    lqe_hidden_dim: int = option(64, hf="lqe_hidden_dim")
-    lqe_layers: int = option(2, hf="lqe_layers")
-    lqe_k: int = option(4, hf="top_prob_values")
-    learn_initial_query: bool = option(False, hf="learn_initial_query")
-    layer_norm_eps: float = option(1e-5, hf="layer_norm_eps")
-    batch_norm_eps: float = option(1e-5, hf="batch_norm_eps")
+    num_points: int | Sequence[int] = option(4, hf="decoder_n_points", where="decoder.num_points")
+    offset_scale: float = option(0.5, hf="decoder_offset_scale", where="decoder.offset_scale")
+    max_num_bins: int = option(32, hf="max_num_bins", where="decoder.max_num_bins")
+    reg_scale: float = option(4.0, hf="reg_scale", where="decoder.reg_scale")
+    up: float = option(0.5, hf="up", where="decoder.up")
+    use_gateway: bool = option(True, hf="use_gateway", where="decoder.use_gateway")
+    share_bbox_head: bool = option(False, hf="share_bbox_head", where="decoder.share_bbox_head")
+    query_pos_act: str = option("relu", hf="decoder_activation_function", where="decoder.query_pos_act")
+    lqe_hidden_dim: int = option(64, hf="lqe_hidden_dim", where="decoder.lqe_hidden_dim")
+    lqe_layers: int = option(2, hf="lqe_layers", where="decoder.lqe_layers")
+    lqe_k: int = option(4, hf="top_prob_values", where="decoder.lqe_k")
+    learn_initial_query: bool = option(False, hf="learn_initial_query", where="decoder.learn_initial_query")
+    layer_norm_eps: float = option(1e-5, hf="layer_norm_eps", where="decoder.layer_norm_eps")
+    batch_norm_eps: float = option(1e-5, hf="batch_norm_eps", where="decoder.batch_norm_eps")
     num_denoising: int = 100
     label_noise_ratio: float = 0.5
     box_noise_scale: float = 1.0

@@ -81,23 +81,23 @@ class DFineConfig(RTDETRConfig):
 
     backbone: str = "hgnetv2_b4"
     # the decoder's width and FFN; the encoder's are encoder_hidden_dim / encoder_dim_feedforward (None: the same)
-    hidden_dim: int = option(256, hf="d_model")
-    dim_feedforward: int = option(1024, hf="decoder_ffn_dim")
-    num_points: int | Sequence[int] = option((3, 6, 3), hf="decoder_n_points")
+    hidden_dim: int = option(256, hf="d_model", where="decoder.hidden_dim")
+    dim_feedforward: int = option(1024, hf="decoder_ffn_dim", where="decoder.dim_feedforward")
+    num_points: int | Sequence[int] = option((3, 6, 3), hf="decoder_n_points", where="decoder.num_points")
     freeze_backbone_bn: bool | None = option(
         None, flag="--freeze-backbone-bn", boolean=True,
         help="frozen backbone norms (default: the size's; D-FINE L/X frozen, DEIM unfreezes)",
     )  # fmt: skip
-    encoder_hidden_dim: int | None = option(None, hf="encoder_hidden_dim")
-    encoder_dim_feedforward: int | None = option(None, hf="encoder_ffn_dim")
-    depth_mult: float = option(1.0, hf="depth_mult")
-    eval_idx: int = option(-1, hf="eval_idx")
-    max_num_bins: int = option(32, hf="max_num_bins")
-    reg_scale: float = option(4.0, hf="reg_scale")
-    up: float = option(0.5, hf="up")
-    lqe_hidden_dim: int = option(64, hf="lqe_hidden_dim")
+    encoder_hidden_dim: int | None = option(None, hf="encoder_hidden_dim", where="encoder.hidden_dim")
+    encoder_dim_feedforward: int | None = option(None, hf="encoder_ffn_dim", where="encoder.dim_feedforward")
+    depth_mult: float = option(1.0, hf="depth_mult", where="encoder.depth_mult")
+    eval_idx: int = option(-1, hf="eval_idx", where="decoder.eval_idx")
+    max_num_bins: int = option(32, hf="max_num_bins", where="decoder.max_num_bins")
+    reg_scale: float = option(4.0, hf="reg_scale", where="decoder.reg_scale")
+    up: float = option(0.5, hf="up", where="decoder.up")
+    lqe_hidden_dim: int = option(64, hf="lqe_hidden_dim", where="decoder.lqe_hidden_dim")
     decoder_activation: str = option(
-        "relu", flag="--decoder-act", hf="decoder_activation_function", **_ACT,
+        "relu", flag="--decoder-act", hf="decoder_activation_function", where="decoder.activation", **_ACT,
         help="the decoder FFN's activation (D-FINE relu, DEIM silu)",
     )  # fmt: skip
     mlp_activation: str = option(

@@ -63,14 +63,24 @@ class RTDETRConfig(DetectorConfig):
     backbone: str = "r50vd"
     pos_enc: str = "sincos"
     num_classes: int = 80
-    hidden_dim: int = option(256, hf=("d_model", "encoder_hidden_dim"))
-    num_heads: int = option(8, hf=("encoder_attention_heads", "decoder_attention_heads"))
+    hidden_dim: int = option(
+        256, hf=("d_model", "encoder_hidden_dim"), where=("decoder.hidden_dim", "encoder.hidden_dim")
+    )
+    num_heads: int = option(
+        8,
+        hf=("encoder_attention_heads", "decoder_attention_heads"),
+        where=("encoder.num_heads", "decoder.num_heads"),
+    )
     enc_layers: int = 1
     dec_layers: int = 6
-    dim_feedforward: int = option(1024, hf=("encoder_ffn_dim", "decoder_ffn_dim"))
+    dim_feedforward: int = option(
+        1024,
+        hf=("encoder_ffn_dim", "decoder_ffn_dim"),
+        where=("encoder.dim_feedforward", "decoder.dim_feedforward"),
+    )
     dropout: float = 0.0
     num_queries: int = NUM_QUERIES
-    num_points: int | Sequence[int] = option(4, hf="decoder_n_points")
+    num_points: int | Sequence[int] = option(4, hf="decoder_n_points", where="decoder.num_points")
     encoder_expansion: float = 1.0
     depth_mult: float = 1.0
     num_denoising: int = 100
