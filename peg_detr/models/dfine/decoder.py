@@ -377,32 +377,19 @@ class DFineDecoder(nn.Module):
         """The reference boxes' position head ``(..., 4) -> (..., D)`` (called by the constructor)."""
         return MLP(4, 2 * d_model, d_model, 2, activation)
 
-    def reset_parameters(self, prior_prob: float = 0.01) -> None:
-        """D-FINE's init: class biases at the ``prior_prob`` logit, box heads' last layers at zero."""
-        bias = -math.log((1 - prior_prob) / prior_prob)
-        for head in (self.enc_score_head, *self.class_embed):
-            nn.init.xavier_uniform_(head.weight)
-            nn.init.constant_(head.bias, bias)
-        for mlp in (self.enc_bbox_head, self.pre_bbox_head, *self.bbox_embed):
-            nn.init.zeros_(mlp.layers[-1].weight)
-            nn.init.zeros_(mlp.layers[-1].bias)
-        nn.init.xavier_uniform_(self.enc_output[0].weight)
-        for lin in self.query_pos_head.layers:
-            nn.init.xavier_uniform_(lin.weight)
-        if self.weight_embedding is not None:
-            nn.init.xavier_uniform_(self.weight_embedding.weight)
+    def box_heads(self) -> list[nn.Module]:
+        """RT-DETR's box heads and layer 0's ``pre_bbox_head``: their last layers start at zero."""
+        return [self.enc_bbox_head, self.pre_bbox_head, *self.bbox_embed]
 
-    # RT-DETR's query selection, the same code: anchors for this call's sizes, top-K over all cells
+    # RT-DETR's init (class biases at the prior_prob logit, box heads' last layers at zero), the same code
+    reset_parameters = RTDETRDecoder.reset_parameters
+
+    # RT-DETR's query selection, the same code: the projected maps, anchors for this call's sizes,
+    # top-K over all cells, the denoising queries in front
+    flatten_features = RTDETRDecoder.flatten_features
     score_cells = RTDETRDecoder.score_cells
     select_queries = RTDETRDecoder.select_queries
-
-    def flatten_features(self, feats: Sequence[Tensor]) -> tuple[Tensor, list[tuple[int, int]]]:
-        """Projected, flattened maps: memory ``(B, S, D)`` and the ``(H_l, W_l)`` of this call."""
-        if len(feats) != self.num_levels:
-            raise ValueError(f"the decoder takes {self.num_levels} feature maps, got {len(feats)}")
-        maps = [proj(f) for proj, f in zip(self.input_proj, feats)]
-        shapes = [(m.shape[-2], m.shape[-1]) for m in maps]
-        return torch.cat([m.flatten(2).transpose(1, 2) for m in maps], dim=1), shapes
+    prepare = RTDETRDecoder.prepare
 
     def project(self) -> Tensor:
         """The weighting function's bin offsets ``(max_num_bins + 1,)`` (:func:`.fdr.weighting_function`)."""
@@ -410,13 +397,7 @@ class DFineDecoder(nn.Module):
 
     def forward(self, feats: Sequence[Tensor], denoising: DenoisingGroup | None = None) -> DFineDecoderOutput:
         """``feats``: the encoder's maps ``(B, C_l, H_l, W_l)``; ``denoising``: queries prepended in training."""
-        memory, shapes = self.flatten_features(feats)
-        queries, ref_logits, enc_logits, enc_boxes = self.select_queries(memory, shapes)
-        blocked = None
-        if denoising is not None:
-            queries = torch.cat([denoising.queries.to(queries.dtype), queries], dim=1)
-            ref_logits = torch.cat([denoising.ref_boxes_unact.to(ref_logits.dtype), ref_logits], dim=1)
-            blocked = denoising.attn_mask
+        memory, shapes, queries, ref_logits, (enc_logits, enc_boxes), blocked = self.prepare(feats, denoising)
         out = self.refine(queries, ref_logits.sigmoid(), memory, shapes, blocked)
         return DFineDecoderOutput(*out, enc_logits=enc_logits, enc_boxes=enc_boxes)
 

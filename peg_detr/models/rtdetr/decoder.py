@@ -343,13 +343,17 @@ class RTDETRDecoder(nn.Module):
         self.bbox_embed = nn.ModuleList(MLP(d, d, 4, 3) for _ in range(num_layers))
         self.reset_parameters()
 
+    def box_heads(self) -> list[nn.Module]:
+        """The box heads (:class:`MLP` s) whose last layer starts at zero; a variant adds its own."""
+        return [self.enc_bbox_head, *self.bbox_embed]
+
     def reset_parameters(self, prior_prob: float = 0.01) -> None:
         """RT-DETR's init: class biases at the ``prior_prob`` logit, box heads' last layer at zero."""
         bias = -math.log((1 - prior_prob) / prior_prob)
         for head in (self.enc_score_head, *self.class_embed):
             nn.init.xavier_uniform_(head.weight)
             nn.init.constant_(head.bias, bias)
-        for mlp in (self.enc_bbox_head, *self.bbox_embed):
+        for mlp in self.box_heads():
             nn.init.zeros_(mlp.layers[-1].weight)
             nn.init.zeros_(mlp.layers[-1].bias)
         nn.init.xavier_uniform_(self.enc_output[0].weight)
@@ -405,6 +409,15 @@ class RTDETRDecoder(nn.Module):
 
     def forward(self, feats: Sequence[Tensor], denoising: DenoisingGroup | None = None) -> DecoderOutput:
         """``feats``: the encoder's maps ``(B, C_l, H_l, W_l)``; ``denoising``: queries prepended in training."""
+        memory, shapes, queries, ref_logits, enc, blocked = self.prepare(feats, denoising)
+        logits, boxes = self.refine(queries, ref_logits.sigmoid(), memory, shapes, blocked)
+        return DecoderOutput(logits, boxes, *enc)
+
+    def prepare(
+        self, feats: Sequence[Tensor], denoising: DenoisingGroup | None = None
+    ) -> tuple[Tensor, list[tuple[int, int]], Tensor, Tensor, tuple[Tensor, Tensor], Tensor | None]:
+        """What the layers start from: ``(memory (B, S, D), shapes, queries (B, N, D), reference box logits
+        (B, N, 4), (enc_logits, enc_boxes), blocked (N, N) | None)``, the denoising queries first."""
         memory, shapes = self.flatten_features(feats)
         queries, ref_logits, enc_logits, enc_boxes = self.select_queries(memory, shapes)
         blocked = None
@@ -412,8 +425,7 @@ class RTDETRDecoder(nn.Module):
             queries = torch.cat([denoising.queries.to(queries.dtype), queries], dim=1)
             ref_logits = torch.cat([denoising.ref_boxes_unact.to(ref_logits.dtype), ref_logits], dim=1)
             blocked = denoising.attn_mask
-        logits, boxes = self.refine(queries, ref_logits.sigmoid(), memory, shapes, blocked)
-        return DecoderOutput(logits, boxes, enc_logits, enc_boxes)
+        return memory, shapes, queries, ref_logits, (enc_logits, enc_boxes), blocked
 
     def refine(
         self,
