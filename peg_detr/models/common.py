@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from peg_core.dist import get_world_size, reduce_sum
 
@@ -120,3 +120,14 @@ def num_boxes_of(
     if num_boxes is not None:
         return num_boxes
     return box_normaliser(sum(len(t["labels"]) for t in targets), device)
+
+
+class DetectionCriterion(nn.Module):
+    """What every family's criterion shares: ``forward(outputs, targets, num_boxes=None) -> {name: loss}``
+    and :meth:`total`, the weighted sum by :attr:`weight_dict` (set by the subclass)."""
+
+    weight_dict: dict[str, float]
+
+    def total(self, losses: dict[str, Tensor]) -> Tensor:
+        """Weighted sum of the losses that have a weight: a scalar to call ``backward`` on."""
+        return sum(losses[k] * w for k, w in self.weight_dict.items() if k in losses)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torchvision.ops import box_convert, generalized_box_iou
 
-from ..common import check_targets, device_indices, num_boxes_of
+from ..common import DetectionCriterion, check_targets, device_indices, num_boxes_of
 from ..matcher import HungarianMatcher
 
 __all__ = ["SetCriterion", "build_weight_dict"]
@@ -28,7 +28,7 @@ def build_weight_dict(
     return out
 
 
-class SetCriterion(nn.Module):
+class SetCriterion(DetectionCriterion):
     """Losses of DETR for ``outputs`` of :class:`~peg_detr.models.detr.DETR` and a list of targets.
 
     ``forward(outputs, targets)`` returns a dict of scalars:
@@ -62,10 +62,6 @@ class SetCriterion(nn.Module):
         weight[-1] = eos_coef
         self.register_buffer("empty_weight", weight, persistent=False)
 
-    def total(self, losses: dict[str, Tensor]) -> Tensor:
-        """Weighted sum of the losses that have a weight."""
-        return sum(losses[k] * w for k, w in self.weight_dict.items() if k in losses)
-
     def _check_targets(self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]) -> None:
         b = outputs["pred_logits"].shape[0]
         if outputs["pred_logits"].shape[-1] != self.num_classes + 1:
@@ -78,7 +74,7 @@ class SetCriterion(nn.Module):
     def forward(
         self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]], num_boxes: Tensor | None = None
     ) -> dict[str, Tensor]:
-        """The losses of ``outputs`` against ``targets``.
+        """DETR's losses of ``outputs`` against ``targets``: the last layer's and each ``aux_outputs`` layer's.
 
         ``num_boxes``: the box normaliser to use instead of this batch's count over processes
         (:func:`~peg_detr.models.common.num_boxes_of`; gradient accumulation gives the step's).

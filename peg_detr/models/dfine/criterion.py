@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torchvision.ops import box_convert, sigmoid_focal_loss
 
-from ..common import box_normaliser, check_targets, device_indices
+from ..common import DetectionCriterion, box_normaliser, check_targets, device_indices
 from ..matcher import HungarianMatcher
 from ..rtdetr.criterion import denoising_indices, paired_iou, varifocal_loss
 from .fdr import weighting_function
@@ -257,7 +257,7 @@ def _check_losses(losses: tuple[str, ...]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-class DFineCriterion(nn.Module):
+class DFineCriterion(DetectionCriterion):
     """Losses of D-FINE / DEIM for the outputs of a D-FINE decoder and a list of targets.
 
     ``forward(outputs, targets)`` returns a dict of unweighted scalars (the weights are applied by
@@ -334,14 +334,10 @@ class DFineCriterion(nn.Module):
         self.use_uni_set = use_uni_set
         self.distill_temperature = distill_temperature
 
-    def total(self, losses: dict[str, Tensor]) -> Tensor:
-        """Weighted sum of the losses that have a weight."""
-        return sum(losses[k] * w for k, w in self.weight_dict.items() if k in losses)
-
     def forward(
         self, outputs: dict[str, Any], targets: list[dict[str, Tensor]], num_boxes: Tensor | None = None
     ) -> dict[str, Tensor]:
-        """The losses of ``outputs`` against ``targets``.
+        """D-FINE's losses of ``outputs`` against ``targets`` (the class docstring lists them).
 
         ``num_boxes``: the box normaliser to use instead of this batch's count over processes
         (:func:`~peg_detr.models.common.num_boxes_of`; gradient accumulation gives the step's).  The

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torchvision.ops import box_convert, generalized_box_iou_loss
 
-from ..common import check_targets, device_indices, num_boxes_of
+from ..common import DetectionCriterion, check_targets, device_indices, num_boxes_of
 from ..matcher import HungarianMatcher
 
 __all__ = ["RTDETRCriterion", "build_rtdetr_weight_dict", "denoising_indices", "paired_iou", "varifocal_loss"]
@@ -73,7 +73,7 @@ def varifocal_loss(
     return F.binary_cross_entropy_with_logits(logits, score, weight=weight, reduction="sum")
 
 
-class RTDETRCriterion(nn.Module):
+class RTDETRCriterion(DetectionCriterion):
     """Losses of RT-DETR for the outputs of ``peg_detr.models.rtdetr.RTDETR`` and a list of targets.
 
     ``forward(outputs, targets)`` returns a dict of scalars, each normalised by the number of
@@ -118,14 +118,10 @@ class RTDETRCriterion(nn.Module):
         self.gamma = gamma
         self.losses = tuple(losses)
 
-    def total(self, losses: dict[str, Tensor]) -> Tensor:
-        """Weighted sum of the losses that have a weight."""
-        return sum(losses[k] * w for k, w in self.weight_dict.items() if k in losses)
-
     def forward(
         self, outputs: dict[str, Any], targets: list[dict[str, Tensor]], num_boxes: Tensor | None = None
     ) -> dict[str, Tensor]:
-        """The losses of ``outputs`` against ``targets``.
+        """RT-DETR's losses of ``outputs`` against ``targets``: every layer's, the proposals' and the denoising ones.
 
         ``num_boxes``: the box normaliser to use instead of this batch's count over processes
         (:func:`~peg_detr.models.common.num_boxes_of`; gradient accumulation gives the step's).
