@@ -21,7 +21,7 @@ from peg_detr.__main__ import main as cli
 from peg_detr.archs import ARCHS
 from peg_detr.cli import build_train_parser, parse_train_args
 from peg_detr.configs import CONFIGS
-from peg_detr.data import RTDETR_TRAIN_SIZES, SyntheticSpec, make_synthetic_coco
+from peg_detr.data import RTDETR_TRAIN_SIZES
 from peg_detr.interop.hf_deimv2 import deimv2_hf_config
 from peg_detr.interop.hf_detr import detr_hf_config
 from peg_detr.interop.hf_dfine import dfine_hf_config
@@ -37,6 +37,7 @@ from peg_detr.models.rtdetr.build import build_rtdetr
 BEFORE = json.loads((Path(__file__).parent / "data" / "model_configs_before_typed_configs.json").read_text())
 BEFORE.pop("_about")
 ROOT = Path(__file__).resolve().parents[2]
+COCO_SET = dict(size=96)  # the module's ``data`` (tests/conftest.py)
 
 
 # ------------------------------------------------------------------------ checkpoints written before
@@ -67,12 +68,6 @@ def test_older_key_names_and_unknown_keys():
         UserError, match=r"invalid model settings \(RT-DETR has no setting 'hidden_dimension'\)"
     ):
         build_model({**old, "hidden_dimension": 3})
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    spec = SyntheticSpec(size=96, num_classes=3, min_objects=1, max_objects=2, min_frac=0.3, max_frac=0.5)
-    return make_synthetic_coco(tmp_path_factory.mktemp("data"), num_train=8, num_val=4, seed=1, spec=spec)
 
 
 @pytest.mark.slow  # two training epochs and an ONNX export: ~40 s on one CPU
