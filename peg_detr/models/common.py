@@ -7,6 +7,7 @@ and RF-DETR import them from here, so no family imports another's modules for th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -124,9 +125,34 @@ def num_boxes_of(
 
 class DetectionCriterion(nn.Module):
     """What every family's criterion shares: ``forward(outputs, targets, num_boxes=None) -> {name: loss}``
-    and :meth:`total`, the weighted sum by :attr:`weight_dict` (set by the subclass)."""
+    and :meth:`total`, the weighted sum by :attr:`weight_dict` (set by the subclass).
+
+    A family implements :meth:`check` (the outputs and targets fit) and :meth:`compute` (its losses
+    with the box normaliser), or overrides :meth:`forward` when it normalises otherwise.
+    """
 
     weight_dict: dict[str, float]
+
+    def forward(
+        self, outputs: dict[str, Any], targets: list[dict[str, Tensor]], num_boxes: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """The family's losses of ``outputs`` against ``targets``, each a scalar.
+
+        ``num_boxes``: the box normaliser to use instead of this batch's count over processes
+        (:func:`num_boxes_of`; gradient accumulation gives the step's).
+        """
+        self.check(outputs, targets)
+        return self.compute(outputs, targets, num_boxes_of(targets, outputs["pred_logits"].device, num_boxes))
+
+    def check(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> None:
+        """A ``ValueError`` when ``outputs`` and ``targets`` do not fit this criterion."""
+        raise NotImplementedError
+
+    def compute(
+        self, outputs: dict[str, Any], targets: list[dict[str, Tensor]], num_boxes: Tensor
+    ) -> dict[str, Tensor]:
+        """The losses, normalised by ``num_boxes`` ``()`` (the boxes over processes, at least 1)."""
+        raise NotImplementedError
 
     def total(self, losses: dict[str, Tensor]) -> Tensor:
         """Weighted sum of the losses that have a weight: a scalar to call ``backward`` on."""

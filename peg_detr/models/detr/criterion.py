@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_convert, generalized_box_iou
 
-from ..common import DetectionCriterion, check_targets, device_indices, num_boxes_of
+from ..common import DetectionCriterion, check_targets, device_indices
 from ..matcher import HungarianMatcher
 
 __all__ = ["SetCriterion", "build_weight_dict"]
@@ -62,7 +62,7 @@ class SetCriterion(DetectionCriterion):
         weight[-1] = eos_coef
         self.register_buffer("empty_weight", weight, persistent=False)
 
-    def _check_targets(self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]) -> None:
+    def check(self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]]) -> None:
         b = outputs["pred_logits"].shape[0]
         if outputs["pred_logits"].shape[-1] != self.num_classes + 1:
             raise ValueError(
@@ -71,18 +71,11 @@ class SetCriterion(DetectionCriterion):
             )
         check_targets(targets, b)
 
-    def forward(
-        self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]], num_boxes: Tensor | None = None
+    def compute(
+        self, outputs: dict[str, Tensor], targets: list[dict[str, Tensor]], num_boxes: Tensor
     ) -> dict[str, Tensor]:
-        """DETR's losses of ``outputs`` against ``targets``: the last layer's and each ``aux_outputs`` layer's.
-
-        ``num_boxes``: the box normaliser to use instead of this batch's count over processes
-        (:func:`~peg_detr.models.common.num_boxes_of`; gradient accumulation gives the step's).
-        """
-        self._check_targets(outputs, targets)
+        """DETR's losses: the last layer's and each ``aux_outputs`` layer's, normalised by ``num_boxes``."""
         device = outputs["pred_logits"].device
-        num_boxes = num_boxes_of(targets, device, num_boxes)
-
         layers = [outputs, *outputs.get("aux_outputs", [])]
         # All layers matched with the step's single device-to-host copy, the indices sent back in one copy.
         per_layer = self.matcher.match_layers(layers, targets, self.num_classes)

@@ -339,11 +339,10 @@ class DFineCriterion(DetectionCriterion):
     ) -> dict[str, Tensor]:
         """D-FINE's losses of ``outputs`` against ``targets`` (the class docstring lists them).
 
-        ``num_boxes``: the box normaliser to use instead of this batch's count over processes
-        (:func:`~peg_detr.models.common.num_boxes_of`; gradient accumulation gives the step's).  The
-        union-set normaliser (a count of matches, known only now) is scaled by the same factor.
+        ``num_boxes`` as :meth:`DetectionCriterion.forward`; the union-set normaliser (a count of
+        matches, known only now) is scaled by the same factor, so D-FINE normalises here itself.
         """
-        self._check(outputs, targets)
+        self.check(outputs, targets)
         device = outputs["pred_logits"].device
         own_boxes = box_normaliser(sum(len(t["labels"]) for t in targets), device)
         scale = None if num_boxes is None else num_boxes / own_boxes
@@ -393,7 +392,7 @@ class DFineCriterion(DetectionCriterion):
                 losses.update(_suffixed(layer, suffix))
         return losses
 
-    def _check(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> None:
+    def check(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> None:
         logits = outputs["pred_logits"]
         if logits.shape[-1] != self.num_classes:
             raise ValueError(

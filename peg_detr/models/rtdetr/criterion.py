@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_convert, generalized_box_iou_loss
 
-from ..common import DetectionCriterion, check_targets, device_indices, num_boxes_of
+from ..common import DetectionCriterion, check_targets, device_indices
 from ..matcher import HungarianMatcher
 
 __all__ = ["RTDETRCriterion", "build_rtdetr_weight_dict", "denoising_indices", "paired_iou", "varifocal_loss"]
@@ -118,17 +118,11 @@ class RTDETRCriterion(DetectionCriterion):
         self.gamma = gamma
         self.losses = tuple(losses)
 
-    def forward(
-        self, outputs: dict[str, Any], targets: list[dict[str, Tensor]], num_boxes: Tensor | None = None
+    def compute(
+        self, outputs: dict[str, Any], targets: list[dict[str, Tensor]], num_boxes: Tensor
     ) -> dict[str, Tensor]:
-        """RT-DETR's losses of ``outputs`` against ``targets``: every layer's, the proposals' and the denoising ones.
-
-        ``num_boxes``: the box normaliser to use instead of this batch's count over processes
-        (:func:`~peg_detr.models.common.num_boxes_of`; gradient accumulation gives the step's).
-        """
-        self._check(outputs, targets)
+        """RT-DETR's losses: every layer's, the proposals' and the denoising ones, normalised by ``num_boxes``."""
         device = outputs["pred_logits"].device
-        num_boxes = num_boxes_of(targets, device, num_boxes)
         labels = torch.cat([t["labels"] for t in targets]).to(device)
         boxes = torch.cat([t["boxes"] for t in targets]).to(device)
 
@@ -151,13 +145,16 @@ class RTDETRCriterion(DetectionCriterion):
                 losses.update(_suffixed(self._layer_losses(out, labels, boxes, index, dn_boxes), f"_dn_{i}"))
         return losses
 
-    def _check(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> None:
+    def check(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> None:
         logits = outputs["pred_logits"]
         if logits.shape[-1] != self.num_classes:
             raise ValueError(
                 f"pred_logits has {logits.shape[-1]} classes, the criterion expects num_classes = {self.num_classes}"
             )
         check_targets(targets, logits.shape[0])
+
+    #: the name RF-DETR's criterion (a subclass) calls
+    _check = check
 
     def _match(
         self, layers: list[dict[str, Tensor]], targets: list[dict[str, Tensor]], device: torch.device
