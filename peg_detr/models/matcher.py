@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -9,7 +11,7 @@ from torchvision.ops import box_convert, generalized_box_iou
 
 from peg_core.errors import NonFiniteError, require
 
-__all__ = ["HungarianMatcher", "focal_class_cost", "match_cost"]
+__all__ = ["HungarianMatcher", "focal_class_cost", "match_by_query_count", "match_cost"]
 
 
 def focal_class_cost(logits: Tensor, tgt_labels: Tensor, alpha: float = 0.25, gamma: float = 2.0) -> Tensor:
@@ -170,3 +172,23 @@ class HungarianMatcher(nn.Module):
                 )
             out.append(indices)
         return out
+
+
+def match_by_query_count(
+    matcher: Any, layers: list[dict[str, Tensor]], targets: list[dict[str, Tensor]], num_classes: int
+) -> list[list[tuple[Tensor, Tensor]]]:
+    """``matcher.match_layers`` over layers of different query counts: per layer, the per-image host matches.
+
+    Layers with the same number of queries (normally all: the encoder proposals are the top-``Q``)
+    share one call, so one device-to-host copy.  ``matcher``: a :class:`HungarianMatcher` or any
+    object with its ``match_layers``.
+    """
+    groups: dict[int, list[int]] = {}
+    for i, o in enumerate(layers):
+        groups.setdefault(o["pred_logits"].shape[1], []).append(i)
+    per_layer: list[Any] = [None] * len(layers)
+    for members in groups.values():
+        matched = matcher.match_layers([layers[i] for i in members], targets, num_classes)
+        for i, m in zip(members, matched):
+            per_layer[i] = m
+    return per_layer

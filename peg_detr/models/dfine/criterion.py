@@ -33,7 +33,7 @@ from torch import Tensor
 from torchvision.ops import box_convert, sigmoid_focal_loss
 
 from ..common import DetectionCriterion, box_normaliser, check_targets, device_indices
-from ..matcher import HungarianMatcher
+from ..matcher import HungarianMatcher, match_by_query_count
 from ..rtdetr.criterion import denoising_indices, paired_iou, varifocal_loss
 from .fdr import weighting_function
 
@@ -427,15 +427,7 @@ class DFineCriterion(DetectionCriterion):
     def _match(self, layers: list[dict[str, Tensor]], targets: list[dict[str, Tensor]]) -> list[Matches]:
         """Host Hungarian matches per layer; layers with the same number of queries share one
         device-to-host copy."""
-        groups: dict[int, list[int]] = {}
-        for i, o in enumerate(layers):
-            groups.setdefault(o["pred_logits"].shape[1], []).append(i)
-        per_layer: list[Any] = [None] * len(layers)
-        for members in groups.values():
-            matched = self.matcher.match_layers([layers[i] for i in members], targets, self.num_classes)
-            for i, m in zip(members, matched):
-                per_layer[i] = m
-        return per_layer
+        return match_by_query_count(self.matcher, layers, targets, self.num_classes)
 
     def _layer_losses(
         self,

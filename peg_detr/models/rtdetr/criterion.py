@@ -16,7 +16,7 @@ from torch import Tensor
 from torchvision.ops import box_convert, generalized_box_iou_loss
 
 from ..common import DetectionCriterion, check_targets, device_indices
-from ..matcher import HungarianMatcher
+from ..matcher import HungarianMatcher, match_by_query_count
 
 __all__ = ["RTDETRCriterion", "build_rtdetr_weight_dict", "denoising_indices", "paired_iou", "varifocal_loss"]
 
@@ -164,14 +164,7 @@ class RTDETRCriterion(DetectionCriterion):
         Layers with the same number of queries (normally all: the encoder proposals are the
         top-``Q``) share the matcher's single device-to-host copy.
         """
-        groups: dict[int, list[int]] = {}
-        for i, o in enumerate(layers):
-            groups.setdefault(o["pred_logits"].shape[1], []).append(i)
-        per_layer: list[Any] = [None] * len(layers)
-        for members in groups.values():
-            matched = self.matcher.match_layers([layers[i] for i in members], targets, self.num_classes)
-            for i, m in zip(members, matched):
-                per_layer[i] = m
+        per_layer = match_by_query_count(self.matcher, layers, targets, self.num_classes)
         return device_indices(per_layer, targets, device)
 
     def _layer_losses(
