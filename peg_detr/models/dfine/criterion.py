@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_convert, sigmoid_focal_loss
 
-from ..common import DetectionCriterion, box_normaliser, check_targets, device_indices
+from ..common import DetectionCriterion, box_normaliser, device_indices
 from ..matcher import HungarianMatcher, match_by_query_count
-from ..rtdetr.criterion import denoising_indices, paired_iou, varifocal_loss
+from ..rtdetr.criterion import check_sigmoid_outputs, denoising_targets, paired_iou, varifocal_loss
 from .fdr import weighting_function
 
 __all__ = [
@@ -380,11 +380,7 @@ class DFineCriterion(DetectionCriterion):
         if outputs.get("dn_pre_outputs") is not None:
             dn_named.append(("_dn_pre", outputs["dn_pre_outputs"]))
         if dn_named:
-            meta = outputs.get("dn_meta")
-            if meta is None:
-                raise ValueError("outputs has dn_outputs but no dn_meta (the DenoisingGroup's meta)")
-            index = denoising_indices(meta, targets, device)
-            dn_boxes = num_boxes * meta["dn_num_group"]
+            index, dn_boxes = denoising_targets(outputs, "dn_outputs", targets, num_boxes)
             for suffix, out in dn_named:
                 layer, _ = self._layer_losses(
                     out, labels, boxes, index, dn_boxes, index, dn_boxes, geometry, split
@@ -393,11 +389,7 @@ class DFineCriterion(DetectionCriterion):
         return losses
 
     def check(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> None:
-        logits = outputs["pred_logits"]
-        if logits.shape[-1] != self.num_classes:
-            raise ValueError(
-                f"pred_logits has {logits.shape[-1]} classes, the criterion expects num_classes = {self.num_classes}"
-            )
+        check_sigmoid_outputs(outputs, targets, self.num_classes)
         if "dn_aux_outputs" in outputs:
             raise ValueError("D-FINE's denoising outputs are named dn_outputs (dn_aux_outputs is RT-DETR's)")
         if (outputs.get("enc_meta") or {}).get("class_agnostic", False):
@@ -410,7 +402,6 @@ class DFineCriterion(DetectionCriterion):
                 f"pred_corners has {corners.shape[-1]} values per query, the criterion expects "
                 f"4 * (reg_max + 1) = {4 * (self.reg_max + 1)}: reg_max must be the decoder's max_num_bins"
             )
-        check_targets(targets, logits.shape[0])
 
     def _geometry(self, outputs: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
         """The weighting function ``(reg_max + 1,)`` of the decoder's ``up`` / ``reg_scale`` and

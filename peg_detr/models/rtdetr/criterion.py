@@ -136,22 +136,13 @@ class RTDETRCriterion(DetectionCriterion):
 
         dn_outputs = outputs.get("dn_aux_outputs", [])
         if dn_outputs:
-            meta = outputs.get("dn_meta")
-            if meta is None:
-                raise ValueError("outputs has dn_aux_outputs but no dn_meta (the DenoisingGroup's meta)")
-            index = denoising_indices(meta, targets, device)
-            dn_boxes = num_boxes * meta["dn_num_group"]
+            index, dn_boxes = denoising_targets(outputs, "dn_aux_outputs", targets, num_boxes)
             for i, out in enumerate(dn_outputs):
                 losses.update(_suffixed(self._layer_losses(out, labels, boxes, index, dn_boxes), f"_dn_{i}"))
         return losses
 
     def check(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> None:
-        logits = outputs["pred_logits"]
-        if logits.shape[-1] != self.num_classes:
-            raise ValueError(
-                f"pred_logits has {logits.shape[-1]} classes, the criterion expects num_classes = {self.num_classes}"
-            )
-        check_targets(targets, logits.shape[0])
+        check_sigmoid_outputs(outputs, targets, self.num_classes)
 
     #: the name RF-DETR's criterion (a subclass) calls
     _check = check
@@ -194,6 +185,34 @@ class RTDETRCriterion(DetectionCriterion):
             out["loss_bbox"] = F.l1_loss(src, tgt, reduction="sum") / num_boxes  # on cxcywh, as DETR
             out["loss_giou"] = generalized_box_iou_loss(src_xyxy, tgt_xyxy, reduction="sum") / num_boxes
         return out
+
+
+def check_sigmoid_outputs(
+    outputs: dict[str, Any], targets: list[dict[str, Tensor]], num_classes: int
+) -> None:
+    """A ``ValueError`` unless ``pred_logits`` ``(B, Q, num_classes)`` (sigmoid scores, no "no object"
+    class) and the targets of ``B`` images fit (:func:`~peg_detr.models.common.check_targets`)."""
+    logits = outputs["pred_logits"]
+    if logits.shape[-1] != num_classes:
+        raise ValueError(
+            f"pred_logits has {logits.shape[-1]} classes, the criterion expects num_classes = {num_classes}"
+        )
+    check_targets(targets, logits.shape[0])
+
+
+def denoising_targets(
+    outputs: dict[str, Any], key: str, targets: list[dict[str, Tensor]], num_boxes: Tensor
+) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
+    """The denoising queries' matches (:func:`denoising_indices`) and box normaliser ``num_boxes * groups``.
+
+    ``key`` names the denoising outputs in messages (RT-DETR ``dn_aux_outputs``, D-FINE ``dn_outputs``);
+    a ``ValueError`` when ``outputs`` has them but no ``dn_meta``.
+    """
+    meta = outputs.get("dn_meta")
+    if meta is None:
+        raise ValueError(f"outputs has {key} but no dn_meta (the DenoisingGroup's meta)")
+    index = denoising_indices(meta, targets, outputs["pred_logits"].device)
+    return index, num_boxes * meta["dn_num_group"]
 
 
 def denoising_indices(
