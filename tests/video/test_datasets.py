@@ -8,7 +8,7 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
-from peg_core.engine import EXIT_ERROR, EXIT_USAGE, UserError, read_checkpoint
+from peg_core.engine import EXIT_ERROR, EXIT_USAGE, read_checkpoint
 from peg_core.engine.distributed import DistInfo
 from peg_video.__main__ import main
 from peg_video.cli import parse_train_args
@@ -22,7 +22,7 @@ from peg_video.data.datasets import (
     read_ucf101,
     segment_indices,
 )
-from peg_video.data.loaders import make_loader, transform_config
+from peg_video.data.loaders import LoaderOptionError, make_loader, transform_config
 from tests.video.runs import TINY
 
 ONE_EPOCH = [*TINY, "--epochs", "1"]
@@ -365,7 +365,7 @@ def test_ssv2_protocol_defaults_and_flip_refusal(tmp_path, capsys):
     assert parse_train_args(["--config", "ucf101_vit_s_16x4_peg3d", "--data-root", "x"]).hflip is True
     err = _fails(capsys, ["train", "--dataset", "ssv2", "--data-root", str(tmp_path), "--hflip"], EXIT_USAGE)
     assert "--hflip: refused for ssv2" in err and "left to right" in err
-    with pytest.raises(UserError, match="contradict SSv2's left / right labels"):
+    with pytest.raises(LoaderOptionError, match="contradict SSv2's left / right labels"):
         transform_config(Namespace(**{**vars(args), "hflip": True}))
     assert "required with --dataset ucf101: --data-root" in _fails(
         capsys, ["train", "--dataset", "ucf101"], EXIT_USAGE
