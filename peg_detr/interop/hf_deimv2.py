@@ -41,6 +41,7 @@ weights plus a zero PEG: the model computes what ``none`` computes until fine-tu
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -71,6 +72,7 @@ from .hf_hgnetv2 import (
     hgnetv2_ours_to_hf,
 )
 from .hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
+from .hf_rtdetr import check_one_value, hf_state_dict, int_if_whole, label_fields
 
 __all__ = [
     "deimv2_build_options",
@@ -501,15 +503,8 @@ def deimv2_hf_config(model: DEIMv2, id2label: Mapping[int, str] | None = None) -
     else:
         config.update({hf: enc[ours] for ours, hf in _ENCODER_FIELDS.items()})
         config["encode_proj_layers"] = list(model.encoder.use_encoder_idx)  # non-negative
-        if (
-            isinstance(config["positional_encoding_temperature"], float)
-            and config["positional_encoding_temperature"].is_integer()
-        ):
-            config["positional_encoding_temperature"] = int(config["positional_encoding_temperature"])
-        if enc["dropout"] != dec["dropout"] or enc["layer_norm_eps"] != dec["layer_norm_eps"]:
-            raise ValueError(
-                "the encoder and decoder differ in dropout / layer-norm eps; one Deimv2Config holds one"
-            )
+        int_if_whole(config, "positional_encoding_temperature")
+        check_one_value(enc, dec, "Deimv2Config")
     if hasattr(model.backbone, "vit"):
         config["backbone_config"] = _dinov3_hf_config(model.backbone)
         config["spatial_tuning_adapter_inplanes"] = (
@@ -524,9 +519,7 @@ def deimv2_hf_config(model: DEIMv2, id2label: Mapping[int, str] | None = None) -
         config.update(backbone_config=bb, freeze_backbone_batch_norms=bool(options["freeze_bn"]))
         if not lite:
             config["encoder_in_channels"] = list(model.backbone.out_channels)
-    names = dict(id2label or {})
-    config["id2label"] = {str(i): names.get(i) or f"LABEL_{i}" for i in range(model.num_classes)}
-    config["label2id"] = {name: int(i) for i, name in config["id2label"].items()}
+    config.update(label_fields(id2label, model.num_classes))
     return config
 
 
@@ -570,12 +563,7 @@ def export_hf_deimv2(
         raise TypeError(f"export_hf_deimv2 takes a DEIMv2, not a {type(model).__name__}")
     config = deimv2_hf_config(model, id2label)
     lite = config["encoder_type"] == "lite"
-    state: dict[str, Tensor] = {}
-    for key, value in model.state_dict().items():
-        hf = deimv2_ours_to_hf(key, lite=lite)
-        if hf is None:
-            raise ValueError(f"key {key} has no Hugging Face name")
-        state[hf] = value
+    state = hf_state_dict(model, functools.partial(deimv2_ours_to_hf, lite=lite))
     if "backbone_config" in config and config["backbone_config"]["model_type"] == "dinov3_vit":
         bb, width = config["backbone_config"], config["backbone_config"]["hidden_size"]
         state = _split_qkv(state, bb["key_bias"])

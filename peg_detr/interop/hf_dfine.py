@@ -65,7 +65,17 @@ from .hf_hgnetv2 import (
     hgnetv2_ours_to_hf,
 )
 from .hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
-from .hf_rtdetr import DECODER_PREFIXES, encoder_hf_to_ours, encoder_ours_to_hf
+from .hf_rtdetr import (
+    ACTIVATION_NAMES,
+    DECODER_PREFIXES,
+    check_one_value,
+    encoder_hf_to_ours,
+    encoder_ours_to_hf,
+    folder_config,
+    hf_state_dict,
+    int_if_whole,
+    label_fields,
+)
 
 __all__ = [
     "DFINE_DECODER_PREFIXES",
@@ -81,8 +91,6 @@ __all__ = [
     "dfine_ours_to_hf",
     "export_hf_dfine",
 ]
-
-_ACTIVATIONS = ("relu", "gelu", "silu")
 
 # ---------------------------------------------------------------- keys
 #: (Hugging Face prefix, ours) of the decoder side: RT-DETR's rows and D-FINE's own heads and constants
@@ -207,8 +215,8 @@ def dfine_encoder_options(f: ConfigFields, channels: Sequence[int], pos_enc: str
     return dict(
         in_channels=channels, hidden_dim=hidden, num_heads=heads, dim_feedforward=f.integer("encoder_ffn_dim", 1024),
         dropout=f.number("dropout", 0.0, min=0.0, below=1.0),
-        act=f.choice("encoder_activation_function", "gelu", _ACTIVATIONS),
-        conv_act=f.choice("activation_function", "silu", _ACTIVATIONS),
+        act=f.choice("encoder_activation_function", "gelu", ACTIVATION_NAMES),
+        conv_act=f.choice("activation_function", "silu", ACTIVATION_NAMES),
         expansion=f.number("hidden_expansion", 1.0, above=0.0, max=64.0),
         depth_mult=f.number("depth_mult", 1.0, above=0.0, max=64.0), num_layers=f.integer("encoder_layers", 1),
         use_encoder_idx=f.integers("encode_proj_layers", [levels - 1], min=0, max=levels - 1),
@@ -257,7 +265,7 @@ def dfine_decoder_options(
         in_channels=in_channels, hidden_dim=d_model, num_classes=num_classes,
         num_queries=f.integer("num_queries", NUM_QUERIES), num_layers=layers, num_heads=heads,
         dim_feedforward=f.integer("decoder_ffn_dim", 1024), dropout=f.number("dropout", 0.0, min=0.0, below=1.0),
-        activation=f.choice("decoder_activation_function", "relu", _ACTIVATIONS), num_points=points,
+        activation=f.choice("decoder_activation_function", "relu", ACTIVATION_NAMES), num_points=points,
         offset_scale=f.number("decoder_offset_scale", 0.5), eval_idx=eval_idx, max_num_bins=bins,
         reg_scale=f.number("reg_scale", 4.0), up=f.number("up", 0.5), lqe_k=f.integer("top_prob_values", 4),
         lqe_hidden_dim=f.integer("lqe_hidden_dim", 64), lqe_layers=f.integer("lqe_layers", 2),
@@ -420,15 +428,20 @@ _DECODER_FIELDS = {
 }  # fmt: skip
 
 
+def _require_sincos(model: DFINE) -> None:
+    """A ``ValueError`` unless AIFI's encoding is ``sincos``, the only one transformers' D-FINE has."""
+    if model.encoder.pos_enc != "sincos":
+        raise ValueError(
+            f"pos_enc {model.encoder.pos_enc!r} cannot be exported; transformers' D-FINE has only 'sincos'"
+        )
+
+
 def dfine_hf_config(model: DFINE, id2label: Mapping[int, str] | None = None) -> dict[str, Any]:
     """A ``DFineConfig`` (config.json's dict) describing ``model``: the inverse of :func:`dfine_build_options`.
 
     For a D-FINE with an HGNetv2 backbone and the ``sincos`` encoding; a ``ValueError`` otherwise.
     """
-    if model.encoder.pos_enc != "sincos":
-        raise ValueError(
-            f"pos_enc {model.encoder.pos_enc!r} cannot be exported; transformers' D-FINE has only 'sincos'"
-        )
+    _require_sincos(model)
     options = getattr(model.backbone, "build_options", None)
     if options is None:
         raise ValueError(
@@ -453,16 +466,9 @@ def dfine_hf_config(model: DFINE, id2label: Mapping[int, str] | None = None) -> 
     }  # fmt: skip
     config.update({hf: enc[ours] for ours, hf in _ENCODER_FIELDS.items()})
     config.update({hf: dec[ours] for ours, hf in _DECODER_FIELDS.items()})
-    for key in ("positional_encoding_temperature",):
-        if isinstance(config[key], float) and config[key].is_integer():
-            config[key] = int(config[key])  # DFineConfig validates an int
-    if dec["dropout"] != enc["dropout"] or dec["layer_norm_eps"] != enc["layer_norm_eps"]:
-        raise ValueError(
-            "the encoder and decoder differ in dropout / layer-norm eps; one DFineConfig holds one value"
-        )
-    names = dict(id2label or {})
-    config["id2label"] = {str(i): names.get(i) or f"LABEL_{i}" for i in range(model.num_classes)}
-    config["label2id"] = {name: int(i) for i, name in config["id2label"].items()}
+    int_if_whole(config, "positional_encoding_temperature")
+    check_one_value(enc, dec, "DFineConfig")
+    config.update(label_fields(id2label, model.num_classes))
     return config
 
 
@@ -485,31 +491,7 @@ def export_hf_dfine(
     model = getattr(model, "module", model)
     if not isinstance(model, DFINE):
         raise TypeError(f"export_hf_dfine takes a D-FINE, not a {type(model).__name__}")
-    cfg = getattr(model, "build_config", None) or {}
-    if isinstance(cfg.get("hf_config"), dict):
-        if model.encoder.pos_enc != "sincos":
-            raise ValueError(
-                f"pos_enc {model.encoder.pos_enc!r} cannot be exported; transformers' D-FINE has only 'sincos'"
-            )
-        config = dict(cfg["hf_config"])
-        if id2label:
-            own = config.get("id2label") or {}
-            config["id2label"] = {
-                str(i): id2label.get(i) or own.get(str(i)) or f"LABEL_{i}" for i in range(model.num_classes)
-            }
-            config["label2id"] = {n: int(i) for i, n in config["id2label"].items()}
-    else:
-        config = dfine_hf_config(model, id2label)
-    state = {}
-    for key, value in model.state_dict().items():
-        hf = dfine_ours_to_hf(key)
-        if hf is None:
-            raise ValueError(f"key {key} has no Hugging Face name")
-        state[hf] = value
-    config = {
-        **config,
-        "anchor_image_size": None,
-        "eval_size": None,
-        "architectures": ["DFineForObjectDetection"],
-    }
+    _require_sincos(model)  # before anything is written
+    config = folder_config(model, id2label, dfine_hf_config, "DFineForObjectDetection")
+    state = hf_state_dict(model, dfine_ours_to_hf)
     return write_hf_folder(out_dir, config, state, {PREPROCESSOR_CONFIG: rtdetr_processor_config(size)})

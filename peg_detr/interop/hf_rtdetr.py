@@ -47,15 +47,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import LoadReport, WeightsError, load_state_strict, read_state_file
 
+from ..models.layers import LAYER_ACTIVATIONS
 from ..models.rtdetr.backbone import ResNetVd
 from ..models.rtdetr.config import NUM_QUERIES, RTDETRConfig
 from ..models.rtdetr.decoder import RTDETRDecoder
@@ -65,8 +66,10 @@ from .hf_detr import hf_num_labels
 from .hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
 
 __all__ = [
+    "ACTIVATION_NAMES",
     "DECODER_PREFIXES",
     "ENCODER_HF_PREFIXES",
+    "check_one_value",
     "config_for_classes",
     "decoder_key_from_hf",
     "decoder_key_to_hf",
@@ -75,6 +78,10 @@ __all__ = [
     "encoder_hf_to_ours",
     "encoder_ours_to_hf",
     "export_hf_rtdetr",
+    "folder_config",
+    "hf_state_dict",
+    "int_if_whole",
+    "label_fields",
     "load_rtdetr_backbone",
     "rtdetr_build_options",
     "rtdetr_from_hf",
@@ -201,7 +208,7 @@ def decoder_key_to_hf(key: str) -> str | None:
 
 # ---------------------------------------------------------------- config.json <-> keywords
 #: the activations peg_detr's RT-DETR layers have (encoder MLP and convolutions, decoder MLP)
-_ACTIVATIONS = ("relu", "gelu", "silu")
+ACTIVATION_NAMES = tuple(LAYER_ACTIVATIONS)
 
 
 def _backbone_options(config: Mapping[str, Any], where: str | os.PathLike) -> dict[str, Any]:
@@ -266,8 +273,8 @@ def rtdetr_build_options(
     dropout = f.number("dropout", 0.0, min=0.0, below=1.0)
     encoder = dict(
         in_channels=channels, hidden_dim=hidden, num_heads=heads, dim_feedforward=f.integer("encoder_ffn_dim", 1024),
-        dropout=dropout, act=f.choice("encoder_activation_function", "gelu", _ACTIVATIONS),
-        conv_act=f.choice("activation_function", "silu", _ACTIVATIONS),
+        dropout=dropout, act=f.choice("encoder_activation_function", "gelu", ACTIVATION_NAMES),
+        conv_act=f.choice("activation_function", "silu", ACTIVATION_NAMES),
         expansion=f.number("hidden_expansion", 1.0, above=0.0, max=64.0), num_layers=f.integer("encoder_layers", 1),
         use_encoder_idx=f.integers("encode_proj_layers", [levels - 1], min=0, max=levels - 1),
         temperature=f.number("positional_encoding_temperature", 10000, above=0.0),
@@ -292,7 +299,7 @@ def rtdetr_build_options(
         in_channels=decoder_levels, hidden_dim=d_model, num_classes=num_classes, num_queries=num_queries,
         num_layers=f.integer("decoder_layers", 6), num_heads=decoder_heads,
         dim_feedforward=f.integer("decoder_ffn_dim", 1024), dropout=dropout,
-        activation=f.choice("decoder_activation_function", "relu", _ACTIVATIONS),
+        activation=f.choice("decoder_activation_function", "relu", ACTIVATION_NAMES),
         num_points=f.integer("decoder_n_points", 4), learn_initial_query=f.flag("learn_initial_query", False), **eps,
     )  # fmt: skip
     model = dict(
@@ -571,9 +578,7 @@ def encoder_hf_config(backbone: ResNetVd, encoder: HybridEncoder) -> dict[str, A
         "freeze_backbone_batch_norms": backbone.freeze_bn,
     }
     config.update({hf: encoder.hparams[ours] for ours, hf in _ENCODER_FIELDS.items()})
-    temperature = config["positional_encoding_temperature"]
-    if isinstance(temperature, float) and temperature.is_integer():
-        config["positional_encoding_temperature"] = int(temperature)  # RTDetrConfig validates an int
+    int_if_whole(config, "positional_encoding_temperature")
     return config
 
 
@@ -595,14 +600,9 @@ def rtdetr_hf_config(model: RTDETR, id2label: Mapping[int, str] | None = None) -
         decoder_n_points=dec["num_points"], eval_idx=dec["eval_idx"], learn_initial_query=dec["learn_initial_query"],
         num_queries=model.num_queries, num_denoising=model.num_denoising,
         label_noise_ratio=model.label_noise_ratio, box_noise_scale=model.box_noise_scale,
-        auxiliary_loss=model.aux_loss,
-        id2label={str(i): (id2label or {}).get(i) or f"LABEL_{i}" for i in range(model.num_classes)},
+        auxiliary_loss=model.aux_loss, **label_fields(id2label, model.num_classes),
     )  # fmt: skip
-    if dec["dropout"] != config.get("dropout", 0.0) or dec["layer_norm_eps"] != config["layer_norm_eps"]:
-        raise ValueError(
-            "the encoder and decoder differ in dropout / layer-norm eps; one RTDetrConfig holds one value"
-        )
-    config["label2id"] = {name: int(i) for i, name in config["id2label"].items()}
+    check_one_value(model.encoder.hparams, dec, "RTDetrConfig")
     return config
 
 
@@ -630,28 +630,68 @@ def export_hf_rtdetr(
     model = getattr(model, "module", model)
     if type(model) is not RTDETR:  # D-FINE / DEIMv2 subclass it and have their own exports
         raise TypeError(f"export_hf_rtdetr takes an RT-DETR, not a {type(model).__name__}")
+    _require_sincos(model.encoder)  # before anything is written
+    config = folder_config(model, id2label, rtdetr_hf_config, "RTDetrForObjectDetection")
+    state = hf_state_dict(model, rtdetr_ours_to_hf)
+    return write_hf_folder(out_dir, config, state, {PREPROCESSOR_CONFIG: rtdetr_processor_config(size)})
+
+
+def folder_config(
+    model: RTDETR,
+    id2label: Mapping[int, str] | None,
+    describe: Callable[[Any, dict[int, str]], dict[str, Any]],
+    architecture: str,
+) -> dict[str, Any]:
+    """The ``config.json`` an RT-DETR-family export writes for ``model`` (RT-DETR, D-FINE).
+
+    A model read from a folder goes back with that folder's config (``build_config["hf_config"]``,
+    its class names updated from ``id2label``); any other is described from its modules by
+    ``describe(model, names)``.  Anchors and the AIFI table follow each input, as here, so
+    ``anchor_image_size`` / ``eval_size`` are unset; ``architectures`` names the one class.
+    """
     names = dict(id2label or {})
     cfg = getattr(model, "build_config", None) or {}
-    _require_sincos(model.encoder)  # before anything is written
-    # a model from a folder goes back with that folder's config (and the run's class names, when a
-    # checkpoint records them); any other is described from its modules
     if isinstance(cfg.get("hf_config"), dict):
-        hf_config = with_label_names(cfg["hf_config"], names, model.num_classes)
+        config = with_label_names(cfg["hf_config"], names, model.num_classes)
     else:
-        hf_config = rtdetr_hf_config(model, names)
+        config = describe(model, names)
+    return {**config, "anchor_image_size": None, "eval_size": None, "architectures": [architecture]}
+
+
+def hf_state_dict(model: nn.Module, ours_to_hf: Callable[[str], str | None]) -> dict[str, Tensor]:
+    """``model``'s state dict in the names ``save_pretrained`` writes; ``ours_to_hf`` maps one key.
+
+    A key the map has no name for (``None``) is a ``ValueError``: the folder would miss a weight.
+    """
     state = {}
     for key, value in model.state_dict().items():
-        hf = rtdetr_ours_to_hf(key)
+        hf = ours_to_hf(key)
         if hf is None:
             raise ValueError(f"key {key} has no Hugging Face name")
         state[hf] = value
-    config = {
-        **hf_config,
-        "anchor_image_size": None,
-        "eval_size": None,
-        "architectures": ["RTDetrForObjectDetection"],
-    }
-    return write_hf_folder(out_dir, config, state, {PREPROCESSOR_CONFIG: rtdetr_processor_config(size)})
+    return state
+
+
+def label_fields(names: Mapping[int, str] | None, num_classes: int) -> dict[str, dict]:
+    """``id2label`` / ``label2id`` of ``num_classes`` labels: ``names[i]``, else ``LABEL_i``."""
+    names = names or {}
+    id2label = {str(i): names.get(i) or f"LABEL_{i}" for i in range(num_classes)}
+    return {"id2label": id2label, "label2id": {name: int(i) for i, name in id2label.items()}}
+
+
+def int_if_whole(config: dict[str, Any], key: str) -> None:
+    """``config[key]`` as an int when it is a whole float (transformers' configs validate an int there)."""
+    value = config[key]
+    if isinstance(value, float) and value.is_integer():
+        config[key] = int(value)
+
+
+def check_one_value(encoder: Mapping[str, Any], decoder: Mapping[str, Any], config_name: str) -> None:
+    """A ``ValueError`` when the encoder's and decoder's dropout / layer-norm eps differ: one HF config holds one."""
+    if decoder["dropout"] != encoder["dropout"] or decoder["layer_norm_eps"] != encoder["layer_norm_eps"]:
+        raise ValueError(
+            f"the encoder and decoder differ in dropout / layer-norm eps; one {config_name} holds one value"
+        )
 
 
 def with_label_names(config: dict[str, Any], names: Mapping[int, str], num_classes: int) -> dict[str, Any]:
@@ -659,8 +699,8 @@ def with_label_names(config: dict[str, Any], names: Mapping[int, str], num_class
     if not names:
         return config
     own = config.get("id2label") or {}
-    id2label = {str(i): names.get(i) or own.get(str(i)) or f"LABEL_{i}" for i in range(num_classes)}
-    return {**config, "id2label": id2label, "label2id": {n: int(i) for i, n in id2label.items()}}
+    merged = {i: names.get(i) or own.get(str(i)) for i in range(num_classes)}
+    return {**config, **label_fields(merged, num_classes)}
 
 
 def config_for_classes(config: dict[str, Any], names: list[str]) -> dict[str, Any]:
