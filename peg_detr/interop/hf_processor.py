@@ -14,6 +14,8 @@ DEIMv2 (HGNetv2)                                    in ``[0, 1]``: rescaled by 1
 DEIMv2 (DINOv3 ViT)         ``RTDetrImageProcessor`` the same, then ImageNet mean / std: peg_detr's
                                                     backbone standardises inside, transformers' takes
                                                     standardised pixels
+RF-DETR                     ``RfDetrImageProcessor`` ``size x size`` (a multiple of patch x windows),
+                                                    ImageNet mean / std (standardised inside here too)
 DETR                        ``DetrImageProcessor``  short side ``size``, long side at most
                                                     ``round(size * 1333 / 800)``, ImageNet mean / std
 ==========================  ======================  ===============================================
@@ -42,6 +44,7 @@ __all__ = [
     "detr_processor_config",
     "hf_side",
     "processor_side",
+    "rfdetr_processor_config",
     "rtdetr_processor_config",
 ]
 
@@ -94,6 +97,20 @@ def rtdetr_processor_config(size: int | None = None, normalize: bool = False) ->
         "size": {"height": side, "width": side},
         "do_pad": False,
         **_common(normalize),
+    }
+
+
+def rfdetr_processor_config(size: int | None = None, multiple: int = 1) -> dict[str, Any]:
+    """``RfDetrImageProcessor``'s config: a square resize to ``size`` (the run's ``--val-size``; ``None``:
+    640) rounded up to a multiple of ``multiple`` (the model's ``patch_size * num_windows``: transformers'
+    windows must tile the patch grid), ImageNet mean / std (peg_detr's RF-DETR standardises inside)."""
+    side = _side(RTDETR_EVAL_SIZE if size is None else size)
+    side = -(-side // multiple) * multiple
+    return {
+        "image_processor_type": "RfDetrImageProcessor",
+        "size": {"height": side, "width": side},
+        "do_pad": False,
+        **_common(True),
     }
 
 

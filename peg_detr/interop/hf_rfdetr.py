@@ -39,20 +39,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg_core.interop.hf_folder import read_hf_config, read_hf_weights
+from peg_core.interop.hf_folder import read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import LoadReport, WeightsError
 
-from ..models.rfdetr import RFDETR, RFDETRDecoder, ScaleProjector, build_windowed_vit
+from ..models.config import json_safe
+from ..models.rfdetr import RFDETR, RFDETRConfig, build_rfdetr
+from .hf_processor import PREPROCESSOR_CONFIG, rfdetr_processor_config
+from .hf_rtdetr import with_label_names
 
 __all__ = [
     "RFDETR_FILE_KEYS",
     "RFDETR_MODULE_KEYS",
     "Rename",
     "Stack",
+    "export_hf_rfdetr",
     "load_rfdetr_state",
-    "rfdetr_build_options",
+    "rfdetr_config_from_hf",
     "rfdetr_from_hf",
     "rfdetr_from_hf_config",
+    "rfdetr_hf_config",
     "rfdetr_hf_to_ours",
     "rfdetr_ours_to_hf",
 ]
@@ -271,6 +276,11 @@ def rfdetr_ours_to_hf(
 
 # --- config --------------------------------------------------------------------------------------
 
+#: transformers' settings this model has no other value for: ``name -> (the only value, its default)``
+_FIXED_BACKBONE = {"use_swiglu_ffn": False, "hidden_act": "gelu", "reshape_hidden_states": True,
+                   "num_channels": 3, "qkv_bias": True, "apply_layernorm": True, "num_register_tokens": 0}  # fmt: skip
+_FIXED = {"num_feature_levels": 1, "attention_bias": True}
+
 
 def _as_dict(config: Any) -> dict[str, Any]:
     """An ``RfDetrConfig`` (anything with ``to_dict``) or a ``config.json`` mapping -> a plain dict."""
@@ -298,113 +308,106 @@ def _out_indices(bb: Mapping[str, Any]) -> list[int]:
     return [int(bb.get("num_hidden_layers", 12))]  # transformers' default: the last stage
 
 
-def rfdetr_build_options(config: Any) -> dict[str, Any]:
-    """The keywords of :func:`build_rfdetr` for an ``RfDetrConfig`` / ``config.json``; ``ValueError``
-    naming any field this model cannot take (SwiGLU MLPs, several feature levels, no attention bias...)."""
+def _section(cfg: Mapping[str, Any], name: str) -> tuple[Mapping[str, Any], str]:
+    """A declared Hugging Face name -> (the dict holding it, its key): ``backbone_config.x`` is the backbone's."""
+    section, _, key = name.rpartition(".")
+    return (cfg.get(section) or {}) if section else cfg, key
+
+
+def rfdetr_config_from_hf(config: Any) -> dict[str, Any]:
+    """The :class:`~peg_detr.models.rfdetr.RFDETRConfig` fields of an ``RfDetrConfig`` / ``config.json``.
+
+    Every field with a declared Hugging Face name (:meth:`RFDETRConfig.hf_fields`, ``backbone_config.*``
+    for the ViT's) is read under it (absent: the field's default); ``image_size``, ``out_blocks`` and
+    ``global_blocks`` are converted (the config module's docstring).  A ``ValueError`` names any field
+    this model cannot take (SwiGLU MLPs, registers, several feature levels, no attention bias...).
+    """
     cfg = _as_dict(config)
-    bb = cfg.get("backbone_config") or {}
-    bb = _as_dict(bb)
+    bb = _as_dict(cfg.get("backbone_config") or {})
+    cfg = {**cfg, "backbone_config": bb}
     if bb.get("model_type", "rf_detr_dinov2") != "rf_detr_dinov2":
         raise ValueError(f"backbone_config.model_type must be 'rf_detr_dinov2'; got {bb.get('model_type')!r}")
-    refuse = {
-        "backbone_config.use_swiglu_ffn": (bb.get("use_swiglu_ffn", False), False),
-        "backbone_config.hidden_act": (bb.get("hidden_act", "gelu"), "gelu"),
-        "backbone_config.reshape_hidden_states": (bb.get("reshape_hidden_states", True), True),
-        "backbone_config.num_channels": (bb.get("num_channels", 3), 3),
-        "num_feature_levels": (cfg.get("num_feature_levels", 1), 1),
-        "attention_bias": (cfg.get("attention_bias", True), True),
-    }
-    for name, (value, want) in refuse.items():
-        if value != want:
-            raise ValueError(f"RF-DETR here supports {name}={want!r} only; the config has {value!r}")
+    for where, fixed in (("backbone_config.", _FIXED_BACKBONE), ("", _FIXED)):
+        holder = bb if where else cfg
+        for name, want in fixed.items():
+            if holder.get(name, want) != want:
+                raise ValueError(
+                    f"RF-DETR here supports {where}{name}={want!r} only; the config has {holder[name]!r}"
+                )
+    fields: dict[str, Any] = {}
+    for field, names in RFDETRConfig.hf_fields().items():
+        holder, key = _section(cfg, names[0])
+        if key in holder:
+            fields[field] = holder[key]
     stages = _out_indices(bb)
     if 0 in stages:
         raise ValueError("backbone_config.out_indices may not name stage 0 (the embeddings)")
-    depth = int(bb.get("num_hidden_layers", 12))
+    depth = int(fields.get("vit_depth", RFDETRConfig.default("vit_depth")))
     windowed = bb.get("window_block_indexes")
     if windowed is None:  # transformers' rule (RfDetrDinov2Config.__post_init__)
         windowed = [i for i in range(max(stages) + 1) if i not in stages]
-    patch = int(bb.get("patch_size", 14))
-    image_size = bb.get("image_size", 224)
+    patch = int(fields.get("patch_size", RFDETRConfig.default("patch_size")))
+    image_size = bb.get("image_size", RFDETRConfig.default("image_size"))
     image_size = int(image_size if isinstance(image_size, int) else image_size[0])
-    return {
-        "backbone": {
-            "embed_dim": int(bb.get("hidden_size", 768)),
-            "depth": depth,
-            "num_heads": int(bb.get("num_attention_heads", 12)),
-            "mlp_ratio": float(bb.get("mlp_ratio", 4)),
-            "patch_size": patch,
-            # transformers' table has (image_size // patch)^2 cells
-            "image_size": image_size // patch * patch,
-            "out_blocks": [s - 1 for s in stages],
-            "global_blocks": [i for i in range(depth) if i not in set(windowed)],
-            "num_windows": int(bb.get("num_windows", 4)),
-            "layer_scale": float(bb.get("layerscale_value", 1.0)),
-            "qkv_bias": bool(bb.get("qkv_bias", True)),
-            "norm_eps": float(bb.get("layer_norm_eps", 1e-6)),
-            "drop_path_rate": float(bb.get("drop_path_rate", 0.0)),
-            "apply_layernorm": bool(bb.get("apply_layernorm", True)),
-        },
-        "projector": {
-            "d_model": int(cfg.get("d_model", 256)),
-            "num_blocks": int(cfg.get("c2f_num_blocks", 3)),
-            "expansion": float(cfg.get("hidden_expansion", 0.5)),
-            "act": str(cfg.get("activation_function", "silu")),
-            "eps": float(cfg.get("layer_norm_eps", 1e-5)),
-        },
-        "decoder": {
-            "d_model": int(cfg.get("d_model", 256)),
-            "num_classes": _num_labels(cfg),
-            "num_queries": int(cfg.get("num_queries", 300)),
-            "group_detr": int(cfg.get("group_detr", 13)),
-            "num_layers": int(cfg.get("decoder_layers", 3)),
-            "self_heads": int(cfg.get("decoder_self_attention_heads", 8)),
-            "cross_heads": int(cfg.get("decoder_cross_attention_heads", 16)),
-            "dim_feedforward": int(cfg.get("decoder_ffn_dim", 2048)),
-            "dropout": float(cfg.get("dropout", 0.1)),
-            "attention_dropout": float(cfg.get("attention_dropout", 0.0)),
-            "activation": str(cfg.get("decoder_activation_function", "relu")),
-            "num_points": int(cfg.get("decoder_n_points", 4)),
-        },
-    }
+    fields.update(
+        image_size=image_size // patch * patch,  # transformers' table has (image_size // patch)^2 cells
+        out_blocks=[s - 1 for s in stages],
+        global_blocks=[i for i in range(depth) if i not in set(windowed)],
+        num_classes=_num_labels(cfg),
+    )
+    return fields
 
 
-def build_rfdetr(
-    backbone: Mapping[str, Any],
-    projector: Mapping[str, Any],
-    decoder: Mapping[str, Any],
-    *,
-    pos_enc: str = "learned",
-    peg_at: Sequence[int] = (0,),
-    normalize_input: bool = True,
-    aux_loss: bool = True,
-) -> RFDETR:
-    """An :class:`RFDETR` from the three parts' keywords (:func:`rfdetr_build_options`' shape)."""
-    vit = build_windowed_vit(**backbone, pos_enc=pos_enc, peg_at=peg_at, normalize_input=normalize_input)
-    proj_opts = dict(projector)
-    d_model = proj_opts.pop("d_model")
-    proj = ScaleProjector(vit.out_channels, d_model, **proj_opts)
-    return RFDETR(vit, proj, RFDETRDecoder(**decoder), aux_loss=aux_loss)
+def rfdetr_hf_config(model: RFDETR, id2label: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """The ``config.json`` of ``model`` (built from an :class:`RFDETRConfig`): the declared names, the
+    converted fields, transformers' fixed settings; label names from ``id2label`` (``LABEL_i`` otherwise)."""
+    cfg = RFDETRConfig.from_dict(model.build_config)
+    top: dict[str, Any] = {"model_type": "rf_detr", **_FIXED}
+    bb: dict[str, Any] = {"model_type": "rf_detr_dinov2", **_FIXED_BACKBONE, "use_mask_token": True}
+    for field, names in RFDETRConfig.hf_fields().items():
+        for name in names:
+            section, _, key = name.rpartition(".")
+            (bb if section else top)[key] = json_safe(getattr(cfg, field))
+    depth, glob = cfg.vit_depth, set(model.backbone.global_blocks)
+    bb.update(
+        image_size=cfg.image_size,
+        stage_names=["stem", *(f"stage{i}" for i in range(1, depth + 1))],
+        out_indices=[b + 1 for b in model.backbone.out_blocks],
+        out_features=[f"stage{b + 1}" for b in model.backbone.out_blocks],
+        window_block_indexes=[i for i in range(depth) if i not in glob],
+    )
+    names = dict(id2label or {})
+    top["id2label"] = {str(i): names.get(i) or f"LABEL_{i}" for i in range(model.num_classes)}
+    top["label2id"] = {name: int(i) for i, name in top["id2label"].items()}
+    return {**top, "backbone_config": bb}
 
 
 def rfdetr_from_hf_config(
-    config: Any, *, pos_enc: str = "learned", peg_at: Sequence[int] = (0,), normalize_input: bool = True
+    config: Any, pos_enc: str = "learned", *, peg_at: Sequence[int] | int = (0,)
 ) -> RFDETR:
     """The (randomly initialised) :class:`RFDETR` an ``RfDetrConfig`` describes, with the backbone's
     position encoding ``pos_enc`` (``learned`` / ``table``: transformers'; ``none``; ``peg``: a zero
-    PEG after the blocks ``peg_at``; ``learned+peg``)."""
-    return build_rfdetr(**rfdetr_build_options(config), pos_enc=pos_enc, peg_at=peg_at,
-                        normalize_input=normalize_input)  # fmt: skip
+    PEG after the blocks ``peg_at``; ``learned+peg``).  ``model.build_config`` keeps the folder's
+    config (``hf_config``): a checkpoint of it is rebuilt from that, and ``export-hf`` writes it back."""
+    cfg = _as_dict(config)
+    model, _, _ = build_rfdetr(RFDETRConfig(**rfdetr_config_from_hf(cfg), pos_enc=pos_enc, peg_at=peg_at))
+    model.build_config = {
+        "hf_config": cfg,
+        "pos_enc": pos_enc,
+        "peg_at": json_safe(model.build_config["peg_at"]),
+    }
+    return model
 
 
 def load_rfdetr_state(model: RFDETR, state: Mapping[str, Tensor], source: str = "") -> LoadReport:
     """Copy a transformers state dict (either layout) into ``model``; a :class:`LoadReport` of what happened.
 
     Shapes must agree (a :class:`WeightsError` naming the key otherwise).  The table is skipped
-    when ``model`` has none (``pos_enc`` ``none`` / ``peg``); our keys the folder lacks (a PEG)
-    stay as they are and are listed as missing.
+    when ``model`` has none (``pos_enc`` ``none`` / ``peg``); a PEG (not in the folder) stays at its
+    zero initialisation and is listed under ``converted``; any other key of ours the folder lacks
+    is ``missing``.
     """
-    ours, made, skipped = rfdetr_hf_to_ours(state)
+    ours, _, skipped = rfdetr_hf_to_ours(state)
     target = model.state_dict()
     report = LoadReport(source=source, skipped=dict(skipped))
     loadable: dict[str, Tensor] = {}
@@ -423,17 +426,21 @@ def load_rfdetr_state(model: RFDETR, state: Mapping[str, Tensor], source: str = 
                 source or "state dict",
             )
         loadable[key] = value
-        if key in made:
-            report.converted[key] = made[key]
-        else:
-            report.copied.append(key)
-    report.missing = sorted(set(target) - set(loadable))
+        report.copied.append(key)  # renamed, or stacked / split (``made``): the folder's values either way
+    absent = sorted(set(target) - set(loadable))
+    report.converted.update({k: _PEG_WHY for k in absent if k.startswith(_PEG_KEYS)})
+    report.missing = [k for k in absent if not k.startswith(_PEG_KEYS)]
     model.load_state_dict(loadable, strict=False)
     return report
 
 
+#: our keys no transformers folder has: the backbone's PEGs, added at zero
+_PEG_KEYS = _VIT + "pos_blocks."
+_PEG_WHY = "added: not in transformers' RF-DETR (a PEG starts at zero)"
+
+
 def rfdetr_from_hf(
-    folder: str | os.PathLike, *, pos_enc: str = "learned", peg_at: Sequence[int] = (0,)
+    folder: str | os.PathLike, pos_enc: str = "learned", *, peg_at: Sequence[int] | int = (0,)
 ) -> tuple[RFDETR, LoadReport]:
     """A ``save_pretrained`` / hub folder of ``RfDetrForObjectDetection`` -> ``(model in eval, report)``.
 
@@ -445,8 +452,54 @@ def rfdetr_from_hf(
         raise WeightsError(
             f"config.json model_type is {config.get('model_type')!r}, not 'rf_detr'", Path(folder)
         )
-    model = rfdetr_from_hf_config(config, pos_enc=pos_enc, peg_at=peg_at)
+    model = rfdetr_from_hf_config(config, pos_enc, peg_at=peg_at)
     state, path = read_hf_weights(folder)
     report = load_rfdetr_state(model, state, str(path))
     report.args = config
     return model.eval(), report
+
+
+def export_hf_rfdetr(
+    model: RFDETR,
+    out_dir: str | os.PathLike,
+    id2label: Mapping[int, str] | None = None,
+    *,
+    size: int | None = None,
+) -> Path:
+    """Write an RF-DETR with a table (``learned``) or no position encoding as a Hugging Face folder; returns ``out_dir``.
+
+    ``config.json`` is the folder's own ``hf_config`` for a model read from one (class names updated
+    from ``id2label``), else :func:`rfdetr_hf_config`; ``model.safetensors`` holds the weights in
+    ``save_pretrained``'s names (and a zero ``mask_token``, which detection never reads); and
+    ``preprocessor_config.json`` is :func:`~peg_detr.interop.hf_processor.rfdetr_processor_config` at
+    ``size`` (the run's ``--val-size``), rounded up to a multiple of ``patch_size * num_windows``.
+    A PEG, rotary or bias encoding (transformers' RF-DETR has only its table) raises a ``ValueError``
+    before anything is written; ``none`` is written with a zero table, which computes the same.
+    """
+    model = getattr(model, "module", model)
+    if not isinstance(model, RFDETR):
+        raise TypeError(f"export_hf_rfdetr takes an RF-DETR, not a {type(model).__name__}")
+    cfg = dict(getattr(model, "build_config", None) or {})
+    pos_enc = cfg.get("pos_enc", "learned")
+    if pos_enc not in ("learned", "table", "none"):
+        raise ValueError(
+            f"pos_enc {pos_enc!r} cannot be exported; transformers' RF-DETR has only its table "
+            "('learned'; 'none' is written as a zero table)"
+        )
+    if isinstance(cfg.get("hf_config"), dict):
+        config = with_label_names(dict(cfg["hf_config"]), dict(id2label or {}), model.num_classes)
+    else:
+        config = rfdetr_hf_config(model, id2label)
+    state, _, skipped = rfdetr_ours_to_hf(model.state_dict())
+    if skipped:
+        raise ValueError(f"keys without a Hugging Face name: {sorted(skipped)}")
+    vit = model.backbone.vit
+    dim = vit.embed_dim
+    table = _BB + "embeddings.position_embeddings"
+    if table not in state:  # pos_enc "none": a zero table adds nothing
+        grid = config["backbone_config"]["image_size"] // vit.patch_size
+        state[table] = torch.zeros(1, 1 + grid * grid, dim)
+    state[_BB + "embeddings.mask_token"] = torch.zeros(1, dim)
+    config = {**config, "architectures": ["RfDetrForObjectDetection"]}
+    processor = rfdetr_processor_config(size, model.backbone.size_multiple)
+    return write_hf_folder(out_dir, config, state, {PREPROCESSOR_CONFIG: processor})

@@ -160,8 +160,12 @@ def test_peg_equals_none_and_runs_where_the_table_never_was(hf_folder) -> None:
     none, _ = rfdetr_from_hf(folder, pos_enc="none")
     # the folder's table is skipped, the zero PEG after block 0 is the only thing left at init
     assert "backbone.vit.pos_enc.pos_embed" in report.skipped
-    assert report.missing and all(k.startswith("backbone.vit.pos_blocks.0.") for k in report.missing)
-    for size in (NATIVE, NON_SQUARE, (96, 40)):  # (96, 40): a 24 x 10 grid, never the table's 14 x 14
+    assert report.missing == [] and report.converted
+    assert all(
+        k.startswith("backbone.vit.pos_blocks.0.") and "zero" in why for k, why in report.converted.items()
+    )
+    # (96, 40): a 24 x 10 grid, never the table's 14 x 14; (50, 70): padded to 56 x 72 (no multiple of 8)
+    for size in (NATIVE, NON_SQUARE, (96, 40), (50, 70)):
         x = torch.rand(1, 3, *size)
         with torch.no_grad():
             a, b = peg(x), none(x)
@@ -187,13 +191,26 @@ def test_gradients_reach_every_parameter(hf_folder) -> None:
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
-def test_size_the_windows_do_not_divide_is_an_input_error(hf_folder) -> None:
+def test_size_the_windows_do_not_divide_is_padded_by_the_model_and_refused_by_the_backbone(hf_folder) -> None:
+    """The rule: the model pads a side to the next multiple of patch x windows (the mean colour) and maps the
+    boxes back; the backbone alone refuses such a size with one line naming it."""
     _, folder = hf_folder
     model, _ = rfdetr_from_hf(folder)
     with pytest.raises(InputError, match=r"multiples of patch_size x num_windows = 4 x 2 = 8 px") as err:
-        model(torch.rand(1, 3, 52, 56))
+        model.backbone(torch.rand(1, 3, 52, 56))
     assert err.value.where == "52 x 56 px"
     assert "48, 56" in str(err.value)  # the nearest valid sides
+    x = torch.rand(1, 3, 52, 56)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    padded = torch.cat([x, mean.expand(1, 3, 4, 56)], dim=2)  # 56 x 56: the mean colour below
+    with torch.no_grad():
+        ours, full = model(x), model(padded)
+    assert torch.allclose(ours["pred_logits"], full["pred_logits"], atol=1e-5)
+    scale = torch.tensor([1.0, 56 / 52, 1.0, 56 / 52])
+    assert torch.allclose(ours["pred_boxes"], full["pred_boxes"] * scale, atol=1e-5)
+    with pytest.raises(InputError, match="too small for RF-DETR's 10 queries") as err:
+        model.check_input_size(8, 8, "--val-size 8")
+    assert err.value.where == "--val-size 8"
 
 
 def test_window_partition_is_inverted_exactly() -> None:

@@ -7,11 +7,10 @@ selection per Group DETR group, the deformable decoder with RT-DETR's layers, th
 ``model`` (the detector and its output dict).  transformers' ``RfDetrForObjectDetection`` keys
 and ``RfDetrConfig`` are read by :mod:`peg_detr.interop.hf_rfdetr`.
 
-``criterion`` (Group DETR matching per group, IA-BCE + L1 + GIoU on every layer and the encoder
+``config`` (:class:`RFDETRConfig`: defaults, the published sizes, flags and Hugging Face names
+declared once), ``criterion`` (Group DETR matching per group, IA-BCE + L1 + GIoU on every layer and the encoder
 proposals, equal to transformers' ``LwDetrForObjectDetectionLoss``) and ``build``
-(:func:`rfdetr_training_parts`: criterion and post-processor of a built model).
-
-Not here yet (issue 40's later steps): recipes, the ``--arch`` entry, export-hf, ONNX.
+(:func:`build_rfdetr`: model, criterion and post-processor of a config; :func:`rfdetr_training_parts`).
 
 Published sizes (facts for the recipes; COCO val2017 AP as the authors report it, T4 TensorRT FP16).
 Sources: the roboflow/rf-detr README (its detection table at commit 021f7136 for N / S / M; the
@@ -42,7 +41,8 @@ from .backbone import (
     normalize_pos_enc,
     to_windows,
 )
-from .build import rfdetr_training_parts
+from .build import build_rfdetr, rfdetr_training_parts
+from .config import RFDETR_BACKBONES, RFDETR_SIZES, RFDETRConfig
 from .criterion import (
     RFDETRCriterion,
     build_rfdetr_weight_dict,
@@ -55,14 +55,18 @@ from .model import RFDETR
 
 __all__ = [
     "RFDETR",
+    "RFDETR_BACKBONES",
+    "RFDETR_SIZES",
     "RFDETR_VIT_ENCODINGS",
     "C2fLayer",
+    "RFDETRConfig",
     "RFDETRCriterion",
     "RFDETRDecoder",
     "RFDETRDecoderLayer",
     "ScaleProjector",
     "WindowedViTBackbone",
     "box_sine_embedding",
+    "build_rfdetr",
     "build_rfdetr_weight_dict",
     "build_windowed_vit",
     "cell_proposals",

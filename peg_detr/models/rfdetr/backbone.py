@@ -63,6 +63,8 @@ from peg_core.errors import InputError
 from peg_core.models.cpvt import CPVT
 from peg_core.registry import EncodingSupport, parse_pos_enc
 
+from ..layers import create_act
+
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -90,8 +92,6 @@ RFDETR_VIT_ENCODINGS = EncodingSupport(
     "RF-DETR's windowed ViT", 2, slots=("table", "conditional", "rotary", "bias"), exclude=("sine",),
     examples=("learned", "peg", "learned+peg", "peg+rope-axial", "peg+alibi-2d"),
 )  # fmt: skip
-
-_ACTS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
 
 
 def normalize_pos_enc(pos_enc: str) -> str:
@@ -264,14 +264,22 @@ class WindowedViTBackbone(nn.Module):
         redone = redone.reshape(b * nw * nw, -1, c)
         return torch.cat([windows[:, :1], redone], dim=1)
 
-    def forward(self, x: Tensor) -> list[Tensor]:
-        """``x`` ``(B, 3, H, W)`` -> one ``(B, C, H / p, W / p)`` map per out block."""
+    def forward(self, x: Tensor, *, pad: bool = False) -> list[Tensor]:
+        """``x`` ``(B, 3, H, W)`` -> one ``(B, C, H' / p, W' / p)`` map per out block.
+
+        ``pad``: the standardised image is zero-padded at the bottom and right to ``H'``, ``W'``, the
+        next multiples of :attr:`size_multiple` (zero after standardisation: the mean colour, as
+        transformers' processor pads); without it a side that is no multiple is an :class:`InputError`.
+        """
         if x.dim() != 4:
             raise ValueError(f"expected images (B, 3, H, W); got shape {tuple(x.shape)}")
-        if not (torch.compiler.is_exporting() or torch.jit.is_tracing()):
+        if not (pad or torch.compiler.is_exporting() or torch.jit.is_tracing()):
             self.check_input_size(int(x.shape[-2]), int(x.shape[-1]))
         if self.normalize_input:
             x = (x - self.input_mean.to(x.dtype)) / self.input_std.to(x.dtype)
+        if pad:  # unconditional (a zero pad is a no-op), so an exported graph has no branch on the size
+            m = self.size_multiple
+            x = F.pad(x, (0, (-x.shape[-1]) % m, 0, (-x.shape[-2]) % m))
         vit, nw = self.vit, self.num_windows
         tokens, grid = vit.patch_embed(x)
         tokens = torch.cat([vit.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
@@ -328,7 +336,7 @@ def build_windowed_vit(
     global_blocks: Sequence[int] | None = None,
     num_windows: int = 2,
     pos_enc: str = "learned",
-    peg_at: Sequence[int] = (0,),
+    peg_at: Sequence[int] | str = (0,),
     layer_scale: float | None = 1.0,
     qkv_bias: bool = True,
     norm_eps: float = 1e-6,
@@ -352,7 +360,7 @@ def build_windowed_vit(
         patch_size=patch_size,
         mlp_ratio=mlp_ratio,
         pos_enc=pos_enc,
-        peg_at=tuple(peg_at),
+        peg_at=peg_at if isinstance(peg_at, str) else tuple(peg_at),
         global_pool="token",
         class_token=True,
         drop_path_rate=drop_path_rate,
@@ -395,7 +403,7 @@ class ConvLNLayer(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(cin, cout, kernel_size, padding=kernel_size // 2, bias=False)
         self.norm = LayerNorm2d(cout, eps=eps)
-        self.activation = nn.Identity() if act is None else _ACTS[act]()
+        self.activation = create_act(act, "projector activation")
 
     def forward(self, x: Tensor) -> Tensor:
         return self.activation(self.norm(self.conv(x)))
@@ -431,8 +439,7 @@ class C2fLayer(nn.Module):
         eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        if act not in _ACTS:
-            raise ValueError(f"activation must be one of {sorted(_ACTS)}; got {act!r}")
+        create_act(act, "projector activation", optional=False)  # an unknown name: before any layer is built
         self.hidden = int(cout * expansion)
         self.conv1 = ConvLNLayer(cin, 2 * self.hidden, 1, act, eps)
         self.bottlenecks = nn.ModuleList(_Bottleneck(self.hidden, act, eps) for _ in range(num_blocks))

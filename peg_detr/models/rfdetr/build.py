@@ -1,18 +1,51 @@
-"""RF-DETR's training parts: the criterion and post-processor that fit a built :class:`~.model.RFDETR`.
+"""``build_rfdetr``: RF-DETR's model, loss and post-processor from its :class:`~.config.RFDETRConfig`.
 
-The shape of :func:`peg_detr.models.rtdetr.build.rtdetr_training_parts`: ``training_parts(model,
-weights...) -> (criterion, postprocessor)``, so the arch entry and a model read from a Hugging
-Face ``config.json`` (:func:`peg_detr.interop.hf_rfdetr.rfdetr_from_hf_config`) get the same loss.
+The contract of the other families' builders (:func:`peg_detr.models.dfine.build.build_dfine`):
+three objects returned separately and ``model.build_config`` the config's stored settings, so a
+checkpoint rebuilds exactly the trained model.  :func:`rfdetr_training_parts` gives the criterion
+and post-processor of a model built otherwise (a Hugging Face ``config.json``:
+:func:`peg_detr.interop.hf_rfdetr.rfdetr_from_hf_config`), so both get the same loss.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..matcher import HungarianMatcher
 from ..rtdetr.postprocess import RTDETRPostProcess
+from .backbone import ScaleProjector, build_windowed_vit
+from .config import RFDETR_BACKBONES, RFDETR_SIZES, RFDETRConfig
 from .criterion import RFDETRCriterion, build_rfdetr_weight_dict
+from .decoder import RFDETRDecoder
 from .model import RFDETR
 
-__all__ = ["rfdetr_training_parts"]
+__all__ = ["RFDETR_BACKBONES", "RFDETR_SIZES", "RFDETRConfig", "build_rfdetr", "rfdetr_training_parts"]
+
+
+def build_rfdetr(
+    config: RFDETRConfig | str | None = None, pos_enc: str | None = None, /, **overrides: Any
+) -> tuple[RFDETR, RFDETRCriterion, RTDETRPostProcess]:
+    """RF-DETR of ``config`` (:class:`RFDETRConfig`); returns ``(model, criterion, postprocessor)``.
+
+    ``build_rfdetr(RFDETRConfig.preset("s"))``; ``overrides`` replace the config's fields, and the
+    keyword form ``build_rfdetr("dinov2_windowed_small", "peg", hidden_dim=32)`` (backbone and
+    encoding first) builds the config of the keywords.  A bad setting is a ``ValueError``.
+    """
+    cfg = RFDETRConfig.resolve(config, pos_enc, overrides)
+    vit = build_windowed_vit(**cfg.vit_options())
+    projector = ScaleProjector(
+        vit.out_channels, cfg.hidden_dim, num_blocks=cfg.projector_blocks, expansion=cfg.projector_expansion,
+        act=cfg.projector_act, eps=cfg.layer_norm_eps,
+    )  # fmt: skip
+    decoder = RFDETRDecoder(
+        cfg.hidden_dim, cfg.num_classes, num_queries=cfg.num_queries, group_detr=cfg.group_detr,
+        num_layers=cfg.dec_layers, self_heads=cfg.num_heads, cross_heads=cfg.cross_heads,
+        dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+        activation=cfg.decoder_activation, num_points=cfg.num_points,
+    )  # fmt: skip
+    model = RFDETR(vit, projector, decoder, aux_loss=cfg.aux_loss)
+    model.build_config = cfg.to_dict()
+    return model, *rfdetr_training_parts(model, cfg.cls_loss_coef, cfg.bbox_loss_coef, cfg.giou_loss_coef)
 
 
 def rfdetr_training_parts(

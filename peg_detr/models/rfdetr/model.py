@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from peg_core.errors import InputError
 from peg_core.interop.classes import ClassParam
 
 from ...structures import ImageBatch
@@ -21,6 +23,12 @@ __all__ = ["RFDETR"]
 def _full_precision(x: Tensor) -> Tensor:
     """float16/bfloat16 -> float32 (the losses, matcher and post-processor run in float32)."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _unpad(boxes: Tensor, sx: float, sy: float) -> Tensor:
+    """cxcywh ``(..., 4)`` normalised by the padded image -> by the image (``x * sx``, ``y * sy``; exact at 1)."""
+    cx, cy, w, h = boxes.unbind(-1)
+    return torch.stack([cx * sx, cy * sy, w * sx, h * sy], dim=-1)
 
 
 def _heads(logits: Tensor, boxes: Tensor) -> list[dict[str, Tensor]]:
@@ -45,8 +53,14 @@ class RFDETR(nn.Module):
       targets on its own (Group DETR: one-to-one within a group, ``G`` matches per image).
 
     ``targets`` are accepted for the suite's calling convention; RF-DETR has no denoising queries,
-    so they change nothing here.  Sides must be multiples of ``patch_size * num_windows``
-    (:meth:`check_input_size`: an :class:`~peg_core.errors.InputError` otherwise).
+    so they change nothing here.
+
+    The size rule: the windows must tile the patch grid, so a side that is no multiple of
+    ``m = patch_size * num_windows`` is padded at the bottom / right to the next multiple (with the
+    mean colour, zero after standardisation, as transformers' processor pads) and the boxes are
+    mapped back to the unpadded image (``cx * W' / W``...; a box may reach past 1 into the padding).
+    At multiples of ``m`` (every published size's resolution) nothing is padded and the outputs are
+    transformers'.  :meth:`check_input_size` refuses only inputs with fewer cells than queries.
     """
 
     def __init__(
@@ -73,24 +87,46 @@ class RFDETR(nn.Module):
         """The stride of the one map the decoder reads (the ViT's patch)."""
         return [self.backbone.patch_size]
 
-    def check_input_size(self, height: int, width: int) -> None:
-        """:class:`~peg_core.errors.InputError` unless both sides are multiples of ``patch_size * num_windows``."""
-        self.backbone.check_input_size(height, width)
+    def padded_size(self, height: int, width: int) -> tuple[int, int]:
+        """The input size the backbone runs at: each side rounded up to a multiple of ``patch_size * num_windows``."""
+        m = self.backbone.size_multiple
+        return -(-height // m) * m, -(-width // m) * m
+
+    def check_input_size(self, height: int, width: int, where: Any = None) -> None:
+        """An :class:`~peg_core.errors.InputError` when a ``height`` x ``width`` input has fewer cells than
+        ``num_queries`` (the query selection takes that many); ``where``: the setting the size comes from."""
+        ph, pw = self.padded_size(height, width)
+        p = self.backbone.patch_size
+        cells = (ph // p) * (pw // p)
+        if cells < self.num_queries:
+            m = self.backbone.size_multiple
+            side = -(-math.isqrt(self.num_queries * p * p - 1) // m) * m
+            while (side // p) ** 2 < self.num_queries:
+                side += m
+            raise InputError(
+                f"input too small for RF-DETR's {self.num_queries} queries, chosen among the backbone's cells "
+                f"({height} x {width} px gives {cells} cells of {p} px; at least {side} x {side} px needed)",
+                f"{height} x {width} px" if where is None else where,
+            )
 
     def forward(
         self, samples: ImageBatch | Tensor | Sequence[Tensor], targets: list[dict[str, Any]] | None = None
     ) -> dict[str, Any]:
         images = to_image_batch(samples).tensors
-        feat = self.projector(self.backbone(images))  # (B, D, h, w)
+        feat = self.projector(self.backbone(images, pad=True))  # (B, D, h, w) of the padded image
         shapes = [(feat.shape[-2], feat.shape[-1])]
         dec = self.decoder(feat.flatten(2).transpose(1, 2), shapes)
-        logits, boxes = _full_precision(dec.logits), _full_precision(dec.boxes)
+        # boxes of the padded image -> of the image (a factor 1 at multiples of the windows' size)
+        p = self.backbone.patch_size
+        sx, sy = feat.shape[-1] * p / images.shape[-1], feat.shape[-2] * p / images.shape[-2]
+        logits, boxes = _full_precision(dec.logits), _full_precision(_unpad(dec.boxes, sx, sy))
         out: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
         if self.training:
             out["num_groups"] = dec.groups
             if self.aux_loss:
                 out["aux_outputs"] = _heads(logits[:-1], boxes[:-1])
                 out["enc_aux_outputs"] = _heads(
-                    _full_precision(dec.enc_logits)[None], _full_precision(dec.enc_boxes)[None]
+                    _full_precision(dec.enc_logits)[None],
+                    _full_precision(_unpad(dec.enc_boxes, sx, sy))[None],
                 )
         return out
