@@ -13,6 +13,9 @@ Two training *families* exist, because the detectors came in two generations:
   the batch's square side, AdamW with backbone / norm groups, warm-up, weight EMA, denoising needs
   the targets in the forward, ``--labels contiguous`` recipes, a minimum input side from the query
   selection).  D-FINE, DEIM and DEIMv2 belong here: they keep RT-DETR's encoder and recipe.
+  RF-DETR too: square inputs whose side the collate draws, AdamW with a backbone group, EMA; it
+  has no denoising (its forward takes the targets and ignores them) and its own augmentation
+  (:attr:`Arch.train_transforms`).
 
 Adding an architecture is a typed config (:class:`~peg_detr.models.config.DetectorConfig`), a
 builder taking it and one :func:`register_arch` call, from this package or from outside it.
@@ -29,17 +32,20 @@ from torch import nn
 
 from peg_core.registry import EncodingSupport
 
-from .configs import DEIMV2_DEFAULTS, DFINE_DEFAULTS, RTDETR_DEFAULTS
+from .configs import DEIMV2_DEFAULTS, DFINE_DEFAULTS, RFDETR_DEFAULTS, RTDETR_DEFAULTS
 from .data import RTDETR_SIZE
+from .data.transforms import make_rfdetr_train_transforms
 from .interop.hf_deimv2 import deimv2_from_hf_config, export_hf_deimv2
 from .interop.hf_detr import export_hf_detr
 from .interop.hf_dfine import dfine_from_hf_config, export_hf_dfine
+from .interop.hf_rfdetr import export_hf_rfdetr, rfdetr_from_hf_config
 from .interop.hf_rtdetr import export_hf_rtdetr, load_rtdetr_backbone, rtdetr_from_hf_config
 from .models import BACKBONES, DETR, DETRConfig, PostProcess, build_detr
 from .models.config import DetectorConfig
 from .models.deimv2 import DINOV3_VITS, DEIMv2, DEIMv2Config, build_deimv2, deimv2_training_parts
 from .models.dfine import DFINE, DFINE_BACKBONES, DFineConfig, build_dfine, dfine_training_parts
 from .models.dfine.backbone import HGNETV2_BACKBONES
+from .models.rfdetr import RFDETR, RFDETR_BACKBONES, RFDETRConfig, build_rfdetr, rfdetr_training_parts
 from .models.rtdetr import RTDETR, RTDETRConfig
 from .models.rtdetr.build import RTDETR_BACKBONES, build_rtdetr, rtdetr_training_parts
 
@@ -82,6 +88,9 @@ class Arch:
             ``i``'s name, ``""`` for an unused id); None: not exportable.
         fuse: whether ``export`` folds conv + BN and RepVGG branches by default.
         recipe_defaults: the ``train`` defaults when ``--arch`` is given without ``--config``.
+        train_transforms: ``(size, strong=True) -> transforms`` of the ``rtdetr`` family's training
+            images (a ``size`` x ``size`` image in ``[0, 1]``; ``strong=False``: the plain epochs of
+            ``--no-aug-epochs``); None: RT-DETR's.
     """
 
     name: str
@@ -100,6 +109,7 @@ class Arch:
     export_hf: Callable[..., Any] | None = None
     fuse: bool = False
     recipe_defaults: dict[str, Any] = field(default_factory=dict)
+    train_transforms: Callable[..., Any] | None = None
 
     @property
     def backbone(self) -> str:
@@ -250,5 +260,24 @@ register_arch(
         export_hf=_named_labels(export_hf_deimv2),
         fuse=True,
         recipe_defaults=DEIMV2_DEFAULTS,
+    )
+)
+register_arch(
+    Arch(
+        name="rfdetr",
+        title="RF-DETR",
+        family="rtdetr",
+        build=build_rfdetr,
+        config=RFDETRConfig,
+        backbones=RFDETR_BACKBONES,
+        model_cls=RFDETR,
+        eval_size=560,  # the default config's (RF-DETR base's) resolution
+        hf_model_types=("rf_detr",),
+        from_hf_config=rfdetr_from_hf_config,
+        postprocess=lambda model: rfdetr_training_parts(model)[1],
+        training_parts=rfdetr_training_parts,
+        export_hf=_named_labels(export_hf_rfdetr),
+        recipe_defaults=RFDETR_DEFAULTS,
+        train_transforms=make_rfdetr_train_transforms,
     )
 )

@@ -18,6 +18,14 @@ Published COCO val2017 box AP the reproductions compare to:
   (lyuwenyu/RT-DETR README); ``*_peg`` are the same recipes with a PEG in AIFI (no published number).
 * ``rtdetr_demo_tiny``: RT-DETR with the tiny backbone on the synthetic shapes, seconds on a CPU.
 
+* ``rfdetr_{n,s,m,l,base}_coco`` (``--arch rfdetr``): RF-DETR's published sizes (``--model-size``) with
+  rf-detr's ``TrainConfig`` (roboflow/rf-detr ``rfdetr/config.py``): AdamW lr 1e-4, ViT 1.5e-4,
+  weight decay 1e-4, batch 4 x gradient accumulation 4, EMA 0.993 (tau 100), 13 Group DETR groups,
+  100 epochs at a constant lr, rf-detr's expanded multi-scale sides (multiples of patch x windows
+  around the resolution) -> N **48.4**, S **53.0**, M **54.7**, base **53.3** COCO AP (roboflow/rf-detr
+  README; L: AP50 75.1 only).  Not reproduced: the ViT's layer-wise lr decay (0.8) and the
+  decoder's lr factor (0.7).  ``rfdetr_demo_tiny``: the tiny size on the synthetic shapes, a minute on a CPU.
+
 The RT-DETR recipes train ``--labels contiguous`` (label k = the k-th category by id, 80 for COCO),
 as lyuwenyu/RT-DETR does; DETR's and ``rtdetr_demo_tiny`` use the category ids as labels.
 
@@ -35,6 +43,7 @@ from .data import RTDETR_TRAIN_SIZES
 from .models.config import DetectorConfig
 from .models.deimv2.config import DEIMv2Config
 from .models.dfine.config import DFineConfig
+from .models.rfdetr.config import RFDETRConfig
 from .models.rtdetr.config import RTDETRConfig
 
 __all__ = [
@@ -45,6 +54,7 @@ __all__ = [
     "FINETUNE_CONFIGS",
     "PUBLIC_MODELS",
     "PUBLISHED_AP",
+    "RFDETR_DEFAULTS",
     "RTDETR_DEFAULTS",
 ]
 
@@ -336,6 +346,45 @@ del _size
 DEIMV2_DEFAULTS: dict[str, Any] = {k: v for k, v in _DEIMV2_S.items() if k != "arch"}
 
 
+def _rfdetr_sides(size: str) -> str:
+    """rf-detr's expanded multi-scale sides of a size (``compute_multi_scale_scales``): multiples of
+    ``patch x windows`` at offsets -5..5 from the resolution's, at least two of them."""
+    preset, unit_of = RFDETRConfig.SIZES[size], RFDETRConfig.default
+    unit = preset.get("patch_size", unit_of("patch_size")) * preset.get("num_windows", unit_of("num_windows"))
+    base = _RFDETR_RESOLUTION[size] // unit
+    return ",".join(str((base + k) * unit) for k in range(-5, 6) if base + k >= 2)
+
+
+#: each published size's training and evaluation resolution (rf-detr's ``RFDETR*Config.resolution``)
+_RFDETR_RESOLUTION = {"n": 384, "s": 512, "m": 576, "l": 704, "base": 560}
+_RFDETR_BASE: dict[str, Any] = {
+    "arch": "rfdetr", "lr": 1e-4, "lr_backbone": 1.5e-4, "weight_decay": 1e-4, "total_batch_size": 16,
+    "grad_accum_steps": 4, "epochs": 100, "lr_drop": 100, "warmup_steps": 0, "ema_decay": 0.993, "ema_warmups": 100,
+    "clip_max_norm": 0.1, "no_aug_epochs": 0, "labels": "ids",
+}  # fmt: skip
+_RFDETR_RECIPES = {
+    size: {
+        **_RFDETR_BASE,
+        **_model_of(RFDETRConfig, size),
+        "val_size": side,
+        "train_scales": _rfdetr_sides(size),
+    }
+    for size, side in _RFDETR_RESOLUTION.items()
+}
+CONFIGS.update({f"rfdetr_{size}_coco": recipe for size, recipe in _RFDETR_RECIPES.items()})
+CONFIGS.update({f"rfdetr_{size}_coco_peg": {**r, "pos_enc": "peg"} for size, r in _RFDETR_RECIPES.items()})
+# A minute on a CPU for the synthetic shapes: the tiny RF-DETR (4-block ViT of width 48, patch 8) at
+# rtdetr_demo_tiny's sides and schedule, with RF-DETR's augmentation, a PEG after block 0 instead of
+# the table, and its own learning rates (tuned on the shapes).
+CONFIGS["rfdetr_demo_tiny"] = {
+    **CONFIGS["rtdetr_demo_tiny"], "arch": "rfdetr", "model_size": "tiny",
+    **{k: RFDETRConfig.SIZES["tiny"].get(k, RFDETRConfig.default(k)) for k in ("backbone", "num_queries")},
+    "pos_enc": "peg", "lr": 1e-3, "lr_backbone": 1e-3, "epochs": 2, "no_aug_epochs": 0,
+}  # fmt: skip
+#: ``train --arch rfdetr`` without ``--config``: RF-DETR base's recipe
+RFDETR_DEFAULTS: dict[str, Any] = {k: v for k, v in _RFDETR_RECIPES["base"].items() if k != "arch"}
+
+
 # Fine-tuning a pretrained detector on a small set of your own (--init FOLDER / hub id / checkpoint):
 # each family's COCO recipe, shorter, at half its learning rates, with a short warm-up and EMA warm-up
 # for a few hundred steps, and (RT-DETR family) the last epochs without the strong augmentation.
@@ -356,6 +405,7 @@ FINETUNE_CONFIGS: dict[str, dict[str, Any]] = {
     "rtdetr_finetune": _finetune(_RTDETR_R50VD, 36, 4),
     "dfine_finetune": _finetune(_DFINE_RECIPES["l"], 40, 4),
     "deimv2_finetune": _finetune(_DEIMV2_S, 40, 4, flat_epochs=20),
+    "rfdetr_finetune": _finetune(_RFDETR_RECIPES["base"], 40, 0),
 }
 CONFIGS.update(FINETUNE_CONFIGS)
 
@@ -369,6 +419,10 @@ DEFAULTS: dict[str, Any] = {
     "crop_resize": "400,500,600", "crop_size": "384,600", "val_size": 800, "backbone": "resnet50",
     "pos_enc": "peg", "num_queries": 100, "labels": "ids",
 }  # fmt: skip
+
+#: RF-DETR's published COCO val2017 numbers (roboflow/rf-detr README; L: its AP50 only)
+_RFDETR_AP = {"n": "48.4 COCO AP", "s": "53.0 COCO AP", "m": "54.7 COCO AP", "l": "75.1 COCO AP50",
+              "base": "53.3 COCO AP"}  # fmt: skip
 
 #: one line per recipe for ``python -m peg_detr configs``
 DESCRIPTIONS: dict[str, str] = {
@@ -391,6 +445,12 @@ DESCRIPTIONS: dict[str, str] = {
     "rtdetr_finetune": "fine-tune an RT-DETR-R50vd (--init) on your data: 36 epochs (last 4 plain), half the lrs, batch 8",
     "dfine_finetune": "fine-tune a D-FINE-L (--init) on your data: 40 epochs (last 4 plain), half the lrs, batch 8",
     "deimv2_finetune": "fine-tune a DEIMv2-S (--init) on your data: 40 epochs (last 4 plain), half the lrs, batch 8",
+    "rfdetr_finetune": "fine-tune an RF-DETR base (--init) on your data: 40 epochs, half the lrs, batch 8",
+    **{f"rfdetr_{s}_coco": f"RF-DETR-{s.upper() if len(s) == 1 else 'Base'} as published: windowed DINOv2-S, its table, "
+       f"{r['val_size']} px, batch 16, EMA ({_RFDETR_AP[s]}; roboflow/rf-detr README)" for s, r in _RFDETR_RECIPES.items()},
+    **{f"rfdetr_{s}_coco_peg": f"rfdetr_{s}_coco with a zero PEG after ViT block 0 instead of the table (any input size)"
+       for s in _RFDETR_RECIPES},
+    "rfdetr_demo_tiny": "RF-DETR with a 4-block ViT and a PEG for the synthetic shapes: a minute on a CPU",
     "deimv2_demo_tiny": "DEIMv2 with a 4-block DINOv3 ViT and a PEG for the synthetic shapes: a minute on a CPU",
     **{f"deim_dfine_{s}": f"DEIM-D-FINE-{s.upper()}: D-FINE-{s.upper()} trained with dense one-to-one matching and "
        f"MAL, {r['epochs']} epochs, flat-cosine lr ({ap} COCO AP)" for (s, r), ap in zip(_DEIM_RECIPES.items(),
@@ -415,6 +475,8 @@ PUBLISHED_AP: dict[str, float] = {
     **dict(zip((f"dfine_{s}" for s in "nsmlx"), (42.8, 48.5, 52.3, 54.0, 55.8))),
     # ShihuaHuang95/DEIM README
     **dict(zip((f"deim_dfine_{s}" for s in "nsmlx"), (43.0, 49.0, 52.7, 54.7, 56.5))),
+    # roboflow/rf-detr README (COCO val2017 AP50:95; L publishes AP50 only)
+    **{f"rfdetr_{s}_coco": ap for s, ap in (("n", 48.4), ("s", 53.0), ("m", 54.7), ("base", 53.3))},
     # Intellindust-AI-Lab/DEIMv2 README
     "deimv2_s": 50.9,
     **dict(

@@ -410,9 +410,10 @@ def _train_set(
     train = train or layout_from_args(args, ("train",)).split("train")
     stop = rtdetr_stop_epoch(args)
     if arch_of(args).square_inputs:  # square at --val-size; the collate draws the batch's side
-        transforms = make_rtdetr_train_transforms(args.val_size)
+        make = arch_of(args).train_transforms or make_rtdetr_train_transforms
+        transforms = make(args.val_size)
         if stop is not None:
-            plain = make_rtdetr_train_transforms(args.val_size, strong=False)
+            plain = make(args.val_size, strong=False)
             transforms = StopEpochTransforms(transforms, plain, stop)
     else:
         transforms = make_train_transforms(

@@ -207,6 +207,36 @@ def make_rtdetr_train_transforms(
     )
 
 
+def make_rfdetr_train_transforms(size: int = RTDETR_SIZE, hflip: float = 0.5, *, strong: bool = True) -> v2.Compose:
+    """RF-DETR's training augmentation (rf-detr's ``make_coco_transforms_square_div_64``), ending in a
+    ``size`` x ``size`` image in ``[0, 1]``: a horizontal flip, then one of a square resize or DETR's
+    resize-crop (short side 400 / 500 / 600, a random 384..600 px crop) before it.
+
+    What differs from rf-detr: the crop sizes scale with ``size / 384`` below 384 px (the CPU demos'
+    small images; every published size trains at 384 px or more, with rf-detr's numbers), and the
+    multi-scale side is drawn per batch (:class:`MultiScaleCollate`), not per image.
+    ``strong=False`` (``--no-aug-epochs``) keeps the flip and the resize.
+    """
+    k = min(1.0, size / 384)
+    crop = v2.Compose(
+        [
+            v2.RandomShortestSize([round(s * k) for s in DETR_CROP_RESIZE]),
+            RandomSizeCrop(*(round(s * k) for s in DETR_CROP_SIZE)),
+        ]
+    )
+    branch = [v2.RandomChoice([v2.Identity(), crop])] if strong else []
+    return v2.Compose(
+        [
+            v2.RandomHorizontalFlip(hflip),
+            *branch,
+            v2.Resize((size, size)),
+            v2.ClampBoundingBoxes(),
+            v2.SanitizeBoundingBoxes(min_size=1.0),
+            *_to_unit_range(),
+        ]
+    )
+
+
 def make_rtdetr_val_transforms(size: int | None = RTDETR_SIZE, with_boxes: bool = True) -> v2.Compose:
     """A square resize to ``size`` × ``size`` (``None``: the image's own size), pixels in ``[0, 1]``."""
     resize = [] if size is None else [v2.Resize((size, size))]

@@ -10,6 +10,9 @@
   :func:`export_hf_rtdetr`, :func:`load_rtdetr_backbone` (a folder's ResNet-vd alone);
 * :mod:`.hf_dfine`: Hugging Face ``DFineForObjectDetection``: :func:`dfine_from_hf`,
   :func:`export_hf_dfine`, the config reader and key map (shared with its successors);
+* :mod:`.hf_rfdetr`: Hugging Face ``RfDetrForObjectDetection``: the declarative key map, the config
+  read from :class:`~peg_detr.models.rfdetr.RFDETRConfig`'s declarations, :func:`rfdetr_from_hf`,
+  :func:`export_hf_rfdetr`;
 * :mod:`.hf_processor`: the ``preprocessor_config.json`` each export writes (transformers' pipeline);
 * :mod:`.hf`: :func:`from_hf`, a folder of any of these kinds by its ``model_type``.
 
@@ -41,6 +44,7 @@ from .hf_detr import (
     read_hf_state,
 )
 from .hf_dfine import dfine_from_hf, dfine_from_hf_config, dfine_hf_config, export_hf_dfine
+from .hf_rfdetr import export_hf_rfdetr, rfdetr_from_hf, rfdetr_from_hf_config, rfdetr_hf_config
 from .hf_rtdetr import (
     DECODER_PREFIXES,
     ENCODER_HF_PREFIXES,
@@ -88,6 +92,7 @@ __all__ = [
     "export_hf_deimv2",
     "export_hf_detr",
     "export_hf_dfine",
+    "export_hf_rfdetr",
     "export_hf_rtdetr",
     "from_hf",
     "hf_label_names",
@@ -101,6 +106,9 @@ __all__ = [
     "official_to_hf",
     "read_hf_state",
     "read_official_checkpoint",
+    "rfdetr_from_hf",
+    "rfdetr_from_hf_config",
+    "rfdetr_hf_config",
     "rtdetr_build_options",
     "rtdetr_from_hf",
     "rtdetr_from_hf_config",

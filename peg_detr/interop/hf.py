@@ -4,7 +4,8 @@
 :mod:`.hf_detr`: built by :func:`~peg_detr.models.build_detr`, loaded by
 :func:`~peg_detr.interop.official.load_official_checkpoint`) or ``rt_detr``
 (``RTDetrForObjectDetection``, :func:`.hf_rtdetr.rtdetr_from_hf`) or ``d_fine``
-(``DFineForObjectDetection``, :func:`.hf_dfine.dfine_from_hf`).  A new detector format adds
+(``DFineForObjectDetection``, :func:`.hf_dfine.dfine_from_hf`) or ``deimv2`` or ``rf_detr``
+(``RfDetrForObjectDetection``, :func:`.hf_rfdetr.rfdetr_from_hf`).  A new detector format adds
 its module here and one entry to :data:`FROM_HF`.
 """
 
@@ -25,6 +26,7 @@ from ..models import build_detr
 from .hf_deimv2 import deimv2_from_hf, deimv2_from_hf_config
 from .hf_detr import detr_build_options, hf_label_names, read_hf_state
 from .hf_dfine import dfine_from_hf, dfine_from_hf_config
+from .hf_rfdetr import rfdetr_from_hf, rfdetr_from_hf_config
 from .hf_rtdetr import config_for_classes, rtdetr_from_hf, rtdetr_from_hf_config
 from .official import load_official_checkpoint
 
@@ -51,6 +53,7 @@ FROM_HF: dict[str, tuple[Callable[..., tuple[nn.Module, LoadReport]], str]] = {
     "rt_detr": (rtdetr_from_hf, "sincos"),
     "d_fine": (dfine_from_hf, "sincos"),
     "deimv2": (deimv2_from_hf, "sincos"),
+    "rf_detr": (rfdetr_from_hf, "learned"),
 }
 SUPPORTED_MODEL_TYPES = tuple(FROM_HF)
 
@@ -60,6 +63,7 @@ FROM_HF_CONFIG: dict[str, Callable[..., nn.Module]] = {
     "rt_detr": rtdetr_from_hf_config,
     "d_fine": dfine_from_hf_config,
     "deimv2": deimv2_from_hf_config,
+    "rf_detr": rfdetr_from_hf_config,
 }
 
 
@@ -77,7 +81,8 @@ def from_hf(
             (``"PekingU/rtdetr_r50vd"``, ``"facebook/detr-resnet-50@main"``) fetched once into the hub
             cache (:func:`peg_core.interop.resolve_weights`; ``HF_HUB_OFFLINE=1``: the cache only).
         pos_enc: the encoder's position encoding; default the folder's (RT-DETR ``sincos``, DETR
-            ``sine``, D-FINE ``sincos``).  For RT-DETR and D-FINE any AIFI encoding (``peg``:
+            ``sine``, D-FINE ``sincos``, RF-DETR its ViT's table ``learned``; ``peg`` replaces the
+            table with a zero PEG after block 0, which computes what ``none`` computes).  For RT-DETR and D-FINE any AIFI encoding (``peg``:
             zero-initialised, listed under ``report.converted``); for DETR any of :data:`peg_detr.models.DETR_ENCODINGS`.
         classes: your label set, ``classes[label]`` (``""``: a label no category uses): the model is
             rebuilt for it, each class whose name is one of the folder's ``id2label`` (any case,
