@@ -176,6 +176,26 @@ def _int_in(lo: int, hi: int):
 # ------------------------------------------------------------------------------------ flag groups
 
 
+def _add_split_args(g: argparse._ArgumentGroup, split: str, what: str) -> None:
+    """``--{split}-json`` (a COCO layout's file), ``--{split}-ann`` and ``--{split}-images`` (any layout).
+
+    The training and validation splits are found the same way; ``what`` names the split in help.
+    """
+    g.add_argument(
+        f"--{split}-json", metavar="FILE",
+        help=f"COCO layout: {what} json (default annotations/instances_{split}2017.json)",
+    )  # fmt: skip
+    g.add_argument(
+        f"--{split}-ann", metavar="FILE",
+        help=f"{what} split as a COCO json FILE, with --{split}-images (any layout; overrides --data-root's)",
+    )  # fmt: skip
+    g.add_argument(
+        f"--{split}-images",
+        metavar="DIR",
+        help=f"the folder of --{split}-ann's images (its file_name entries)",
+    )
+
+
 def _add_val_args(p: argparse.ArgumentParser, *, required: bool) -> None:
     """Where the validation split is and the sizes it is evaluated at (``train`` and ``eval``)."""
     g = p.add_argument_group("data")
@@ -187,18 +207,7 @@ def _add_val_args(p: argparse.ArgumentParser, *, required: bool) -> None:
         + (" (required unless --train-ann and --val-ann)" if required else " (default: the run's)"),
         aliases=["--coco-path"],
     )
-    g.add_argument(
-        "--val-json", metavar="FILE",
-        help="COCO layout: validation json (default annotations/instances_val2017.json)",
-    )  # fmt: skip
-    g.add_argument(
-        "--val-ann",
-        metavar="FILE",
-        help="validation split as a COCO json FILE, with --val-images (any layout; overrides --data-root's)",
-    )
-    g.add_argument(
-        "--val-images", metavar="DIR", help="the folder of --val-ann's images (its file_name entries)"
-    )
+    _add_split_args(g, "val", "validation")
     g.add_argument("--val-size", type=image_side, help="short side at evaluation (headline numbers)")
     g.add_argument(
         "--eval-sizes",
@@ -216,18 +225,7 @@ def _add_val_args(p: argparse.ArgumentParser, *, required: bool) -> None:
 def _add_train_data_args(p: argparse.ArgumentParser) -> None:
     """The training split, its augmentation and the batch over all processes."""
     g = p.add_argument_group("training data")
-    g.add_argument(
-        "--train-json", metavar="FILE",
-        help="COCO layout: training json (default annotations/instances_train2017.json)",
-    )  # fmt: skip
-    g.add_argument(
-        "--train-ann",
-        metavar="FILE",
-        help="training split as a COCO json FILE, with --train-images (any layout; overrides --data-root's)",
-    )
-    g.add_argument(
-        "--train-images", metavar="DIR", help="the folder of --train-ann's images (its file_name entries)"
-    )
+    _add_split_args(g, "train", "training")
     g.add_argument(
         "--labels",
         choices=LABEL_MODES,
