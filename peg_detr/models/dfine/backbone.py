@@ -50,101 +50,49 @@ __all__ = ["HGNETV2_ACTIVATIONS", "HGNETV2_BACKBONES", "HGNetv2Backbone", "Stage
 #: ``(in_chs, mid_chs, out_chs, num_blocks, downsample, light_block, kernel_size, num_layers)``
 StageSpec = tuple[int, int, int, int, bool, bool, int, int]
 
+
+def _layout(
+    stem: tuple[int, int],
+    mids: Sequence[int],
+    outs: Sequence[int],
+    blocks: Sequence[int],
+    layers: int,
+    kernels: Sequence[int] = (3, 3, 5, 5),
+    *,
+    use_lab: bool,
+) -> dict[str, Any]:
+    """A PP-HGNetV2 layout from its widths and depths: what every preset shares is computed, not restated.
+
+    Stage ``i`` takes the previous stage's ``outs`` (stage 0 the stem's), downsamples from stage 1
+    on, uses light blocks from stage 2 on, and has ``layers`` conv layers per block; ``mids``,
+    ``outs``, ``blocks`` and ``kernels`` are per stage (their length is the number of stages).
+    """
+    ins = (stem[1], *outs[:-1])
+    stages = tuple(
+        (cin, mid, cout, n, i > 0, i > 1, k, layers)
+        for i, (cin, mid, cout, n, k) in enumerate(zip(ins, mids, outs, blocks, kernels, strict=False))
+    )
+    return {"stem_channels": stem, "stages": stages, "use_lab": use_lab}
+
+
 #: ``name -> {"stem_channels", "stages", "use_lab"}``: the PP-HGNetV2 layouts D-FINE uses (B0: N/S,
 #: B2: M, B4: L, B5: X; B1 / B3 for completeness), the same numbers as timm's ``model_cfgs`` (a
 #: test checks) and D-FINE's ``HGNetv2.arch_configs``; and DEIMv2's Atto / Femto / Pico.  ``use_lab`` is timm's and D-FINE's default
 #: per size (learnable affine blocks in B0-B3 only).
 HGNETV2_BACKBONES: dict[str, dict[str, Any]] = {
-    "hgnetv2_b0": {
-        "stem_channels": (16, 16),
-        "stages": (
-            (16, 16, 64, 1, False, False, 3, 3),
-            (64, 32, 256, 1, True, False, 3, 3),
-            (256, 64, 512, 2, True, True, 5, 3),
-            (512, 128, 1024, 1, True, True, 5, 3),
-        ),
-        "use_lab": True,
-    },
-    "hgnetv2_b1": {
-        "stem_channels": (24, 32),
-        "stages": (
-            (32, 32, 64, 1, False, False, 3, 3),
-            (64, 48, 256, 1, True, False, 3, 3),
-            (256, 96, 512, 2, True, True, 5, 3),
-            (512, 192, 1024, 1, True, True, 5, 3),
-        ),
-        "use_lab": True,
-    },
-    "hgnetv2_b2": {
-        "stem_channels": (24, 32),
-        "stages": (
-            (32, 32, 96, 1, False, False, 3, 4),
-            (96, 64, 384, 1, True, False, 3, 4),
-            (384, 128, 768, 3, True, True, 5, 4),
-            (768, 256, 1536, 1, True, True, 5, 4),
-        ),
-        "use_lab": True,
-    },
-    "hgnetv2_b3": {
-        "stem_channels": (24, 32),
-        "stages": (
-            (32, 32, 128, 1, False, False, 3, 5),
-            (128, 64, 512, 1, True, False, 3, 5),
-            (512, 128, 1024, 3, True, True, 5, 5),
-            (1024, 256, 2048, 1, True, True, 5, 5),
-        ),
-        "use_lab": True,
-    },
-    "hgnetv2_b4": {
-        "stem_channels": (32, 48),
-        "stages": (
-            (48, 48, 128, 1, False, False, 3, 6),
-            (128, 96, 512, 1, True, False, 3, 6),
-            (512, 192, 1024, 3, True, True, 5, 6),
-            (1024, 384, 2048, 1, True, True, 5, 6),
-        ),
-        "use_lab": False,
-    },
-    "hgnetv2_b5": {
-        "stem_channels": (32, 64),
-        "stages": (
-            (64, 64, 128, 1, False, False, 3, 6),
-            (128, 128, 512, 2, True, False, 3, 6),
-            (512, 256, 1024, 5, True, True, 5, 6),
-            (1024, 512, 2048, 2, True, True, 5, 6),
-        ),
-        "use_lab": False,
-    },
+    # _layout(stem, mid widths, out widths, blocks per stage, conv layers per block)
+    "hgnetv2_b0": _layout((16, 16), (16, 32, 64, 128), (64, 256, 512, 1024), (1, 1, 2, 1), 3, use_lab=True),
+    "hgnetv2_b1": _layout((24, 32), (32, 48, 96, 192), (64, 256, 512, 1024), (1, 1, 2, 1), 3, use_lab=True),
+    "hgnetv2_b2": _layout((24, 32), (32, 64, 128, 256), (96, 384, 768, 1536), (1, 1, 3, 1), 4, use_lab=True),
+    "hgnetv2_b3": _layout((24, 32), (32, 64, 128, 256), (128, 512, 1024, 2048), (1, 1, 3, 1), 5, use_lab=True),
+    "hgnetv2_b4": _layout((32, 48), (48, 96, 192, 384), (128, 512, 1024, 2048), (1, 1, 3, 1), 6, use_lab=False),
+    "hgnetv2_b5": _layout((32, 64), (64, 128, 256, 512), (128, 512, 1024, 2048), (1, 2, 5, 2), 6, use_lab=False),
     # DEIMv2's three-stage cuts of B0 (its HGNetv2.arch_configs Atto / Femto / Pico; not in timm),
     # used with return_idx (2,) and the lite encoder; initialised from B0's weights where shapes match.
-    "hgnetv2_atto": {
-        "stem_channels": (16, 16),
-        "stages": (
-            (16, 16, 64, 1, False, False, 3, 3),
-            (64, 32, 256, 1, True, False, 3, 3),
-            (256, 64, 256, 1, True, True, 3, 3),
-        ),
-        "use_lab": True,
-    },
-    "hgnetv2_femto": {
-        "stem_channels": (16, 16),
-        "stages": (
-            (16, 16, 64, 1, False, False, 3, 3),
-            (64, 32, 256, 1, True, False, 3, 3),
-            (256, 64, 512, 1, True, True, 5, 3),
-        ),
-        "use_lab": True,
-    },
-    "hgnetv2_pico": {
-        "stem_channels": (16, 16),
-        "stages": (
-            (16, 16, 64, 1, False, False, 3, 3),
-            (64, 32, 256, 1, True, False, 3, 3),
-            (256, 64, 512, 2, True, True, 5, 3),
-        ),
-        "use_lab": True,
-    },
-}
+    "hgnetv2_atto": _layout((16, 16), (16, 32, 64), (64, 256, 256), (1, 1, 1), 3, (3, 3, 3), use_lab=True),
+    "hgnetv2_femto": _layout((16, 16), (16, 32, 64), (64, 256, 512), (1, 1, 1), 3, use_lab=True),
+    "hgnetv2_pico": _layout((16, 16), (16, 32, 64), (64, 256, 512), (1, 1, 2), 3, use_lab=True),
+}  # fmt: skip
 
 
 #: Activations every activated layer may use instead of timm's ReLU (DEIMv2's HGNetv2 ``act``,
