@@ -48,6 +48,7 @@ from torch import Tensor
 
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import LoadReport, WeightsError
+from peg_core.peg import fold_peg_keys
 
 from ..models.dfine.backbone import build_hgnetv2
 from ..models.dfine.config import DFineConfig
@@ -323,7 +324,8 @@ def dfine_from_hf_config(
     """
     options = dfine_build_options(config, pos_enc, where)
     backbone = build_hgnetv2(**options["backbone"])
-    encoder = DFineHybridEncoder(pos_enc=pos_enc, **options["encoder"], **encoder_options)
+    # a stored config's loose peg_* keywords -> the encoder's one peg value
+    encoder = DFineHybridEncoder(pos_enc=pos_enc, **options["encoder"], **fold_peg_keys(encoder_options))
     dec = dict(options["decoder"])
     decoder = DFineDecoder(dec.pop("in_channels"), dec.pop("hidden_dim"), dec.pop("num_classes"), **dec)
     model = DFINE(backbone, encoder, decoder, **options["model"])

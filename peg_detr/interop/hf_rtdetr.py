@@ -55,6 +55,7 @@ from torch import Tensor, nn
 
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import LoadReport, WeightsError, load_state_strict, read_state_file
+from peg_core.peg import fold_peg_keys
 
 from ..models.layers import LAYER_ACTIVATIONS
 from ..models.rtdetr.backbone import ResNetVd
@@ -384,7 +385,8 @@ def rtdetr_from_hf_config(
     """
     options = rtdetr_build_options(config, pos_enc, where)
     backbone = ResNetVd(**options["backbone"])
-    encoder = HybridEncoder(pos_enc=pos_enc, **options["encoder"], **encoder_options)
+    # a stored config's loose peg_* keywords -> the encoder's one peg value
+    encoder = HybridEncoder(pos_enc=pos_enc, **options["encoder"], **fold_peg_keys(encoder_options))
     decoder_kw = dict(options["decoder"])
     decoder = RTDETRDecoder(decoder_kw.pop("in_channels"), decoder_kw.pop("hidden_dim"), decoder_kw.pop("num_classes"),
                             **decoder_kw)  # fmt: skip

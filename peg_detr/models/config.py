@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
+from peg_core.peg import PegOptions, fold_peg_keys
+
 __all__ = ["COMMON", "DetectorConfig", "Option", "json_safe", "option", "peg_at_value"]
 
 C = TypeVar("C", bound="DetectorConfig")
@@ -263,6 +265,14 @@ class DetectorConfig:
     def settings(self) -> dict[str, Any]:
         """Every field's value, the unstored ones too (what :meth:`replace` starts from)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def peg_options(self) -> PegOptions:
+        """The PEG's options as one value, from this config's loose ``peg_*`` fields (the flags' destinations).
+
+        The fields a family lacks keep :class:`~peg_core.peg.PegOptions`' defaults; the one reader
+        of the loose keys is :func:`~peg_core.peg.fold_peg_keys`.
+        """
+        return fold_peg_keys({**self.settings(), "peg": PegOptions()})["peg"]
 
     def replace(self: C, **overrides: Any) -> C:
         """A copy with ``overrides`` (validated; an unknown key is a ``TypeError``)."""

@@ -10,6 +10,7 @@ from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
 from peg_core.interop import WeightsError
+from peg_core.peg import PegOptions
 from peg_detr.interop.hf_rtdetr import (
     encoder_hf_config,
     encoder_hf_keys,
@@ -315,7 +316,9 @@ def test_position_module_keys():
         "aifi.0.pegs.-1.proj.weight",
         "aifi.0.pegs.-1.proj.bias",
     }
-    enc = HybridEncoder([8, 8, 8], 32, num_heads=4, pos_enc="peg", peg_at=(0,), peg_separable=True)
+    enc = HybridEncoder(
+        [8, 8, 8], 32, num_heads=4, pos_enc="peg", peg_at=(0,), peg=PegOptions(separable=True)
+    )
     assert {k for k in enc.state_dict() if ".pegs." in k} == {
         "aifi.0.pegs.0.proj_w.weight", "aifi.0.pegs.0.proj.weight", "aifi.0.pegs.0.proj.bias"}  # fmt: skip
     with pytest.raises(ValueError, match="RT-DETR's AIFI encoder has no table encoding 'sine'"):

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..dfine.backbone import build_hgnetv2
-from ..dfine.criterion import DFineCriterion, build_dfine_weight_dict
-from ..matcher import HungarianMatcher
+from ..dfine.build import dfine_criterion_parts
+from ..dfine.criterion import DFineCriterion
+from ..rtdetr.build import detector_options
 from ..rtdetr.postprocess import RTDETRPostProcess
 from .backbone import DINOV3_VITS, build_dinov3_sta
 from .config import DEIMV2_LOSSES, DEIMV2_SIZES, DEIMv2Config
@@ -72,10 +73,7 @@ def build_deimv2(
         batch_norm_eps=cfg.batch_norm_eps, use_gateway=cfg.use_gateway, share_bbox_head=cfg.share_bbox_head,
         query_pos_act=cfg.query_pos_act,
     )  # fmt: skip
-    model = DEIMv2(
-        net, enc, decoder, num_classes=cfg.num_classes, num_queries=cfg.num_queries, num_denoising=cfg.num_denoising,
-        label_noise_ratio=cfg.label_noise_ratio, box_noise_scale=cfg.box_noise_scale, aux_loss=cfg.aux_loss,
-    )  # fmt: skip
+    model = DEIMv2(net, enc, decoder, **detector_options(cfg))
     model.build_config = cfg.to_dict()
     criterion, post = deimv2_training_parts(
         model, mal=cfg.mal_loss_coef, bbox=cfg.bbox_loss_coef, giou=cfg.giou_loss_coef, fgl=cfg.fgl_loss_coef,
@@ -100,14 +98,7 @@ def deimv2_training_parts(
     use_uni_set: bool = True,
 ) -> tuple[DFineCriterion, RTDETRPostProcess]:
     """D-FINE's criterion with DEIMv2's losses and weights (matcher costs 2 / 5 / 2, focal), and the post-processor."""
-    dec_layers = len(model.decoder.layers)
-    weight_dict = build_dfine_weight_dict(
-        bbox=bbox, giou=giou, fgl=fgl, ddf=ddf, mal=mal, losses=losses, dec_layers=dec_layers,
-        aux_loss=model.aux_loss, denoising=model.num_denoising > 0,
-    )  # fmt: skip
-    matcher = HungarianMatcher(2.0, 5.0, 2.0, focal=True, focal_alpha=0.25, focal_gamma=2.0)
-    criterion = DFineCriterion(
-        model.num_classes, matcher=matcher, weight_dict=weight_dict, losses=losses, reg_max=model.decoder.max_num_bins,
-        alpha=alpha, gamma=gamma, mal_alpha=mal_alpha, use_uni_set=use_uni_set, dec_layers=dec_layers,
-    )  # fmt: skip
-    return criterion, RTDETRPostProcess(num_top_queries=model.num_queries)
+    weights = dict(bbox=bbox, giou=giou, fgl=fgl, ddf=ddf, mal=mal)
+    return dfine_criterion_parts(
+        model, weights, losses, alpha=alpha, gamma=gamma, mal_alpha=mal_alpha, use_uni_set=use_uni_set
+    )

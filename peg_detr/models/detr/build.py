@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
-from peg_core.peg import resolve_peg_at
-from peg_core.registry import EncodingContext, parse_pos_enc
+from peg_core.registry import EncodingContext, build_encoding_parts, parse_pos_enc
 
 from ..matcher import HungarianMatcher
 from .backbone import build_backbone
@@ -42,38 +40,22 @@ def build_detr(
         if cfg.learned_grid is None
         else tuple(cfg.learned_grid)
     )
-    ctx = EncodingContext(cfg.hidden_dim, tuple(grid), apply_to="qk", interpolation=cfg.pos_interpolation)
-    pos = None
-    pegs = None
-    if spec.conditional is not None:
-        peg_options = dict(kernel_size=cfg.peg_kernel_size, separable=cfg.peg_separable, padding_mode=cfg.peg_padding,
-                           dynamic=cfg.peg_dynamic, num_kernels=cfg.peg_num_kernels)  # fmt: skip
-        pegs = {
-            i: spec.conditional.build(replace(ctx, options=peg_options))
-            for i in resolve_peg_at(cfg.peg_at, cfg.enc_layers)
-        }
-    elif spec.table is not None:
+    ctx = EncodingContext(cfg.hidden_dim, tuple(grid), apply_to="qk", interpolation=cfg.pos_interpolation,
+                          num_heads=cfg.num_heads, depth=cfg.enc_layers, peg=cfg.peg_options())  # fmt: skip
+    # the parts in the order their parameters were always drawn from the RNG in (seeded runs keep
+    # their weights); the rotary and bias parts get the head's context (dim // heads)
+    parts = build_encoding_parts(
+        spec, ctx, peg_at=cfg.peg_at, order=("conditional", "table", "rotary", "bias")
+    )
+    if parts.table is not None:
         cfg = cfg.replace(learned_grid=list(grid))  # recorded in the config: the table's grid
-        pos = spec.table.build(ctx)
-    # rotary and bias encodings work per head: their context is the head's
-    head = replace(ctx, dim=cfg.hidden_dim // cfg.num_heads, num_heads=cfg.num_heads, depth=cfg.enc_layers)
-    rope = spec.rotary.build(head) if spec.rotary is not None else None
-    attn_bias = spec.bias.build(head) if spec.bias is not None else None
 
     transformer = Transformer(
-        d_model=cfg.hidden_dim,
-        nhead=cfg.num_heads,
-        num_encoder_layers=cfg.enc_layers,
-        num_decoder_layers=cfg.dec_layers,
-        dim_feedforward=cfg.dim_feedforward,
-        dropout=cfg.dropout,
-        pre_norm=cfg.pre_norm,
-        pos=pos,
-        pegs=pegs,
-        decoder_key_pos=cfg.decoder_key_pos,
-        rope=rope,
-        attn_bias=attn_bias,
-    )
+        d_model=cfg.hidden_dim, nhead=cfg.num_heads, num_encoder_layers=cfg.enc_layers,
+        num_decoder_layers=cfg.dec_layers, dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout,
+        pre_norm=cfg.pre_norm, decoder_key_pos=cfg.decoder_key_pos,
+        pos=parts.table, pegs=parts.pegs, rope=parts.rotary, attn_bias=parts.bias,
+    )  # fmt: skip
     model = DETR(joiner, transformer, cfg.num_classes, cfg.num_queries, cfg.aux_loss)
     # every setting but the weights file, json-safe, so a checkpoint can be rebuilt (predict / resume)
     model.build_config = cfg.to_dict()

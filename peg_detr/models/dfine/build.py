@@ -18,6 +18,7 @@ from peg_core.interop.io import load_state_strict, read_state_file
 
 from ..matcher import HungarianMatcher
 from ..rtdetr.backbone import build_resnet_vd
+from ..rtdetr.build import detector_options
 from ..rtdetr.postprocess import RTDETRPostProcess
 from .backbone import HGNETV2_BACKBONES, build_hgnetv2
 from .config import CLS_LOSSES, DFINE_SIZES, DFineConfig
@@ -32,6 +33,7 @@ __all__ = [
     "DFINE_SIZES",
     "DFineConfig",
     "build_dfine",
+    "dfine_criterion_parts",
     "dfine_training_parts",
 ]
 
@@ -90,10 +92,8 @@ def build_dfine(
         net.out_channels, enc_dim, num_heads=cfg.num_heads,
         dim_feedforward=cfg.dim_feedforward if cfg.encoder_dim_feedforward is None else cfg.encoder_dim_feedforward,
         dropout=cfg.dropout, expansion=cfg.encoder_expansion, depth_mult=cfg.depth_mult, num_layers=cfg.enc_layers,
-        use_encoder_idx=(levels - 1,), pos_enc=cfg.pos_enc, peg_at=cfg.peg_at, peg_kernel_size=cfg.peg_kernel_size,
-        peg_separable=cfg.peg_separable, peg_padding=cfg.peg_padding, peg_dynamic=cfg.peg_dynamic,
-        peg_num_kernels=cfg.peg_num_kernels, learned_grid=tuple(cfg.learned_grid),
-        pos_interpolation=cfg.pos_interpolation,
+        use_encoder_idx=(levels - 1,), pos_enc=cfg.pos_enc, peg_at=cfg.peg_at, peg=cfg.peg_options(),
+        learned_grid=tuple(cfg.learned_grid), pos_interpolation=cfg.pos_interpolation,
     )  # fmt: skip
     decoder = DFineDecoder(
         [enc_dim] * levels, cfg.hidden_dim, cfg.num_classes, num_queries=cfg.num_queries, num_layers=cfg.dec_layers,
@@ -102,11 +102,7 @@ def build_dfine(
         eval_idx=cfg.eval_idx, max_num_bins=cfg.max_num_bins, reg_scale=cfg.reg_scale, up=cfg.up,
         lqe_hidden_dim=cfg.lqe_hidden_dim, activation=cfg.decoder_activation, mlp_activation=cfg.mlp_activation,
     )  # fmt: skip
-    model = DFINE(
-        net, encoder, decoder, num_classes=cfg.num_classes, num_queries=cfg.num_queries,
-        num_denoising=cfg.num_denoising, label_noise_ratio=cfg.label_noise_ratio,
-        box_noise_scale=cfg.box_noise_scale, aux_loss=cfg.aux_loss,
-    )  # fmt: skip
+    model = DFINE(net, encoder, decoder, **detector_options(cfg))
     model.build_config = cfg.to_dict()
     weights = dict(
         cls=cfg.vfl_loss_coef, bbox=cfg.bbox_loss_coef, giou=cfg.giou_loss_coef, fgl=cfg.fgl_loss_coef,
@@ -137,16 +133,28 @@ def dfine_training_parts(
     """
     if cls_loss not in CLS_LOSSES:
         raise ValueError(f"cls_loss must be one of {CLS_LOSSES}; got {cls_loss!r}")
-    losses = (cls_loss, "boxes", "local")
     gamma = cls_loss_gamma if cls_loss_gamma is not None else 1.5 if cls_loss == "mal" else 2.0
+    weights = dict(vfl=cls, bbox=bbox, giou=giou, fgl=fgl, ddf=ddf, focal=cls, mal=cls)
+    return dfine_criterion_parts(model, weights, (cls_loss, "boxes", "local"), gamma=gamma)
+
+
+def dfine_criterion_parts(
+    model: DFINE, weights: dict[str, float], losses: tuple[str, ...], **criterion_options: Any
+) -> tuple[DFineCriterion, RTDETRPostProcess]:
+    """D-FINE's criterion for a built :class:`DFINE` (or DEIMv2) and the post-processor.
+
+    ``weights``: :func:`build_dfine_weight_dict`'s loss weights, repeated for the model's layers,
+    proposals and denoising queries; the matcher is D-FINE's (costs 2 / 5 / 2, focal);
+    ``criterion_options``: :class:`DFineCriterion`'s other keywords (``alpha``, ``gamma``...).
+    Shared by D-FINE's and DEIMv2's training parts, which differ only in losses and weights.
+    """
     dec_layers = len(model.decoder.layers)
     weight_dict = build_dfine_weight_dict(
-        cls, bbox, giou, fgl, ddf, focal=cls, mal=cls, losses=losses, dec_layers=dec_layers,
-        aux_loss=model.aux_loss, denoising=model.num_denoising > 0,
+        **weights, losses=losses, dec_layers=dec_layers, aux_loss=model.aux_loss, denoising=model.num_denoising > 0,
     )  # fmt: skip
     matcher = HungarianMatcher(2.0, 5.0, 2.0, focal=True, focal_alpha=0.25, focal_gamma=2.0)
     criterion = DFineCriterion(
         model.num_classes, matcher=matcher, weight_dict=weight_dict, losses=losses,
-        reg_max=model.decoder.max_num_bins, dec_layers=dec_layers, gamma=gamma,
+        reg_max=model.decoder.max_num_bins, dec_layers=dec_layers, **criterion_options,
     )  # fmt: skip
     return criterion, RTDETRPostProcess(num_top_queries=model.num_queries)

@@ -23,6 +23,7 @@ maps keys by prefix.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -104,9 +105,11 @@ class DFineHybridEncoder(HybridEncoderBase):
         elan_act: activation of the RepNCSPELAN4 convolutions (D-FINE: ``silu``, fixed in transformers).
         expansion: RepNCSPELAN4 branch width ``c4 = round(expansion * hidden_dim // 2)`` (HF ``hidden_expansion``).
         depth_mult: RepVGG blocks per CSP layer ``round(3 * depth_mult)``.
-        num_layers, use_encoder_idx, pos_enc, temperature, normalize_before, layer_norm_eps,
-        batch_norm_eps, peg_*, learned_grid, pos_interpolation: as in
-            :class:`peg_detr.models.rtdetr.encoder.HybridEncoder` (AIFI is that module).
+        options: the rest of :class:`peg_detr.models.rtdetr.encoder.HybridEncoder`'s keywords, the
+            same names and defaults (num_layers, use_encoder_idx, pos_enc, temperature,
+            normalize_before, layer_norm_eps, batch_norm_eps, peg_at, peg, learned_grid,
+            pos_interpolation): the constructor, the input projections and AIFI are that module's
+            (:class:`~peg_detr.models.rtdetr.encoder.HybridEncoderBase`).
 
     ``forward(feats: list of (B, in_channels[l], H_l, W_l)) -> list of (B, hidden_dim, H_l, W_l)``,
     finest first.  :attr:`hparams` holds every constructor argument (json-safe).
@@ -117,37 +120,22 @@ class DFineHybridEncoder(HybridEncoderBase):
         in_channels: Sequence[int] = (512, 1024, 2048),
         hidden_dim: int = 256,
         *,
-        num_heads: int = 8,
-        dim_feedforward: int = 1024,
-        dropout: float = 0.0,
-        act: str = "gelu",
-        conv_act: str | None = "silu",
         elan_act: str | None = "silu",
-        expansion: float = 1.0,
-        depth_mult: float = 1.0,
-        num_layers: int = 1,
-        use_encoder_idx: Sequence[int] = (2,),
-        pos_enc: str = "sincos",
-        temperature: float = 10000.0,
-        normalize_before: bool = False,
-        layer_norm_eps: float = 1e-5,
-        batch_norm_eps: float = 1e-5,
-        peg_at: Sequence[int] | str = (-1,),
-        peg_kernel_size: int = 3,
-        peg_separable: bool = False,
-        peg_padding: str = "zeros",
-        peg_dynamic: bool = False,
-        peg_num_kernels: int = 4,
-        learned_grid: tuple[int, int] = (20, 20),
-        pos_interpolation: str = "bicubic",
+        **options: Any,
     ) -> None:
-        super().__init__()
-        self._build_input_and_aifi({k: v for k, v in locals().items() if k not in ("self", "__class__")})
-        levels = len(in_channels)
-        n = levels - 1
-        blocks = round(3 * depth_mult)
-        c4 = round(expansion * hidden_dim // 2)
-        elan = dict(num_blocks=blocks, act=elan_act, conv_act=conv_act, eps=batch_norm_eps)
+        # read by build_fusion, which the shared constructor calls (a plain value, so it may be set
+        # before nn.Module's own __init__)
+        self.elan_act = elan_act
+        super().__init__(in_channels, hidden_dim, **options)
+        self.hparams["elan_act"] = elan_act
+
+    def build_fusion(self) -> None:
+        """D-FINE's FPN / PAN: RepNCSPELAN4 blocks, 1×1 lateral convs and SCDown (no activation on either)."""
+        hp = self.hparams
+        hidden_dim, batch_norm_eps, n = hp["hidden_dim"], hp["batch_norm_eps"], len(hp["in_channels"]) - 1
+        c4 = round(hp["expansion"] * hidden_dim // 2)
+        elan = dict(num_blocks=round(3 * hp["depth_mult"]), act=self.elan_act, conv_act=hp["conv_act"],
+                    eps=batch_norm_eps)  # fmt: skip
         # module creation order as transformers' (lateral, fpn per level; then downsample, pan)
         self.lateral_convs = nn.ModuleList()
         self.fpn_blocks = nn.ModuleList()

@@ -14,6 +14,7 @@ from typing import Any
 
 from peg_core.interop.io import load_state_strict, read_state_file
 
+from ..config import DetectorConfig
 from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
 from .config import RTDETRConfig
 from .criterion import RTDETRCriterion, build_rtdetr_weight_dict
@@ -22,10 +23,26 @@ from .encoder import HybridEncoder
 from .model import RTDETR
 from .postprocess import RTDETRPostProcess
 
-__all__ = ["RTDETR_BACKBONES", "RTDETRConfig", "build_rtdetr", "rtdetr_training_parts"]
+__all__ = [
+    "DETECTOR_FIELDS",
+    "RTDETR_BACKBONES",
+    "RTDETRConfig",
+    "build_rtdetr",
+    "detector_options",
+    "rtdetr_training_parts",
+]
 
 #: RT-DETR freezes the BatchNorms of its bottleneck backbones only (``freeze_norm`` in its configs)
 _FROZEN_BN_BY_DEFAULT = ("r50vd", "r101vd")
+#: the config fields :class:`RTDETR` (and its subclasses) take as keywords (:func:`detector_options`)
+DETECTOR_FIELDS = (
+    "num_classes",
+    "num_queries",
+    "num_denoising",
+    "label_noise_ratio",
+    "box_noise_scale",
+    "aux_loss",
+)
 #: the backbones ``build_rtdetr`` takes (:data:`~peg_detr.models.rtdetr.backbone.RESNET_VD`)
 RTDETR_BACKBONES = tuple(RESNET_VD)
 
@@ -57,21 +74,25 @@ def build_rtdetr(
     encoder = HybridEncoder(
         net.out_channels, cfg.hidden_dim, num_heads=cfg.num_heads, dim_feedforward=cfg.dim_feedforward,
         dropout=cfg.dropout, expansion=cfg.encoder_expansion, depth_mult=cfg.depth_mult, num_layers=cfg.enc_layers,
-        pos_enc=cfg.pos_enc, peg_at=cfg.peg_at, peg_kernel_size=cfg.peg_kernel_size, peg_separable=cfg.peg_separable,
-        peg_padding=cfg.peg_padding, peg_dynamic=cfg.peg_dynamic, peg_num_kernels=cfg.peg_num_kernels,
-        learned_grid=tuple(cfg.learned_grid), pos_interpolation=cfg.pos_interpolation,
+        pos_enc=cfg.pos_enc, peg_at=cfg.peg_at, peg=cfg.peg_options(),
+                learned_grid=tuple(cfg.learned_grid), pos_interpolation=cfg.pos_interpolation,
     )  # fmt: skip
     decoder = RTDETRDecoder(
         [cfg.hidden_dim] * 3, cfg.hidden_dim, cfg.num_classes, num_queries=cfg.num_queries, num_layers=cfg.dec_layers,
         num_heads=cfg.num_heads, dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, num_points=cfg.num_points,
     )  # fmt: skip
-    model = RTDETR(
-        net, encoder, decoder, num_classes=cfg.num_classes, num_queries=cfg.num_queries,
-        num_denoising=cfg.num_denoising, label_noise_ratio=cfg.label_noise_ratio,
-        box_noise_scale=cfg.box_noise_scale, aux_loss=cfg.aux_loss,
-    )  # fmt: skip
+    model = RTDETR(net, encoder, decoder, **detector_options(cfg))
     model.build_config = cfg.to_dict()
     return model, *rtdetr_training_parts(model, cfg.vfl_loss_coef, cfg.bbox_loss_coef, cfg.giou_loss_coef)
+
+
+def detector_options(cfg: DetectorConfig) -> dict[str, Any]:
+    """:class:`RTDETR`'s keywords (classes, queries, denoising, auxiliary losses) from ``cfg``.
+
+    RT-DETR's, D-FINE's and DEIMv2's configs share these fields, and their detectors (subclasses
+    of :class:`RTDETR`) take them as they are.
+    """
+    return {name: getattr(cfg, name) for name in DETECTOR_FIELDS}
 
 
 def rtdetr_training_parts(

@@ -39,9 +39,11 @@ are multiples of 32 this is RT-DETR's 2× nearest upsampling exactly, and other 
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +51,7 @@ from torch import Tensor, nn
 
 from peg_core import PositionEncoding, check_tokens, sincos_2d
 from peg_core.bias import AttentionBias
-from peg_core.peg import PegOptions, fold_peg_keys
+from peg_core.peg import PegOptions
 from peg_core.registry import EncodingContext, EncodingSupport, build_encoding_parts, parse_pos_enc
 from peg_core.rope import RotaryEmbedding, apply_rope
 
@@ -338,16 +340,51 @@ class AIFI(nn.Module):
 
 
 class HybridEncoderBase(nn.Module):
-    """What RT-DETR's and D-FINE's hybrid encoders share.
+    """What RT-DETR's and D-FINE's hybrid encoders share: the constructor, the input projections, AIFI, the fusion loop.
 
-    :meth:`_build_input_and_aifi` checks the levels and builds the input projections and the AIFI
-    layers (in that order, transformers' module order); the subclass then builds its
-    ``lateral_convs``, ``fpn_blocks``, ``downsample_convs`` and ``pan_blocks``, which :meth:`fuse`
-    runs top-down then bottom-up.
+    The constructor (its arguments: :class:`HybridEncoder`'s) checks the levels and builds the
+    input projections and the AIFI layers (in that order, transformers' module order), then calls
+    :meth:`build_fusion`, where the subclass builds its ``lateral_convs``, ``fpn_blocks``,
+    ``downsample_convs`` and ``pan_blocks`` from :attr:`hparams`; :meth:`fuse` runs them top-down
+    then bottom-up.
     """
+
+    def __init__(
+        self,
+        in_channels: Sequence[int] = (512, 1024, 2048),
+        hidden_dim: int = 256,
+        *,
+        num_heads: int = 8,
+        dim_feedforward: int = 1024,
+        dropout: float = 0.0,
+        act: str = "gelu",
+        conv_act: str | None = "silu",
+        expansion: float = 1.0,
+        depth_mult: float = 1.0,
+        num_layers: int = 1,
+        use_encoder_idx: Sequence[int] = (2,),
+        pos_enc: str = "sincos",
+        temperature: float = 10000.0,
+        normalize_before: bool = False,
+        layer_norm_eps: float = 1e-5,
+        batch_norm_eps: float = 1e-5,
+        peg_at: Sequence[int] | str = (-1,),
+        peg: PegOptions | Mapping[str, Any] | None = None,
+        learned_grid: tuple[int, int] = (20, 20),
+        pos_interpolation: str = "bicubic",
+    ) -> None:
+        super().__init__()
+        self._build_input_and_aifi({k: v for k, v in locals().items() if k not in ("self", "__class__")})
+        self.build_fusion()
+
+    def build_fusion(self) -> None:
+        """The subclass's FPN / PAN modules, from :attr:`hparams` (called by the constructor)."""
+        raise NotImplementedError
 
     def _build_input_and_aifi(self, hparams: dict) -> None:
         """From the constructor's arguments ``hparams`` (kept json-safe as :attr:`hparams`)."""
+        peg = PegOptions.of(hparams["peg"])
+        hparams = {**hparams, "peg": dataclasses.asdict(peg)}
         self.hparams = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in hparams.items()}
         in_channels, hidden_dim = hparams["in_channels"], hparams["hidden_dim"]
         use_encoder_idx = hparams["use_encoder_idx"]
@@ -369,7 +406,7 @@ class HybridEncoderBase(nn.Module):
         layer = dict(dim_feedforward=hparams["dim_feedforward"], dropout=hparams["dropout"], act=hparams["act"],
                      normalize_before=hparams["normalize_before"], eps=hparams["layer_norm_eps"])  # fmt: skip
         aifi = dict(num_layers=hparams["num_layers"], layer_options=layer, pos_enc=self.pos_enc,
-                    temperature=hparams["temperature"], peg_at=hparams["peg_at"], peg=fold_peg_keys(hparams)["peg"],
+                    temperature=hparams["temperature"], peg_at=hparams["peg_at"], peg=peg,
                     learned_grid=hparams["learned_grid"], pos_interpolation=hparams["pos_interpolation"])  # fmt: skip
         self.aifi = nn.ModuleList(
             AIFI(hidden_dim, hparams["num_heads"], **aifi) for _ in self.use_encoder_idx
@@ -424,9 +461,10 @@ class HybridEncoder(HybridEncoderBase):
         layer_norm_eps, batch_norm_eps: norms' eps (HF ``layer_norm_eps``, ``batch_norm_eps``).
         peg_at: PEG positions in AIFI (:func:`peg_core.peg.resolve_peg_at`; ``-1`` = on the AIFI
             input, the default, so the attention sees position).
-        peg_kernel_size, peg_separable, peg_padding, peg_dynamic, peg_num_kernels:
-            :class:`peg_core.PEG2d`'s kernel, 1×k + k×1 factorisation, border mode and dynamic
-            kernel bank; the PEG always starts at zero.
+        peg: the PEG's options as one value (:class:`peg_core.peg.PegOptions`, or a mapping of its
+            fields): :class:`peg_core.PEG2d`'s kernel, 1×k + k×1 factorisation, border mode and
+            dynamic kernel bank; the PEG always starts at zero.  Stored configs' loose ``peg_*``
+            keywords fold into it through :func:`peg_core.peg.fold_peg_keys`.
         learned_grid, pos_interpolation: the learned table's ``(H0, W0)`` and resize mode.
 
     ``forward(feats: list of (B, in_channels[l], H_l, W_l)) -> list of (B, hidden_dim, H_l, W_l)``,
@@ -434,40 +472,17 @@ class HybridEncoder(HybridEncoderBase):
     :attr:`hparams` holds every constructor argument (json-safe).
     """
 
-    def __init__(
-        self,
-        in_channels: Sequence[int] = (512, 1024, 2048),
-        hidden_dim: int = 256,
-        *,
-        num_heads: int = 8,
-        dim_feedforward: int = 1024,
-        dropout: float = 0.0,
-        act: str = "gelu",
-        conv_act: str | None = "silu",
-        expansion: float = 1.0,
-        depth_mult: float = 1.0,
-        num_layers: int = 1,
-        use_encoder_idx: Sequence[int] = (2,),
-        pos_enc: str = "sincos",
-        temperature: float = 10000.0,
-        normalize_before: bool = False,
-        layer_norm_eps: float = 1e-5,
-        batch_norm_eps: float = 1e-5,
-        peg_at: Sequence[int] | str = (-1,),
-        peg_kernel_size: int = 3,
-        peg_separable: bool = False,
-        peg_padding: str = "zeros",
-        peg_dynamic: bool = False,
-        peg_num_kernels: int = 4,
-        learned_grid: tuple[int, int] = (20, 20),
-        pos_interpolation: str = "bicubic",
-    ) -> None:
-        super().__init__()
-        self._build_input_and_aifi({k: v for k, v in locals().items() if k not in ("self", "__class__")})
-        levels = len(in_channels)
-        blocks = round(3 * depth_mult)
-        csp = dict(num_blocks=blocks, expansion=expansion, act=conv_act, eps=batch_norm_eps)
-        n = levels - 1
+    def build_fusion(self) -> None:
+        """RT-DETR's CCFM: 1×1 lateral convs and CSP blocks top-down, 3×3 stride-2 convs and CSP blocks bottom-up."""
+        hp = self.hparams
+        hidden_dim, conv_act, batch_norm_eps = hp["hidden_dim"], hp["conv_act"], hp["batch_norm_eps"]
+        csp = dict(
+            num_blocks=round(3 * hp["depth_mult"]),
+            expansion=hp["expansion"],
+            act=conv_act,
+            eps=batch_norm_eps,
+        )
+        n = len(hp["in_channels"]) - 1
         self.lateral_convs = nn.ModuleList(
             ConvNormLayer(hidden_dim, hidden_dim, 1, act=conv_act, eps=batch_norm_eps) for _ in range(n)
         )
