@@ -29,13 +29,14 @@ With ``share_bbox_head`` every layer uses one box head (one module in every ``bb
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..detr import MLP
 from ..dfine.decoder import DFineDecoder, Gate, MSDeformableAttentionV2
-from ..rtdetr.decoder import ACTIVATIONS, QueryAttention
+from ..rtdetr.decoder import ACTIVATIONS, DecoderLayerBase
 
 __all__ = ["DEIMv2Decoder", "DEIMv2DecoderLayer", "RMSGate", "SwiGLUFFN"]
 
@@ -65,10 +66,11 @@ class RMSGate(Gate):
         self.norm = nn.RMSNorm(dim, eps=eps)
 
 
-class DEIMv2DecoderLayer(nn.Module):
+class DEIMv2DecoderLayer(DecoderLayerBase):
     """One DEIMv2 decoder layer (module docstring); ``forward(x, pos, boxes, memory, shapes, blocked) -> x``.
 
-    The self-attention and the deformable cross-attention are D-FINE's modules
+    The forward is the family's (:class:`~peg_detr.models.rtdetr.decoder.DecoderLayerBase`); the
+    self-attention and the deformable cross-attention are D-FINE's modules
     (:class:`~peg_detr.models.rtdetr.decoder.QueryAttention`,
     :class:`~peg_detr.models.dfine.decoder.MSDeformableAttentionV2`); the norms, the gate and the
     FFN are DEIMv2's.  Keys: ``self_attn.{q,k,v,out}_proj``, ``self_attn_layer_norm``,
@@ -89,8 +91,7 @@ class DEIMv2DecoderLayer(nn.Module):
         rms_eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        self.self_attn = QueryAttention(dim, num_heads, dropout)
-        self.self_attn_layer_norm = nn.RMSNorm(dim, eps=rms_eps)
+        self.build_self_attention(dim, num_heads, dropout, nn.RMSNorm(dim, eps=rms_eps))
         self.encoder_attn = MSDeformableAttentionV2(dim, num_heads, num_points, offset_scale)
         self.gateway = RMSGate(dim, rms_eps) if use_gateway else None
         self.encoder_attn_layer_norm = None if use_gateway else nn.RMSNorm(dim, eps=rms_eps)
@@ -98,20 +99,13 @@ class DEIMv2DecoderLayer(nn.Module):
         self.final_layer_norm = nn.RMSNorm(dim, eps=rms_eps)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(
-        self,
-        x: Tensor,
-        pos: Tensor,
-        boxes: Tensor,
-        memory: Tensor,
-        spatial_shapes: Sequence[tuple[int, int]],
-        blocked: Tensor | None = None,
-    ) -> Tensor:
-        """``x``, ``pos`` ``(B, N, D)``, ``boxes`` ``(B, N, 4)``; ``blocked`` ``(N, N)``: True where a query may not attend."""
-        x = self.self_attn_layer_norm(x + self.dropout(self.self_attn(x, pos, blocked)))
-        a = self.dropout(self.encoder_attn(x + pos, boxes, memory, spatial_shapes))
-        x = self.gateway(x, a) if self.gateway is not None else self.encoder_attn_layer_norm(x + a)
-        return self.final_layer_norm(x + self.dropout(self.mlp(x)))
+    def merge_cross(self, x: Tensor, cross: Tensor) -> Tensor:
+        """The gate, or without it an RMSNorm residual (atto / femto / pico)."""
+        return self.gateway(x, cross) if self.gateway is not None else self.encoder_attn_layer_norm(x + cross)
+
+    def ffn(self, x: Tensor) -> Tensor:
+        """SwiGLU (``mlp``) instead of D-FINE's ReLU MLP."""
+        return self.mlp(x)
 
 
 class DEIMv2Decoder(DFineDecoder):
@@ -123,7 +117,8 @@ class DEIMv2Decoder(DFineDecoder):
     repeat per layer, as in transformers' state dict).  Query selection, the FDR loop
     (:meth:`DFineDecoder.refine`), the LQE heads and the outputs are D-FINE's, unchanged.
 
-    Args: those of :class:`DFineDecoder` (no ``activation``: the FFN is SwiGLU) plus ``use_gateway``
+    Args: those of :class:`DFineDecoder` (``options``: the same names and defaults, but ``num_points``
+    4 and no ``activation`` / ``mlp_activation``: the FFN is SwiGLU) plus ``use_gateway``
     (False: an RMSNorm residual after the cross-attention; atto / femto / pico), ``share_bbox_head``
     and ``query_pos_act`` (transformers' ``decoder_activation_function``).
     """
@@ -134,61 +129,34 @@ class DEIMv2Decoder(DFineDecoder):
         hidden_dim: int = 256,
         num_classes: int = 80,
         *,
-        num_queries: int = 300,
-        num_layers: int = 6,
-        num_heads: int = 8,
-        dim_feedforward: int = 1024,
-        dropout: float = 0.0,
         num_points: int | Sequence[int] = 4,
-        offset_scale: float = 0.5,
-        eval_idx: int = -1,
-        max_num_bins: int = 32,
-        reg_scale: float = 4.0,
-        up: float = 0.5,
-        lqe_k: int = 4,
-        lqe_hidden_dim: int = 64,
-        lqe_layers: int = 2,
-        learn_initial_query: bool = False,
-        layer_norm_eps: float = 1e-5,
-        batch_norm_eps: float = 1e-5,
         use_gateway: bool = True,
         share_bbox_head: bool = False,
         query_pos_act: str = "relu",
+        **options: Any,
     ) -> None:
         if query_pos_act not in ACTIVATIONS:
             raise ValueError(f"query_pos_act must be one of {sorted(ACTIVATIONS)}; got {query_pos_act!r}")
+        fixed = sorted(set(options) & {"activation", "mlp_activation"})
+        if fixed:  # D-FINE's keywords DEIMv2 has no use for: SwiGLU FFN, query_pos_act
+            raise TypeError(f"DEIMv2Decoder has no {', '.join(fixed)} (its FFN is SwiGLU; see query_pos_act)")
         # read by make_layer / make_query_pos_head, which D-FINE's constructor calls (plain values,
         # so they may be set before nn.Module's own __init__)
         self.use_gateway, self.query_pos_act = use_gateway, query_pos_act
-        super().__init__(
-            in_channels, hidden_dim, num_classes, num_queries=num_queries, num_layers=num_layers,
-            num_heads=num_heads, dim_feedforward=dim_feedforward, dropout=dropout, num_points=num_points,
-            offset_scale=offset_scale, eval_idx=eval_idx, max_num_bins=max_num_bins, reg_scale=reg_scale, up=up,
-            lqe_k=lqe_k, lqe_hidden_dim=lqe_hidden_dim, lqe_layers=lqe_layers,
-            learn_initial_query=learn_initial_query, layer_norm_eps=layer_norm_eps, batch_norm_eps=batch_norm_eps,
-        )  # fmt: skip
+        super().__init__(in_channels, hidden_dim, num_classes, num_points=num_points, **options)
         self.hparams.pop("activation", None)
         self.hparams.update(
             use_gateway=use_gateway, share_bbox_head=share_bbox_head, query_pos_act=query_pos_act
         )
         self.share_bbox_head = share_bbox_head
         if share_bbox_head:  # one module in every slot: DFineDecoder.refine indexes bbox_embed[i]
-            self.bbox_embed = nn.ModuleList([self.bbox_embed[0]] * num_layers)
+            self.bbox_embed = nn.ModuleList([self.bbox_embed[0]] * len(self.layers))
 
-    def make_layer(
-        self,
-        d_model: int,
-        num_heads: int,
-        dim_feedforward: int,
-        dropout: float,
-        activation: str,
-        num_points: list[int],
-        offset_scale: float,
-        layer_norm_eps: float,
-    ) -> nn.Module:
-        """DEIMv2's layer: RMSNorm, SwiGLU (no ``activation``), the gate or an RMSNorm residual."""
-        return DEIMv2DecoderLayer(d_model, num_heads, dim_feedforward, num_points=num_points,
-                                  offset_scale=offset_scale, dropout=dropout, use_gateway=self.use_gateway)  # fmt: skip
+    def make_layer(self, **layer: Any) -> nn.Module:
+        """DEIMv2's layer: RMSNorm, SwiGLU (``activation`` and ``layer_norm_eps`` unused), the gate or an RMSNorm residual."""
+        return DEIMv2DecoderLayer(layer["d_model"], layer["num_heads"], layer["dim_feedforward"],
+                                  num_points=layer["num_points"], offset_scale=layer["offset_scale"],
+                                  dropout=layer["dropout"], use_gateway=self.use_gateway)  # fmt: skip
 
     def make_query_pos_head(self, d_model: int, activation: nn.Module) -> nn.Module:
         """DEIMv2's ``4 -> D -> D -> D`` head with ``query_pos_act`` (D-FINE: ``4 -> 2D -> D``, ReLU)."""

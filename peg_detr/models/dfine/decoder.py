@@ -28,14 +28,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import MLP, create_act
-from ..rtdetr.decoder import QueryAttention, RTDETRDecoder, inverse_sigmoid
+from ..rtdetr.decoder import DecoderLayerBase, RTDETRDecoder, inverse_sigmoid
 from .fdr import distance2bbox, integral, weighting_function
 
 if TYPE_CHECKING:
@@ -187,8 +187,10 @@ class LQE(nn.Module):
         return scores + self.reg_conf(stat)
 
 
-class DFineDecoderLayer(nn.Module):
+class DFineDecoderLayer(DecoderLayerBase):
     """Self-attention (post-norm), gated deformable cross-attention, FFN (post-norm, clamped to float16's range)."""
+
+    ffn_clamp = 65504.0
 
     def __init__(
         self,
@@ -203,31 +205,15 @@ class DFineDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         activation_module = create_act(activation, optional=False)  # a wrong name fails before any weight
-        self.self_attn = QueryAttention(d_model, num_heads, dropout)
-        self.self_attn_layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.build_self_attention(d_model, num_heads, dropout, nn.LayerNorm(d_model, eps=layer_norm_eps))
         self.encoder_attn = MSDeformableAttentionV2(d_model, num_heads, num_points, offset_scale)
-        self.fc1 = nn.Linear(d_model, dim_feedforward)
-        self.fc2 = nn.Linear(dim_feedforward, d_model)
-        self.activation = activation_module
-        self.final_layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.build_ffn(d_model, dim_feedforward, activation_module, layer_norm_eps)
         self.gateway = Gate(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(
-        self,
-        x: Tensor,
-        pos: Tensor,
-        reference_boxes: Tensor,
-        memory: Tensor,
-        spatial_shapes: Sequence[tuple[int, int]],
-        blocked: Tensor | None = None,
-    ) -> Tensor:
-        """``x``, ``pos`` ``(B, N, D)``, ``reference_boxes`` ``(B, N, 4)``, ``memory`` ``(B, S, D)`` -> ``(B, N, D)``."""
-        x = self.self_attn_layer_norm(x + self.dropout(self.self_attn(x, pos, blocked)))
-        cross = self.encoder_attn(x + pos, reference_boxes, memory, spatial_shapes)
-        x = self.gateway(x, self.dropout(cross))
-        ffn = self.fc2(self.dropout(self.activation(self.fc1(x))))
-        return self.final_layer_norm((x + self.dropout(ffn)).clamp(min=-65504, max=65504))
+    def merge_cross(self, x: Tensor, cross: Tensor) -> Tensor:
+        """D-FINE's gateway instead of a residual + norm."""
+        return self.gateway(x, cross)
 
 
 @dataclass
@@ -339,12 +325,10 @@ class DFineDecoder(nn.Module):
         act = create_act(mlp_activation, "mlp_activation", optional=False)
         self.enc_bbox_head = MLP(d, d, 4, 3, act)
         self.weight_embedding = nn.Embedding(num_queries, d) if learn_initial_query else None
-        self.layers = nn.ModuleList(
-            self.make_layer(
-                d, num_heads, dim_feedforward, dropout, activation, points, offset_scale, layer_norm_eps
-            )
-            for _ in range(num_layers)
-        )
+        layer = dict(d_model=d, num_heads=num_heads, dim_feedforward=dim_feedforward, dropout=dropout,
+                     activation=activation, num_points=points, offset_scale=offset_scale,
+                     layer_norm_eps=layer_norm_eps)  # fmt: skip
+        self.layers = nn.ModuleList(self.make_layer(**layer) for _ in range(num_layers))
         self.query_pos_head = self.make_query_pos_head(d, act)
         self.pre_bbox_head = MLP(d, d, 4, 3, act)
         self.class_embed = nn.ModuleList(nn.Linear(d, num_classes) for _ in range(num_layers))
@@ -357,21 +341,11 @@ class DFineDecoder(nn.Module):
         self.reg_scale = nn.Parameter(torch.tensor([float(reg_scale)]), requires_grad=False)
         self.reset_parameters()
 
-    def make_layer(
-        self,
-        d_model: int,
-        num_heads: int,
-        dim_feedforward: int,
-        dropout: float,
-        activation: str,
-        num_points: list[int],
-        offset_scale: float,
-        layer_norm_eps: float,
-    ) -> nn.Module:
-        """One decoder layer (called by the constructor): D-FINE's; a variant's decoder overrides it."""
-        return DFineDecoderLayer(
-            d_model, num_heads, dim_feedforward, dropout, activation, num_points, offset_scale, layer_norm_eps
-        )
+    def make_layer(self, **layer: Any) -> nn.Module:
+        """One decoder layer (called by the constructor) from :class:`DFineDecoderLayer`'s keywords
+        (``d_model``, ``num_heads``, ``dim_feedforward``, ``dropout``, ``activation``, ``num_points``,
+        ``offset_scale``, ``layer_norm_eps``): D-FINE's; a variant's decoder overrides it."""
+        return DFineDecoderLayer(**layer)
 
     def make_query_pos_head(self, d_model: int, activation: nn.Module) -> nn.Module:
         """The reference boxes' position head ``(..., 4) -> (..., D)`` (called by the constructor)."""

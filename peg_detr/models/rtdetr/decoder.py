@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .denoising import DenoisingGroup
 
 __all__ = [
+    "DecoderLayerBase",
     "DecoderOutput",
     "MSDeformableAttention",
     "RTDETRDecoder",
@@ -207,7 +208,68 @@ class QueryAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
 
-class RTDETRDecoderLayer(nn.Module):
+class DecoderLayerBase(nn.Module):
+    """The RT-DETR family's decoder layer step (RT-DETR, D-FINE, DEIMv2): one forward, hooks for what differs.
+
+    ``forward(x, pos, reference_boxes, memory, spatial_shapes, blocked) -> x``, all ``(B, N, D)``
+    but ``reference_boxes`` ``(B, N, 4)``, ``memory`` ``(B, S, D)`` and ``blocked`` ``(N, N)``
+    (True where a query may NOT attend)::
+
+        x = self_attn_layer_norm(x + dropout(self_attn(x, pos, blocked)))
+        x = merge_cross(x, dropout(encoder_attn(x + pos, reference_boxes, memory, spatial_shapes)))
+        x = final_layer_norm(x + dropout(ffn(x)))      (clamped to +-ffn_clamp first when set)
+
+    A layer builds those modules (:meth:`build_self_attention`, :meth:`build_ffn`) and overrides
+    :meth:`merge_cross` (default: ``encoder_attn_layer_norm(x + a)``, RT-DETR's) and :meth:`ffn`
+    (default: ``fc2(dropout(activation(fc1(x))))``) where it differs.
+    """
+
+    #: D-FINE keeps the FFN's residual inside float16's range; None: no clamp
+    ffn_clamp: float | None = None
+
+    def build_self_attention(self, d_model: int, num_heads: int, dropout: float, norm: nn.Module) -> None:
+        """``self_attn`` (:class:`QueryAttention`) and its post-norm ``self_attn_layer_norm``."""
+        self.self_attn = QueryAttention(d_model, num_heads, dropout)
+        self.self_attn_layer_norm = norm
+
+    def build_ffn(
+        self, d_model: int, dim_feedforward: int, activation: nn.Module, layer_norm_eps: float
+    ) -> None:
+        """``fc1``, ``fc2``, ``activation`` and ``final_layer_norm`` (transformers' names)."""
+        self.fc1 = nn.Linear(d_model, dim_feedforward)
+        self.fc2 = nn.Linear(dim_feedforward, d_model)
+        self.activation = activation
+        self.final_layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+
+    def merge_cross(self, x: Tensor, cross: Tensor) -> Tensor:
+        """The cross-attention's output ``cross`` into the residual stream ``x`` (both ``(B, N, D)``)."""
+        return self.encoder_attn_layer_norm(x + cross)
+
+    def ffn(self, x: Tensor) -> Tensor:
+        """The feed-forward block ``(B, N, D) -> (B, N, D)``, before its residual and norm."""
+        return self.fc2(self.dropout(self.activation(self.fc1(x))))
+
+    def forward(
+        self,
+        x: Tensor,
+        pos: Tensor,
+        reference_boxes: Tensor,
+        memory: Tensor,
+        spatial_shapes: Sequence[tuple[int, int]],
+        blocked: Tensor | None = None,
+    ) -> Tensor:
+        """``x``, ``pos`` ``(B, N, D)``, ``reference_boxes`` ``(B, N, 4)``, ``memory`` ``(B, S, D)`` -> ``(B, N, D)``."""
+        x = self.self_attn_layer_norm(x + self.dropout(self.self_attn(x, pos, blocked)))
+        x = self.merge_cross(
+            x, self.dropout(self.encoder_attn(x + pos, reference_boxes, memory, spatial_shapes))
+        )
+        out = x + self.dropout(self.ffn(x))
+        if self.ffn_clamp is not None:
+            out = out.clamp(min=-self.ffn_clamp, max=self.ffn_clamp)
+        return self.final_layer_norm(out)
+
+
+class RTDETRDecoderLayer(DecoderLayerBase):
     """Post-norm decoder layer: self-attention, deformable cross-attention, FFN, each ``x = norm(x + f(x))``."""
 
     def __init__(
@@ -223,31 +285,11 @@ class RTDETRDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         activation_module = create_act(activation, optional=False)  # a wrong name fails before any weight
-        self.self_attn = QueryAttention(d_model, num_heads, dropout)
-        self.self_attn_layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.build_self_attention(d_model, num_heads, dropout, nn.LayerNorm(d_model, eps=layer_norm_eps))
         self.encoder_attn = MSDeformableAttention(d_model, num_heads, num_levels, num_points)
         self.encoder_attn_layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.fc1 = nn.Linear(d_model, dim_feedforward)
-        self.fc2 = nn.Linear(dim_feedforward, d_model)
-        self.activation = activation_module
-        self.final_layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.build_ffn(d_model, dim_feedforward, activation_module, layer_norm_eps)
         self.dropout = nn.Dropout(dropout)
-
-    def forward(
-        self,
-        x: Tensor,
-        pos: Tensor,
-        reference_boxes: Tensor,
-        memory: Tensor,
-        spatial_shapes: Sequence[tuple[int, int]],
-        blocked: Tensor | None = None,
-    ) -> Tensor:
-        """``x``, ``pos`` ``(B, N, D)``, ``reference_boxes`` ``(B, N, 4)``, ``memory`` ``(B, S, D)`` -> ``(B, N, D)``."""
-        x = self.self_attn_layer_norm(x + self.dropout(self.self_attn(x, pos, blocked)))
-        x = x + self.dropout(self.encoder_attn(x + pos, reference_boxes, memory, spatial_shapes))
-        x = self.encoder_attn_layer_norm(x)
-        ffn = self.fc2(self.dropout(self.activation(self.fc1(x))))
-        return self.final_layer_norm(x + self.dropout(ffn))
 
 
 @dataclass
