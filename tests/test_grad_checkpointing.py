@@ -73,12 +73,13 @@ COCO_SET = dict(size=96, num_train=4, num_val=2)  # the module's ``coco`` (tests
 DETR_TINY = ["--backbone", "tiny", "--hidden-dim", "32", "--num-heads", "2", "--enc-layers", "1", "--dec-layers", "1",
              "--dim-feedforward", "64", "--num-queries", "5", "--crop-resize", "", "--val-size", "64"]  # fmt: skip
 #: the blocks each family checkpoints: DETR's encoder and decoder layers; RT-DETR / D-FINE: AIFI and the
-#: decoder layers; DEIMv2: its DINOv3 blocks too
+#: decoder layers; DEIMv2 and RF-DETR: their ViT blocks too
 FAMILIES = {
     "detr": (DETR_TINY, ["transformer.encoder.layers.0", "transformer.decoder.layers.0"]),
     "rtdetr": (["--config", "rtdetr_demo_tiny"], ["encoder.aifi.0.layers.0", "decoder.layers.1"]),
     "dfine": (["--config", "dfine_demo_tiny"], ["decoder.layers.1"]),
     "deimv2": (["--config", "deimv2_demo_tiny"], ["backbone.vit.blocks.3", "decoder.layers.1"]),
+    "rfdetr": (["--config", "rfdetr_demo_tiny"], ["backbone.vit.blocks.3", "decoder.layers.1"]),
 }
 
 

@@ -19,6 +19,8 @@ from torchvision.ops import FrozenBatchNorm2d
 def cell_scores(model: nn.Module, x: Tensor) -> Tensor:
     """The query selection's score of every memory cell: ``(B, S)`` (max over classes of the encoder head)."""
     with torch.no_grad():
+        if hasattr(model, "cell_scores"):  # a family that computes them itself (RF-DETR: no encoder)
+            return model.cell_scores(x)
         memory, shapes = model.decoder.flatten_features(model.encoder(model.backbone(x)))
         _, logits, _ = model.decoder.score_cells(memory, shapes)
     return logits.max(-1).values

@@ -3,7 +3,7 @@
 Built through :func:`peg_detr.model.build_model` (the entry a run and a checkpoint use), from a
 ``model_config`` dict: when the builders' signature changes, only that call changes.  The tiny
 backbones (the tiny ResNet-vd; DEIMv2: its ``--model-size tiny``, a 4-block DINOv3 ViT) keep the
-graphs small; ``hf=True`` swaps in the smallest backbone the arch's Hugging Face export takes
+graphs small (RF-DETR: its ``--model-size tiny``, a 4-block windowed ViT); ``hf=True`` swaps in the smallest backbone the arch's Hugging Face export takes
 (DETR: ResNet-18; D-FINE: HGNetv2-B0).
 """
 
@@ -33,6 +33,8 @@ TINY: dict[str, dict[str, Any]] = {
         num_queries=20, max_num_bins=8, encoder_expansion=0.5, depth_mult=0.34, num_denoising=10,
     ),
     "deimv2": dict(**ARCHS["deimv2"].sizes["tiny"], pos_enc="sincos", num_queries=20, num_denoising=10),
+    # its --model-size tiny (a 4-block ViT of width 48, patch 8, 2 x 2 windows, 3 groups); the table: exportable
+    "rfdetr": dict(**ARCHS["rfdetr"].sizes["tiny"], pos_enc="learned"),
 }  # fmt: skip
 #: what ``hf=True`` changes: a backbone the arch's Hugging Face export takes (the tiny ones have none there)
 HF_EXPORTABLE: dict[str, dict[str, Any]] = {

@@ -99,7 +99,7 @@ class RFDETRConfig(DetectorConfig):
     vit_dim: int = option(384, hf="backbone_config.hidden_size")
     vit_depth: int = option(12, hf="backbone_config.num_hidden_layers")
     vit_heads: int = option(6, hf="backbone_config.num_attention_heads")
-    mlp_ratio: float = option(4.0, hf="backbone_config.mlp_ratio")
+    mlp_ratio: int = option(4, hf="backbone_config.mlp_ratio")
     patch_size: int = option(14, hf="backbone_config.patch_size")
     image_size: int = 518  # backbone_config.image_size (hf_rfdetr: the table's grid x patch)
     num_windows: int = option(

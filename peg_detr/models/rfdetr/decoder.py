@@ -246,6 +246,15 @@ class RFDETRDecoder(nn.Module):
             nn.init.zeros_(mlp.layers[-1].bias)
         nn.init.zeros_(self.refpoint_embed.weight)
 
+    def cell_scores(
+        self, memory: Tensor, spatial_shapes: Sequence[tuple[int, int]], group: int = 0
+    ) -> Tensor:
+        """The score ``(B, S)`` of every memory cell in group ``group``'s query selection (max over classes,
+        ``-inf`` for invalid cells): what the top-``Q`` reads."""
+        _, valid = cell_proposals(spatial_shapes, device=memory.device, dtype=memory.dtype)
+        cells = self.enc_output_norm[group](self.enc_output[group](memory * valid.to(memory.dtype)))
+        return self.enc_out_class_embed[group](cells).masked_fill(~valid, float("-inf")).max(-1).values
+
     def select(
         self, memory: Tensor, spatial_shapes: Sequence[tuple[int, int]], groups: int
     ) -> tuple[Tensor, Tensor, Tensor]:

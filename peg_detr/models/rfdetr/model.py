@@ -109,16 +109,28 @@ class RFDETR(nn.Module):
                 f"{height} x {width} px" if where is None else where,
             )
 
+    def memory(
+        self, samples: ImageBatch | Tensor | Sequence[Tensor]
+    ) -> tuple[Tensor, tuple[int, int], tuple[float, float]]:
+        """The decoder's memory ``(B, S, D)`` of ``samples``, its grid ``(h, w)`` (``S = h * w``, of the padded
+        image) and the factors ``(sx, sy)`` that map its boxes to the unpadded image."""
+        images = to_image_batch(samples).tensors
+        feat = self.projector(self.backbone(images, pad=True))  # (B, D, h, w) of the padded image
+        p = self.backbone.patch_size
+        scale = (feat.shape[-1] * p / images.shape[-1], feat.shape[-2] * p / images.shape[-2])
+        return feat.flatten(2).transpose(1, 2), (feat.shape[-2], feat.shape[-1]), scale
+
+    def cell_scores(self, samples: ImageBatch | Tensor | Sequence[Tensor]) -> Tensor:
+        """``(B, S)``: every backbone cell's score in the (eval) query selection, which takes the top ``num_queries``."""
+        memory, shape, _ = self.memory(samples)
+        return self.decoder.cell_scores(memory, [shape])
+
     def forward(
         self, samples: ImageBatch | Tensor | Sequence[Tensor], targets: list[dict[str, Any]] | None = None
     ) -> dict[str, Any]:
-        images = to_image_batch(samples).tensors
-        feat = self.projector(self.backbone(images, pad=True))  # (B, D, h, w) of the padded image
-        shapes = [(feat.shape[-2], feat.shape[-1])]
-        dec = self.decoder(feat.flatten(2).transpose(1, 2), shapes)
+        memory, shape, (sx, sy) = self.memory(samples)
+        dec = self.decoder(memory, [shape])
         # boxes of the padded image -> of the image (a factor 1 at multiples of the windows' size)
-        p = self.backbone.patch_size
-        sx, sy = feat.shape[-1] * p / images.shape[-1], feat.shape[-2] * p / images.shape[-2]
         logits, boxes = _full_precision(dec.logits), _full_precision(_unpad(dec.boxes, sx, sy))
         out: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
         if self.training:
