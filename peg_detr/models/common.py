@@ -17,6 +17,8 @@ from peg_core.dist import get_world_size, reduce_sum
 from ..structures import ImageBatch, pad_images
 
 __all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "box_normaliser",
     "check_targets",
     "device_indices",
@@ -24,6 +26,10 @@ __all__ = [
     "num_boxes_of",
     "to_image_batch",
 ]
+
+#: ImageNet's mean / std: the input standardisation of the ViT backbones that standardise inside (RF-DETR's)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def to_image_batch(samples: ImageBatch | Tensor | Sequence[Tensor]) -> ImageBatch:

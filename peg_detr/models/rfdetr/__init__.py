@@ -50,7 +50,14 @@ from .criterion import (
     group_num_boxes,
     iou_aware_bce_loss,
 )
-from .decoder import RFDETRDecoder, RFDETRDecoderLayer, box_sine_embedding, cell_proposals, refine_boxes
+from .decoder import (
+    RFDETRDecoder,
+    RFDETRDecoderLayer,
+    RFDETRLayerSpec,
+    box_sine_embedding,
+    cell_proposals,
+    refine_boxes,
+)
 from .model import RFDETR
 
 __all__ = [
@@ -63,6 +70,7 @@ __all__ = [
     "RFDETRCriterion",
     "RFDETRDecoder",
     "RFDETRDecoderLayer",
+    "RFDETRLayerSpec",
     "ScaleProjector",
     "WindowedViTBackbone",
     "box_sine_embedding",

@@ -63,6 +63,7 @@ from peg_core.errors import InputError
 from peg_core.models.cpvt import CPVT
 from peg_core.registry import EncodingSupport, parse_pos_enc
 
+from ..common import IMAGENET_MEAN, IMAGENET_STD  # RF-DETR's input standardisation (RfDetrImageProcessor's)
 from ..layers import create_act
 
 __all__ = [
@@ -80,9 +81,6 @@ __all__ = [
     "window_token_order",
 ]
 
-#: the mean / std RF-DETR standardises its input with (``RfDetrImageProcessor``: ImageNet's)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 #: What the windowed ViT builds from a ``pos_enc``: a table added once at the input, a conditional
 #: encoding (PEG) after chosen blocks, a rotary encoding and an attention bias of every block, at

@@ -16,7 +16,7 @@ from ..rtdetr.postprocess import RTDETRPostProcess
 from .backbone import ScaleProjector, build_windowed_vit
 from .config import RFDETR_BACKBONES, RFDETR_SIZES, RFDETRConfig
 from .criterion import RFDETRCriterion, build_rfdetr_weight_dict
-from .decoder import RFDETRDecoder
+from .decoder import RFDETRDecoder, RFDETRLayerSpec
 from .model import RFDETR
 
 __all__ = ["RFDETR_BACKBONES", "RFDETR_SIZES", "RFDETRConfig", "build_rfdetr", "rfdetr_training_parts"]
@@ -37,12 +37,12 @@ def build_rfdetr(
         vit.out_channels, cfg.hidden_dim, num_blocks=cfg.projector_blocks, expansion=cfg.projector_expansion,
         act=cfg.projector_act, eps=cfg.layer_norm_eps,
     )  # fmt: skip
-    decoder = RFDETRDecoder(
-        cfg.hidden_dim, cfg.num_classes, num_queries=cfg.num_queries, group_detr=cfg.group_detr,
-        num_layers=cfg.dec_layers, self_heads=cfg.num_heads, cross_heads=cfg.cross_heads,
-        dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
-        activation=cfg.decoder_activation, num_points=cfg.num_points,
+    layer = RFDETRLayerSpec(
+        cfg.num_heads, cfg.cross_heads, cfg.dim_feedforward, cfg.dropout, cfg.attention_dropout,
+        cfg.decoder_activation, cfg.num_points,
     )  # fmt: skip
+    decoder = RFDETRDecoder(cfg.hidden_dim, cfg.num_classes, num_queries=cfg.num_queries, group_detr=cfg.group_detr,
+                            num_layers=cfg.dec_layers, layer=layer)  # fmt: skip
     model = RFDETR(vit, projector, decoder, aux_loss=cfg.aux_loss)
     model.build_config = cfg.to_dict()
     return model, *rfdetr_training_parts(model, cfg.cls_loss_coef, cfg.bbox_loss_coef, cfg.giou_loss_coef)

@@ -46,9 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_convert
 
-from peg_core.engine.distributed import get_world_size, reduce_sum
-
-from ..common import device_indices
+from ..common import box_normaliser, device_indices
 from ..dfine.criterion import paired_giou
 from ..matcher import HungarianMatcher
 from ..rtdetr.criterion import RTDETRCriterion, build_rtdetr_weight_dict, paired_iou
@@ -117,8 +115,7 @@ def group_num_boxes(
     """
     if num_boxes is not None:
         return num_boxes * groups
-    count = torch.full((), float(groups * sum(len(t["labels"]) for t in targets)), device=device)
-    return torch.clamp(reduce_sum(count) / get_world_size(), min=1)
+    return box_normaliser(groups * sum(len(t["labels"]) for t in targets), device)
 
 
 def group_detr_matches(

@@ -50,6 +50,7 @@ __all__ = [
     "RFDETRDecoder",
     "RFDETRDecoderLayer",
     "RFDETRDecoderOutput",
+    "RFDETRLayerSpec",
     "box_sine_embedding",
     "cell_proposals",
     "refine_boxes",
@@ -101,6 +102,29 @@ def cell_proposals(
     return proposals * valid, valid
 
 
+@dataclass(frozen=True)
+class RFDETRLayerSpec:
+    """The decoder layers' settings (transformers' ``decoder_*`` fields), one value for every layer.
+
+    Attributes:
+        self_heads, cross_heads: self- and deformable cross-attention heads (RF-DETR: 8, 16).
+        dim_feedforward, dropout, activation: the FFN (and the dropout after each sub-layer).
+        attention_dropout: on the self-attention probabilities (transformers: 0).
+        num_points, num_levels: deformable sampling points per head and level; memory levels (1: P4).
+        layer_norm_eps: the post-norms'.
+    """
+
+    self_heads: int = 8
+    cross_heads: int = 16
+    dim_feedforward: int = 2048
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    activation: str = "relu"
+    num_points: int = 4
+    num_levels: int = 1
+    layer_norm_eps: float = 1e-5
+
+
 class RFDETRDecoderLayer(RTDETRDecoderLayer):
     """RT-DETR's post-norm layer with Group DETR self-attention and its own cross-attention head count.
 
@@ -108,24 +132,15 @@ class RFDETRDecoderLayer(RTDETRDecoderLayer):
     = G > 1`` the self-attention runs on ``(B*G, Q, D)`` (each group attends to itself only).
     """
 
-    def __init__(
-        self,
-        d_model: int = 256,
-        self_heads: int = 8,
-        cross_heads: int = 16,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.0,
-        attention_dropout: float = 0.0,
-        activation: str = "relu",
-        num_levels: int = 1,
-        num_points: int = 4,
-        layer_norm_eps: float = 1e-5,
-    ) -> None:
-        super().__init__(d_model, self_heads, dim_feedforward, dropout, activation, num_levels, num_points,
-                         layer_norm_eps)  # fmt: skip
-        self.self_attn.dropout = attention_dropout  # the attention probabilities' (transformers: 0)
-        if cross_heads != self_heads:
-            self.encoder_attn = MSDeformableAttention(d_model, cross_heads, num_levels, num_points)
+    def __init__(self, d_model: int = 256, spec: RFDETRLayerSpec | None = None) -> None:
+        spec = spec or RFDETRLayerSpec()
+        super().__init__(d_model, spec.self_heads, spec.dim_feedforward, spec.dropout, spec.activation,
+                         spec.num_levels, spec.num_points, spec.layer_norm_eps)  # fmt: skip
+        self.self_attn.dropout = spec.attention_dropout  # the attention probabilities' (transformers: 0)
+        if spec.cross_heads != spec.self_heads:
+            self.encoder_attn = MSDeformableAttention(
+                d_model, spec.cross_heads, spec.num_levels, spec.num_points
+            )
 
     def forward(  # type: ignore[override]
         self,
@@ -178,9 +193,8 @@ class RFDETRDecoder(nn.Module):
         num_classes: sigmoid classes ``C``.
         num_queries: ``Q`` per group (at most the cells of the smallest input).
         group_detr: ``G``, groups in training.
-        num_layers, self_heads, cross_heads, dim_feedforward, dropout, attention_dropout,
-            activation, num_points: the layers' (transformers' ``decoder_*``).
-        num_levels: memory levels (1: the P4 projector).
+        num_layers: decoder layers.
+        layer: the layers' settings (:class:`RFDETRLayerSpec`; default RF-DETR's).
     """
 
     def __init__(
@@ -191,14 +205,7 @@ class RFDETRDecoder(nn.Module):
         num_queries: int = 300,
         group_detr: int = 13,
         num_layers: int = 3,
-        self_heads: int = 8,
-        cross_heads: int = 16,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.0,
-        attention_dropout: float = 0.0,
-        activation: str = "relu",
-        num_points: int = 4,
-        num_levels: int = 1,
+        layer: RFDETRLayerSpec | None = None,
     ) -> None:
         super().__init__()
         if group_detr < 1:
@@ -210,20 +217,7 @@ class RFDETRDecoder(nn.Module):
             num_queries,
             group_detr,
         )
-        self.layers = nn.ModuleList(
-            RFDETRDecoderLayer(
-                d,
-                self_heads,
-                cross_heads,
-                dim_feedforward,
-                dropout,
-                attention_dropout,
-                activation,
-                num_levels,
-                num_points,
-            )
-            for _ in range(num_layers)
-        )
+        self.layers = nn.ModuleList(RFDETRDecoderLayer(d, layer) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d)
         self.ref_point_head = MLP(2 * d, d, d, 2)
         self.query_feat = nn.Embedding(group_detr * num_queries, d)
