@@ -22,8 +22,8 @@ Published COCO val2017 box AP the reproductions compare to:
   rf-detr's ``TrainConfig`` (roboflow/rf-detr ``rfdetr/config.py``): AdamW lr 1e-4, ViT 1.5e-4,
   weight decay 1e-4, batch 4 x gradient accumulation 4, EMA 0.993 (tau 100), 13 Group DETR groups,
   100 epochs at a constant lr, rf-detr's expanded multi-scale sides (multiples of patch x windows
-  around the resolution) -> N **48.4**, S **53.0**, M **54.7**, base **53.3** COCO AP (roboflow/rf-detr
-  README; L: AP50 75.1 only).  Not reproduced: the ViT's layer-wise lr decay (0.8) and the
+  around the resolution) -> N **48.4**, S **53.0**, M **54.7**, L **56.5**, base **53.3** COCO AP
+  (roboflow/rf-detr README and its documentation's model table, rfdetr.roboflow.com).  Not reproduced: the ViT's layer-wise lr decay (0.8) and the
   decoder's lr factor (0.7).  ``rfdetr_demo_tiny``: the tiny size on the synthetic shapes, a minute on a CPU.
 
 The RT-DETR recipes train ``--labels contiguous`` (label k = the k-th category by id, 80 for COCO),
@@ -420,8 +420,8 @@ DEFAULTS: dict[str, Any] = {
     "pos_enc": "peg", "num_queries": 100, "labels": "ids",
 }  # fmt: skip
 
-#: RF-DETR's published COCO val2017 numbers (roboflow/rf-detr README; L: its AP50 only)
-_RFDETR_AP = {"n": "48.4 COCO AP", "s": "53.0 COCO AP", "m": "54.7 COCO AP", "l": "75.1 COCO AP50",
+#: RF-DETR's published COCO val2017 AP50:95 (roboflow/rf-detr README; L: rfdetr.roboflow.com's model table)
+_RFDETR_AP = {"n": "48.4 COCO AP", "s": "53.0 COCO AP", "m": "54.7 COCO AP", "l": "56.5 COCO AP",
               "base": "53.3 COCO AP"}  # fmt: skip
 
 #: one line per recipe for ``python -m peg_detr configs``
@@ -475,8 +475,11 @@ PUBLISHED_AP: dict[str, float] = {
     **dict(zip((f"dfine_{s}" for s in "nsmlx"), (42.8, 48.5, 52.3, 54.0, 55.8))),
     # ShihuaHuang95/DEIM README
     **dict(zip((f"deim_dfine_{s}" for s in "nsmlx"), (43.0, 49.0, 52.7, 54.7, 56.5))),
-    # roboflow/rf-detr README (COCO val2017 AP50:95; L publishes AP50 only)
-    **{f"rfdetr_{s}_coco": ap for s, ap in (("n", 48.4), ("s", 53.0), ("m", 54.7), ("base", 53.3))},
+    # roboflow/rf-detr README and documentation (COCO val2017 AP50:95)
+    **{
+        f"rfdetr_{s}_coco": ap
+        for s, ap in (("n", 48.4), ("s", 53.0), ("m", 54.7), ("l", 56.5), ("base", 53.3))
+    },
     # Intellindust-AI-Lab/DEIMv2 README
     "deimv2_s": 50.9,
     **dict(
@@ -491,6 +494,8 @@ PUBLISHED_AP: dict[str, float] = {
 _DETR = "DETR (DetrConfig, timm ResNet backbone: peg_detr.from_hf)"
 _RTDETR = "RT-DETR (RTDetrConfig, RTDetrResNet-vd backbone: peg_detr.from_hf)"
 _RT_SOURCE = "lyuwenyu/RT-DETR README, COCO val2017 at 640x640, 72 epochs"
+_RFDETR = "RF-DETR (RfDetrConfig, windowed DINOv2 backbone: peg_detr.from_hf)"
+_RF_SOURCE = "roboflow/rf-detr README / rfdetr.roboflow.com, COCO val2017 at the size's resolution"
 
 
 def _run(init: str, recipe: str, out: str) -> str:
@@ -507,4 +512,7 @@ PUBLIC_MODELS: tuple[PublicModel, ...] = (
                 _run("PekingU/rtdetr_r18vd", "rtdetr_r18vd_6x_peg", "rtdetr_r18vd_peg")),
     PublicModel(_RTDETR, "PekingU/rtdetr_r50vd", f"{PUBLISHED_AP['rtdetr_r50vd_6x']} COCO AP", _RT_SOURCE,
                 _run("PekingU/rtdetr_r50vd", "rtdetr_r50vd_6x_peg", "rtdetr_r50vd_peg")),
+    *(PublicModel(_RFDETR, f"Roboflow/rf-detr-{name}", f"{PUBLISHED_AP[f'rfdetr_{size}_coco']} COCO AP", _RF_SOURCE,
+                  _run(f"Roboflow/rf-detr-{name}", f"rfdetr_{size}_coco_peg", f"rfdetr_{size}_peg"))
+      for size, name in (("n", "nano"), ("s", "small"), ("l", "large"), ("base", "base"))),
 )  # fmt: skip

@@ -18,7 +18,7 @@ from peg_detr import from_hf
 from peg_detr.__main__ import main as cli
 from peg_detr.cli import parse_train_args
 from peg_detr.cli import train as train_main
-from peg_detr.configs import DESCRIPTIONS, PUBLISHED_AP
+from peg_detr.configs import DESCRIPTIONS, PUBLIC_MODELS, PUBLISHED_AP
 from peg_detr.model import load_model, model_config_from_args
 from peg_detr.models.rfdetr import RFDETR, RFDETR_SIZES, RFDETRConfig
 from tests.detr.tiny import tiny_model
@@ -30,9 +30,10 @@ COCO_SET = dict(size=96)  # the module's ``data`` (tests/conftest.py)
 
 
 def test_recipes_name_the_published_sizes_and_their_numbers():
-    for size, ap in (("n", 48.4), ("s", 53.0), ("m", 54.7), ("base", 53.3)):
+    for size, ap in (("n", 48.4), ("s", 53.0), ("m", 54.7), ("l", 56.5), ("base", 53.3)):
         assert PUBLISHED_AP[f"rfdetr_{size}_coco"] == ap and str(ap) in DESCRIPTIONS[f"rfdetr_{size}_coco"]
-    assert "75.1 COCO AP50" in DESCRIPTIONS["rfdetr_l_coco"]
+    rows = [m for m in PUBLIC_MODELS if m.id.startswith("Roboflow/rf-detr-")]
+    assert {m.id: m.accuracy for m in rows}["Roboflow/rf-detr-nano"] == "48.4 COCO AP" and len(rows) == 4
     for size, side in (("n", 384), ("s", 512), ("m", 576), ("l", 704), ("base", 560)):
         args = parse_train_args(["--config", f"rfdetr_{size}_coco", "--data-root", "x"])
         assert (args.arch, args.model_size, args.val_size, args.lr, args.lr_backbone) == (

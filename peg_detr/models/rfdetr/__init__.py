@@ -14,14 +14,14 @@ proposals, equal to transformers' ``LwDetrForObjectDetectionLoss``) and ``build`
 
 Published sizes (facts for the recipes; COCO val2017 AP as the authors report it, T4 TensorRT FP16).
 Sources: the roboflow/rf-detr README (its detection table at commit 021f7136 for N / S / M; the
-earlier README's table for base; a later README adds L with COCO AP50 75.1, whose AP50:95 is not
-recorded here) and rf-detr's ``config.py`` (resolution, patch, windows, decoder layers, table)::
+earlier README's table for base) and rf-detr's documentation (rfdetr.roboflow.com, "Run an RF-DETR
+Object Detection Model": L's 56.5 / 75.1 and 33.9 M) and rf-detr's ``config.py`` (resolution, patch, windows, decoder layers, table)::
 
     size   resolution  patch  windows  table   dec. layers  params   COCO AP50:95  AP50
     N      384         16     2        24x24   2            30.5 M   48.4          67.6
     S      512         16     2        32x32   3            32.1 M   53.0          72.1
     M      576         16     2        36x36   4            33.7 M   54.7          73.6
-    L      704         16     2        44x44   4            -        -             75.1
+    L      704         16     2        44x44   4            33.9 M   56.5          75.1
     base   560         14     4        37x37   3            29.0 M   53.3          -
 
 All: a DINOv2-S ViT (384 wide, 12 blocks, 6 heads), ``hidden_dim`` 256, 8 / 16 self- / cross-attention
