@@ -191,6 +191,9 @@ def test_named_configs():
         "deim_dfine_n": 43.0, "deim_dfine_s": 49.0, "deim_dfine_m": 52.7, "deim_dfine_l": 54.7, "deim_dfine_x": 56.5,
         "deimv2_s": 50.9, "deimv2_atto": 23.8, "deimv2_femto": 31.0, "deimv2_pico": 38.5, "deimv2_n": 43.0,
         "deimv2_m": 53.0, "deimv2_l": 56.0,
+        # roboflow/rf-detr's README (N / S / M / base) and rfdetr.roboflow.com's model table (L)
+        "rfdetr_n_coco": 48.4, "rfdetr_s_coco": 53.0, "rfdetr_m_coco": 54.7, "rfdetr_l_coco": 56.5,
+        "rfdetr_base_coco": 53.3,
     }  # fmt: skip
     assert set(PUBLISHED_AP) < set(CONFIGS) and "demo_tiny" in CONFIGS
     assert per_process_batch(b, 8) == 8
