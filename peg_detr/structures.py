@@ -7,7 +7,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["ImageBatch", "pad_images", "targets_to", "to_float"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ImageBatch", "pad_images", "targets_to", "to_float"]
+
+#: ImageNet's per-channel mean / std (RGB, in [0, 1]): the standardisation of every detector's input,
+#: whether the data pipeline applies it (DETR, RT-DETR, D-FINE) or the backbone does (the ViTs of
+#: DEIMv2 and RF-DETR), and of the ``preprocessor_config.json`` export-hf writes
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class ImageBatch(NamedTuple):

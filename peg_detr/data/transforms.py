@@ -29,7 +29,7 @@ from torchvision.transforms.v2 import functional as F
 
 from peg_core.engine import sample_seed
 
-from ..structures import ImageBatch, pad_images
+from ..structures import IMAGENET_MEAN, IMAGENET_STD, ImageBatch, pad_images
 
 __all__ = [
     "DETR_CROP_RESIZE",
@@ -51,8 +51,6 @@ __all__ = [
     "to_detr_target",
 ]
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 DETR_SCALES: tuple[int, ...] = tuple(range(480, 801, 32))  # 480, 512, ..., 800
 DETR_MAX_SIZE = 1333
 DETR_CROP_RESIZE: tuple[int, ...] = (400, 500, 600)
@@ -207,7 +205,9 @@ def make_rtdetr_train_transforms(
     )
 
 
-def make_rfdetr_train_transforms(size: int = RTDETR_SIZE, hflip: float = 0.5, *, strong: bool = True) -> v2.Compose:
+def make_rfdetr_train_transforms(
+    size: int = RTDETR_SIZE, hflip: float = 0.5, *, strong: bool = True
+) -> v2.Compose:
     """RF-DETR's training augmentation (rf-detr's ``make_coco_transforms_square_div_64``), ending in a
     ``size`` x ``size`` image in ``[0, 1]``: a horizontal flip, then one of a square resize or DETR's
     resize-crop (short side 400 / 500 / 600, a random 384..600 px crop) before it.

@@ -33,6 +33,8 @@ from typing import Any
 
 from peg_core.interop.hf_folder import read_json_object
 
+from ..structures import IMAGENET_MEAN, IMAGENET_STD
+
 __all__ = [
     "DETR_EVAL_SIZE",
     "DETR_MAX_SIDE_RATIO",
@@ -50,8 +52,6 @@ __all__ = [
 
 #: the file transformers reads an image processor from
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 #: DETR's long-side cap for a short side (800 -> 1333), as peg_detr's evaluation scales it
 DETR_MAX_SIDE_RATIO = 1333 / 800
 #: the sides an export writes when the run recorded none (DETR's short side, the RT-DETR family's square)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from peg_core.dist import get_world_size, reduce_sum
 
-from ..structures import ImageBatch, pad_images
+from ..structures import IMAGENET_MEAN, IMAGENET_STD, ImageBatch, pad_images
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -26,10 +26,6 @@ __all__ = [
     "num_boxes_of",
     "to_image_batch",
 ]
-
-#: ImageNet's mean / std: the input standardisation of the ViT backbones that standardise inside (RF-DETR's)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def to_image_batch(samples: ImageBatch | Tensor | Sequence[Tensor]) -> ImageBatch:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from peg_core.models.cpvt import CPVT
 
+from ...structures import IMAGENET_MEAN, IMAGENET_STD
 from ..rtdetr.encoder import ConvNormLayer
 
 __all__ = [
@@ -41,9 +42,6 @@ __all__ = [
     "build_dinov3_sta",
 ]
 
-#: the mean / std DEIMv2's DINOv3 sizes standardise their input with (its dataloader's Normalize)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 #: DEIMv2's ViTs: CPVT's shape keywords (``embed_dim``, ``depth``, ``num_heads``, ``mlp_ratio``,
 #: ``num_reg_tokens``, ``norm_eps``) and the backbone's defaults (``layer_scale``: the blocks' layer-scale
