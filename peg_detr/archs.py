@@ -76,8 +76,9 @@ class Arch:
         from_hf_config: ``(config, pos_enc, **encoder_options) -> model`` for a resumed
             ``--init FOLDER`` run, whose ``model_config`` holds the folder's config.json; None when
             the arch starts from a folder through the official checkpoint loader instead (DETR).
-        postprocess: ``model -> postprocessor`` of a model not built by ``build`` (a Hugging Face
-            folder's, for inference).
+        postprocessor: ``model -> postprocessor`` of a model not built by ``build`` (a Hugging Face
+            folder's, for inference); None: ``training_parts``'s, or DETR's :class:`PostProcess`
+            without them (:meth:`postprocess`).
         training_parts: ``model -> (criterion, postprocessor)`` of such a model, to train it; None:
             the arch's folders are read into a model ``build`` made (DETR's official loader).
         load_backbone: ``(model.backbone, source) -> LoadReport`` for ``--backbone-weights`` given
@@ -103,13 +104,21 @@ class Arch:
     eval_size: int
     hf_model_types: tuple[str, ...] = ()
     from_hf_config: Callable[..., nn.Module] | None = None
-    postprocess: Callable[[nn.Module], nn.Module] = lambda model: PostProcess()
+    postprocessor: Callable[[nn.Module], nn.Module] | None = None
     training_parts: Callable[[nn.Module], tuple[nn.Module, nn.Module]] | None = None
     load_backbone: Callable[[nn.Module, Any], Any] | None = None
     export_hf: Callable[..., Any] | None = None
     fuse: bool = False
     recipe_defaults: dict[str, Any] = field(default_factory=dict)
     train_transforms: Callable[..., Any] | None = None
+
+    def postprocess(self, model: nn.Module) -> nn.Module:
+        """The post-processor of ``model`` (one this arch's ``build`` did not make: a Hugging Face folder's)."""
+        if self.postprocessor is not None:
+            return self.postprocessor(model)
+        if self.training_parts is not None:
+            return self.training_parts(model)[1]
+        return PostProcess()
 
     @property
     def backbone(self) -> str:
@@ -216,7 +225,6 @@ register_arch(
         eval_size=RTDETR_SIZE,
         hf_model_types=("rt_detr",),
         from_hf_config=rtdetr_from_hf_config,
-        postprocess=lambda model: rtdetr_training_parts(model)[1],
         training_parts=rtdetr_training_parts,
         load_backbone=load_rtdetr_backbone,
         export_hf=_named_labels(export_hf_rtdetr),
@@ -236,7 +244,6 @@ register_arch(
         eval_size=RTDETR_SIZE,
         hf_model_types=("d_fine",),
         from_hf_config=dfine_from_hf_config,
-        postprocess=lambda model: dfine_training_parts(model)[1],
         training_parts=dfine_training_parts,
         export_hf=_named_labels(export_hf_dfine),
         fuse=True,
@@ -255,7 +262,6 @@ register_arch(
         eval_size=RTDETR_SIZE,
         hf_model_types=("deimv2",),
         from_hf_config=deimv2_from_hf_config,
-        postprocess=lambda model: deimv2_training_parts(model)[1],
         training_parts=deimv2_training_parts,
         export_hf=_named_labels(export_hf_deimv2),
         fuse=True,
@@ -274,7 +280,6 @@ register_arch(
         eval_size=560,  # the default config's (RF-DETR base's) resolution
         hf_model_types=("rf_detr",),
         from_hf_config=rfdetr_from_hf_config,
-        postprocess=lambda model: rfdetr_training_parts(model)[1],
         training_parts=rfdetr_training_parts,
         export_hf=_named_labels(export_hf_rfdetr),
         recipe_defaults=RFDETR_DEFAULTS,

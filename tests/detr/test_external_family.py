@@ -113,7 +113,6 @@ def toydet() -> Iterator[Arch]:
         Arch(
             name="toydet", title="ToyDet", family="rtdetr", build=build_toydet, config=ToyConfig,
             backbones=("toyconv",), model_cls=ToyDet, eval_size=96,
-            postprocess=lambda model: rtdetr_training_parts(model)[1],
             recipe_defaults={**recipe, "backbone": "toyconv", "pos_enc": "sincos", "num_queries": 20},
         )
     )  # fmt: skip
