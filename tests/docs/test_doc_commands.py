@@ -1,8 +1,8 @@
 """Every fenced ```bash / ```sh / ```python block of README.md and docs/*.md is executed or checked.
 
 * ``python`` blocks run for real: all blocks of one file, in order, in one
-  subprocess (the repository on ``PYTHONPATH``), each in a fresh namespace; a
-  failure names the file and the block's line.  They run in the working
+  subprocess (``python -c``, through :mod:`tests.prewarmed`; the repository on ``PYTHONPATH``), each
+  in a fresh namespace; a failure names the file and the block's line.  They run in the working
   directory where the file's own commands ran, beside what README.md's
   commands created (``runs/detr_tiny`` ...): a block reads what a documented
   command makes, never a file made for the test (:func:`test_python_blocks_read_what_commands_make`).
@@ -10,7 +10,8 @@
   dropped) are classified by :func:`classify`, then :func:`plan`:
 
   - ``run``: cheap commands run for real, in order, in one tmp working
-    directory per file (so ``make-data`` can feed a later command), after
+    directory per file, each ``python -m`` in a process of its own (forked from one that imported
+    torch and torchvision already: :mod:`tests.prewarmed`) (so ``make-data`` can feed a later command), after
     :data:`FIXTURES` created the downloads the docs refer to;
   - ``produce``: a ``train`` (not under ``torchrun``) whose ``--output-dir``
     a later ``run`` command or a ``python`` block reads runs for real too, as
@@ -47,16 +48,15 @@ import contextlib
 import os
 import re
 import shlex
-import subprocess
-import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
 import pytest
 
 from tests.detr.rtdetr_checks import tiny_rtdetr_config
+from tests.prewarmed import Prewarmed
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -432,8 +432,12 @@ def _params(lang: str) -> list:
     return out
 
 
-def run_doc_commands(path: Path, work: Path) -> None:
-    """Run (or parse) every shell command of ``path`` in order in ``work``; AssertionError on the first failure."""
+def run_doc_commands(path: Path, work: Path, python: Prewarmed) -> None:
+    """Run (or parse) every shell command of ``path`` in order in ``work``; AssertionError on the first failure.
+
+    ``python``: each ``run`` / ``produce`` command is ``python -m MODULE ARGS`` in a process of its own,
+    forked from a server that imported torch and torchvision once (:mod:`tests.prewarmed`: seconds saved
+    per command, the project's modules imported by each command as ``python -m`` does)."""
     commands = _commands(path)
     _make_fixtures(work, [a for _, argv in commands for a in argv])
     for line, argv, kind, module, args in plan(commands, _readers(path)):
@@ -446,10 +450,7 @@ def run_doc_commands(path: Path, work: Path) -> None:
             text = shlex.join(args)
             for mod, pattern, repl in SUBSTITUTIONS:
                 text = re.sub(pattern, repl, text) if mod == module else text
-            proc = subprocess.run(
-                [sys.executable, "-m", module, *shlex.split(text)],
-                cwd=work, env=_env(), capture_output=True, text=True, timeout=600,
-            )  # fmt: skip
+            proc = python.run(module, shlex.split(text), cwd=work, env=_env(), timeout=600)
             assert proc.returncode == 0, (
                 f"{_doc_id(path)}:{line}: `{shlex.join(argv)}` failed\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
             )
@@ -459,15 +460,16 @@ class DocRuns:
     """One working directory per doc file, its commands run once per session (the shell test and the
     python test of a file, and every file's python blocks beside README's runs, share it)."""
 
-    def __init__(self, factory: pytest.TempPathFactory) -> None:
+    def __init__(self, factory: pytest.TempPathFactory, python: Prewarmed) -> None:
         self.factory = factory
+        self.python = python
         self.done: dict[Path, Path | str] = {}
 
     def workdir(self, path: Path) -> Path:
         if path not in self.done:
             work = self.factory.mktemp(re.sub(r"\W+", "_", _doc_id(path)))
             try:
-                run_doc_commands(path, work)
+                run_doc_commands(path, work, self.python)
                 self.done[path] = work
             except AssertionError as e:
                 self.done[path] = str(e)
@@ -478,8 +480,15 @@ class DocRuns:
 
 
 @pytest.fixture(scope="session")
-def doc_runs(tmp_path_factory: pytest.TempPathFactory) -> DocRuns:
-    return DocRuns(tmp_path_factory)
+def prewarmed() -> Iterator[Prewarmed]:
+    python = Prewarmed(_env())
+    yield python
+    python.close()
+
+
+@pytest.fixture(scope="session")
+def doc_runs(tmp_path_factory: pytest.TempPathFactory, prewarmed: Prewarmed) -> DocRuns:
+    return DocRuns(tmp_path_factory, prewarmed)
 
 
 # ---------------------------------------------------------------------------------------------- tests
@@ -562,7 +571,7 @@ def _link_missing(src: Path, dst: Path) -> None:
 
 
 @pytest.mark.parametrize("path", _params("python"))
-def test_python_blocks(path: Path, doc_runs: DocRuns) -> None:
+def test_python_blocks(path: Path, doc_runs: DocRuns, prewarmed: Prewarmed) -> None:
     """The file's blocks, in the directory where its commands ran, beside what README's commands made."""
     code = _python_code(path)
     work = doc_runs.workdir(path)
@@ -570,9 +579,7 @@ def test_python_blocks(path: Path, doc_runs: DocRuns) -> None:
         _link_missing(doc_runs.workdir(README), work)
     _make_fixtures(work, [src for _, src in code])  # e.g. the Hugging Face folder a block loads
     runner = _RUNNER.format(blocks=code, doc=_doc_id(path))
-    proc = subprocess.run(
-        [sys.executable, "-c", runner], cwd=work, env=_env(), capture_output=True, text=True, timeout=300
-    )
+    proc = prewarmed.run(None, [], cwd=work, env=_env(), timeout=300, code=runner)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
