@@ -213,6 +213,33 @@ def test_size_the_windows_do_not_divide_is_padded_by_the_model_and_refused_by_th
     assert err.value.where == "--val-size 8"
 
 
+def test_no_proposal_lands_in_the_padding(hf_folder) -> None:
+    """49 x 49 px is padded to 56 x 56 (a 14 x 14 grid, 13 x 13 cells of the image): without the image-cell
+    mask the selection picks padding cells for 3 of these 4 images; with it no group's query starts there."""
+    _, folder = hf_folder
+    model, _ = rfdetr_from_hf(folder)
+    torch.manual_seed(1)
+    x = torch.rand(4, 3, 49, 49)
+    with torch.no_grad():
+        memory, grid, _, cells = model.memory(x)
+        unmasked = model.decoder.cell_scores(memory, [grid])  # the box-validity rule alone
+        masked = model.cell_scores(x)
+    padding = ~cells[0, :, 0]
+    assert grid == (14, 14) and int(padding.sum()) == 27
+    assert padding[unmasked.topk(10).indices].any()  # the padding would be chosen
+    assert not padding[masked.topk(10).indices].any()
+    # training: every Group DETR group's proposals (box deltas zeroed: a chosen box is its cell's proposal)
+    model.train()
+    for head in model.decoder.enc_out_bbox_embed:
+        torch.nn.init.zeros_(head.layers[-1].weight), torch.nn.init.zeros_(head.layers[-1].bias)
+    with torch.no_grad():
+        boxes, _, _ = model.decoder.select(memory, [grid], 3, cells)  # (4, 3 * 10, 4) of the padded grid
+    col, row = (boxes[..., 0] * grid[1] - 0.5).round().long(), (boxes[..., 1] * grid[0] - 0.5).round().long()
+    assert boxes.shape == (4, 30, 4) and not padding.view(grid)[row, col].any()
+    # at a multiple of patch x windows every cell is the image's (transformers' selection, unchanged)
+    assert model.memory(torch.rand(1, 3, *NATIVE))[3].all()
+
+
 def test_window_partition_is_inverted_exactly() -> None:
     tokens = torch.randn(2, 1 + 6 * 10, 3)
     windows = to_windows(tokens, (6, 10), 2)

@@ -58,7 +58,7 @@ from .decoder import (
     cell_proposals,
     refine_boxes,
 )
-from .model import RFDETR
+from .model import RFDETR, image_cells
 
 __all__ = [
     "RFDETR",
@@ -81,6 +81,7 @@ __all__ = [
     "from_windows",
     "group_detr_matches",
     "group_num_boxes",
+    "image_cells",
     "iou_aware_bce_loss",
     "normalize_pos_enc",
     "refine_boxes",

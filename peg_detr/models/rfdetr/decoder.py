@@ -5,7 +5,9 @@ and (LW-DETR / RF-DETR, as transformers' ``RfDetrModel`` computes it):
 
 1. **Proposals.**  One box per memory cell, ``cx = (x + 0.5) / w``, ``cy = (y + 0.5) / h``,
    ``w = h = 0.05`` (cxcywh, not logits); a cell whose box leaves ``(0.01, 0.99)`` is invalid
-   (memory and box zeroed, score ``-inf``).
+   (memory and box zeroed, score ``-inf``), and so is a cell the caller's ``cell_mask`` marks as
+   padding (:class:`~peg_detr.models.rfdetr.RFDETR` pads sides that are no multiple of the
+   windows; transformers invalidates padded cells through its pixel mask the same way).
 2. **Two-stage selection, per group.**  Group ``g`` has its own ``enc_output[g]`` (Linear +
    LayerNorm ``enc_output_norm[g]``), score head ``enc_out_class_embed[g]`` and box head
    ``enc_out_bbox_embed[g]``; its ``Q`` best cells (max class logit) give ``Q`` boxes
@@ -84,11 +86,13 @@ def cell_proposals(
     *,
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    cell_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One cxcywh box per cell of each level (``wh = 0.05 * 2**level``) and its validity.
 
     Returns ``proposals`` ``(1, S, 4)`` (zero where invalid) and ``valid`` ``(1, S, 1)`` bool: every
-    coordinate inside ``(0.01, 0.99)``.  Built for the sizes of this call (any input size).
+    coordinate inside ``(0.01, 0.99)`` and, when given, ``cell_mask`` ``(1, S, 1)`` bool true (a
+    cell of the image, not of its padding).  Built for the sizes of this call (any input size).
     """
     levels = []
     for level, (h, w) in enumerate(spatial_shapes):
@@ -99,6 +103,8 @@ def cell_proposals(
         levels.append(torch.stack([cx, cy, wh, wh], dim=-1).reshape(-1, 4))
     proposals = torch.cat(levels).unsqueeze(0)
     valid = ((proposals > 0.01) & (proposals < 0.99)).all(-1, keepdim=True)
+    if cell_mask is not None:
+        valid = valid & cell_mask
     return proposals * valid, valid
 
 
@@ -241,26 +247,38 @@ class RFDETRDecoder(nn.Module):
         nn.init.zeros_(self.refpoint_embed.weight)
 
     def cell_scores(
-        self, memory: Tensor, spatial_shapes: Sequence[tuple[int, int]], group: int = 0
+        self,
+        memory: Tensor,
+        spatial_shapes: Sequence[tuple[int, int]],
+        group: int = 0,
+        cell_mask: Tensor | None = None,
     ) -> Tensor:
         """The score ``(B, S)`` of every memory cell in group ``group``'s query selection (max over classes,
-        ``-inf`` for invalid cells): what the top-``Q`` reads."""
-        _, valid = cell_proposals(spatial_shapes, device=memory.device, dtype=memory.dtype)
+        ``-inf`` for invalid cells, ``cell_mask`` as in :meth:`forward`): what the top-``Q`` reads."""
+        _, valid = cell_proposals(
+            spatial_shapes, device=memory.device, dtype=memory.dtype, cell_mask=cell_mask
+        )
         cells = self.enc_output_norm[group](self.enc_output[group](memory * valid.to(memory.dtype)))
         return self.enc_out_class_embed[group](cells).masked_fill(~valid, float("-inf")).max(-1).values
 
     def select(
-        self, memory: Tensor, spatial_shapes: Sequence[tuple[int, int]], groups: int
+        self,
+        memory: Tensor,
+        spatial_shapes: Sequence[tuple[int, int]],
+        groups: int,
+        cell_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Two-stage selection for ``groups`` groups: ``(boxes (B, G*Q, 4) detached, enc_logits, enc_boxes)``."""
-        proposals, valid = cell_proposals(spatial_shapes, device=memory.device, dtype=memory.dtype)
+        proposals, valid = cell_proposals(
+            spatial_shapes, device=memory.device, dtype=memory.dtype, cell_mask=cell_mask
+        )
         memory = memory * valid.to(memory.dtype)
+        proposals = proposals.expand(memory.shape[0], -1, -1)  # (B, S, 4)
         q = self.num_queries
         boxes, enc_logits, enc_boxes = [], [], []
         for g in range(groups):
             cells = self.enc_output_norm[g](self.enc_output[g](memory))  # (B, S, D)
             scores = self.enc_out_class_embed[g](cells).masked_fill(~valid, float("-inf"))
-            cell_boxes = refine_boxes(proposals, self.enc_out_bbox_embed[g](cells))
             # With untrained heads, near-equal scores make the order float-rounding dependent;
             # trained models (and random weights that are not all-equal) separate them.
             index = scores.max(-1).values.topk(q, dim=1).indices  # (B, Q)
@@ -268,20 +286,29 @@ class RFDETRDecoder(nn.Module):
             def take(t: Tensor, index: Tensor = index) -> Tensor:
                 return t.gather(1, index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
 
-            chosen = take(cell_boxes)
+            # the heads on the Q chosen cells only (per-cell heads: the same values as on all S
+            # cells, then gathered, at Q / S of the cost, forward and backward: 13 groups in training)
+            chosen_cells = take(cells)
+            chosen = refine_boxes(take(proposals), self.enc_out_bbox_embed[g](chosen_cells))
             boxes.append(chosen.detach())
             enc_boxes.append(chosen)
             # the head on the chosen cells (not the gathered masked scores): finite even for a
             # chosen invalid cell, as transformers computes it
-            enc_logits.append(self.enc_out_class_embed[g](take(cells)))
+            enc_logits.append(self.enc_out_class_embed[g](chosen_cells))
         return torch.cat(boxes, 1), torch.cat(enc_logits, 1), torch.cat(enc_boxes, 1)
 
-    def forward(self, memory: Tensor, spatial_shapes: Sequence[tuple[int, int]]) -> RFDETRDecoderOutput:
-        """``memory`` ``(B, S, D)`` (the projector's map flattened row-major), ``spatial_shapes`` ``[(h, w)]``."""
+    def forward(
+        self, memory: Tensor, spatial_shapes: Sequence[tuple[int, int]], cell_mask: Tensor | None = None
+    ) -> RFDETRDecoderOutput:
+        """``memory`` ``(B, S, D)`` (the projector's map flattened row-major), ``spatial_shapes`` ``[(h, w)]``.
+
+        ``cell_mask`` ``(1, S, 1)`` bool (None: every cell): the cells of the image; the others (its
+        padding) are never chosen as proposals while ``Q`` image cells are valid.
+        """
         groups = self.group_detr if self.training else 1
         n = groups * self.num_queries
         b = memory.shape[0]
-        selected, enc_logits, enc_boxes = self.select(memory, spatial_shapes, groups)
+        selected, enc_logits, enc_boxes = self.select(memory, spatial_shapes, groups, cell_mask)
         ref = refine_boxes(selected, self.refpoint_embed.weight[:n].unsqueeze(0))  # (B, N, 4)
         x = self.query_feat.weight[:n].unsqueeze(0).expand(b, -1, -1)
         pos = self.ref_point_head(box_sine_embedding(ref, self.d_model // 2))

@@ -17,7 +17,7 @@ from ..common import to_image_batch
 from .backbone import ScaleProjector, WindowedViTBackbone
 from .decoder import RFDETRDecoder
 
-__all__ = ["RFDETR"]
+__all__ = ["RFDETR", "image_cells"]
 
 
 def _full_precision(x: Tensor) -> Tensor:
@@ -29,6 +29,19 @@ def _unpad(boxes: Tensor, sx: float, sy: float) -> Tensor:
     """cxcywh ``(..., 4)`` normalised by the padded image -> by the image (``x * sx``, ``y * sy``; exact at 1)."""
     cx, cy, w, h = boxes.unbind(-1)
     return torch.stack([cx * sx, cy * sy, w * sx, h * sy], dim=-1)
+
+
+def image_cells(grid: tuple[int, int], height: int, width: int, patch: int, device: torch.device) -> Tensor:
+    """``(1, h*w, 1)`` bool, row-major over the padded ``grid`` ``(h, w)``: true where a cell starts inside
+    the ``height`` x ``width`` image (its first pixel is the image's), false for cells of the padding.
+
+    A cell partly over the image counts as the image's (transformers' pixel mask, resized to the
+    feature map by nearest neighbour, reads each cell's first pixel the same way).
+    """
+    h, w = grid
+    rows = torch.arange(h, device=device) * patch < height
+    cols = torch.arange(w, device=device) * patch < width
+    return (rows[:, None] & cols[None, :]).reshape(1, h * w, 1)
 
 
 def _heads(logits: Tensor, boxes: Tensor) -> list[dict[str, Tensor]]:
@@ -59,8 +72,10 @@ class RFDETR(nn.Module):
     ``m = patch_size * num_windows`` is padded at the bottom / right to the next multiple (with the
     mean colour, zero after standardisation, as transformers' processor pads) and the boxes are
     mapped back to the unpadded image (``cx * W' / W``...; a box may reach past 1 into the padding).
-    At multiples of ``m`` (every published size's resolution) nothing is padded and the outputs are
-    transformers'.  :meth:`check_input_size` refuses only inputs with fewer cells than queries.
+    Cells of the padding (:func:`image_cells`) are no proposals: the query selection scores them
+    ``-inf``, so every query starts from a cell of the image.  At multiples of ``m`` (every
+    published size's resolution) nothing is padded and the outputs are transformers'.
+    :meth:`check_input_size` refuses only inputs with fewer image cells than queries.
     """
 
     def __init__(
@@ -94,42 +109,43 @@ class RFDETR(nn.Module):
 
     def check_input_size(self, height: int, width: int, where: Any = None) -> None:
         """An :class:`~peg_core.errors.InputError` when a ``height`` x ``width`` input has fewer cells than
-        ``num_queries`` (the query selection takes that many); ``where``: the setting the size comes from."""
-        ph, pw = self.padded_size(height, width)
+        ``num_queries`` (the query selection takes that many among the image's cells, not its padding's);
+        ``where``: the setting the size comes from."""
         p = self.backbone.patch_size
-        cells = (ph // p) * (pw // p)
+        cells = -(-height // p) * -(-width // p)
         if cells < self.num_queries:
-            m = self.backbone.size_multiple
-            side = -(-math.isqrt(self.num_queries * p * p - 1) // m) * m
-            while (side // p) ** 2 < self.num_queries:
-                side += m
+            side = math.isqrt(self.num_queries - 1) + 1  # cells per side of the smallest square that holds Q
             raise InputError(
-                f"input too small for RF-DETR's {self.num_queries} queries, chosen among the backbone's cells "
-                f"({height} x {width} px gives {cells} cells of {p} px; at least {side} x {side} px needed)",
+                f"input too small for RF-DETR's {self.num_queries} queries, chosen among the image's cells "
+                f"({height} x {width} px gives {cells} cells of {p} px; at least {side * p} x {side * p} px needed)",
                 f"{height} x {width} px" if where is None else where,
             )
 
     def memory(
         self, samples: ImageBatch | Tensor | Sequence[Tensor]
-    ) -> tuple[Tensor, tuple[int, int], tuple[float, float]]:
+    ) -> tuple[Tensor, tuple[int, int], tuple[float, float], Tensor]:
         """The decoder's memory ``(B, S, D)`` of ``samples``, its grid ``(h, w)`` (``S = h * w``, of the padded
-        image) and the factors ``(sx, sy)`` that map its boxes to the unpadded image."""
+        image), the factors ``(sx, sy)`` that map its boxes to the unpadded image and the cells of the
+        image ``(1, S, 1)`` bool (:func:`image_cells`; all true when nothing is padded)."""
         images = to_image_batch(samples).tensors
         feat = self.projector(self.backbone(images, pad=True))  # (B, D, h, w) of the padded image
         p = self.backbone.patch_size
+        grid = (feat.shape[-2], feat.shape[-1])
         scale = (feat.shape[-1] * p / images.shape[-1], feat.shape[-2] * p / images.shape[-2])
-        return feat.flatten(2).transpose(1, 2), (feat.shape[-2], feat.shape[-1]), scale
+        cells = image_cells(grid, images.shape[-2], images.shape[-1], p, feat.device)
+        return feat.flatten(2).transpose(1, 2), grid, scale, cells
 
     def cell_scores(self, samples: ImageBatch | Tensor | Sequence[Tensor]) -> Tensor:
-        """``(B, S)``: every backbone cell's score in the (eval) query selection, which takes the top ``num_queries``."""
-        memory, shape, _ = self.memory(samples)
-        return self.decoder.cell_scores(memory, [shape])
+        """``(B, S)``: every backbone cell's score in the (eval) query selection, which takes the top ``num_queries``
+        (``-inf``: an invalid cell or one of the padding)."""
+        memory, shape, _, cells = self.memory(samples)
+        return self.decoder.cell_scores(memory, [shape], cell_mask=cells)
 
     def forward(
         self, samples: ImageBatch | Tensor | Sequence[Tensor], targets: list[dict[str, Any]] | None = None
     ) -> dict[str, Any]:
-        memory, shape, (sx, sy) = self.memory(samples)
-        dec = self.decoder(memory, [shape])
+        memory, shape, (sx, sy), cells = self.memory(samples)
+        dec = self.decoder(memory, [shape], cells)
         # boxes of the padded image -> of the image (a factor 1 at multiples of the windows' size)
         logits, boxes = _full_precision(dec.logits), _full_precision(_unpad(dec.boxes, sx, sy))
         out: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
