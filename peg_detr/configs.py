@@ -21,6 +21,7 @@ Published COCO val2017 box AP the reproductions compare to:
 * ``rfdetr_{n,s,m,l,base}_coco`` (``--arch rfdetr``): RF-DETR's published sizes (``--model-size``) with
   rf-detr's ``TrainConfig`` (roboflow/rf-detr ``rfdetr/config.py``): AdamW lr 1e-4, ViT 1.5e-4,
   weight decay 1e-4, batch 4 x gradient accumulation 4, EMA 0.993 (tau 100), 13 Group DETR groups,
+  decoder dropout 0 (rf-detr ``main.py``'s default; transformers' ``RfDetrConfig`` says 0.1),
   100 epochs at a constant lr, rf-detr's expanded multi-scale sides (multiples of patch x windows
   around the resolution) -> N **48.4**, S **53.0**, M **54.7**, L **56.5**, base **53.3** COCO AP
   (roboflow/rf-detr README and its documentation's model table, rfdetr.roboflow.com).  Not reproduced: the ViT's layer-wise lr decay (0.8) and the
@@ -357,10 +358,14 @@ def _rfdetr_sides(size: str) -> str:
 
 #: each published size's training and evaluation resolution (rf-detr's ``RFDETR*Config.resolution``)
 _RFDETR_RESOLUTION = {"n": 384, "s": 512, "m": 576, "l": 704, "base": 560}
+# The decoder's dropout: 0, as rf-detr trains (roboflow/rf-detr rfdetr/main.py: ``--dropout`` and
+# ``populate_args(dropout=0)`` default to 0, which build_transformer passes to every decoder layer,
+# and neither ModelConfig nor TrainConfig in rfdetr/config.py sets it); RFDETRConfig's 0.1 is
+# transformers' RfDetrConfig default, kept there so that Hugging Face folders read as written.
 _RFDETR_BASE: dict[str, Any] = {
     "arch": "rfdetr", "lr": 1e-4, "lr_backbone": 1.5e-4, "weight_decay": 1e-4, "total_batch_size": 16,
     "grad_accum_steps": 4, "epochs": 100, "lr_drop": 100, "warmup_steps": 0, "ema_decay": 0.993, "ema_warmups": 100,
-    "clip_max_norm": 0.1, "no_aug_epochs": 0, "labels": "ids",
+    "clip_max_norm": 0.1, "no_aug_epochs": 0, "labels": "ids", "dropout": 0.0,
 }  # fmt: skip
 _RFDETR_RECIPES = {
     size: {

@@ -50,12 +50,38 @@ def test_recipes_name_the_published_sizes_and_their_numbers():
         assert side in sides and all(s % unit == 0 for s in sides), sides  # the windows tile every side
         config = model_config_from_args(args, 91)
         assert config["arch"] == "rfdetr" and config["pos_enc"] == "learned"
+        assert config["dropout"] == 0.0  # rf-detr trains its decoder without dropout (main.py's default)
         assert RFDETRConfig.from_dict(config).image_size == RFDETR_SIZES[size]["image_size"]
     peg = parse_train_args(["--config", "rfdetr_s_coco_peg", "--data-root", "x", "--group-detr", "5"])
     assert peg.pos_enc == "peg" and model_config_from_args(peg, 91)["group_detr"] == 5
     # --arch rfdetr without a recipe: RF-DETR base's
     bare = parse_train_args(["--arch", "rfdetr", "--data-root", "x"])
     assert (bare.val_size, bare.model_size, bare.lr_backbone) == (560, "base", 1.5e-4)
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--num-denoising", "100"],
+        ["--label-noise-ratio", "0.5"],
+        ["--box-noise-scale", "1.0"],
+        ["--enc-layers", "1"],
+        ["--encoder-expansion", "0.5"],
+        ["--dilation"],
+        ["--freeze-backbone-bn"],
+        ["--cls-loss", "mal"],
+    ],
+    ids=lambda f: f[0],
+)
+def test_other_families_flags_are_refused_in_one_line(flag: list[str], capsys) -> None:
+    """RT-DETR's denoising / hybrid-encoder flags, DETR's and D-FINE's have no RF-DETR meaning: one line naming the
+    flag as typed, before any data is read (``--data-root`` does not exist)."""
+    assert cli(["train", "--config", "rfdetr_demo_tiny", "--data-root", "/nonexistent", *flag]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: applies to --arch "), err
+    assert err[0].endswith(
+        f"only (not --arch rfdetr): {flag[0]}" + (f" {flag[1]}" if len(flag) > 1 else "")
+    ), err
 
 
 def test_peg_variant_equals_none_before_training_and_runs_where_the_table_never_was():
