@@ -1,3 +1,4 @@
+import functools
 import os
 from pathlib import Path
 
@@ -8,6 +9,44 @@ import torch
 # (make test runs two: one thread each)
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+
+
+def _onnx_registry_built_once() -> None:
+    """``torch.onnx.export(dynamo=True)`` builds its table of ATen -> ONNX functions from torchlib on every
+    call (~1 s); the suite exports some thirty graphs.  On the first export of a worker, its builder
+    (``ONNXRegistry.from_torchlib``) is made to build it once per opset and hand each export a copy of it
+    (the lists copied: an export with a ``custom_translation_table`` adds to its own).  The graphs are the
+    same; only torch's private builder is wrapped, and only if it is where it was (else: as before)."""
+    export = torch.onnx.export
+
+    @functools.wraps(export)
+    def export_with_the_registry_built_once(*args, **kwargs):
+        try:
+            from torch.onnx._internal.exporter import _registration
+        except ImportError:
+            return export(*args, **kwargs)
+        registry_cls = getattr(_registration, "ONNXRegistry", None)
+        build = getattr(getattr(registry_cls, "from_torchlib", None), "__func__", None)
+        if build is not None and not getattr(build, "built_once", False):
+            built: dict = {}
+
+            def from_torchlib(cls, *args, **kwargs):
+                key = (cls, args, tuple(sorted(kwargs.items())))
+                if key not in built:
+                    built[key] = build(cls, *args, **kwargs)
+                registry = cls.__new__(cls)
+                registry.__dict__.update(built[key].__dict__)
+                registry.functions = {k: list(v) for k, v in built[key].functions.items()}
+                return registry
+
+            from_torchlib.built_once = True
+            registry_cls.from_torchlib = classmethod(from_torchlib)
+        return export(*args, **kwargs)
+
+    torch.onnx.export = export_with_the_registry_built_once
+
+
+_onnx_registry_built_once()
 
 
 @pytest.fixture(autouse=True)
