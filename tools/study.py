@@ -24,6 +24,9 @@ and prints the tables.  Tasks and rows:
 * ``detect --arch rtdetr``: tiny RT-DETR (``rtdetr_demo_tiny``) on synthetic COCO, trained multi-scale as
   RT-DETR is; ``peg``, ``sincos``, ``none`` in AIFI (``--rows`` adds ``learned`` and the rotary rows);
   same scales, its own section ``detect-rtdetr`` (``--arch both``: DETR's and RT-DETR's);
+* ``detect --arch rfdetr``: tiny RF-DETR (``rfdetr_demo_tiny``) on synthetic COCO, trained multi-scale at
+  multiples of its patch x windows; ``learned`` (RF-DETR's table), ``peg`` (after ViT block 0, replacing
+  the table) and ``none`` in its windowed ViT; same scales, its own section ``detect-rfdetr``;
 * ``video``: tiny video ViT on synthetic Kinetics; ``peg3d``, ``peg3d-factorized``, ``learned``,
   ``none``, ``rope-3d``, ``peg3d+rope-3d``; half, same and double clip length, and a larger crop.
 
@@ -33,6 +36,7 @@ and prints the tables.  Tasks and rows:
     python -m tools.study --task classify --data /data/imagenet100 --train-size 160 --test-sizes 128,160,224
     python -m tools.study --task detect --data /data/coco --epochs 50
     python -m tools.study --task detect --arch rtdetr --seeds 3 --jobs 2    # ~14 min on 2 CPU cores
+    python -m tools.study --task detect --arch rfdetr --seeds 3 --jobs 2
     python -m tools.study --task all --extrapolate --seeds 3 --jobs 2 --protocol both   # 0.5x-4x, aspect,
         # clip length, attention diagnostics, the bias rows: ~2 h of cell time (docs/study.md: the extrapolation run)
     python -m tools.study --task video --data /data/k400 --video-config k400_vit_s_16x4_peg3d --epochs 50 \
@@ -75,6 +79,7 @@ from tools.study_runner import devices_arg, out_lock, resolve_devices, row_secon
 from tools.study_tasks import (
     ABLATIONS,
     BIAS_ROWS,
+    DETECT_ARCHS,
     EXTRAPOLATION_SCALES,
     PLANS,
     PRETRAINED_GROUP,
@@ -90,6 +95,7 @@ from tools.study_tasks import (
     cells_of,
     classify_specs,
     mean_std,
+    plan_detect_rfdetr,
     plan_detect_rtdetr,
 )
 
@@ -818,9 +824,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", default="all", choices=[*TASKS, "all"])
-    p.add_argument("--arch", choices=("detr", *RTDETR_FAMILY, "both"), default="detr",
-                   help="detect: the detector (rtdetr / dfine: its own section detect-rtdetr / detect-dfine; "
-                   "both: DETR and RT-DETR)")  # fmt: skip
+    p.add_argument("--arch", choices=("detr", *DETECT_ARCHS, "both"), default="detr",
+                   help="detect: the detector (rtdetr / dfine / rfdetr: its own section detect-rtdetr / "
+                   "detect-dfine / detect-rfdetr; both: DETR and RT-DETR)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="seconds per task, numbers meaningless (tests)")
     p.add_argument("--out", type=Path, default=Path("runs/study"))
     p.add_argument(
@@ -905,9 +911,14 @@ def _plans(args: argparse.Namespace, tasks: list[str], seeds: list[int]) -> list
             if args.arch in ("detr", "both"):
                 plans.append(PLANS[task](args.out / task, args.quick, seeds, args.data, args.epochs, **kw))
             for arch in (
-                ("rtdetr",) if args.arch == "both" else (args.arch,) if args.arch in RTDETR_FAMILY else ()
+                ("rtdetr",) if args.arch == "both" else (args.arch,) if args.arch in DETECT_ARCHS else ()
             ):
-                plans.append(plan_detect_rtdetr(args.out / f"detect-{arch}", args.quick, seeds, args.data,
+                section = args.out / f"detect-{arch}"
+                if arch == "rfdetr":  # no hybrid encoder: the rows are the ViT's encodings
+                    plans.append(plan_detect_rfdetr(section, args.quick, seeds, args.data, args.epochs,
+                                                    rows=args.rows or (), **kw))  # fmt: skip
+                    continue
+                plans.append(plan_detect_rtdetr(section, args.quick, seeds, args.data,
                                                 args.epochs, rows=args.rows or (), arch=arch, **kw))  # fmt: skip
         else:  # video
             # --train-size is the video crop with --task video only (with all, the image tasks' size)

@@ -83,7 +83,14 @@ LOCK_FILE = ".study.lock"
 #: bumped when the meaning of a stored cell changes, so that older ``cell.json`` files are trained again
 FINGERPRINT_VERSION = 1
 #: the order in which a pool takes the tasks: the longest cells first (a lower number is longer)
-LONGEST_FIRST = {"detect-rtdetr": 0, "detect-dfine": 0, "detect": 0, "video": 1, "classify": 2}
+LONGEST_FIRST = {
+    "detect-rtdetr": 0,
+    "detect-dfine": 0,
+    "detect-rfdetr": 0,
+    "detect": 0,
+    "video": 1,
+    "classify": 2,
+}
 
 #: a cell callable: ``(plan, spec, seed, threads, device) -> CellResult`` (picklable: module level)
 Cell = Callable[[Plan, RowSpec, int, int, str], CellResult]

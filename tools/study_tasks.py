@@ -48,9 +48,12 @@ from .study_cost import encoding_cost
 __all__ = [
     "ABLATIONS",
     "BUDGETS",
+    "DETECT_ARCHS",
     "MODES",
     "PRETRAINED_GROUP",
     "PROTOCOLS",
+    "RFDETR_EXTRA_ROWS",
+    "RFDETR_ROWS",
     "ROTARY_ROWS",
     "RTDETR_EXTRA_ROWS",
     "RTDETR_FAMILY",
@@ -69,6 +72,7 @@ __all__ = [
     "mean_std",
     "plan_classify",
     "plan_detect",
+    "plan_detect_rfdetr",
     "plan_detect_rtdetr",
     "plan_video",
     "pretrained_specs",
@@ -112,6 +116,10 @@ BUDGETS: dict[tuple[str, bool], Budget] = {
     # D-FINE (dfine_demo_tiny): RT-DETR's budget, so the two sections compare
     ("detect-dfine", False): Budget(epochs=8, n_train=512, n_val=100, train_size=96, batch_size=4),
     ("detect-dfine", True): Budget(epochs=1, n_train=8, n_val=4, train_size=64, batch_size=4),
+    # RF-DETR (rfdetr_demo_tiny): RT-DETR's data and training side (96 px: 6 x 16, a multiple of its
+    # patch x windows, the table's own 12 x 12 grid), so the three sections compare
+    ("detect-rfdetr", False): Budget(epochs=8, n_train=512, n_val=100, train_size=96, batch_size=4),
+    ("detect-rfdetr", True): Budget(epochs=1, n_train=8, n_val=4, train_size=64, batch_size=4),
     ("video", False): Budget(epochs=24, n_train=240, n_val=60, train_size=32, batch_size=8),
     ("video", True): Budget(epochs=1, n_train=12, n_val=6, train_size=32, batch_size=4),
 }
@@ -140,6 +148,20 @@ RTDETR_FAMILY: dict[str, tuple[str, str, str]] = {
               "D-FINE dfine_demo_tiny (tiny backbone, dim 32, 1 AIFI layer, 2 decoder layers, 20 queries, "
               "fine-grained distribution refinement)"),
 }  # fmt: skip
+#: the RF-DETR rows of ``--task detect --arch rfdetr`` (its own section ``detect-rfdetr``), all in the
+#: windowed ViT: ``learned`` (RF-DETR's table, resized as transformers does), ``peg`` (a zero PEG
+#: after block 0 replacing the table: CPVT's choice), ``none``; the others of :data:`RFDETR_EXTRA_ROWS`
+#: on ``--rows``
+RFDETR_ROWS = ("learned", "peg", "none")
+RFDETR_EXTRA_ROWS = (*ROTARY_ROWS, *BIAS_ROWS)
+#: ``--arch rfdetr``: its demo recipe and the model's description
+RFDETR_STUDY = (
+    "rfdetr_demo_tiny",
+    "RF-DETR rfdetr_demo_tiny (4-block windowed ViT of width 48, patch 8, 2 x 2 windows, a 12 x 12 table; "
+    "dim 32, 2 decoder layers, 3 Group DETR groups of 20 queries)",
+)
+#: the ``--arch`` values of the detect task beside DETR's, each with its own section ``detect-<arch>``
+DETECT_ARCHS = (*RTDETR_FAMILY, "rfdetr")
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -760,6 +782,79 @@ def plan_detect_rtdetr(
     )  # fmt: skip
 
 
+def plan_detect_rfdetr(
+    out: Path, quick: bool, seeds: list[int], data: Path | None = None, epochs: int | None = None, *,
+    train_size: int | None = None, test_sizes: Sequence[int] | None = None, rows: Sequence[str] = (),
+    test_scales: Sequence[float] | None = None, **_: Any,
+) -> Plan:  # fmt: skip
+    """Tiny RF-DETR (``rfdetr_demo_tiny``) with its table / a PEG after ViT block 0 / none, trained multi-scale.
+
+    ``rows``: :data:`RFDETR_EXTRA_ROWS` named there (the rotary and bias rows) are added.  Square
+    sides: trained at :data:`RTDETR_TRAIN_SCALES` of ``train_size`` rounded to multiples of the
+    ViT's ``patch x windows`` (rf-detr trains at such sides only; one side per batch), evaluated at
+    ``test_sizes`` (default :data:`IMAGE_SCALES` of it; a side that is no multiple is padded).
+    """
+    from peg_detr.configs import CONFIGS
+    from peg_detr.models.rfdetr import RFDETRConfig
+
+    config, description = RFDETR_STUDY
+    preset = RFDETRConfig.preset(CONFIGS[config]["model_size"])
+    unit, grid = preset.patch_size * preset.num_windows, preset.image_size // preset.patch_size
+    task = "detect-rfdetr"
+    budget = BUDGETS[task, quick]
+    size = train_size or budget.train_size
+    data, data_name = _detect_data(out, data, budget, size, seeds[0])
+    sizes = _detect_sizes(size, test_sizes, test_scales)
+    train_sides = sorted({max(unit, round(size * f / unit) * unit) for f in RTDETR_TRAIN_SCALES})
+    names = [*RFDETR_ROWS, *(e for e in RFDETR_EXTRA_ROWS if e in rows)]
+    padded = [s for s in sizes if s % unit]
+    notes = [
+        f"Trained as RF-DETR is trained: one square side per batch from {', '.join(map(str, train_sides))} px "
+        f"(multiples of patch x windows = {unit} px around the training size, as rf-detr's expanded scales), "
+        f"RF-DETR's augmentation (flip, then a square resize or DETR's resize-crop), 3 Group DETR groups, EMA "
+        f"weights evaluated; the test sizes {', '.join(f'{s} px' for s in sizes if s > max(train_sides))} are "
+        f"larger than any training side.",
+        f"`learned` is RF-DETR's table for a {grid} x {grid} grid ({grid * preset.patch_size} px), resized "
+        f"bicubically with anti-aliasing to each input's grid as transformers does; `peg` replaces it by a "
+        f"zero-initialised PEG after ViT block 0 (CPVT); `none` has neither.  The rows differ in the ViT's "
+        f"position encoding only.",
+    ]
+    if padded:
+        notes.append(
+            f"{', '.join(f'{s} px' for s in padded)}: no multiple of {unit} px, padded at the bottom / right "
+            f"to the next one by the model (its padding's cells are no query proposals)."
+        )
+    return Plan(
+        task=task, key=task, out=out, specs=[RowSpec(e, e) for e in names], seeds=seeds, budget=budget,
+        epochs=epochs or budget.epochs, metric="AP50", sizes=sizes, labels=[f"{s} px" for s in sizes],
+        train_label=f"{size} px", data={"root": str(data), "train_sides": train_sides, "config": config},
+        data_name=data_name, model=description, notes=notes, chance=0.0,
+    )  # fmt: skip
+
+
+def _rfdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
+    """Train ``rfdetr_demo_tiny`` with the row's ViT encoding (the recipe's own lr), evaluate every test size."""
+    from peg_detr.cli import train
+    from peg_detr.model import load_model as load_detector
+
+    size, data = int(plan.train_label.split()[0]), Path(plan.data["root"])
+    argv = [
+        "--config", plan.data["config"], "--data-root", str(data), "--output-dir", str(run_dir), "--overwrite",
+        "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(plan.epochs),
+        "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
+        "--train-sizes", ",".join(map(str, plan.data["train_sides"])), "--val-size", str(size),
+        "--eval-sizes", str(size), "--eval-every", "0", "--workers", "0", "--no-progress", "--device", cell_device(),
+    ]  # fmt: skip
+    train([*argv, *plan.train_args])
+    ckpt = run_dir / "checkpoint.pth"
+    model = load_detector(ckpt).model.eval()
+    vit = model.backbone.vit
+    x = torch.zeros(1, 3, size, size)
+    cost = encoding_cost({"pos_enc": vit.pos_enc, "pos_blocks": vit.pos_blocks, "rope": vit.rope},
+                         lambda: model(x), rotated=_attentions(vit))  # fmt: skip
+    return CellResult(*_detect_scores(plan, spec, ckpt, data), cost.params, cost.flops)
+
+
 def _rtdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
     from peg_detr.cli import train
     from peg_detr.model import load_model as load_detector
@@ -1018,6 +1113,7 @@ _CELLS = {
     "detect": _detect_cell,
     "detect-rtdetr": _rtdetr_cell,
     "detect-dfine": _rtdetr_cell,
+    "detect-rfdetr": _rfdetr_cell,
     "video": _video_cell,
 }
 

@@ -677,6 +677,37 @@ def test_study_rtdetr_rows_and_arch_flag(tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
 
 
+def test_study_quick_rfdetr_has_its_own_section_and_trains_at_multiples_of_its_windows(
+    tmp_path: Path,
+) -> None:
+    """``--arch rfdetr``: its table / PEG / none rows in the ViT; one row trained (``--rows peg``) to stay cheap."""
+    from peg_core.engine import read_checkpoint
+    from tools.study_tasks import plan_detect_rfdetr
+
+    plan = plan_detect_rfdetr(tmp_path / "plan", True, [0], train_size=96, rows=["rope-axial"])
+    assert [s.name for s in plan.specs] == ["learned", "peg", "none", "rope-axial"]
+    assert all(s.modes == (None,) for s in plan.specs)  # RF-DETR's table has one resize: transformers'
+    assert plan.data["train_sides"] == [64, 80, 96, 112, 128] and plan.sizes == [72, 96, 144, 192]
+    assert any(n.startswith("72 px: no multiple of 16 px, padded") for n in plan.notes)
+    threads = torch.get_num_threads()
+    try:
+        results = main(
+            ["--task", "detect", "--arch", "rfdetr", "--quick", "--rows", "peg", "--out", str(tmp_path)]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert list(results) == ["detect-rfdetr"]
+    doc = json.loads((tmp_path / "study.json").read_text())["tasks"]["detect-rfdetr"]
+    assert [r["label"] for r in doc["rows"]] == ["peg"] and doc["train_size"] == "64 px"
+    assert "## detect-rfdetr: AP50 by test size" in (tmp_path / "report.md").read_text()
+    # rfdetr_demo_tiny: width 48, patch 8: an 8 x 8 grid at 64 px; the PEG's depthwise 3 x 3 conv and its add
+    peg = doc["rows"][0]
+    assert (peg["params"], peg["flops"]) == (48 * 9 + 48, 2 * 64 * 48 * 9 + 64 * 48)
+    ckpt = read_checkpoint(tmp_path / "detect-rfdetr" / "peg" / "seed0" / "checkpoint.pth", "detect")
+    assert ckpt["args"]["train_scales"] == [48, 64, 80]  # multiples of patch x windows = 16 px
+    assert (ckpt["model_config"]["arch"], ckpt["model_config"]["pos_enc"]) == ("rfdetr", "peg")
+
+
 # ----------------------------------------------------------------------- the extrapolation protocol
 
 
