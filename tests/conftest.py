@@ -49,6 +49,17 @@ def _onnx_registry_built_once() -> None:
 _onnx_registry_built_once()
 
 
+@pytest.fixture(scope="session")
+def prewarmed():
+    """:class:`tests.prewarmed.Prewarmed`: ``python -m`` / ``-c`` commands forked from a server that imported
+    torch and torchvision once (one intra-op thread, ``OMP_NUM_THREADS=1``, as the tests' commands ask)."""
+    from tests.prewarmed import Prewarmed
+
+    python = Prewarmed({**os.environ, "OMP_NUM_THREADS": "1"})
+    yield python
+    python.close()
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -35,6 +35,11 @@ import json, os, runpy, sys
 
 import torch, torchvision  # noqa: F401  the heavy third-party imports, once
 
+def pythonpath(env):
+    return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+own = pythonpath(os.environ)
+
 child = None
 for line in sys.stdin:
     request = json.loads(line)
@@ -60,7 +65,9 @@ if child is not None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     module, code = child["module"], child["code"]
     sys.argv = ["-c" if module is None else module, *child["args"]]
-    sys.path[0] = "" if module is None else os.getcwd()  # what python -c / -m put first
+    # what python -c / -m put first, then the command's PYTHONPATH (in place of the server's)
+    sys.path[:] = ["" if module is None else os.getcwd(), *pythonpath(os.environ),
+                   *(p for p in sys.path[1:] if p not in own)]
     del child, request, line, pid
     try:
         if module is None:
@@ -134,9 +141,8 @@ class Prewarmed:
         )
 
     def close(self) -> None:
+        """Stop the server (killed: it holds nothing to save, and its own exit would tear torch down, seconds)."""
         self._server.stdin.close()
-        try:
-            self._server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._server.kill()
+        self._server.kill()
+        self._server.wait(timeout=30)
         self._tmp.cleanup()

@@ -49,7 +49,7 @@ import os
 import re
 import shlex
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -477,13 +477,6 @@ class DocRuns:
         if isinstance(result, str):
             raise AssertionError(f"the commands of {_doc_id(path)} failed:\n{result}")
         return result
-
-
-@pytest.fixture(scope="session")
-def prewarmed() -> Iterator[Prewarmed]:
-    python = Prewarmed(_env())
-    yield python
-    python.close()
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -165,53 +165,47 @@ def test_write_migrates_the_former_range_format():
     assert check(new, _other(c96=0.3)) == [] and new.endswith("rest\n")
 
 
-def test_write_then_check_round_trip(tmp_path):
+def test_write_then_check_round_trip(tmp_path, prewarmed):
+    """``python -m tools.readme_numbers`` as a command: its exit statuses, messages and the README it writes
+    (each run a process of its own, forked from one that imported torch already: ``tests/prewarmed.py``)."""
     readme = tmp_path / "README.md"
     readme.write_text(_readme(_other(dap=0.5)))  # detect AP >= 0.40
     files = []
     for i, summary in enumerate([SUMMARY, _other(c96=0.40)]):
         files.append(tmp_path / f"s{i}.json")
         files[-1].write_text(json.dumps(summary))
-    cmd = [sys.executable, "-m", "tools.readme_numbers", "--readme", str(readme)]
-    failed = subprocess.run(
-        [*cmd, "--summary", str(files[0]), "--check"], cwd=REPO, capture_output=True, text=True
-    )
+    cmd = ["--readme", str(readme)]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return prewarmed.run("tools.readme_numbers", [*cmd, *args], cwd=REPO, env=os.environ, timeout=120)
+
+    failed = run("--summary", str(files[0]), "--check")
     assert failed.returncode == 1
     assert failed.stderr.strip() == (
         "error: README demo table: detect AP: the demo gives 0.318, below the README's bar 0.40"
     )
-    wrote = subprocess.run([*cmd, "--summary", *map(str, files), "--write"], cwd=REPO, capture_output=True)
+    wrote = run("--summary", *map(str, files), "--write")
     assert wrote.returncode == 0
     assert readme.read_text() == _readme([SUMMARY, _other(c96=0.40)])  # every bar lowered, none raised
     assert readme.read_text().endswith("rest\n")
     for f in files:
-        ok = subprocess.run([*cmd, "--summary", str(f), "--check"], cwd=REPO, capture_output=True, text=True)
+        ok = run("--summary", str(f), "--check")
         assert ok.returncode == 0 and "clears its bar" in ok.stdout
     readme.write_text(_readme(_other(c96=0.1)))  # classify 96 px >= 0.05
-    merged = subprocess.run([*cmd, "--summary", str(files[0]), "--write"], cwd=REPO, capture_output=True)
+    merged = run("--summary", str(files[0]), "--write")
     assert merged.returncode == 0 and read_bars(readme.read_text())[("classify", "96 px")] == 0.05
-    fresh = subprocess.run(
-        [*cmd, "--summary", str(files[0]), "--write", "--fresh"], cwd=REPO, capture_output=True
-    )
+    fresh = run("--summary", str(files[0]), "--write", "--fresh")
     assert fresh.returncode == 0 and readme.read_text() == _readme(SUMMARY)
-    two = subprocess.run(
-        [*cmd, "--summary", *map(str, files), "--check"], cwd=REPO, capture_output=True, text=True
-    )
+    two = run("--summary", *map(str, files), "--check")
     assert two.returncode == 2 and two.stderr.strip() == "error: --check takes one summary: --summary"
-    lone = subprocess.run(
-        [*cmd, "--summary", str(files[0]), "--check", "--fresh"], cwd=REPO, capture_output=True, text=True
-    )
+    lone = run("--summary", str(files[0]), "--check", "--fresh")
     assert lone.returncode == 2 and lone.stderr.strip() == "error: --fresh only goes with --write: --fresh"
     files[0].write_text("{")
-    bad = subprocess.run(
-        [*cmd, "--summary", str(files[0]), "--check"], cwd=REPO, capture_output=True, text=True
-    )
+    bad = run("--summary", str(files[0]), "--check")
     assert bad.returncode == 1 and bad.stderr.startswith("error: cannot compare the README with the demo: ")
     assert bad.stderr.strip().endswith(str(files[0])) and len(bad.stderr.strip().splitlines()) == 1
     readme.write_text("no block")
-    none = subprocess.run(
-        [*cmd, "--summary", str(files[1]), "--check"], cwd=REPO, capture_output=True, text=True
-    )
+    none = run("--summary", str(files[1]), "--check")
     assert none.returncode == 1 and len(none.stderr.strip().splitlines()) == 1
     assert "no <!-- demo-table:start -->" in none.stderr and none.stderr.strip().endswith(str(readme))
 
