@@ -112,10 +112,11 @@ def test_fused_model_refuses_training_and_other_models():
         fuse_for_deploy(nn.Conv2d(3, 3, 1))
 
 
-def _checkpoint(tmp_path, config: dict, seed: int):
+def _checkpoint(tmp_path, config: dict, seed: int, first_id: int = 0):
+    """The model and its checkpoint; its categories' ids start at ``first_id`` (1: label 0 names none)."""
     model = _model(config, seed)
     path = tmp_path / f"{config['arch']}.pth"
-    meta = {"categories": [{"id": i, "name": f"c{i}"} for i in range(config["num_classes"])]}
+    meta = {"categories": [{"id": i, "name": f"c{i}"} for i in range(first_id, config["num_classes"])]}
     torch.save(
         {"format": CHECKPOINT_FORMAT, "task": "detect", "model": model.state_dict(),
          "model_config": model.build_config, "meta": meta},
@@ -126,9 +127,13 @@ def _checkpoint(tmp_path, config: dict, seed: int):
 
 @pytest.mark.slow  # ~10 s on one CPU: torch.export capture and the ONNX decompositions
 def test_export_fuses_rtdetr_and_onnxruntime_equals_the_unfused_model(tmp_path, capsys):
+    """The suite's one ``python -m peg_detr export`` of an RT-DETR at sizes other than the example's (the
+    README's quick start exports a trained one with ``--check``): fused by default, no BatchNormalization
+    left, and onnxruntime equals the unfused model at another batch and size.  Its categories are ids 1..3
+    (``ids`` labels): label 0 names none, and the graph masks its logit at float32's lowest."""
     ort = pytest.importorskip("onnxruntime")
     onnx = pytest.importorskip("onnx")
-    model, ckpt = _checkpoint(tmp_path, TINY, seed=7)
+    model, ckpt = _checkpoint(tmp_path, TINY, seed=7, first_id=1)
     out = tmp_path / "fused.onnx"
     assert cli(["export", str(ckpt), str(out), "--height", "96", "--width", "128", "--check"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -144,10 +149,17 @@ def test_export_fuses_rtdetr_and_onnxruntime_equals_the_unfused_model(tmp_path, 
     fused = fuse_for_deploy(model)
     assert ops.count("Conv") == sum(isinstance(c, nn.Conv2d) for c in fused.modules())
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    lowest = torch.finfo(torch.float32).min
     for b, (h, w) in ((1, (128, 128)), (3, (160, 96))):
         x = torch.rand(b, 3, h, w, generator=torch.Generator().manual_seed(h))
         logits, boxes = session.run(None, {"images": x.numpy()})
-        got = {"pred_logits": torch.from_numpy(logits), "pred_boxes": torch.from_numpy(boxes)}
+        logits = torch.from_numpy(logits)
+        assert logits.shape == (b, TINY["num_queries"], TINY["num_classes"])
+        assert (logits[..., 0] == lowest).all()  # label 0: no category
+        # labels 1..3 (and the boxes) equal the unfused model's; column 0 is compared as the model's
+        with torch.no_grad():
+            label0 = model(x)["pred_logits"][..., :1]
+        got = {"pred_logits": torch.cat([label0, logits[..., 1:]], -1), "pred_boxes": torch.from_numpy(boxes)}
         # onnxruntime's scores are not an output: the fused PyTorch model's, give or take ~1e-6
         _assert_same_outputs(model, x, got, outputs_and_cell_scores(fused, x)[1], slack=4e-6)
 
