@@ -1,12 +1,14 @@
-"""Time peg_detr's RT-DETR, D-FINE and DEIMv2 against transformers' models with the same weights.
+"""Time peg_detr's RT-DETR, D-FINE, DEIMv2 and RF-DETR against transformers' models with the same weights.
 
     python tools/bench_rtdetr.py                 # RT-DETR R50vd (default RTDetrConfig), 640x640, batch 2, 1 thread
     python tools/bench_rtdetr.py --model dfine   # D-FINE-S (HGNetv2 B0, hidden 256, 3 decoder layers, 300 queries)
     python tools/bench_rtdetr.py --model deimv2  # DEIMv2-S-like (DINOv3 ViT-Tiny layout + STA, hidden 192)
+    python tools/bench_rtdetr.py --model rfdetr  # RF-DETR-N (windowed DINOv2-S, patch 16, 2 decoder layers), 384x384
     python tools/bench_rtdetr.py --model all --small --size 320 --rounds 2   # small configs, seconds
 
 Per family a randomly initialised transformers model (``RTDetrForObjectDetection``,
-``DFineForObjectDetection``, ``Deimv2ForObjectDetection``; anchors for the actual input) is saved
+``DFineForObjectDetection``, ``Deimv2ForObjectDetection``, ``RfDetrForObjectDetection``; anchors
+for the actual input) is saved
 with ``save_pretrained`` and rebuilt by :func:`peg_detr.from_hf` (DEIMv2: its reader,
 :func:`peg_detr.interop.hf_deimv2.deimv2_from_hf`), so both models hold the same
 weights.  Three measurements, in one process, one intra-op thread:
@@ -14,13 +16,16 @@ weights.  Three measurements, in one process, one intra-op thread:
 * ``eval``: ``torch.no_grad`` forward in eval mode;
 * ``eval_fused``: the same, of peg_detr's model after :func:`~peg_detr.models.rtdetr.fuse_for_deploy`
   (what ``export`` writes: every conv + BN folded, RepVGG blocks merged) against the same
-  transformers eval forward;
+  transformers eval forward (not for RF-DETR: it has no batch norm to fold);
 * ``train``: forward with targets (denoising queries on), each library's own loss on the same
   targets (transformers: ``labels=``; ours: the criterion of the arch's ``training_parts``), ``backward``.
 
 The rounds interleave the two implementations (ours, theirs, ours, ...) after one warm-up call
 each, so slow drifts of the machine hit both; the script prints, per family, a Markdown table of
-the medians and the ratio ours / transformers (below 1.0: ours is faster).  ``--json`` prints the
+the medians and the ratio ours / transformers (below 1.0: ours is faster).  ``--clock cpu`` times
+each call by the process's CPU time instead of the wall clock: on a machine shared with other jobs
+a call that waits for a core does not count the wait (with one intra-op thread the two agree on an
+idle machine).  ``--json`` prints the
 table (one family) or ``{family: table}`` (``--model all``).
 
 Configs: ``--small`` builds each family in about a second (RT-DETR: a small ResNet; D-FINE: a
@@ -29,6 +34,10 @@ tiny HGNetv2; DEIMv2: a 3-block DINOv3 ViT).  The default D-FINE is D-FINE-S exa
 DEIMv2 is DEIMv2-S's layout (ViT-Tiny: hidden 192, 12 blocks, 3 heads, maps from blocks 5 / 8 / 11,
 STA, hidden 192, 4 decoder layers, 300 queries) in transformers' DINOv3 backbone, which normalises
 the selected blocks' outputs (the published S does not: a few LayerNorms more on both sides).
+The default RF-DETR is RF-DETR-N exactly (:data:`peg_detr.models.rfdetr.RFDETR_SIZES` ``"n"``
+written as an ``RfDetrConfig``: DINOv2-S, patch 16, 2 x 2 windows, a 24 x 24 table, 2 decoder
+layers, 300 queries, 13 Group DETR groups in training, dropout 0.1), timed at its native 384 x 384
+unless ``--size`` says otherwise; ``--small`` is a 4-block ViT of width 32.
 """
 
 from __future__ import annotations
@@ -48,12 +57,15 @@ from peg_detr import from_hf
 from peg_detr.archs import ARCHS
 from peg_detr.interop.hf_deimv2 import deimv2_from_hf
 from peg_detr.interop.hf_dfine import dfine_hf_config
+from peg_detr.interop.hf_rfdetr import rfdetr_hf_config
+from peg_detr.models.common import IMAGENET_MEAN, IMAGENET_STD
 from peg_detr.models.dfine import DFINE_SIZES, build_dfine
+from peg_detr.models.rfdetr import RFDETRConfig, build_rfdetr
 from peg_detr.models.rtdetr import fuse_for_deploy
 
 # transformers (the reference, a test extra) is imported where a config or model is built
 
-__all__ = ["FAMILIES", "Family", "hf_config", "main", "make_pair", "run_bench"]
+__all__ = ["CLOCKS", "FAMILIES", "Family", "hf_config", "main", "make_pair", "run_bench"]
 
 
 def hf_config(small: bool) -> Any:
@@ -124,6 +136,25 @@ def deimv2_config(small: bool) -> Any:
     )  # fmt: skip
 
 
+def rfdetr_config(small: bool) -> Any:
+    """RF-DETR-N as an ``RfDetrConfig``, or a 4-block ViT of width 32 (patch 8, hidden 32) that builds in < 1 s."""
+    import transformers
+
+    if not small:
+        # the published N settings, through the one mapping (transformers' defaults are the base size)
+        model = build_rfdetr(RFDETRConfig.preset("n"))[0]
+        return transformers.RfDetrConfig.from_dict(rfdetr_hf_config(model))
+    backbone = dict(
+        model_type="rf_detr_dinov2", hidden_size=32, num_hidden_layers=4, num_attention_heads=2, image_size=96,
+        patch_size=8, num_windows=2, out_features=["stage2", "stage4"],
+    )  # fmt: skip
+    return transformers.RfDetrConfig(
+        backbone_config=backbone, d_model=32, decoder_ffn_dim=64, decoder_layers=2, decoder_self_attention_heads=2,
+        decoder_cross_attention_heads=4, decoder_n_points=2, num_queries=50, group_detr=3, num_labels=80,
+        c2f_num_blocks=1,
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Family:
     """One detector family to compare: how to build transformers' model and how to read it into ours.
@@ -131,7 +162,9 @@ class Family:
     ``config(small)``: the transformers config; ``hf_class``: the ``transformers`` model class name;
     ``loader(folder)``: ``(our model, report)`` from a ``save_pretrained`` folder; ``arch``: the
     :data:`peg_detr.archs.ARCHS` entry whose ``training_parts`` gives our criterion; ``labels``:
-    the two config descriptions (small, default) for the table's title.
+    the two config descriptions (small, default) for the table's title; ``size``: the default square
+    side of the default config (RF-DETR-N: its 384 training resolution); ``fused``: whether
+    :func:`~peg_detr.models.rtdetr.fuse_for_deploy` applies (an ``eval_fused`` row).
     """
 
     config: Callable[[bool], Any]
@@ -139,6 +172,8 @@ class Family:
     loader: Callable[[str], tuple[torch.nn.Module, Any]]
     arch: str
     labels: tuple[str, str]
+    size: int = 640
+    fused: bool = True
 
 
 #: the families ``--model`` chooses from (``all``: every one, in this order)
@@ -159,6 +194,15 @@ FAMILIES: dict[str, Family] = {
         deimv2_from_hf,
         "deimv2",
         ("DEIMv2 tiny DINOv3", "DEIMv2-S layout (DINOv3 ViT-Tiny)"),
+    ),
+    "rfdetr": Family(
+        rfdetr_config,
+        "RfDetrForObjectDetection",
+        from_hf,
+        "rfdetr",
+        ("RF-DETR tiny ViT", "RF-DETR-N (windowed DINOv2-S, patch 16)"),
+        size=384,
+        fused=False,
     ),
 }
 
@@ -193,9 +237,14 @@ def _targets(batch: int, seed: int) -> list[dict[str, torch.Tensor]]:
 
 
 def _calls(
-    ours, criterion, theirs, images, targets
+    ours, criterion, theirs, images, targets, fused: bool = True, theirs_images: torch.Tensor | None = None
 ) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
-    """Per measurement: ``(ours, theirs)`` zero-argument calls."""
+    """Per measurement: ``(ours, theirs)`` zero-argument calls (``fused``: with the ``eval_fused`` one).
+
+    ``images`` ``(B, 3, H, W)``: our input; ``theirs_images``: transformers' when it differs (a
+    standardised copy), else ``images``.
+    """
+    pixels = images if theirs_images is None else theirs_images
     hf_labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
 
     def ours_eval() -> None:
@@ -206,7 +255,7 @@ def _calls(
     def theirs_eval() -> None:
         theirs.eval()
         with torch.no_grad():
-            theirs(pixel_values=images)
+            theirs(pixel_values=pixels)
 
     def ours_train() -> None:
         ours.train()
@@ -216,41 +265,65 @@ def _calls(
 
     def theirs_train() -> None:
         theirs.train()
-        theirs(pixel_values=images, labels=hf_labels).loss.backward()
+        theirs(pixel_values=pixels, labels=hf_labels).loss.backward()
         theirs.zero_grad(set_to_none=True)
 
-    fused = fuse_for_deploy(ours)
+    calls = {"eval": (ours_eval, theirs_eval)}
+    if fused:
+        deploy = fuse_for_deploy(ours)
 
-    def fused_eval() -> None:
-        with torch.no_grad():
-            fused(images)
+        def fused_eval() -> None:
+            with torch.no_grad():
+                deploy(images)
 
-    return {
-        "eval": (ours_eval, theirs_eval),
-        "eval_fused": (fused_eval, theirs_eval),
-        "train": (ours_train, theirs_train),
-    }
+        calls["eval_fused"] = (fused_eval, theirs_eval)
+    calls["train"] = (ours_train, theirs_train)
+    return calls
 
 
-def _seconds(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
+#: ``--clock``: the timer of one call (wall clock, or this process's CPU time)
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def _seconds(fn: Callable[[], Any], clock: Callable[[], float] = time.perf_counter) -> float:
+    t0 = clock()
     fn()
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def run_bench(
-    small: bool, size: int, batch: int, rounds: int, seed: int = 0, model: str = "rtdetr"
+    small: bool,
+    size: int | None,
+    batch: int,
+    rounds: int,
+    seed: int = 0,
+    model: str = "rtdetr",
+    clock: str = "wall",
 ) -> dict[str, dict[str, float]]:
-    """``{"eval": {"ours": s, "transformers": s, "ratio": r}, "train": {...}}``: median seconds per call of family ``model``."""
+    """``{"eval": {"ours": s, "transformers": s, "ratio": r}, "train": {...}}``: median seconds per call of family ``model``.
+
+    ``size``: the square side (None: the family's :attr:`Family.size`); ``clock``: a :data:`CLOCKS` name.
+    """
+    family = FAMILIES[model]
     ours, criterion, theirs = make_pair(small, seed, model)
-    images = torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+    side = family.size if size is None else size
+    images = torch.rand(batch, 3, side, side, generator=torch.Generator().manual_seed(seed))
+    if model == "rfdetr":
+        # transformers' model takes the standardised image (its processor normalises); ours
+        # standardises [0, 1] pixels itself, so both see the same pixels (the cost is the same
+        # two elementwise ops either way: timed on our side, done once here for theirs)
+        mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
+        theirs_images = (images - mean) / std
+    else:
+        theirs_images = images
+    calls = _calls(ours, criterion, theirs, images, _targets(batch, seed), family.fused, theirs_images)
     table = {}
-    for name, (a, b) in _calls(ours, criterion, theirs, images, _targets(batch, seed)).items():
+    for name, (a, b) in calls.items():
         a(), b()  # warm-up (allocator, first-call paths)
         times: dict[str, list[float]] = {"ours": [], "transformers": []}
         for _ in range(rounds):
-            times["ours"].append(_seconds(a))
-            times["transformers"].append(_seconds(b))
+            times["ours"].append(_seconds(a, CLOCKS[clock]))
+            times["transformers"].append(_seconds(b, CLOCKS[clock]))
         med = {k: statistics.median(v) for k, v in times.items()}
         table[name] = {**med, "ratio": med["ours"] / med["transformers"]}
     return table
@@ -264,22 +337,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--small", action="store_true", help="small configs (seconds) instead of the published sizes"
     )
-    p.add_argument("--size", type=int, default=640, help="square input side")
+    p.add_argument(
+        "--size", type=int, default=None, help="square input side (default: 640; RF-DETR-N: 384, its own)"
+    )
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds per measurement")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument(
+        "--clock", choices=list(CLOCKS), default="wall",
+        help="time calls by the wall clock or by this process's CPU time (a machine shared with other jobs)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the table as JSON instead of Markdown")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     models = list(FAMILIES) if args.model == "all" else [args.model]
-    tables = {m: run_bench(args.small, args.size, args.batch, args.rounds, model=m) for m in models}
+    tables = {
+        m: run_bench(args.small, args.size, args.batch, args.rounds, model=m, clock=args.clock)
+        for m in models
+    }
     if args.json:
         print(json.dumps(tables if args.model == "all" else tables[args.model]))
         return 0
     for i, (model, table) in enumerate(tables.items()):
         config = FAMILIES[model].labels[0 if args.small else 1]
-        print(("\n" if i else "") + f"{config}, {args.size}x{args.size}, batch {args.batch}, {args.threads} thread(s), "
-              f"median of {args.rounds} interleaved rounds")  # fmt: skip
+        side = FAMILIES[model].size if args.size is None else args.size
+        print(("\n" if i else "") + f"{config}, {side}x{side}, batch {args.batch}, {args.threads} thread(s), "
+              f"median of {args.rounds} interleaved rounds" + (", CPU time" if args.clock == "cpu" else ""))  # fmt: skip
         print("\n| measurement | peg_detr (s) | transformers (s) | ratio |\n|---|---|---|---|")
         for name, row in table.items():
             print(f"| {name} | {row['ours']:.3f} | {row['transformers']:.3f} | {row['ratio']:.2f}x |")
