@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,12 +37,13 @@ def test_fsdp_refuses_the_weight_ema_in_one_line(tmp_path, capsys):
     assert "EMA" in err and err.endswith("--fsdp --ema-decay 0.99"), err
 
 
-def _train(out, *extra: str, processes: int = 2) -> None:
+def _train(prewarmed, out, *extra: str, processes: int = 2) -> None:
+    """torchrun (its launcher forked from the prewarmed server: ``tests/prewarmed.py``; the workers are
+    fresh processes) of a tiny classifier run."""
     argv = tiny(40, 8, "--epochs", "2", "--lr", "1e-3", "--output-dir", str(out), *extra)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-           "-m", "peg_core", "train", *argv]  # fmt: skip
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    args = ["--standalone", "--nproc_per_node", str(processes), "-m", "peg_core", "train", *argv]
+    proc = prewarmed.run(
+        "torch.distributed.run", args, cwd=Path.cwd(), env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -70,18 +70,18 @@ def _same_run(a, b, rtol: float) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp_equals_ddp_and_resumes_exactly(tmp_path):
-    _train(tmp_path / "ddp", "--batch-size", "8")  # per process: 20 images, steps of 8, 8 and 4
-    _train(tmp_path / "fsdp", "--batch-size", "8", "--fsdp", "--grad-checkpointing")
+def test_fsdp_equals_ddp_and_resumes_exactly(tmp_path, prewarmed):
+    _train(prewarmed, tmp_path / "ddp", "--batch-size", "8")  # per process: 20 images, steps of 8, 8 and 4
+    _train(prewarmed, tmp_path / "fsdp", "--batch-size", "8", "--fsdp", "--grad-checkpointing")
     _same_run(tmp_path / "ddp", tmp_path / "fsdp", rtol=1e-5)
     report = json.loads((tmp_path / "fsdp" / "report.json").read_text())
     assert report["status"] == "finished" and report["steps"] == 6
     # interrupted after epoch 1 (micro-batches of 4 under --grad-accum-steps 2), resumed from the gathered checkpoint
     resumed = tmp_path / "resumed"
     flags = ("--batch-size", "4", "--grad-accum-steps", "2", "--fsdp")
-    _train(resumed, *flags, "--stop-after-epoch", "1")
+    _train(prewarmed, resumed, *flags, "--stop-after-epoch", "1")
     assert json.loads((resumed / "report.json").read_text())["status"] == "stopped"
-    _train(resumed, *flags, "--resume", "auto")
-    _train(tmp_path / "whole", *flags)
+    _train(prewarmed, resumed, *flags, "--resume", "auto")
+    _train(prewarmed, tmp_path / "whole", *flags)
     _same_run(tmp_path / "whole", resumed, rtol=0.0)  # exact
     _same_run(tmp_path / "ddp", resumed, rtol=1e-5)  # accumulation under FSDP2 equals the large batch

@@ -239,19 +239,24 @@ def test_resume_keeps_the_runs_accumulation(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_two_process_accumulation_equals_the_large_batch(tmp_path):
-    """torchrun, 2 processes (gloo): DDP syncs the gradients once per optimizer step, after the micro-batches."""
+def test_two_process_accumulation_equals_the_large_batch(tmp_path, prewarmed):
+    """torchrun, 2 processes (gloo): DDP syncs the gradients once per optimizer step, after the micro-batches.
+
+    The launcher is forked from the prewarmed server (``tests/prewarmed.py``); its workers are fresh processes."""
     import os
-    import subprocess
-    import sys
+    from pathlib import Path
 
     from tests.core.classify_runs import tiny
 
     def run(out, *extra):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-               "peg_core", "train", *tiny(40, 8, "--epochs", "2", "--lr", "1e-3", "--output-dir", str(out), *extra)]  # fmt: skip
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        args = ["--standalone", "--nproc_per_node", "2", "-m", "peg_core", "train",
+                *tiny(40, 8, "--epochs", "2", "--lr", "1e-3", "--output-dir", str(out), *extra)]  # fmt: skip
+        proc = prewarmed.run(
+            "torch.distributed.run",
+            args,
+            cwd=Path.cwd(),
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            timeout=300,
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
