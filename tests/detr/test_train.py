@@ -225,17 +225,6 @@ def test_common_flags_accepted():
     assert {k: getattr(a, k) for k in expected} == expected
 
 
-def test_demo_quick(tmp_path):
-    from peg_detr.demo import run_demo
-
-    summary = run_demo(tmp_path, quick=True)
-    assert set(summary) >= {"ap", "ap50", "ap_by_size", "ap50_by_size", "seconds"}
-    assert set(summary["ap_by_size"]) == {"36", "48", "60"}
-    assert all(-1.0 <= v <= 1.0 for v in summary["ap_by_size"].values())
-    assert summary["ap50"] == summary["ap50_by_size"]["48"]
-    assert (tmp_path / "train" / "checkpoint.pth").is_file()
-
-
 def test_learned_grid_flag_reaches_the_model():
     args = parse_train_args(
         ["--config", "demo_tiny", "--data-root", "x", "--pos-enc", "learned", "--learned-grid", "5x7"]

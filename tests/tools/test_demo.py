@@ -31,15 +31,15 @@ def _quick_demo(out: Path, cwd: Path, path: str = "default") -> tuple[subprocess
 
 
 @pytest.fixture(scope="module")
-def default_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
-    """The quick demo on the machine's own CPU path (shared by the two tests below)."""
+def default_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict, Path]:
+    """The quick demo on the machine's own CPU path and its folder (shared by the tests below)."""
     tmp = tmp_path_factory.mktemp("demo")
-    return _quick_demo(tmp / "demo", tmp)
+    return *_quick_demo(tmp / "demo", tmp), tmp / "demo"
 
 
 @pytest.mark.slow
 def test_demo_quick_writes_summary(default_run) -> None:
-    proc, summary = default_run
+    proc, summary, _ = default_run
 
     assert set(summary) == {"classify", "detect", "video", "seconds", "seed", "cpu"}
     assert summary["seed"] == 0 and summary["cpu"] == {"capability": torch.backends.cpu.get_cpu_capability()}
@@ -73,6 +73,19 @@ def test_demo_quick_writes_summary(default_run) -> None:
         "video",
         "total",
     ]
+
+
+@pytest.mark.slow
+def test_detect_part_is_peg_detrs_quick_demo(default_run) -> None:
+    """The detect part is ``peg_detr.demo.run_demo(quick=True)``: DETR-PEG's summary at its 48 px training
+    size and 0.75x / 1.25x of it, its checkpoint under ``detect/train``."""
+    _, summary, out = default_run
+    detect = summary["detect"]
+    assert set(detect) >= {"ap", "ap50", "ap_by_size", "ap50_by_size", "seconds"}
+    assert set(detect["ap_by_size"]) == {"36", "48", "60"}
+    assert all(-1.0 <= v <= 1.0 for v in detect["ap_by_size"].values())
+    assert detect["ap50"] == detect["ap50_by_size"]["48"]
+    assert (out / "detect" / "train" / "checkpoint.pth").is_file()
 
 
 @pytest.mark.slow
