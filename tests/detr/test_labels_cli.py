@@ -92,13 +92,19 @@ def test_predict_command_writes_category_ids_and_names(run, gap_data, tmp_path, 
     assert report["detections"] == raw  # the --json closing line carries the ids run's raw labels
 
 
-@pytest.mark.slow  # an ONNX export
-def test_onnx_export_records_the_label_map(run, tmp_path, capsys):
-    onnx = pytest.importorskip("onnx")
+def test_onnx_export_records_the_label_map(run, tmp_path, capsys, monkeypatch):
+    """The metadata ``export`` hands the ONNX exporter: the run's label map.  ``export_onnx`` writes it into
+    the graph's ``metadata_props`` (read back from the file in ``test_export_onnx.py``); a tiny RT-DETR's
+    graph is traced by ``test_rtdetr_fuse.py`` and README's quick start, not once more here."""
+    import peg_detr.export
+
     checkpoint, _ = run
+    exported = []
+    monkeypatch.setattr(peg_detr.export, "export_onnx", lambda *args: exported.append(args))
     out = tmp_path / "model.onnx"
     assert cli(["export", str(checkpoint), str(out), "--height", "64", "--width", "64"]) == 0
-    props = {p.key: p.value for p in onnx.load(str(out), load_external_data=False).metadata_props}
+    ((*_, props),) = exported
+    assert set(props) == {"peg_task", "peg_categories", "peg_labels"} and props["peg_task"] == "detect"
     want = LabelMap.from_meta(read_checkpoint(checkpoint, "detect")["meta"])
     assert want.mode == "contiguous"
     assert json.loads(props["peg_labels"]) == want.to_json()
