@@ -61,7 +61,15 @@ def quoted(text: str, skip_generated: bool = True) -> list[tuple[int, str]]:
 
 def test_the_study_lives_in_docs_with_its_figures():
     study = STUDY.read_text()
-    for task in ("classify", "classify-scale", "detect", "detect-rtdetr", "detect-dfine", "video"):
+    for task in (
+        "classify",
+        "classify-scale",
+        "detect",
+        "detect-rtdetr",
+        "detect-dfine",
+        "detect-rfdetr",
+        "video",
+    ):
         assert re.search(rf"^## {re.escape(task)}: (?:top-1|AP50) by test size$", study, re.M), task
     figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", study)
     assert len(figures) >= 13 and all((STUDY.parent / f).is_file() for f in figures), figures
