@@ -91,3 +91,22 @@ def tiny_rtdetr_config(transformers: Any, **overrides: Any) -> Any:
         num_queries=20, num_labels=4, anchor_image_size=None, num_denoising=10,
     )  # fmt: skip
     return transformers.RTDetrConfig(**{**fields, **overrides})
+
+
+def tiny_rfdetr_config(transformers: Any, **overrides: Any) -> Any:
+    """A tiny transformers ``RfDetrConfig`` (a 4-block ViT of width 32, patch 4, 2 x 2 windows, a 14 x 14
+    table; width 32, 2 decoder layers, 3 groups of 10 queries, 5 labels).
+
+    ``overrides`` replace its fields.  The one small RF-DETR folder layout the tests save with
+    ``save_pretrained``.
+    """
+    backbone = dict(
+        model_type="rf_detr_dinov2", hidden_size=32, num_hidden_layers=4, num_attention_heads=2, image_size=56,
+        patch_size=4, num_windows=2, out_features=["stage1", "stage2", "stage4"],
+    )  # fmt: skip
+    fields = dict(
+        backbone_config=backbone, d_model=32, decoder_ffn_dim=64, decoder_layers=2, decoder_self_attention_heads=2,
+        decoder_cross_attention_heads=4, decoder_n_points=2, num_queries=10, group_detr=3, num_labels=5,
+        c2f_num_blocks=1, dropout=0.0,
+    )  # fmt: skip
+    return transformers.RfDetrConfig(**{**fields, **overrides})

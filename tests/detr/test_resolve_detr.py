@@ -24,7 +24,7 @@ from peg_detr.interop import load_rtdetr_backbone
 from peg_detr.model import build_model
 from peg_detr.models import build_detr
 from peg_detr.models.rtdetr.backbone import build_resnet_vd
-from tests.detr.rtdetr_checks import tiny_rtdetr_config
+from tests.detr.rtdetr_checks import tiny_rfdetr_config, tiny_rtdetr_config
 from tests.hub_cache import offline_caches, put_in_hf_cache
 
 transformers = pytest.importorskip("transformers")
@@ -38,7 +38,7 @@ def hf_home(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """Tiny random ``save_pretrained`` folders: a DETR (timm ResNet-18) and an RT-DETR (basic ResNet)."""
+    """Tiny random ``save_pretrained`` folders: a DETR (timm ResNet-18), an RT-DETR (basic ResNet), an RF-DETR."""
     root = tmp_path_factory.mktemp("hf")
     torch.manual_seed(0)
     detr = transformers.DetrConfig(
@@ -49,6 +49,7 @@ def folders(tmp_path_factory):
     transformers.DetrForObjectDetection(detr).save_pretrained(root / "detr")
     rtdetr = tiny_rtdetr_config(transformers)
     transformers.RTDetrForObjectDetection(rtdetr).save_pretrained(root / "rtdetr")
+    transformers.RfDetrForObjectDetection(tiny_rfdetr_config(transformers)).save_pretrained(root / "rfdetr")
     video = transformers.VideoMAEConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
         patch_size=8, num_frames=4, tubelet_size=2,
@@ -65,7 +66,7 @@ def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
-@pytest.mark.parametrize("name", ["detr", "rtdetr"])
+@pytest.mark.parametrize("name", ["detr", "rtdetr", "rfdetr"])
 def test_from_hf_hub_id_is_the_local_folders_model(hf_home, folders, name, capsys):
     snapshot = put_in_hf_cache(hf_home, f"org/tiny-{name}", folders / name)
     local, _ = from_hf(folders / name)
@@ -91,7 +92,7 @@ def test_hub_errors_are_one_line(hf_home, folders):
 
 
 @pytest.mark.filterwarnings("ignore:resnet18 backbone starts from random weights")
-@pytest.mark.parametrize("name", ["detr", "rtdetr"])
+@pytest.mark.parametrize("name", ["detr", "rtdetr", "rfdetr"])
 def test_predictor_from_a_hub_id(hf_home, folders, name):
     from peg_detr.predict import Predictor
 
@@ -99,7 +100,7 @@ def test_predictor_from_a_hub_id(hf_home, folders, name):
     image = torch.randint(0, 256, (3, 64, 80), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     named = Predictor.from_checkpoint(f"org/tiny-{name}", threshold=0.0, size=64)
     local = Predictor.from_checkpoint(folders / name, threshold=0.0, size=64)
-    assert named.arch == local.arch == ("rtdetr" if name == "rtdetr" else "detr")
+    assert named.arch == local.arch == name
     (want,), (got,) = local([image]), named([image])
     assert got.detections and [d.to_json() for d in got.detections] == [d.to_json() for d in want.detections]
     assert got.detections[0].name.startswith("LABEL_")  # transformers' default id2label names the labels

@@ -31,6 +31,7 @@ from peg_detr.interop.hf_rfdetr import (
 from peg_detr.models.rfdetr import build_windowed_vit, from_windows, to_windows
 from peg_detr.models.rfdetr.backbone import IMAGENET_MEAN, IMAGENET_STD, window_token_order, windows_to_map
 from peg_detr.models.rfdetr.decoder import cell_proposals
+from tests.detr.rtdetr_checks import tiny_rfdetr_config
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.models.rf_detr")
@@ -41,17 +42,7 @@ NON_SQUARE = (48, 80)  # 12 x 20 patches: the 2 x 2 windows divide it, the table
 
 
 def _config(**overrides):
-    backbone = dict(
-        model_type="rf_detr_dinov2", hidden_size=32, num_hidden_layers=4, num_attention_heads=2, image_size=56,
-        patch_size=4, num_windows=2, out_features=["stage1", "stage2", "stage4"],
-    )  # fmt: skip
-    options = dict(
-        backbone_config=backbone, d_model=32, decoder_ffn_dim=64, decoder_layers=2, decoder_self_attention_heads=2,
-        decoder_cross_attention_heads=4, decoder_n_points=2, num_queries=10, group_detr=3, num_labels=5,
-        c2f_num_blocks=1, dropout=0.0,
-    )  # fmt: skip
-    options.update(overrides)
-    return transformers.RfDetrConfig(**options)
+    return tiny_rfdetr_config(transformers, **overrides)
 
 
 @pytest.fixture(scope="module")
