@@ -136,19 +136,26 @@ def test_the_transfer_case_keeps_the_source_level_and_fresh_names_start_from_zer
     assert result["fresh"]["classes"]["kept"] == []
 
 
-@pytest.mark.parametrize("name", ["detr_finetune", "rtdetr_finetune", "dfine_finetune", "deimv2_finetune"])
+@pytest.mark.parametrize(
+    "name", ["detr_finetune", "rtdetr_finetune", "dfine_finetune", "deimv2_finetune", "rfdetr_finetune"]
+)
 def test_the_finetune_recipes_are_short_lower_lr_and_end_plain(name, tmp_path):
     from peg_detr.cli import parse_train_args
     from peg_detr.configs import CONFIGS
 
     base = {"detr_finetune": "detr_r50_500ep", "rtdetr_finetune": "rtdetr_r50vd_6x", "dfine_finetune": "dfine_l",
-            "deimv2_finetune": "deimv2_s"}[name]  # fmt: skip
+            "deimv2_finetune": "deimv2_s", "rfdetr_finetune": "rfdetr_base_coco"}[name]  # fmt: skip
     args = parse_train_args(["--config", name, "--data-root", str(tmp_path)])
     assert args.arch == CONFIGS[base].get("arch", "detr") and args.epochs < CONFIGS[base]["epochs"]
     assert args.lr == CONFIGS[base]["lr"] / 2 and args.lr_backbone == CONFIGS[base]["lr_backbone"] / 2
     assert args.total_batch_size == 8
-    if name != "detr_finetune":  # the RT-DETR family's strong augmentation stops before the end
+    if name not in (
+        "detr_finetune",
+        "rfdetr_finetune",
+    ):  # the RT-DETR family's strong augmentation stops before the end
         assert args.no_aug_epochs == 4 and args.warmup_steps == 200
+    if name == "rfdetr_finetune":  # RF-DETR's augmentation has no strong phase to stop
+        assert args.no_aug_epochs == 0 and args.warmup_steps == 200
 
 
 def test_a_folder_is_predicted_at_the_size_its_processor_names(tmp_path):

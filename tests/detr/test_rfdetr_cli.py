@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 
+from peg_core.engine import read_checkpoint
 from peg_detr import from_hf
 from peg_detr.__main__ import main as cli
 from peg_detr.cli import parse_train_args
@@ -145,3 +146,21 @@ def test_train_eval_predict_and_export_hf(trained, data, tmp_path, capsys):
         a, b = ours(x), theirs(pixel_values=(x - mean) / std)
     assert (a["pred_logits"] - b.logits).abs().max() <= 1e-4
     assert (a["pred_boxes"] - b.pred_boxes).abs().max() <= 1e-4
+
+
+def test_init_from_an_rf_detr_folder_starts_a_run(trained, data, tmp_path, capsys):
+    """``--init FOLDER`` of an exported RF-DETR: the classes kept by name, the weights the folder's."""
+    out, _ = trained
+    folder = tmp_path / "hf"
+    assert cli(["export-hf", str(out / "checkpoint.pth"), str(folder)]) == 0
+    run = tmp_path / "ft"
+    assert cli(["train", "--config", "rfdetr_demo_tiny", "--pos-enc", "learned", "--data-root", str(data),
+                "--output-dir", str(run), "--init", str(folder), "--epochs", "1", "--lr", "1e-12",
+                "--lr-backbone", "1e-12", "--eval-sizes", "96", "--workers", "0", "--no-progress"]) == 0  # fmt: skip
+    assert "kept 3 of 3 classes by name (square, disc, triangle)" in capsys.readouterr().out
+    tuned = read_checkpoint(run / "checkpoint.pth", "detect")
+    assert tuned["model_config"]["arch"] == "rfdetr"
+    # lr 1e-12 for two steps: the folder's weights (export-hf writes the run's EMA), every class row included
+    start, _ = from_hf(folder)
+    for key, value in start.state_dict().items():
+        torch.testing.assert_close(tuned["model"][f"model.{key}"], value, rtol=0, atol=1e-6, msg=key)
