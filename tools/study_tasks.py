@@ -832,22 +832,30 @@ def plan_detect_rfdetr(
     )  # fmt: skip
 
 
-def _rfdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
-    """Train ``rfdetr_demo_tiny`` with the row's ViT encoding (the recipe's own lr), evaluate every test size."""
+def _train_detector(
+    plan: Plan, spec: RowSpec, seed: int, run_dir: Path, config: str, schedule: Sequence[str] = ()
+) -> tuple[int, Path, Path, torch.nn.Module]:
+    """Train ``config`` for one cell (the row's encoding, the plan's budget, sides and seed; ``schedule``:
+    flags after the epochs); ``(training side, data root, checkpoint, the trained model in eval mode)``."""
     from peg_detr.cli import train
     from peg_detr.model import load_model as load_detector
 
     size, data = int(plan.train_label.split()[0]), Path(plan.data["root"])
     argv = [
-        "--config", plan.data["config"], "--data-root", str(data), "--output-dir", str(run_dir), "--overwrite",
-        "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(plan.epochs),
+        "--config", config, "--data-root", str(data), "--output-dir", str(run_dir), "--overwrite",
+        "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(plan.epochs), *schedule,
         "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
         "--train-sizes", ",".join(map(str, plan.data["train_sides"])), "--val-size", str(size),
         "--eval-sizes", str(size), "--eval-every", "0", "--workers", "0", "--no-progress", "--device", cell_device(),
     ]  # fmt: skip
     train([*argv, *plan.train_args])
     ckpt = run_dir / "checkpoint.pth"
-    model = load_detector(ckpt).model.eval()
+    return size, data, ckpt, load_detector(ckpt).model.eval()
+
+
+def _rfdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
+    """Train ``rfdetr_demo_tiny`` with the row's ViT encoding (the recipe's own lr), evaluate every test size."""
+    size, data, ckpt, model = _train_detector(plan, spec, seed, run_dir, plan.data["config"])
     vit = model.backbone.vit
     x = torch.zeros(1, 3, size, size)
     cost = encoding_cost({"pos_enc": vit.pos_enc, "pos_blocks": vit.pos_blocks, "rope": vit.rope},
@@ -856,23 +864,10 @@ def _rfdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellRes
 
 
 def _rtdetr_cell(plan: Plan, spec: RowSpec, seed: int, run_dir: Path) -> CellResult:
-    from peg_detr.cli import train
-    from peg_detr.model import load_model as load_detector
-
-    size, data = int(plan.train_label.split()[0]), Path(plan.data["root"])
-    argv = [
-        "--config", plan.data.get("config", "rtdetr_demo_tiny"), "--data-root", str(data), "--output-dir", str(run_dir), "--overwrite",
-        "--pos-enc", spec.encoding, *spec.argv, "--epochs", str(plan.epochs),
-        # the schedule the study's tables were measured with (the tiny recipes' one-epoch settings
-        # since: lr 1e-3, no strong augmentation) so that its cells keep their settings
-        *STUDY_RTDETR_SCHEDULE,
-        "--total-batch-size", str(plan.budget.batch_size), "--seed", str(seed),
-        "--train-sizes", ",".join(map(str, plan.data["train_sides"])), "--val-size", str(size),
-        "--eval-sizes", str(size), "--eval-every", "0", "--workers", "0", "--no-progress", "--device", cell_device(),
-    ]  # fmt: skip
-    train([*argv, *plan.train_args])
-    ckpt = run_dir / "checkpoint.pth"
-    model = load_detector(ckpt).model.eval()
+    # the schedule the study's tables were measured with (the tiny recipes' one-epoch settings
+    # since: lr 1e-3, no strong augmentation) so that its cells keep their settings
+    config = plan.data.get("config", "rtdetr_demo_tiny")
+    size, data, ckpt, model = _train_detector(plan, spec, seed, run_dir, config, STUDY_RTDETR_SCHEDULE)
     aifis = list(model.encoder.aifi)
     modules = {f"{k}{i}": getattr(a, k) for i, a in enumerate(aifis) for k in ("pos", "pegs", "rope")}
     x = torch.zeros(1, 3, size, size)
