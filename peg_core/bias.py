@@ -38,6 +38,7 @@ Built-in biases (registered in :mod:`peg_core.registry`):
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
@@ -103,7 +104,7 @@ def with_key_padding(bias: Tensor, key_padding_mask: Tensor | None) -> Tensor:
     return bias.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
 
 
-class AttentionBias(nn.Module):
+class AttentionBias(nn.Module, ABC):
     """Base class of the ``bias`` kind: ``forward(size, mask=None, *, num_prefix_tokens=0, dtype, device)``.
 
     Subclasses implement :meth:`grid_bias` ``(size, coords (N, k), compute dtype) -> (heads, N, N)``;
@@ -120,9 +121,9 @@ class AttentionBias(nn.Module):
         self.num_heads = num_heads
         self.ndim = ndim
 
+    @abstractmethod
     def grid_bias(self, coords: Tensor) -> Tensor:
         """Coordinates ``(N, k)`` in the compute dtype -> the bias of the grid tokens ``(heads, N, N)``."""
-        raise NotImplementedError
 
     def layer_bias(self, bias: Tensor, layer: int) -> Tensor:
         """The bias block ``layer`` adds, from the tensor :meth:`forward` returned this forward.

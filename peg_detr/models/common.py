@@ -6,6 +6,7 @@ and RF-DETR import them from here, so no family imports another's modules for th
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -125,7 +126,7 @@ def num_boxes_of(
     return box_normaliser(sum(len(t["labels"]) for t in targets), device)
 
 
-class DetectionCriterion(nn.Module):
+class DetectionCriterion(nn.Module, ABC):
     """What every family's criterion shares: ``forward(outputs, targets, num_boxes=None) -> {name: loss}``
     and :meth:`total`, the weighted sum by :attr:`weight_dict` (set by the subclass).
 
@@ -146,15 +147,15 @@ class DetectionCriterion(nn.Module):
         self.check(outputs, targets)
         return self.compute(outputs, targets, num_boxes_of(targets, outputs["pred_logits"].device, num_boxes))
 
+    @abstractmethod
     def check(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> None:
         """A ``ValueError`` when ``outputs`` and ``targets`` do not fit this criterion."""
-        raise NotImplementedError
 
+    @abstractmethod
     def compute(
         self, outputs: dict[str, Any], targets: list[dict[str, Tensor]], num_boxes: Tensor
     ) -> dict[str, Tensor]:
         """The losses, normalised by ``num_boxes`` ``()`` (the boxes over processes, at least 1)."""
-        raise NotImplementedError
 
     def total(self, losses: dict[str, Tensor]) -> Tensor:
         """Weighted sum of the losses that have a weight: a scalar to call ``backward`` on."""

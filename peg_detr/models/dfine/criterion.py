@@ -346,7 +346,18 @@ class DFineCriterion(DetectionCriterion):
         device = outputs["pred_logits"].device
         own_boxes = box_normaliser(sum(len(t["labels"]) for t in targets), device)
         scale = None if num_boxes is None else num_boxes / own_boxes
-        num_boxes = own_boxes if num_boxes is None else num_boxes
+        return self.compute(outputs, targets, own_boxes if num_boxes is None else num_boxes, scale=scale)
+
+    def compute(
+        self,
+        outputs: dict[str, Any],
+        targets: list[dict[str, Tensor]],
+        num_boxes: Tensor,
+        scale: Tensor | None = None,
+    ) -> dict[str, Tensor]:
+        """The losses normalised by ``num_boxes`` ``()``; the union-set normaliser times ``scale`` ``()``
+        (the given normaliser over this batch's own; None: 1)."""
+        device = outputs["pred_logits"].device
         labels = torch.cat([t["labels"] for t in targets]).to(device)
         boxes = torch.cat([t["boxes"] for t in targets]).to(device=device, dtype=torch.float32)
         geometry = self._geometry(outputs)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -339,7 +340,7 @@ class AIFI(nn.Module):
         return out.contiguous()
 
 
-class HybridEncoderBase(nn.Module):
+class HybridEncoderBase(nn.Module, ABC):
     """What RT-DETR's and D-FINE's hybrid encoders share: the constructor, the input projections, AIFI, the fusion loop.
 
     The constructor (its arguments: :class:`HybridEncoder`'s) checks the levels and builds the
@@ -377,9 +378,9 @@ class HybridEncoderBase(nn.Module):
         self._build_input_and_aifi({k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self.build_fusion()
 
+    @abstractmethod
     def build_fusion(self) -> None:
         """The subclass's FPN / PAN modules, from :attr:`hparams` (called by the constructor)."""
-        raise NotImplementedError
 
     def _build_input_and_aifi(self, hparams: dict) -> None:
         """From the constructor's arguments ``hparams`` (kept json-safe as :attr:`hparams`)."""
