@@ -35,11 +35,12 @@ from peg_core.registry import EncodingSupport
 from .configs import DEIMV2_DEFAULTS, DFINE_DEFAULTS, RFDETR_DEFAULTS, RTDETR_DEFAULTS
 from .data import RTDETR_SIZE
 from .data.transforms import make_rfdetr_train_transforms
-from .interop.hf_deimv2 import deimv2_from_hf_config, export_hf_deimv2
+from .interop.hf import FROM_HF
+from .interop.hf_deimv2 import export_hf_deimv2
 from .interop.hf_detr import export_hf_detr
-from .interop.hf_dfine import dfine_from_hf_config, export_hf_dfine
-from .interop.hf_rfdetr import export_hf_rfdetr, rfdetr_from_hf_config
-from .interop.hf_rtdetr import export_hf_rtdetr, load_rtdetr_backbone, rtdetr_from_hf_config
+from .interop.hf_dfine import export_hf_dfine
+from .interop.hf_rfdetr import export_hf_rfdetr
+from .interop.hf_rtdetr import export_hf_rtdetr, load_rtdetr_backbone
 from .models import BACKBONES, DETR, DETRConfig, PostProcess, build_detr
 from .models.config import DetectorConfig
 from .models.deimv2 import DINOV3_VITS, DEIMv2, DEIMv2Config, build_deimv2, deimv2_training_parts
@@ -62,7 +63,6 @@ class Arch:
 
     Attributes:
         name: the ``--arch`` value, recorded in ``model_config["arch"]``.
-        title: the name in messages and reports (``"RT-DETR"``).
         family: the training recipe family (module docstring).
         build: the builder, ``build(config) -> (model, criterion, postprocessor)``; ``config`` an
             instance of ``config`` (its ``to_dict()`` becomes ``model.build_config``).
@@ -72,10 +72,6 @@ class Arch:
         backbones: the backbone names ``build`` takes.
         model_cls: the model's class (:func:`arch_of_model` tells a built model's arch by it).
         eval_size: the side a predictor uses when the run recorded none (DETR 800, RT-DETR 640).
-        hf_model_types: the ``config.json`` ``model_type`` values ``--init FOLDER`` reads as this arch.
-        from_hf_config: ``(config, pos_enc, **encoder_options) -> model`` for a resumed
-            ``--init FOLDER`` run, whose ``model_config`` holds the folder's config.json; None when
-            the arch starts from a folder through the official checkpoint loader instead (DETR).
         postprocessor: ``model -> postprocessor`` of a model not built by ``build`` (a Hugging Face
             folder's, for inference); None: ``training_parts``'s, or DETR's :class:`PostProcess`
             without them (:meth:`postprocess`).
@@ -95,15 +91,12 @@ class Arch:
     """
 
     name: str
-    title: str
     family: Family
     build: Builder
     config: type[DetectorConfig]
     backbones: tuple[str, ...]
     model_cls: type[nn.Module]
     eval_size: int
-    hf_model_types: tuple[str, ...] = ()
-    from_hf_config: Callable[..., nn.Module] | None = None
     postprocessor: Callable[[nn.Module], nn.Module] | None = None
     training_parts: Callable[[nn.Module], tuple[nn.Module, nn.Module]] | None = None
     load_backbone: Callable[[nn.Module, Any], Any] | None = None
@@ -119,6 +112,23 @@ class Arch:
         if self.training_parts is not None:
             return self.training_parts(model)[1]
         return PostProcess()
+
+    @property
+    def title(self) -> str:
+        """The name in messages and reports (``"RT-DETR"``): the config's ``TITLE``."""
+        return self.config.TITLE
+
+    @property
+    def hf_model_types(self) -> tuple[str, ...]:
+        """The ``config.json`` ``model_type`` values ``--init FOLDER`` reads as this arch (from :data:`FROM_HF`)."""
+        return tuple(kind for kind, fmt in FROM_HF.items() if fmt.arch == self.name)
+
+    @property
+    def from_hf_config(self) -> Callable[..., nn.Module] | None:
+        """``(config, pos_enc, **encoder_options) -> model`` for a resumed ``--init FOLDER`` run, whose
+        ``model_config`` holds the folder's config.json (from :data:`FROM_HF`); None when the arch's
+        folders are read into a model its builder made (DETR: the official checkpoint loader)."""
+        return next((f.from_config for f in FROM_HF.values() if f.arch == self.name and f.from_config), None)
 
     @property
     def backbone(self) -> str:
@@ -202,29 +212,24 @@ def _named_labels(export: Callable[..., Any]) -> Callable[..., Any]:
 register_arch(
     Arch(
         name="detr",
-        title="DETR",
         family="detr",
         build=build_detr,
         config=DETRConfig,
         backbones=tuple(BACKBONES),
         model_cls=DETR,
         eval_size=800,
-        hf_model_types=("detr",),
         export_hf=export_hf_detr,
     )
 )
 register_arch(
     Arch(
         name="rtdetr",
-        title="RT-DETR",
         family="rtdetr",
         build=build_rtdetr,
         config=RTDETRConfig,
         backbones=RTDETR_BACKBONES,
         model_cls=RTDETR,
         eval_size=RTDETR_SIZE,
-        hf_model_types=("rt_detr",),
-        from_hf_config=rtdetr_from_hf_config,
         training_parts=rtdetr_training_parts,
         load_backbone=load_rtdetr_backbone,
         export_hf=_named_labels(export_hf_rtdetr),
@@ -235,15 +240,12 @@ register_arch(
 register_arch(
     Arch(
         name="dfine",
-        title="D-FINE",
         family="rtdetr",
         build=build_dfine,
         config=DFineConfig,
         backbones=DFINE_BACKBONES,
         model_cls=DFINE,
         eval_size=RTDETR_SIZE,
-        hf_model_types=("d_fine",),
-        from_hf_config=dfine_from_hf_config,
         training_parts=dfine_training_parts,
         export_hf=_named_labels(export_hf_dfine),
         fuse=True,
@@ -253,15 +255,12 @@ register_arch(
 register_arch(
     Arch(
         name="deimv2",
-        title="DEIMv2",
         family="rtdetr",
         build=build_deimv2,
         config=DEIMv2Config,
         backbones=(*DINOV3_VITS, *HGNETV2_BACKBONES),
         model_cls=DEIMv2,
         eval_size=RTDETR_SIZE,
-        hf_model_types=("deimv2",),
-        from_hf_config=deimv2_from_hf_config,
         training_parts=deimv2_training_parts,
         export_hf=_named_labels(export_hf_deimv2),
         fuse=True,
@@ -271,15 +270,12 @@ register_arch(
 register_arch(
     Arch(
         name="rfdetr",
-        title="RF-DETR",
         family="rtdetr",
         build=build_rfdetr,
         config=RFDETRConfig,
         backbones=RFDETR_BACKBONES,
         model_cls=RFDETR,
         eval_size=560,  # the default config's (RF-DETR base's) resolution
-        hf_model_types=("rf_detr",),
-        from_hf_config=rfdetr_from_hf_config,
         training_parts=rfdetr_training_parts,
         export_hf=_named_labels(export_hf_rfdetr),
         recipe_defaults=RFDETR_DEFAULTS,

@@ -6,13 +6,15 @@
 (``RTDetrForObjectDetection``, :func:`.hf_rtdetr.rtdetr_from_hf`) or ``d_fine``
 (``DFineForObjectDetection``, :func:`.hf_dfine.dfine_from_hf`) or ``deimv2`` or ``rf_detr``
 (``RfDetrForObjectDetection``, :func:`.hf_rfdetr.rfdetr_from_hf`).  A new detector format adds
-its module here and one entry to :data:`FROM_HF`.
+its module here and one entry to :data:`FROM_HF` (which also tells :mod:`peg_detr.archs` which
+``--arch`` each ``model_type`` starts).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
@@ -30,7 +32,7 @@ from .hf_rfdetr import rfdetr_from_hf, rfdetr_from_hf_config
 from .hf_rtdetr import config_for_classes, rtdetr_from_hf, rtdetr_from_hf_config
 from .official import load_official_checkpoint
 
-__all__ = ["FROM_HF", "FROM_HF_CONFIG", "SUPPORTED_MODEL_TYPES", "detr_from_hf", "from_hf"]
+__all__ = ["FROM_HF", "SUPPORTED_MODEL_TYPES", "HFFormat", "detr_from_hf", "from_hf"]
 
 
 def detr_from_hf(folder: str | os.PathLike, pos_enc: str = "sine") -> tuple[nn.Module, LoadReport]:
@@ -47,24 +49,34 @@ def detr_from_hf(folder: str | os.PathLike, pos_enc: str = "sine") -> tuple[nn.M
     return model.eval(), report
 
 
-#: ``config.json`` ``model_type`` -> ``(reader, its default encoding)``
-FROM_HF: dict[str, tuple[Callable[..., tuple[nn.Module, LoadReport]], str]] = {
-    "detr": (detr_from_hf, "sine"),
-    "rt_detr": (rtdetr_from_hf, "sincos"),
-    "d_fine": (dfine_from_hf, "sincos"),
-    "deimv2": (deimv2_from_hf, "sincos"),
-    "rf_detr": (rfdetr_from_hf, "learned"),
+@dataclass(frozen=True)
+class HFFormat:
+    """What peg_detr makes of a Hugging Face folder of one ``config.json`` ``model_type``.
+
+    Attributes:
+        arch: the ``--arch`` whose model the folder becomes (:data:`peg_detr.archs.ARCHS` reads its
+            formats from here: ``Arch.hf_model_types``, ``Arch.from_hf_config``).
+        read: ``(folder, pos_enc) -> (model, report)``; its ``pos_enc`` default is the folder's own
+            encoding (DETR ``sine``, the RT-DETR family ``sincos``, RF-DETR ``learned``).
+        from_config: ``(config.json dict, pos_enc, **encoder options) -> model`` with random weights,
+            for a folder's model rebuilt from its config (another label set, a resumed ``--init
+            FOLDER`` run); None: the arch's builder rebuilds it from the model's ``build_config`` (DETR).
+    """
+
+    arch: str
+    read: Callable[..., tuple[nn.Module, LoadReport]]
+    from_config: Callable[..., nn.Module] | None = None
+
+
+#: ``config.json`` ``model_type`` -> its :class:`HFFormat`: the one list of the folders peg_detr reads
+FROM_HF: dict[str, HFFormat] = {
+    "detr": HFFormat("detr", detr_from_hf),
+    "rt_detr": HFFormat("rtdetr", rtdetr_from_hf, rtdetr_from_hf_config),
+    "d_fine": HFFormat("dfine", dfine_from_hf, dfine_from_hf_config),
+    "deimv2": HFFormat("deimv2", deimv2_from_hf, deimv2_from_hf_config),
+    "rf_detr": HFFormat("rfdetr", rfdetr_from_hf, rfdetr_from_hf_config),
 }
 SUPPORTED_MODEL_TYPES = tuple(FROM_HF)
-
-
-#: ``model_type`` -> ``(config.json, pos_enc, **encoder options) -> model`` of the folders built from their config
-FROM_HF_CONFIG: dict[str, Callable[..., nn.Module]] = {
-    "rt_detr": rtdetr_from_hf_config,
-    "d_fine": dfine_from_hf_config,
-    "deimv2": deimv2_from_hf_config,
-    "rf_detr": rfdetr_from_hf_config,
-}
 
 
 def from_hf(
@@ -105,15 +117,17 @@ def from_hf(
         raise ValueError(
             f"{path / 'config.json'}: model_type {kind!r} is not supported (expected one of {', '.join(map(repr, SUPPORTED_MODEL_TYPES))})"
         )
-    reader, default = FROM_HF[kind]
-    model, report = reader(path, pos_enc or default)
+    fmt = FROM_HF[kind]
+    model, report = fmt.read(path) if pos_enc is None else fmt.read(path, pos_enc)
     if classes is None:
         return model, report
     config = read_hf_config(path)
     transfer = match_classes(list(classes), hf_label_names(config, path / "config.json") or [], class_map)
-    if kind in FROM_HF_CONFIG:
+    if fmt.from_config is not None:  # the folder's config for the new label set, the read model's options
         options = {k: v for k, v in model.build_config.items() if k not in ("hf_config", "pos_enc")}
-        fresh = FROM_HF_CONFIG[kind](config_for_classes(config, list(classes)), pos_enc or default, **options)
+        fresh = fmt.from_config(
+            config_for_classes(config, list(classes)), model.build_config["pos_enc"], **options
+        )
     else:  # DETR: built by build_detr from the folder's options
         fresh, _, _ = build_detr(**{**model.build_config, "num_classes": len(classes)})
     carried = carry_classes(model, fresh, fresh.class_parameters(), transfer, str(path))

@@ -111,7 +111,7 @@ def toydet() -> Iterator[Arch]:
     recipe = {k: v for k, v in CONFIGS["rtdetr_demo_tiny"].items() if k != "arch"}  # seconds on a CPU
     arch = register_arch(
         Arch(
-            name="toydet", title="ToyDet", family="rtdetr", build=build_toydet, config=ToyConfig,
+            name="toydet", family="rtdetr", build=build_toydet, config=ToyConfig,
             backbones=("toyconv",), model_cls=ToyDet, eval_size=96,
             recipe_defaults={**recipe, "backbone": "toyconv", "pos_enc": "sincos", "num_queries": 20},
         )
