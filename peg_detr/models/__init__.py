@@ -18,45 +18,10 @@ mechanism: fields' flags and Hugging Face names), ``matcher`` (Hungarian matchin
 nothing here imports it.
 """
 
+from . import detr
 from .common import to_image_batch
 from .config import DetectorConfig
-from .detr import (
-    BACKBONES,
-    DECODER_KEY_POS,
-    DETR,
-    DETR_ENCODINGS,
-    MLP,
-    DETRConfig,
-    Joiner,
-    PostProcess,
-    ResNetBackbone,
-    SetCriterion,
-    TinyBackbone,
-    Transformer,
-    build_backbone,
-    build_detr,
-    build_weight_dict,
-)
+from .detr import *  # noqa: F403  DETR's public names are the package's (detr.__all__, listed once)
 from .matcher import HungarianMatcher, match_cost
 
-__all__ = [
-    "BACKBONES",
-    "DECODER_KEY_POS",
-    "DETR",
-    "DETR_ENCODINGS",
-    "MLP",
-    "DETRConfig",
-    "DetectorConfig",
-    "HungarianMatcher",
-    "Joiner",
-    "PostProcess",
-    "ResNetBackbone",
-    "SetCriterion",
-    "TinyBackbone",
-    "Transformer",
-    "build_backbone",
-    "build_detr",
-    "build_weight_dict",
-    "match_cost",
-    "to_image_batch",
-]
+__all__ = [*detr.__all__, "DetectorConfig", "HungarianMatcher", "match_cost", "to_image_batch"]
