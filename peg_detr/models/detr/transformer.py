@@ -114,7 +114,37 @@ def rotary_self_attention(
     return mha.out_proj(out.transpose(1, 2).reshape(b, n, c))
 
 
-class TransformerEncoderLayer(nn.Module):
+class _DETRLayer(nn.Module):
+    """DETR's sublayers in its state-dict names: ``self_attn``, ``multihead_attn`` (``cross``), the
+    ReLU FFN ``linear1`` / ``dropout`` / ``linear2``, then ``norm{i}`` and ``dropout{i}`` for each of
+    the 2 (encoder) or 3 (decoder) residual branches.
+
+    Created in the official modules' order, so a seeded model draws the same initial weights.
+    """
+
+    def __init__(
+        self, d_model: int, nhead: int, dim_feedforward: int, dropout: float, pre_norm: bool, *, cross: bool
+    ) -> None:
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
+        if cross:
+            self.multihead_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        branches = range(1, 4 if cross else 3)
+        for i in branches:
+            self.add_module(f"norm{i}", nn.LayerNorm(d_model))
+        for i in branches:
+            self.add_module(f"dropout{i}", nn.Dropout(dropout))
+        self.pre_norm = pre_norm
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        """``(..., C) -> (..., C)``: ``linear2(dropout(relu(linear1(x))))``."""
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+
+
+class TransformerEncoderLayer(_DETRLayer):
     """Self-attention + FFN; ``pos`` is added to queries and keys only (values stay position-free).
 
     ``forward(src (B, N, C), pos (B|1, N, C) | None, key_padding_mask (B, N) | None, rope, bias) -> (B, N, C)``;
@@ -134,20 +164,8 @@ class TransformerEncoderLayer(nn.Module):
         *,
         rope_half: bool = False,
     ) -> None:
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
-        self.linear1 = nn.Linear(d_model, dim_feedforward)
-        self.dropout = nn.Dropout(dropout)
-        self.linear2 = nn.Linear(dim_feedforward, d_model)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.pre_norm = pre_norm
+        super().__init__(d_model, nhead, dim_feedforward, dropout, pre_norm, cross=False)
         self.rope_half = rope_half
-
-    def _ffn(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
 
     def _attn(
         self,
@@ -181,7 +199,7 @@ class TransformerEncoderLayer(nn.Module):
         return self.norm2(src + self.dropout2(self._ffn(src)))
 
 
-class TransformerDecoderLayer(nn.Module):
+class TransformerDecoderLayer(_DETRLayer):
     """Query self-attention, cross-attention to the encoder memory, FFN.
 
     Self-attention: ``q = k = tgt + query_pos``, ``v = tgt``.  Cross-attention:
@@ -193,19 +211,7 @@ class TransformerDecoderLayer(nn.Module):
     def __init__(
         self, d_model: int, nhead: int, dim_feedforward: int, dropout: float, pre_norm: bool = False
     ) -> None:
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
-        self.multihead_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
-        self.linear1 = nn.Linear(d_model, dim_feedforward)
-        self.dropout = nn.Dropout(dropout)
-        self.linear2 = nn.Linear(dim_feedforward, d_model)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.norm3 = nn.LayerNorm(d_model)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.dropout3 = nn.Dropout(dropout)
-        self.pre_norm = pre_norm
+        super().__init__(d_model, nhead, dim_feedforward, dropout, pre_norm, cross=True)
 
     def _self(self, x: Tensor, query_pos: Tensor) -> Tensor:
         qk = x + query_pos
@@ -217,9 +223,6 @@ class TransformerDecoderLayer(nn.Module):
         return self.multihead_attn(
             x + query_pos, _with_pos(memory, key_pos), memory, key_padding_mask=kpm, need_weights=False
         )[0]
-
-    def _ffn(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
 
     def forward(
         self,
