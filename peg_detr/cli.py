@@ -76,7 +76,7 @@ from .data import LABEL_MODES, SHAPES
 from .data.dense_o2o import dense_o2o_without_effect
 from .evaluation import BACKENDS
 from .make_data import MAKE_DATA_LAYOUTS, write_shapes
-from .models import BACKBONES, DECODER_KEY_POS, DETR_ENCODINGS
+from .models import BACKBONES, DETR_ENCODINGS
 from .models.config import Option
 from .task import LR_SCHEDULES, DetectTask
 
@@ -304,9 +304,6 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         DETR_ENCODINGS,
         note="--arch rtdetr takes the same but sine, and its sincos is RT-DETR's layout",
         peg_at_help="encoder layers followed by a PEG, e.g. 0 or 0,1; -1: on the encoder input; all: after every layer",
-    )
-    m.add_argument(
-        "--decoder-key-pos", choices=DECODER_KEY_POS, help="cross-attention key positions (--arch detr)"
     )
     m.add_argument(
         "--learned-grid",

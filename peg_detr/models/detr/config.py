@@ -15,6 +15,7 @@ from typing import ClassVar
 from peg_core.registry import EncodingSupport, parse_pos_enc
 
 from ..config import DetectorConfig, option
+from .transformer import DECODER_KEY_POS
 
 __all__ = ["DETR_ENCODINGS", "DETRConfig"]
 
@@ -95,7 +96,9 @@ class DETRConfig(DetectorConfig):
     peg_padding: str = "zeros"
     peg_dynamic: bool = False
     peg_num_kernels: int = 4
-    decoder_key_pos: str = option("sine", flag="--decoder-key-pos", shared=True)
+    decoder_key_pos: str = option(
+        "sine", flag="--decoder-key-pos", choices=DECODER_KEY_POS, help="cross-attention key positions"
+    )
     learned_grid: Sequence[int] | None = None
     pos_interpolation: str = "bicubic"
     set_cost_class: float = 1.0
