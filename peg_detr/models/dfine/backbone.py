@@ -293,21 +293,18 @@ class HGNetv2Backbone(nn.Module):
 def build_hgnetv2(
     name: str | None = "hgnetv2_b4",
     *,
-    freeze_bn: bool = True,
-    freeze_at: int = -1,
-    return_idx: Sequence[int] = (1, 2, 3),
     use_lab: bool | None = None,
     stem_channels: Sequence[int] | None = None,
     stages: Sequence[StageSpec] | None = None,
-    act: str = "relu",
-    in_channels: int = 3,
+    **options: Any,
 ) -> HGNetv2Backbone:
     """An :class:`HGNetv2Backbone` by preset name (:data:`HGNETV2_BACKBONES`) or explicit spec.
 
     Args:
         name: ``"hgnetv2_b0"`` .. ``"hgnetv2_b5"``, ``"hgnetv2_atto"`` / ``"_femto"`` / ``"_pico"``; with ``stages`` given, only a label (may be
             ``None``).
-        freeze_bn, freeze_at, return_idx, act, in_channels: see :class:`HGNetv2Backbone`.  D-FINE's
+        options: :class:`HGNetv2Backbone`'s ``freeze_bn``, ``freeze_at``, ``return_idx``, ``act``,
+            ``in_channels`` (its defaults when left out).  D-FINE's
             recipes: N / S / M ``freeze_bn=False, freeze_at=-1``; L / X ``freeze_bn=True,
             freeze_at=0``; N returns ``(2, 3)``.
         use_lab: ``None``: the preset's (B0-B3 and DEIMv2's on, B4-B5 off; off for an explicit spec).
@@ -327,14 +324,4 @@ def build_hgnetv2(
         stem_channels, stages = preset["stem_channels"], preset["stages"]
         if use_lab is None:
             use_lab = preset["use_lab"]
-    return HGNetv2Backbone(
-        stem_channels,
-        stages,
-        use_lab=bool(use_lab),
-        return_idx=return_idx,
-        freeze_bn=freeze_bn,
-        freeze_at=freeze_at,
-        act=act,
-        in_channels=in_channels,
-        name=name,
-    )
+    return HGNetv2Backbone(stem_channels, stages, use_lab=bool(use_lab), name=name, **options)
