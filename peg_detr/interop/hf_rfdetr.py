@@ -4,14 +4,12 @@
 describes; :func:`rfdetr_hf_to_ours` / :func:`rfdetr_ours_to_hf` rename a state dict through the
 declarative table below; :func:`rfdetr_from_hf` does both for a ``save_pretrained`` folder.
 
-The project had no key-map mechanism when this was written (nothing like transformers'
-``WeightRenaming`` under ``peg_core/interop`` or ``peg_detr/interop``), so the table is this
-module's own: :class:`Rename` rows (one key, or every key under a prefix, ``{i}`` standing for a
-block / layer / group number) and :class:`Stack` rows (several tensors of one side are one tensor of
-the other, concatenated on dim 0: DINOv2's separate query / key / value are CPVT's fused ``qkv``;
-the decoder's fused ``in_proj`` is RT-DETR's separate ``q_proj`` / ``k_proj`` / ``v_proj``).  The
-same rows read both ways.  A pattern ending in ``.`` or ``_`` is a prefix (the rest of the key is
-kept); any other pattern is one whole key.  The first row that matches a key wins.
+The tables are rows of :mod:`peg_core.interop.keymap` (the project's one key-map mechanism, whose
+docstring gives the rules): :class:`Rename` rows (one key, or every key under a prefix, ``{i}``
+standing for a block / layer / group number), :class:`Stack` rows (DINOv2's separate query / key /
+value are CPVT's fused ``qkv``; the decoder's fused ``in_proj`` is RT-DETR's separate ``q_proj`` /
+``k_proj`` / ``v_proj``) and :class:`~peg_core.interop.keymap.Skip` rows.  The same rows read both
+ways.
 
 Two layouts of transformers' keys exist and both are read:
 
@@ -30,9 +28,7 @@ token; detection never reads it) is skipped.  Keys of ours with no counterpart: 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +37,7 @@ from torch import Tensor
 
 from peg_core.interop.hf_folder import read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import LoadReport, WeightsError
+from peg_core.interop.keymap import Converted, KeyMap, Rename, Rule, Skip, Stack
 
 from ..models.config import json_safe
 from ..models.rfdetr import RFDETR, RFDETRConfig, build_rfdetr
@@ -63,47 +60,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Rename:
-    """transformers' key (or prefix) ``hf`` is our ``ours``; ``{i}``-style fields carry numbers across."""
-
-    hf: str
-    ours: str
-
-
-@dataclass(frozen=True)
-class Stack:
-    """Tensors of one side concatenated on dim 0 are one tensor of the other side (one side has one pattern)."""
-
-    hf: tuple[str, ...]
-    ours: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Skip:
-    """A transformers key (or prefix) that has no counterpart here, with the reason."""
-
-    hf: str
-    why: str
-
-
-Rule = Rename | Stack | Skip
-
-
-def _compile(pattern: str) -> re.Pattern[str]:
-    """``"a.{i}.b."`` -> ``^a\\.(?P<i>\\d+)\\.b\\.(?P<_rest>.+)$`` (prefix) or ``...$`` (whole key)."""
-    prefix = pattern.endswith((".", "_"))
-    parts = re.split(r"\{(\w+)\}", pattern)
-    text = "".join(re.escape(p) if k % 2 == 0 else f"(?P<{p}>\\d+)" for k, p in enumerate(parts))
-    return re.compile(f"^{text}(?P<_rest>.+)$" if prefix else f"^{text}$")
-
-
-def _fill(pattern: str, fields: Mapping[str, str]) -> str:
-    return pattern.format(**{k: v for k, v in fields.items() if k != "_rest"}) + fields.get("_rest", "")
-
-
 _BB = "backbone.0.encoder.encoder."
-_LAYER = _BB + "encoder.layer.{i}."
 _PROJ = "backbone.0.projector.stages.0."
 _DEC = "transformer.decoder.layers.{i}."
 _VIT = "backbone.vit."
@@ -111,159 +68,97 @@ _BLOCK = _VIT + "blocks.{i}."
 _C2F = "projector.c2f."
 _OURS_DEC = "decoder.layers.{i}."
 _MASK_WHY = "DINOv2's masked-image-modelling token; detection never reads it"
+#: the ViT's embeddings: transformers' name below ``embeddings.`` -> ours below ``backbone.vit.``
+_EMBEDDINGS = (("cls_token", "cls_token"), ("position_embeddings", "pos_enc.pos_embed"),
+               ("patch_embeddings.projection.", "patch_embed.proj."))  # fmt: skip
+#: the decoder-side modules both layouts keep below ``transformer.`` / ``model.``
+_QUERY_SELECTION = ("enc_output", "enc_output_norm", "enc_out_class_embed", "enc_out_bbox_embed")
+
+
+def _dinov2_rows(top: str, qkv: tuple[str, ...], proj: str) -> tuple[Rule, ...]:
+    """The ViT's rows below transformers' prefix ``top``: ``qkv`` are its attention's three names in a
+    layer (stacked into CPVT's ``qkv``), ``proj`` its output projection's; the rest keep their names."""
+    layer = top + "encoder.layer.{i}."
+    return (
+        Skip(top + "embeddings.mask_token", _MASK_WHY),
+        *(Rename(f"{top}embeddings.{hf}", _VIT + ours) for hf, ours in _EMBEDDINGS),
+        Stack(tuple(layer + n for n in qkv), (_BLOCK + "attn.qkv.",)),
+        Rename(layer + proj, _BLOCK + "attn.proj."),
+        *(Rename(f"{layer}layer_scale{n}.lambda1", f"{_BLOCK}ls{n}.gamma") for n in (1, 2)),
+        Rename(layer, _BLOCK),  # norm1, norm2, mlp.fc1, mlp.fc2: the same names
+        Rename(top + "layernorm.", _VIT + "norm."),
+    )
+
+
+#: rf-detr's C2f names (``cv1`` / ``cv2``, ``bn`` for what is a LayerNorm) -> ours, in a block and the stage
+_C2F_FILE = tuple(
+    Rename(f"{_PROJ}0.{where}{cv}.{part}.", f"{_C2F}{ours_where}conv{cv[-1]}.{ours_part}.")
+    for where, ours_where in (("", ""), ("m.{j}.", "bottlenecks.{j}."))
+    for cv in ("cv1", "cv2")
+    for part, ours_part in (("conv", "conv"), ("bn", "norm"))
+)
+
+_FILE_QKV = tuple(f"attention.attention.{n}." for n in ("query", "key", "value"))
+#: a decoder layer's modules in rf-detr's names / transformers' module names -> ours (RT-DETR's)
+_FILE_DECODER_LAYER = (
+    ("self_attn.out_proj.", "self_attn.out_proj."), ("norm1.", "self_attn_layer_norm."),
+    ("cross_attn.", "encoder_attn."), ("norm2.", "encoder_attn_layer_norm."), ("linear1.", "fc1."),
+    ("linear2.", "fc2."), ("norm3.", "final_layer_norm."),
+)  # fmt: skip
+_MODULE_DECODER_LAYER = (
+    ("self_attn.o_proj.", "self_attn.out_proj."), ("cross_attn_layer_norm.", "encoder_attn_layer_norm."),
+    ("cross_attn.", "encoder_attn."), ("mlp.fc1.", "fc1."), ("mlp.fc2.", "fc2."), ("layer_norm.", "final_layer_norm."),
+)  # fmt: skip
 
 #: rf-detr's / ``save_pretrained``'s key names <-> ours (module docstring)
 RFDETR_FILE_KEYS: tuple[Rule, ...] = (
-    Skip(_BB + "embeddings.mask_token", _MASK_WHY),
-    Rename(_BB + "embeddings.cls_token", _VIT + "cls_token"),
-    Rename(_BB + "embeddings.position_embeddings", _VIT + "pos_enc.pos_embed"),
-    Rename(_BB + "embeddings.patch_embeddings.projection.", _VIT + "patch_embed.proj."),
-    Stack(
-        tuple(_LAYER + f"attention.attention.{n}." for n in ("query", "key", "value")),
-        (_BLOCK + "attn.qkv.",),
-    ),
-    Rename(_LAYER + "attention.output.dense.", _BLOCK + "attn.proj."),
-    Rename(_LAYER + "layer_scale1.lambda1", _BLOCK + "ls1.gamma"),
-    Rename(_LAYER + "layer_scale2.lambda1", _BLOCK + "ls2.gamma"),
-    Rename(_LAYER, _BLOCK),  # norm1, norm2, mlp.fc1, mlp.fc2: the same names
-    Rename(_BB + "layernorm.", _VIT + "norm."),
-    Rename(_PROJ + "0.cv1.conv.", _C2F + "conv1.conv."),
-    Rename(_PROJ + "0.cv1.bn.", _C2F + "conv1.norm."),  # a LayerNorm, whatever its name says
-    Rename(_PROJ + "0.cv2.conv.", _C2F + "conv2.conv."),
-    Rename(_PROJ + "0.cv2.bn.", _C2F + "conv2.norm."),
-    Rename(_PROJ + "0.m.{j}.cv1.conv.", _C2F + "bottlenecks.{j}.conv1.conv."),
-    Rename(_PROJ + "0.m.{j}.cv1.bn.", _C2F + "bottlenecks.{j}.conv1.norm."),
-    Rename(_PROJ + "0.m.{j}.cv2.conv.", _C2F + "bottlenecks.{j}.conv2.conv."),
-    Rename(_PROJ + "0.m.{j}.cv2.bn.", _C2F + "bottlenecks.{j}.conv2.norm."),
+    *_dinov2_rows(_BB, _FILE_QKV, "attention.output.dense."),
+    *_C2F_FILE,
     Rename(_PROJ + "1.", "projector.norm."),
     Stack((_DEC + "self_attn.in_proj_",), tuple(_OURS_DEC + f"self_attn.{n}_proj." for n in "qkv")),
-    Rename(_DEC + "self_attn.out_proj.", _OURS_DEC + "self_attn.out_proj."),
-    Rename(_DEC + "norm1.", _OURS_DEC + "self_attn_layer_norm."),
-    Rename(_DEC + "cross_attn.", _OURS_DEC + "encoder_attn."),
-    Rename(_DEC + "norm2.", _OURS_DEC + "encoder_attn_layer_norm."),
-    Rename(_DEC + "linear1.", _OURS_DEC + "fc1."),
-    Rename(_DEC + "linear2.", _OURS_DEC + "fc2."),
-    Rename(_DEC + "norm3.", _OURS_DEC + "final_layer_norm."),
+    *(Rename(_DEC + hf, _OURS_DEC + ours) for hf, ours in _FILE_DECODER_LAYER),
     Rename("transformer.decoder.norm.", "decoder.norm."),
     Rename("transformer.decoder.ref_point_head.", "decoder.ref_point_head."),
-    Rename("transformer.enc_output.", "decoder.enc_output."),
-    Rename("transformer.enc_output_norm.", "decoder.enc_output_norm."),
-    Rename("transformer.enc_out_class_embed.", "decoder.enc_out_class_embed."),
-    Rename("transformer.enc_out_bbox_embed.", "decoder.enc_out_bbox_embed."),
-    Rename("refpoint_embed.", "decoder.refpoint_embed."),
-    Rename("query_feat.", "decoder.query_feat."),
-    Rename("class_embed.", "decoder.class_embed."),
-    Rename("bbox_embed.", "decoder.bbox_embed."),
+    *(Rename(f"transformer.{n}.", f"decoder.{n}.") for n in _QUERY_SELECTION),
+    *(
+        Rename(f"{n}.", f"decoder.{n}.")
+        for n in ("refpoint_embed", "query_feat", "class_embed", "bbox_embed")
+    ),
 )
 
 _MB = "model.backbone.backbone."
-_MLAYER = _MB + "encoder.layer.{i}."
 _MPROJ = "model.backbone.projector."
 _MDEC = "model.decoder.layers.{i}."
 
 #: ``RfDetrForObjectDetection().state_dict()`` names <-> ours (module docstring)
 RFDETR_MODULE_KEYS: tuple[Rule, ...] = (
-    Skip(_MB + "embeddings.mask_token", _MASK_WHY),
-    Rename(_MB + "embeddings.cls_token", _VIT + "cls_token"),
-    Rename(_MB + "embeddings.position_embeddings", _VIT + "pos_enc.pos_embed"),
-    Rename(_MB + "embeddings.patch_embeddings.projection.", _VIT + "patch_embed.proj."),
-    Stack(tuple(_MLAYER + f"attention.{n}_proj." for n in "qkv"), (_BLOCK + "attn.qkv.",)),
-    Rename(_MLAYER + "attention.o_proj.", _BLOCK + "attn.proj."),
-    Rename(_MLAYER + "layer_scale1.lambda1", _BLOCK + "ls1.gamma"),
-    Rename(_MLAYER + "layer_scale2.lambda1", _BLOCK + "ls2.gamma"),
-    Rename(_MLAYER, _BLOCK),
-    Rename(_MB + "layernorm.", _VIT + "norm."),
+    *_dinov2_rows(_MB, tuple(f"attention.{n}_proj." for n in "qkv"), "attention.o_proj."),
     Rename(_MPROJ + "projector_layer.", _C2F),  # conv1, conv2, bottlenecks.{j}.conv{1,2}: the same names
     Rename(_MPROJ + "layer_norm.", "projector.norm."),
-    Rename(_MDEC + "self_attn.o_proj.", _OURS_DEC + "self_attn.out_proj."),
-    Rename(_MDEC + "cross_attn_layer_norm.", _OURS_DEC + "encoder_attn_layer_norm."),
-    Rename(_MDEC + "cross_attn.", _OURS_DEC + "encoder_attn."),
-    Rename(_MDEC + "mlp.fc1.", _OURS_DEC + "fc1."),
-    Rename(_MDEC + "mlp.fc2.", _OURS_DEC + "fc2."),
-    Rename(_MDEC + "layer_norm.", _OURS_DEC + "final_layer_norm."),
+    *(Rename(_MDEC + hf, _OURS_DEC + ours) for hf, ours in _MODULE_DECODER_LAYER),
     Rename(_MDEC, _OURS_DEC),  # self_attn.{q,k,v}_proj, self_attn_layer_norm: the same names
     Rename("model.decoder.layernorm.", "decoder.norm."),
     Rename("model.decoder.ref_point_head.", "decoder.ref_point_head."),
     Rename("model.reference_point_embed.", "decoder.refpoint_embed."),
-    Rename("model.query_feat.", "decoder.query_feat."),
-    Rename("model.enc_output.", "decoder.enc_output."),
-    Rename("model.enc_output_norm.", "decoder.enc_output_norm."),
-    Rename("model.enc_out_class_embed.", "decoder.enc_out_class_embed."),
-    Rename("model.enc_out_bbox_embed.", "decoder.enc_out_bbox_embed."),
-    Rename("class_embed.", "decoder.class_embed."),
-    Rename("bbox_embed.", "decoder.bbox_embed."),
+    *(Rename(f"model.{n}.", f"decoder.{n}.") for n in ("query_feat", *_QUERY_SELECTION)),
+    *(Rename(f"{n}.", f"decoder.{n}.") for n in ("class_embed", "bbox_embed")),
 )
 
 
-def _layout(keys: Sequence[str]) -> tuple[Rule, ...]:
-    """The table of a transformers state dict: the module layout when its keys start with ``model.``."""
-    return RFDETR_MODULE_KEYS if any(k.startswith("model.") for k in keys) else RFDETR_FILE_KEYS
+_FILE_MAP, _MODULE_MAP = KeyMap(RFDETR_FILE_KEYS), KeyMap(RFDETR_MODULE_KEYS)
 
 
-def _convert(
-    state: Mapping[str, Tensor], rules: Sequence[Rule], to_hf: bool
-) -> tuple[dict[str, Tensor], dict[str, str], dict[str, str]]:
-    """``(renamed state, made: new key -> how, skipped: source key -> why)`` in one direction."""
-    compiled = []
-    for rule in rules:
-        if isinstance(rule, Skip):
-            src: tuple[str, ...] = () if to_hf else (rule.hf,)
-            dst: tuple[str, ...] = ()
-        elif isinstance(rule, Rename):
-            src, dst = ((rule.ours,), (rule.hf,)) if to_hf else ((rule.hf,), (rule.ours,))
-        else:
-            src, dst = (rule.ours, rule.hf) if to_hf else (rule.hf, rule.ours)
-        compiled.append((rule, src, [_compile(p) for p in src], dst))
-    out: dict[str, Tensor] = {}
-    made: dict[str, str] = {}
-    skipped: dict[str, str] = {}
-    pending: dict[tuple[int, tuple[tuple[str, str], ...]], dict[int, Tensor]] = {}
-    for key, value in state.items():
-        for r, (rule, _, patterns, dst) in enumerate(compiled):
-            hit = next(
-                ((p, m) for p, m in ((p, pat.match(key)) for p, pat in enumerate(patterns)) if m), None
-            )
-            if hit is None:
-                continue
-            part, match = hit
-            fields = match.groupdict()
-            if isinstance(rule, Skip):
-                skipped[key] = rule.why
-            elif len(dst) == 1 and len(patterns) == 1:
-                out[_fill(dst[0], fields)] = value
-            elif len(patterns) == 1:  # one tensor -> len(dst) equal chunks
-                for name, chunk in zip(dst, value.chunk(len(dst), dim=0)):
-                    new = _fill(name, fields)
-                    out[new] = chunk.clone()
-                    made[new] = f"chunk of {key}"
-            else:  # one of several parts; stacked once all are there
-                pending.setdefault((r, tuple(sorted(fields.items()))), {})[part] = value
-            break
-        else:
-            skipped[key] = "no key of the other side (not in the key map)"
-    for (r, fields_items), parts in pending.items():
-        _, names, patterns, dst = compiled[r]
-        fields = dict(fields_items)
-        if len(parts) != len(patterns):
-            for part in parts:
-                skipped[_fill(names[part], fields)] = "its other stacked parts are missing"
-            continue
-        new = _fill(dst[0], fields)
-        out[new] = torch.cat([parts[p] for p in range(len(patterns))], dim=0)
-        made[new] = f"{len(patterns)} tensors stacked on dim 0"
-    return out, made, skipped
+def _layout(keys: Sequence[str]) -> KeyMap:
+    """The map of a transformers state dict: the module layout when its keys start with ``model.``."""
+    return _MODULE_MAP if any(k.startswith("model.") for k in keys) else _FILE_MAP
 
 
-def rfdetr_hf_to_ours(
-    state: Mapping[str, Tensor],
-) -> tuple[dict[str, Tensor], dict[str, str], dict[str, str]]:
+def rfdetr_hf_to_ours(state: Mapping[str, Tensor]) -> Converted:
     """transformers' state dict (file or module layout) -> ``(ours, made, skipped)``."""
-    return _convert(state, _layout(list(state)), to_hf=False)
+    return _layout(list(state)).convert(state, to_hf=False)
 
 
-def rfdetr_ours_to_hf(
-    state: Mapping[str, Tensor], *, layout: str = "file"
-) -> tuple[dict[str, Tensor], dict[str, str], dict[str, str]]:
+def rfdetr_ours_to_hf(state: Mapping[str, Tensor], *, layout: str = "file") -> Converted:
     """Our state dict -> ``(transformers' in the file (``save_pretrained``) or module layout, made, skipped)``.
 
     Our keys without a transformers counterpart (a PEG) are in ``skipped``; the caller decides
@@ -271,7 +166,7 @@ def rfdetr_ours_to_hf(
     """
     if layout not in ("file", "module"):
         raise ValueError(f"layout must be 'file' or 'module'; got {layout!r}")
-    return _convert(state, RFDETR_FILE_KEYS if layout == "file" else RFDETR_MODULE_KEYS, to_hf=True)
+    return (_FILE_MAP if layout == "file" else _MODULE_MAP).convert(state, to_hf=True)
 
 
 # --- config --------------------------------------------------------------------------------------
