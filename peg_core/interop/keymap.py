@@ -18,6 +18,9 @@ Rows:
 * :class:`Nest` ``(hf, ours, inner)``: the keys under a prefix are mapped by another map
   (a :class:`KeyMap` or :class:`KeyFunctions`), for a part with a map of its own (a backbone).
 
+:func:`block_rows` writes the :class:`Rename` rows of a block the format names several ways
+(transformers' ``save_pretrained`` files and its modules) from its prefixes and a list of names.
+
 Patterns: a pattern ending in ``.`` or ``_`` is a prefix (the rest of the key is kept); any
 other pattern is one whole key.  ``{i}``-style fields match a number and carry it across (every
 name of a row has the same fields).  The first row that matches a key wins, in each direction,
@@ -50,6 +53,7 @@ __all__ = [
     "Rule",
     "Skip",
     "Stack",
+    "block_rows",
 ]
 
 #: :meth:`KeyMap.convert`'s reason for a key no row matches (a caller may pass its own)
@@ -124,6 +128,19 @@ class Nest:
 
 
 Rule = Rename | Stack | Skip | OursOnly | Nest
+
+
+def block_rows(
+    hf: tuple[str, ...], ours: str, names: Iterable[tuple[str, ...]], *, write: int = 0
+) -> tuple[Rename, ...]:
+    """:class:`Rename` rows of one block the format names ``len(hf)`` ways.
+
+    ``hf``: the block's prefixes in each naming (``{i}`` fields allowed), ``ours``: ours; each row
+    of ``names`` is ``(*its name below each of hf, ours below ours)`` (``""``: every other key of the
+    block, kept as it is: put it last).  Every naming is read; the one at index ``write`` is written.
+    """
+    order = [write, *(k for k in range(len(hf)) if k != write)]
+    return tuple(Rename(tuple(dict.fromkeys(hf[k] + row[k] for k in order)), ours + row[-1]) for row in names)
 
 
 class Converted(NamedTuple):

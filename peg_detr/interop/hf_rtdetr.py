@@ -7,7 +7,10 @@ widths, encoder and decoder widths, heads, layers, queries): :func:`rtdetr_build
 (each field checked), :func:`rtdetr_hf_config` writes it back.  :func:`rtdetr_from_hf` builds the
 model and loads the weights; :func:`export_hf_rtdetr` writes a model as a folder.
 
-Keys map by prefix: our modules keep transformers' names below these prefixes.
+The key map is one table of :mod:`peg_core.interop.keymap` rows, :data:`RTDETR_KEYS` (built by
+:func:`encoder_rows` + :func:`decoder_rows` from the prefix pairs and the few names that differ);
+:func:`rtdetr_hf_to_ours` / :func:`rtdetr_ours_to_hf` and the encoder / decoder functions read it.
+Our modules keep transformers' names below these prefixes:
 
 =====================================  ===========================  =====================================
 Hugging Face key prefix                ours                         what
@@ -27,10 +30,13 @@ transformers has two names for AIFI's weights: the module names above (transform
 memory) and the names its files use (transformers 4, which 5's ``save_pretrained`` still writes
 and ``from_pretrained`` converts): ``model.encoder.encoder.{i}.layers.{j}.`` instead of
 ``model.encoder.aifi.{i}.layers.{j}.``, with ``fc1`` / ``fc2`` / ``self_attn.out_proj`` for
-``mlp.fc1`` / ``mlp.fc2`` / ``self_attn.o_proj``.  Hugging Face -> ours accepts both; ours ->
-Hugging Face writes ``layout="memory"`` (default) or ``layout="file"``.
+``mlp.fc1`` / ``mlp.fc2`` / ``self_attn.o_proj`` (:data:`AIFI_NAMES`); inside a decoder layer ours
+are the file names (:data:`DECODER_NAMES`).  Hugging Face -> ours accepts both; ours -> Hugging Face
+writes ``layout="memory"`` (default) or ``layout="file"`` (:func:`encoder_ours_to_hf`; the whole
+detector: the file names, which ``save_pretrained`` writes).
 
-Keys of ours with no Hugging Face counterpart (the map returns None for them): the position
+Keys of ours with no Hugging Face counterpart (:data:`AIFI_OURS_ONLY` rows: the map returns None,
+a load adds them at their initialisation): the position
 modules of the non-``sincos`` encoders, ``encoder.aifi.{i}.pegs.*`` (``peg``),
 ``encoder.aifi.{i}.pos.pos_embed`` (``learned``), ``encoder.aifi.{i}.rope.freqs`` (``rope-mixed``),
 ``encoder.aifi.{i}.attn_bias.*`` (``fire``).
@@ -47,7 +53,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +61,7 @@ from torch import Tensor, nn
 
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import LoadReport, WeightsError, load_state_strict, read_state_file
+from peg_core.interop.keymap import KeyMap, OursOnly, Rename, Rule, block_rows
 from peg_core.peg import fold_peg_keys
 
 from ..models.layers import LAYER_ACTIVATIONS
@@ -68,21 +75,27 @@ from .hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
 
 __all__ = [
     "ACTIVATION_NAMES",
+    "AIFI_NAMES",
+    "DECODER_NAMES",
     "DECODER_PREFIXES",
     "ENCODER_HF_PREFIXES",
+    "RTDETR_KEYS",
     "check_one_value",
     "config_for_classes",
     "decoder_key_from_hf",
     "decoder_key_to_hf",
+    "decoder_rows",
     "encoder_hf_config",
     "encoder_hf_keys",
     "encoder_hf_to_ours",
     "encoder_ours_to_hf",
+    "encoder_rows",
     "export_hf_rtdetr",
     "folder_config",
     "hf_state_dict",
     "int_if_whole",
     "label_fields",
+    "load_mapped_state",
     "load_rtdetr_backbone",
     "rtdetr_build_options",
     "rtdetr_from_hf",
@@ -97,80 +110,13 @@ __all__ = [
 _STAGE_STRIDES = (4, 8, 16, 32)
 
 
-# ---------------------------------------------------------------- keys: backbone and encoder
+# ---------------------------------------------------------------- keys: one table, two layouts
 #: ``(HF prefix, our prefix)`` pairs for the backbone, the encoder input projections and the encoder.
 ENCODER_HF_PREFIXES: tuple[tuple[str, str], ...] = (
     ("model.backbone.model.", "backbone."),
     ("model.encoder_input_proj.", "encoder.input_proj."),
     ("model.encoder.", "encoder."),
 )
-
-# Our keys of position modules that HF does not have (the map leaves them out).
-_OURS_ONLY = (".pegs.", ".pos.", ".rope.", ".attn_bias.")
-# AIFI in HF files vs in memory: the prefix, then the renamed modules inside a layer.
-_AIFI_FILE, _AIFI_MEMORY = "model.encoder.encoder.", "model.encoder.aifi."
-_AIFI_RENAMES = (
-    (".fc1.", ".mlp.fc1."),
-    (".fc2.", ".mlp.fc2."),
-    (".self_attn.out_proj.", ".self_attn.o_proj."),
-)
-LAYOUTS = ("memory", "file")
-
-
-def _aifi_layout(key: str, to_file: bool) -> str:
-    """An HF AIFI key in the file (``to_file``) or the memory layout; other keys unchanged."""
-    src, dst = (_AIFI_MEMORY, _AIFI_FILE) if to_file else (_AIFI_FILE, _AIFI_MEMORY)
-    if not key.startswith(src):
-        return key
-    key = dst + key[len(src) :]
-    for file, memory in _AIFI_RENAMES:
-        key = key.replace(memory, file) if to_file else key.replace(file, memory)
-    return key
-
-
-def encoder_hf_to_ours(key: str) -> str | None:
-    """Our key for an HF backbone / input-projection / encoder key (either layout); None for other keys."""
-    key = _aifi_layout(key, to_file=False)
-    for hf, ours in ENCODER_HF_PREFIXES:
-        if key.startswith(hf):
-            return ours + key[len(hf) :]
-    return None
-
-
-def encoder_ours_to_hf(key: str, *, layout: str = "memory") -> str | None:
-    """The HF key (``layout`` ``memory`` / ``file``) for one of our backbone / encoder keys.
-
-    None for other keys and for our position modules.
-    """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
-    if key.startswith("encoder.aifi.") and any(part in key for part in _OURS_ONLY):
-        return None
-    # The longer of our prefixes first: "encoder.input_proj." also starts with "encoder.".
-    for hf, ours in sorted(ENCODER_HF_PREFIXES, key=lambda p: -len(p[1])):
-        if key.startswith(ours):
-            return _aifi_layout(hf + key[len(ours) :], to_file=layout == "file")
-    return None
-
-
-def encoder_hf_keys(keys: Iterable[str], *, to_hf: bool = False, layout: str = "memory") -> dict[str, str]:
-    """``{source key: target key}`` for the backbone + encoder keys among ``keys`` (others left out).
-
-    ``to_hf=False`` maps HF keys (either layout) to ours, ``to_hf=True`` ours to HF ``layout``.
-    """
-    out = {}
-    for key in keys:
-        target = encoder_ours_to_hf(key, layout=layout) if to_hf else encoder_hf_to_ours(key)
-        if target is not None:
-            out[key] = target
-    return out
-
-
-# ---------------------------------------------------------------- decoder side
-# Denoising embedding, query selection, decoder layers and heads.  Renamed by prefix; inside a
-# layer the names are transformers' file names (transformers 5 keeps ``mlp.fc1`` /
-# ``self_attn.o_proj`` in memory and writes ``fc1`` / ``self_attn.out_proj``; both are read).
-
 #: (Hugging Face prefix, peg_detr prefix): denoising embedding, query selection, decoder and heads
 DECODER_PREFIXES: tuple[tuple[str, str], ...] = (
     ("model.denoising_class_embed.", "denoising_class_embed."),
@@ -184,27 +130,87 @@ DECODER_PREFIXES: tuple[tuple[str, str], ...] = (
     ("model.decoder.class_embed.", "decoder.class_embed."),
     ("model.decoder.bbox_embed.", "decoder.bbox_embed."),
 )
-# transformers 5's in-memory names inside a decoder layer -> the names of its files (and ours)
-_IN_MEMORY = ((".mlp.fc1.", ".fc1."), (".mlp.fc2.", ".fc2."), (".self_attn.o_proj.", ".self_attn.out_proj."))
+#: the names a layout writes: transformers' modules (``memory``) or its files (``file``)
+LAYOUTS = ("memory", "file")
+#: AIFI's prefixes in transformers' files and modules (the order of every name triple below)
+_AIFI = ("model.encoder.encoder.{i}.", "model.encoder.aifi.{i}.")
+#: ``(file, memory, ours)`` names inside an AIFI layer that differ; ours are transformers 5's module names
+AIFI_NAMES = (("fc1.", "mlp.fc1.", "mlp.fc1."), ("fc2.", "mlp.fc2.", "mlp.fc2."),
+              ("self_attn.out_proj.", "self_attn.o_proj.", "self_attn.o_proj."))  # fmt: skip
+#: ``(file, memory, ours)`` names inside a decoder layer that differ; ours are the file names
+DECODER_NAMES = (("fc1.", "mlp.fc1.", "fc1."), ("fc2.", "mlp.fc2.", "fc2."),
+                 ("self_attn.out_proj.", "self_attn.o_proj.", "self_attn.out_proj."))  # fmt: skip
+#: our AIFI position modules transformers' weights lack (PEG, learned table, rotary, bias): added at init
+AIFI_OURS_ONLY = tuple(
+    OursOnly(f"encoder.aifi.{{i}}.{name}.", "a position module transformers' AIFI does not have")
+    for name in ("pegs", "pos", "rope", "attn_bias")
+)
+
+
+def encoder_rows(aifi_names: Sequence[tuple[str, str, str]], *, write: str) -> tuple[Rule, ...]:
+    """The rows of the backbone, input projections and encoder: our position modules, AIFI's two
+    layouts (``aifi_names``: ``(file, memory, ours)`` inside a layer; ``write``: the layout written),
+    then :data:`ENCODER_HF_PREFIXES`."""
+    w = 0 if write == "file" else 1
+    layer = tuple(p + "layers.{j}." for p in _AIFI)
+    return (
+        *AIFI_OURS_ONLY,
+        *block_rows(layer, "encoder.aifi.{i}.layers.{j}.", aifi_names, write=w),
+        *block_rows(_AIFI, "encoder.aifi.{i}.", [("", "", "")], write=w),
+        *(Rename(hf, ours) for hf, ours in ENCODER_HF_PREFIXES),
+    )
+
+
+def decoder_rows(
+    layer_names: Sequence[tuple[str, str, str]],
+    prefixes: Sequence[tuple[str, str]] = DECODER_PREFIXES,
+    write: int = 0,
+) -> tuple[Rule, ...]:
+    """The decoder side's rows: ``layer_names`` ``(file, memory, ours)`` inside a layer (``write``:
+    0 writes the file names, 1 the module names), then the ``(HF, ours)`` prefix rows."""
+    layer = ("model.decoder.layers.{i}.",) * 2
+    return (*block_rows(layer, "decoder.layers.{i}.", layer_names, write=write),
+            *(Rename(hf, ours) for hf, ours in prefixes))  # fmt: skip
+
+
+_ENCODER_KEYS = {layout: KeyMap(encoder_rows(AIFI_NAMES, write=layout)) for layout in LAYOUTS}
+_DECODER_KEYS = KeyMap(decoder_rows(DECODER_NAMES))
+#: RT-DETR's whole map: either layout read, the file layout (``save_pretrained``'s) written
+RTDETR_KEYS = _ENCODER_KEYS["file"] + _DECODER_KEYS
+
+
+def encoder_hf_to_ours(key: str) -> str | None:
+    """Our key for an HF backbone / input-projection / encoder key (either layout); None for other keys."""
+    return _ENCODER_KEYS["file"].to_ours(key)
+
+
+def encoder_ours_to_hf(key: str, *, layout: str = "memory") -> str | None:
+    """The HF key (``layout`` ``memory`` / ``file``) for one of our backbone / encoder keys.
+
+    None for other keys and for our position modules.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
+    return _ENCODER_KEYS[layout].to_hf(key)
+
+
+def encoder_hf_keys(keys: Iterable[str], *, to_hf: bool = False, layout: str = "memory") -> dict[str, str]:
+    """``{source key: target key}`` for the backbone + encoder keys among ``keys`` (others left out).
+
+    ``to_hf=False`` maps HF keys (either layout) to ours, ``to_hf=True`` ours to HF ``layout``.
+    """
+    pairs = ((k, encoder_ours_to_hf(k, layout=layout) if to_hf else encoder_hf_to_ours(k)) for k in keys)
+    return {key: target for key, target in pairs if target is not None}
 
 
 def decoder_key_from_hf(key: str) -> str | None:
-    """A Hugging Face key of the decoder side in ``peg_detr`` names; None for other keys."""
-    for hf, ours in DECODER_PREFIXES:
-        if key.startswith(hf):
-            new = ours + key.removeprefix(hf)
-            for memory, file in _IN_MEMORY:
-                new = new.replace(memory, file)
-            return new
-    return None
+    """A Hugging Face key of the decoder side (file or module names) in ``peg_detr`` names; None for other keys."""
+    return _DECODER_KEYS.to_ours(key)
 
 
 def decoder_key_to_hf(key: str) -> str | None:
     """A ``peg_detr`` key of the decoder side in the names ``save_pretrained`` writes; None for other keys."""
-    for hf, ours in DECODER_PREFIXES:
-        if key.startswith(ours):
-            return hf + key.removeprefix(ours)
-    return None
+    return _DECODER_KEYS.to_hf(key)
 
 
 # ---------------------------------------------------------------- config.json <-> keywords
@@ -396,51 +402,61 @@ def rtdetr_from_hf_config(
 
 
 # ---------------------------------------------------------------- keys: the whole detector
-# AIFI's keys: ``save_pretrained`` writes ``model.encoder.encoder.{i}.layers.{j}.{fc1,fc2,self_attn.out_proj}``,
-# transformers 5 names them ``model.encoder.aifi.{i}.layers.{j}.{mlp.fc1,mlp.fc2,self_attn.o_proj}``.
 def rtdetr_hf_to_ours(key: str) -> str | None:
     """peg_detr's RT-DETR key of a Hugging Face ``RTDetrForObjectDetection`` key (file or in-memory name).
 
     None when the key has no place in ours.
     """
-    return encoder_hf_to_ours(key) or decoder_key_from_hf(key)  # either AIFI layout
+    return RTDETR_KEYS.to_ours(key)
 
 
 def rtdetr_ours_to_hf(key: str) -> str | None:
     """The key ``save_pretrained`` writes for one of ours; None for ours only (PEG, learned table, rotary)."""
-    if key.startswith("decoder.") or key.startswith("denoising_class_embed."):
-        return decoder_key_to_hf(key)
-    return encoder_ours_to_hf(key, layout="file")
+    return RTDETR_KEYS.to_hf(key)
 
 
-def _load_rtdetr(model: RTDETR, state: dict[str, Tensor], path: Path, config: dict[str, Any]) -> LoadReport:
-    """Copy every mapped tensor; the model keys HF has no counterpart for must be position modules."""
+def load_mapped_state(
+    model: nn.Module,
+    state: Mapping[str, Tensor],
+    path: str | os.PathLike,
+    config: dict[str, Any] | None,
+    keys: KeyMap,
+    title: str,
+) -> LoadReport:
+    """Copy a Hugging Face state dict into ``model`` through ``keys`` (RT-DETR, D-FINE, DEIMv2).
+
+    Every model key must come from the file unless its row says ours only (a position module:
+    added at its initialisation, listed in ``report.converted``).  A tensor of another shape or a
+    model key the file lacks is a :class:`WeightsError` naming ``path``; nothing is loaded then.
+    File keys with no place in the model are ``report.skipped`` (batch-norm counters, which frozen
+    norms lack, silently).
+    """
     own = model.state_dict()
-    report = LoadReport(source=str(path), args=config)
-    mapped: dict[str, Tensor] = {}
-    for key, value in state.items():
-        ours = rtdetr_hf_to_ours(key)
-        if ours is None or ours not in own:
-            # e.g. num_batches_tracked of frozen BNs (FrozenBatchNorm2d has none)
-            if not key.endswith("num_batches_tracked"):
-                report.skipped[key] = "no place in peg_detr's RT-DETR"
-            continue
+    nowhere = f"no place in peg_detr's {title}"
+    mapped, made, skipped = keys.convert(state, to_hf=False, unmapped=nowhere)
+    for ours in [k for k in mapped if k not in own]:
+        skipped[made[ours]] = nowhere
+        del mapped[ours]
+    for ours, value in mapped.items():
         if value.shape != own[ours].shape:
             raise WeightsError(
-                f"key {key} has shape {tuple(value.shape)}, the model's {ours} {tuple(own[ours].shape)} "
+                f"key {made[ours]} has shape {tuple(value.shape)}, the model's {ours} {tuple(own[ours].shape)} "
                 "(config.json does not describe these weights)",
                 path,
             )
-        mapped[ours] = value
     absent = sorted(own.keys() - mapped.keys())
-    added = [k for k in absent if rtdetr_ours_to_hf(k) is None]  # position modules HF does not have
+    added = [k for k in absent if keys.ours_only(k)]
     missing = [k for k in absent if k not in added and not k.endswith("num_batches_tracked")]
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise WeightsError(f"Hugging Face weights lack {len(missing)} model keys: {missing[:5]}{more}", path)
     model.load_state_dict(mapped, strict=False)
-    report.copied = sorted(mapped)
-    why = f"added: not in Hugging Face RT-DETR ({model.encoder.pos_enc}; a PEG starts at zero)"
+    report = LoadReport(source=str(path), args=config, copied=sorted(mapped))
+    report.skipped = {k: why for k, why in skipped.items() if not k.endswith("num_batches_tracked")}
+    why = (
+        f"added: not in Hugging Face {title} ({model.encoder.pos_enc}; a PEG starts at zero, so the model "
+        "computes what pos_enc='none' computes until fine-tuned)"
+    )
     report.converted.update(dict.fromkeys(added, why))
     return report
 
@@ -460,7 +476,7 @@ def rtdetr_from_hf(folder: str | os.PathLike, pos_enc: str = "sincos") -> tuple[
     state, weights = read_hf_weights(path)
     _check_rtdetr_weights(config, options, state, where)
     model = rtdetr_from_hf_config(config, pos_enc, where=where)
-    report = _load_rtdetr(model, state, weights, config)
+    report = load_mapped_state(model, state, weights, config, RTDETR_KEYS, "RT-DETR")
     return model.eval(), report
 
 
@@ -634,7 +650,7 @@ def export_hf_rtdetr(
         raise TypeError(f"export_hf_rtdetr takes an RT-DETR, not a {type(model).__name__}")
     _require_sincos(model.encoder)  # before anything is written
     config = folder_config(model, id2label, rtdetr_hf_config, "RTDetrForObjectDetection")
-    state = hf_state_dict(model, rtdetr_ours_to_hf)
+    state = hf_state_dict(model, RTDETR_KEYS)
     return write_hf_folder(out_dir, config, state, {PREPROCESSOR_CONFIG: rtdetr_processor_config(size)})
 
 
@@ -660,17 +676,14 @@ def folder_config(
     return {**config, "anchor_image_size": None, "eval_size": None, "architectures": [architecture]}
 
 
-def hf_state_dict(model: nn.Module, ours_to_hf: Callable[[str], str | None]) -> dict[str, Tensor]:
-    """``model``'s state dict in the names ``save_pretrained`` writes; ``ours_to_hf`` maps one key.
+def hf_state_dict(model: nn.Module, keys: KeyMap) -> dict[str, Tensor]:
+    """``model``'s state dict in the names ``keys`` writes (stacked tensors split).
 
-    A key the map has no name for (``None``) is a ``ValueError``: the folder would miss a weight.
+    A key the map has no name for is a ``ValueError``: the folder would miss a weight.
     """
-    state = {}
-    for key, value in model.state_dict().items():
-        hf = ours_to_hf(key)
-        if hf is None:
-            raise ValueError(f"key {key} has no Hugging Face name")
-        state[hf] = value
+    state, _, skipped = keys.convert(model.state_dict(), to_hf=True)
+    if skipped:
+        raise ValueError(f"key {next(iter(skipped))} has no Hugging Face name")
     return state
 
 
