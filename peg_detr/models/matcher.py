@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +11,14 @@ from torchvision.ops import box_convert, generalized_box_iou
 
 from peg_core.errors import NonFiniteError, require
 
-__all__ = ["HungarianMatcher", "focal_class_cost", "match_by_query_count", "match_cost"]
+__all__ = [
+    "DETR_COSTS",
+    "HungarianMatcher",
+    "MatchCosts",
+    "focal_class_cost",
+    "match_by_query_count",
+    "match_cost",
+]
 
 
 def focal_class_cost(logits: Tensor, tgt_labels: Tensor, alpha: float = 0.25, gamma: float = 2.0) -> Tensor:
@@ -28,37 +35,46 @@ def focal_class_cost(logits: Tensor, tgt_labels: Tensor, alpha: float = 0.25, ga
     return pos - neg
 
 
+class MatchCosts(NamedTuple):
+    """The settings of the matching cost :func:`match_cost` (default: DETR's).
+
+    Attributes:
+        cls, bbox, giou: the weights of the class, L1 and GIoU terms (DETR: 1, 5, 2).
+        focal: ``(alpha, gamma)`` of :func:`focal_class_cost`, the class term of sigmoid logits
+            (the RT-DETR family's); None: DETR's softmax probability.
+    """
+
+    cls: float = 1.0
+    bbox: float = 5.0
+    giou: float = 2.0
+    focal: tuple[float, float] | None = None
+
+
+#: DETR's matching cost: class 1 (softmax), L1 5, GIoU 2
+DETR_COSTS = MatchCosts()
+
+
 def match_cost(
-    logits: Tensor,
-    boxes: Tensor,
-    tgt_labels: Tensor,
-    tgt_boxes: Tensor,
-    cost_class: float = 1.0,
-    cost_bbox: float = 5.0,
-    cost_giou: float = 2.0,
-    *,
-    focal: bool = False,
-    focal_alpha: float = 0.25,
-    focal_gamma: float = 2.0,
+    logits: Tensor, boxes: Tensor, tgt_labels: Tensor, tgt_boxes: Tensor, costs: MatchCosts = DETR_COSTS
 ) -> Tensor:
     """Pairwise matching cost ``(N, M)`` between ``N`` predictions and ``M`` targets.
 
-    ``cost = -cost_class * p[label] + cost_bbox * L1(box, tgt) - cost_giou * GIoU(box, tgt)``
+    ``cost = -costs.cls * p[label] + costs.bbox * L1(box, tgt) - costs.giou * GIoU(box, tgt)``
     with ``p`` the softmax over the ``num_classes + 1`` logits ``(N, K+1)`` and
     boxes ``(N, 4)`` / ``(M, 4)`` in normalised cxcywh.  The class term uses the
     probability rather than its log, as DETR does, so all terms are bounded.
-    With ``focal=True`` the logits ``(N, K)`` are sigmoid scores (no "no object" class) and
-    the class term is ``cost_class * focal_class_cost(...)`` (RT-DETR's matcher).
+    With ``costs.focal`` the logits ``(N, K)`` are sigmoid scores (no "no object" class) and
+    the class term is ``costs.cls * focal_class_cost(...)`` (RT-DETR's matcher).
     """
-    if focal:
-        class_term = focal_class_cost(logits, tgt_labels, focal_alpha, focal_gamma)
+    if costs.focal is not None:
+        class_term = focal_class_cost(logits, tgt_labels, *costs.focal)
     else:
         class_term = -logits.float().softmax(-1)[:, tgt_labels]
     boxes = boxes.float()
     tgt_boxes = tgt_boxes.float()
     l1 = torch.cdist(boxes, tgt_boxes, p=1)
     giou = generalized_box_iou(box_convert(boxes, "cxcywh", "xyxy"), box_convert(tgt_boxes, "cxcywh", "xyxy"))
-    return cost_bbox * l1 + cost_class * class_term - cost_giou * giou
+    return costs.bbox * l1 + costs.cls * class_term - costs.giou * giou
 
 
 class HungarianMatcher(nn.Module):
@@ -85,12 +101,15 @@ class HungarianMatcher(nn.Module):
         super().__init__()
         if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
             raise ValueError("all matching costs are 0: set at least one of cost_class/cost_bbox/cost_giou")
-        self.cost_class = cost_class
-        self.cost_bbox = cost_bbox
-        self.cost_giou = cost_giou
-        self.focal = focal
-        self.focal_alpha = focal_alpha
-        self.focal_gamma = focal_gamma
+        #: the settings as the one value :func:`match_cost` takes
+        self.costs = MatchCosts(
+            cost_class, cost_bbox, cost_giou, (focal_alpha, focal_gamma) if focal else None
+        )
+
+    @property
+    def focal(self) -> bool:
+        """Whether the class cost is the focal one (sigmoid logits, no "no object" class)."""
+        return self.costs.focal is not None
 
     @torch.no_grad()
     def forward(
@@ -136,12 +155,7 @@ class HungarianMatcher(nn.Module):
             torch.cat([o["pred_boxes"].flatten(0, 1) for o in layers]),
             safe,
             tgt_boxes,
-            self.cost_class,
-            self.cost_bbox,
-            self.cost_giou,
-            focal=self.focal,
-            focal_alpha=self.focal_alpha,
-            focal_gamma=self.focal_gamma,
+            self.costs,
         )
         host = torch.cat([cost.flatten(), labels.to(cost.dtype)]).cpu()
         cost, host_labels = host[: cost.numel()].view(len(layers), b, q, -1), host[cost.numel() :]
