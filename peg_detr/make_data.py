@@ -11,49 +11,33 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .data import SyntheticSpec, make_synthetic_coco
 from .data.layouts import write_layout
 
-__all__ = ["MAKE_DATA_LAYOUTS", "write_shapes", "write_shapes_coco"]
+__all__ = ["MAKE_DATA_LAYOUTS", "write_shapes"]
 
 #: ``make-data --layout``: the layouts the shapes set is written in
 MAKE_DATA_LAYOUTS = ("coco", "roboflow", "yolo")
 
 
-def write_shapes_coco(
-    out: str | os.PathLike,
-    num_train: int,
-    num_val: int,
-    *,
-    size: int = 160,
-    num_classes: int = 3,
-    min_objects: int = 1,
-    max_objects: int = 3,
-    seed: int = 0,
-) -> Path:
-    """Write ``num_train`` + ``num_val`` square ``size`` px images with 1..``num_classes`` shape kinds; returns ``out``.
-
-    Each image holds ``min_objects`` .. ``max_objects`` shapes (``ValueError`` when min > max).
-    """
-    if min_objects > max_objects:
-        raise ValueError(f"min_objects {min_objects} is more than max_objects {max_objects}")
-    spec = SyntheticSpec(size, num_classes, min_objects, max_objects)
-    return make_synthetic_coco(out, num_train, num_val, seed=seed, spec=spec)
-
-
 def write_shapes(
-    out: str | os.PathLike, num_train: int, num_val: int, *, layout: str = "coco", **kwargs
+    out: str | os.PathLike, num_train: int, num_val: int, *, layout: str = "coco", seed: int = 0, **spec: Any
 ) -> Path:
-    """:func:`write_shapes_coco` in ``layout`` (one of :data:`MAKE_DATA_LAYOUTS`); returns ``out``.
+    """Write ``num_train`` + ``num_val`` shapes images in ``layout`` (one of :data:`MAKE_DATA_LAYOUTS`); returns ``out``.
 
-    ``roboflow`` / ``yolo``: the COCO set is drawn into a temporary folder and re-exported
+    ``spec``: the :class:`~peg_detr.data.SyntheticSpec` fields (``size``, ``num_classes``,
+    ``min_objects``, ``max_objects``, ...; its defaults: 160 px squares, 3 kinds, 1 to 3 shapes),
+    checked by :func:`~peg_detr.data.make_synthetic_coco` (a ``ValueError``).  ``roboflow`` /
+    ``yolo``: the COCO set is drawn into a temporary folder and re-exported
     (:func:`~peg_detr.data.layouts.write_layout`; the Roboflow filler category is named ``shapes``).
     """
-    if layout == "coco":
-        return write_shapes_coco(out, num_train, num_val, **kwargs)
     if layout not in MAKE_DATA_LAYOUTS:
         raise ValueError(f"layout must be one of {MAKE_DATA_LAYOUTS}, got {layout!r}")
+    shapes = SyntheticSpec(**spec)
+    if layout == "coco":
+        return make_synthetic_coco(out, num_train, num_val, seed=seed, spec=shapes)
     with tempfile.TemporaryDirectory() as tmp:
-        coco = write_shapes_coco(Path(tmp) / "shapes", num_train, num_val, **kwargs)
+        coco = make_synthetic_coco(Path(tmp) / "shapes", num_train, num_val, seed=seed, spec=shapes)
         return write_layout(coco, out, layout)
