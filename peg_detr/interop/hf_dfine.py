@@ -5,7 +5,9 @@ A ``save_pretrained`` folder of ``DFineForObjectDetection`` (``model_type: "d_fi
 needs (each checked, a :class:`WeightsError` naming it), :func:`dfine_from_hf_config` builds the
 model, :func:`dfine_from_hf` also loads the weights, :func:`export_hf_dfine` writes a folder back.
 
-Keys map by prefix (our modules keep transformers' names below them):
+The key map is one table of :mod:`peg_core.interop.keymap` rows, :data:`DFINE_KEYS`
+(:func:`dfine_rows`: HGNetV2's own map nested under its prefix, RT-DETR's encoder and decoder rows
+with D-FINE's names, the tied heads).  Keys map by prefix (our modules keep transformers' names below them):
 
 =========================================  ==================================  ===============================
 Hugging Face                               ours                                what
@@ -17,12 +19,14 @@ Hugging Face                               ours                                w
 ``model.denoising_class_embed``,           ``denoising_class_embed``,          the decoder side
 ``model.enc_*``, ``model.decoder_input_    ``decoder.*``                       (:data:`DFINE_DECODER_PREFIXES`)
 proj``, ``model.decoder.*``
-``class_embed.*``, ``bbox_embed.*``        (none)                              transformers' tied copies of
-                                                                               ``model.decoder.*``: skipped
+``class_embed.*``, ``bbox_embed.*``        ``decoder.{class,bbox}_embed.*``    transformers' tied copies of
+                                                                               ``model.decoder.*`` (:data:`TIED_HEADS`):
+                                                                               read once, never written
 =========================================  ==================================  ===============================
 
 Inside a decoder layer transformers writes ``fc1`` / ``fc2`` / ``self_attn.out_proj`` (its files) and
-holds ``mlp.layers.{0,1}`` / ``self_attn.o_proj`` (in memory); both are read, ours are the file names.
+holds ``mlp.layers.{0,1}`` / ``self_attn.o_proj`` (in memory); both are read, ours are the file names
+(:data:`DFINE_DECODER_NAMES`; AIFI's: :data:`DFINE_AIFI_NAMES`).
 
 What differs from transformers on purpose: the AIFI table is computed for the actual size in
 training and eval (transformers drops it in eval when ``eval_size`` is set), and the anchors are
@@ -31,16 +35,17 @@ weights load into any AIFI encoding: ``pos_enc="peg"`` adds a zero-initialised P
 ``report.converted``): the model computes what ``"none"`` computes until fine-tuned.
 
 For the RT-DETR successors that share this layout (DEIMv2), the pieces are separate:
-:func:`dfine_key_from_hf` / :func:`dfine_key_to_hf` take extra ``(HF prefix, our prefix)`` rows
-and another backbone map; :func:`dfine_encoder_options` / :func:`dfine_decoder_options` read the
-shared fields, so another reader adds only its own.
+:func:`dfine_rows` gives D-FINE's rows in either layout (a successor puts its own rows first);
+:func:`dfine_encoder_options` / :func:`dfine_decoder_options` read the shared fields, so another
+reader adds only its own.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,7 @@ from torch import Tensor
 
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import LoadReport, WeightsError
+from peg_core.interop.keymap import Functions, KeyMap, Nest, Rename, Rule
 from peg_core.peg import fold_peg_keys
 
 from ..models.dfine.backbone import build_hgnetv2
@@ -70,16 +76,21 @@ from .hf_rtdetr import (
     ACTIVATION_NAMES,
     DECODER_PREFIXES,
     check_one_value,
-    encoder_hf_to_ours,
-    encoder_ours_to_hf,
+    decoder_rows,
+    encoder_rows,
     folder_config,
     hf_state_dict,
     int_if_whole,
     label_fields,
+    load_mapped_state,
 )
 
 __all__ = [
+    "DFINE_AIFI_NAMES",
+    "DFINE_DECODER_NAMES",
     "DFINE_DECODER_PREFIXES",
+    "DFINE_KEYS",
+    "TIED_HEADS",
     "dfine_build_options",
     "dfine_decoder_options",
     "dfine_encoder_options",
@@ -90,7 +101,9 @@ __all__ = [
     "dfine_key_from_hf",
     "dfine_key_to_hf",
     "dfine_ours_to_hf",
+    "dfine_rows",
     "export_hf_dfine",
+    "load_dfine_state",
 ]
 
 # ---------------------------------------------------------------- keys
@@ -102,78 +115,49 @@ DFINE_DECODER_PREFIXES: tuple[tuple[str, str], ...] = (
     ("model.decoder.up", "decoder.up"),
     ("model.decoder.reg_scale", "decoder.reg_scale"),
 )
-# transformers 5's in-memory names -> its file names (= ours), inside decoder and AIFI layers
-_DECODER_MEMORY = (
-    (".mlp.layers.0.", ".fc1."),
-    (".mlp.layers.1.", ".fc2."),
-    (".self_attn.o_proj.", ".self_attn.out_proj."),
+#: ``(file, memory, ours)`` inside an AIFI layer: the files have RT-DETR's names, the modules ``mlp.layers.{0,1}``
+DFINE_AIFI_NAMES = (("fc1.", "mlp.layers.0.", "mlp.fc1."), ("fc2.", "mlp.layers.1.", "mlp.fc2."),
+                    ("self_attn.out_proj.", "self_attn.o_proj.", "self_attn.o_proj."))  # fmt: skip
+#: ``(file, memory, ours)`` inside a decoder layer; ours are the file names
+DFINE_DECODER_NAMES = tuple((f, m, f) for f, m, _ in DFINE_AIFI_NAMES)
+#: transformers' top-level heads are tied copies of ``model.decoder``'s: either is read, the decoder's written
+TIED_HEADS = tuple(
+    Rename((f"model.decoder.{n}.", f"{n}."), f"decoder.{n}.") for n in ("class_embed", "bbox_embed")
 )
-_AIFI_MEMORY = ((".mlp.layers.0.", ".mlp.fc1."), (".mlp.layers.1.", ".mlp.fc2."))
-#: transformers' top-level copies of the decoder heads (tied to ``model.decoder.*``)
-_TIED = ("class_embed.", "bbox_embed.")
-_OURS_BACKBONE = "backbone."
-
-BackboneMap = Callable[[str], "str | None"]
+#: HGNetV2's own map (:mod:`.hf_hgnetv2`) for the keys below ``model.backbone.model.``
+HGNETV2_ROW = Nest(
+    HF_BACKBONE_PREFIX, "backbone.", Functions(hgnetv2_hf_to_ours, partial(hgnetv2_ours_to_hf, prefix=""))
+)
 
 
-def _prefixed(key: str, rows: Sequence[tuple[str, str]], to_hf: bool) -> str | None:
-    for hf, ours in rows:
-        src, dst = (ours, hf) if to_hf else (hf, ours)
-        exact = not src.endswith(".")  # one-tensor rows (``up``, ``reg_scale``) match whole keys
-        if key == src if exact else key.startswith(src):
-            return dst + key[len(src) :]
-    return None
+def dfine_rows(*, write: str = "file") -> tuple[Rule, ...]:
+    """D-FINE's rows (HGNetV2, the encoder, the tied heads, the decoder side); ``write``: the names
+    written, ``file`` (``save_pretrained``'s: RT-DETR's) or ``memory`` (transformers' modules; DEIMv2's
+    files).  Either is read.  A successor puts its own rows first."""
+    return (
+        HGNETV2_ROW,
+        *encoder_rows(DFINE_AIFI_NAMES, write=write),
+        *TIED_HEADS,
+        *decoder_rows(DFINE_DECODER_NAMES, DFINE_DECODER_PREFIXES, write=write),
+    )
 
 
-def dfine_key_from_hf(
-    key: str,
-    *,
-    decoder_rows: Sequence[tuple[str, str]] = DFINE_DECODER_PREFIXES,
-    backbone: BackboneMap = hgnetv2_hf_to_ours,
-) -> str | None:
-    """Our key of a Hugging Face D-FINE-layout key (file or in-memory names); None when it has no place.
-
-    ``backbone`` maps a ``model.backbone.model.*`` key to the backbone module's own key;
-    ``decoder_rows`` are the decoder-side prefix pairs (a successor adds its rows).
-    """
-    if key.startswith(HF_BACKBONE_PREFIX):
-        ours = backbone(key)
-        return None if ours is None else _OURS_BACKBONE + ours
-    if key.startswith(("model.encoder.", "model.encoder_input_proj.")):
-        ours = encoder_hf_to_ours(key)  # RT-DETR's rule, either AIFI layout
-        if ours is not None and ours.startswith("encoder.aifi."):
-            for memory, file in _AIFI_MEMORY:
-                ours = ours.replace(memory, file)
-        return ours
-    ours = _prefixed(key, decoder_rows, to_hf=False)
-    if ours is not None and ours.startswith("decoder.layers."):
-        for memory, file in _DECODER_MEMORY:
-            ours = ours.replace(memory, file)
-    return ours
+#: D-FINE's whole map: file or module names read, the file names written
+DFINE_KEYS = KeyMap(dfine_rows())
 
 
-def dfine_key_to_hf(
-    key: str,
-    *,
-    decoder_rows: Sequence[tuple[str, str]] = DFINE_DECODER_PREFIXES,
-    backbone: BackboneMap = hgnetv2_ours_to_hf,
-) -> str | None:
+def dfine_key_from_hf(key: str) -> str | None:
+    """Our key of a Hugging Face D-FINE key (file or in-memory names); None when it has no place."""
+    return DFINE_KEYS.to_ours(key)
+
+
+def dfine_key_to_hf(key: str) -> str | None:
     """The key ``save_pretrained`` writes for one of ours; None for ours only (PEG, learned table, rotary)."""
-    if key.startswith(_OURS_BACKBONE):
-        return backbone(key[len(_OURS_BACKBONE) :])
-    if key.startswith("encoder."):
-        return encoder_ours_to_hf(key, layout="file")
-    return _prefixed(key, decoder_rows, to_hf=True)
+    return DFINE_KEYS.to_hf(key)
 
 
-def dfine_hf_to_ours(key: str) -> str | None:
-    """:func:`dfine_key_from_hf` with D-FINE's rows and HGNetV2."""
-    return dfine_key_from_hf(key)
-
-
-def dfine_ours_to_hf(key: str) -> str | None:
-    """:func:`dfine_key_to_hf` with D-FINE's rows and HGNetV2."""
-    return dfine_key_to_hf(key)
+#: the same functions under the names of the other readers' (``rtdetr_hf_to_ours`` ...)
+dfine_hf_to_ours, dfine_ours_to_hf = dfine_key_from_hf, dfine_key_to_hf
 
 
 # ---------------------------------------------------------------- config.json -> keywords
@@ -343,49 +327,16 @@ def load_dfine_state(
     path: str | os.PathLike,
     config: dict[str, Any] | None = None,
     *,
-    to_ours: Callable[[str], str | None] = dfine_hf_to_ours,
-    to_hf: Callable[[str], str | None] = dfine_ours_to_hf,
+    keys: KeyMap = DFINE_KEYS,
     title: str = "D-FINE",
 ) -> LoadReport:
-    """Copy every mapped tensor into ``model``; the model keys without a Hugging Face name must be position modules.
+    """Copy every mapped tensor into ``model`` (:func:`~.hf_rtdetr.load_mapped_state` with ``keys``).
 
     A tensor of another shape, or a model key the file lacks, is a :class:`WeightsError` naming
     ``path``; nothing is loaded then.  ``report.converted`` lists the position modules added at
     their initialisation (a PEG at zero).
     """
-    own = model.state_dict()
-    report = LoadReport(source=str(path), args=config)
-    mapped: dict[str, Tensor] = {}
-    for key, value in state.items():
-        if key.startswith(_TIED):
-            report.skipped[key] = "transformers' tied copy of model.decoder's head"
-            continue
-        ours = to_ours(key)
-        if ours is None or ours not in own:
-            if not key.endswith("num_batches_tracked"):  # frozen norms have none
-                report.skipped[key] = f"no place in peg_detr's {title}"
-            continue
-        if value.shape != own[ours].shape:
-            raise WeightsError(
-                f"key {key} has shape {tuple(value.shape)}, the model's {ours} {tuple(own[ours].shape)} "
-                "(config.json does not describe these weights)",
-                path,
-            )
-        mapped[ours] = value
-    absent = sorted(own.keys() - mapped.keys())
-    added = [k for k in absent if to_hf(k) is None]
-    missing = [k for k in absent if k not in added and not k.endswith("num_batches_tracked")]
-    if missing:
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise WeightsError(f"Hugging Face weights lack {len(missing)} model keys: {missing[:5]}{more}", path)
-    model.load_state_dict(mapped, strict=False)
-    report.copied = sorted(mapped)
-    why = (
-        f"added: not in Hugging Face {title} ({model.encoder.pos_enc}; a PEG starts at zero, so the model "
-        "computes what pos_enc='none' computes until fine-tuned)"
-    )
-    report.converted.update(dict.fromkeys(added, why))
-    return report
+    return load_mapped_state(model, state, path, config, keys, title)
 
 
 def dfine_from_hf(folder: str | os.PathLike, pos_enc: str = "sincos") -> tuple[DFINE, LoadReport]:
@@ -495,5 +446,5 @@ def export_hf_dfine(
         raise TypeError(f"export_hf_dfine takes a D-FINE, not a {type(model).__name__}")
     _require_sincos(model)  # before anything is written
     config = folder_config(model, id2label, dfine_hf_config, "DFineForObjectDetection")
-    state = hf_state_dict(model, dfine_ours_to_hf)
+    state = hf_state_dict(model, DFINE_KEYS)
     return write_hf_folder(out_dir, config, state, {PREPROCESSOR_CONFIG: rtdetr_processor_config(size)})

@@ -132,6 +132,7 @@ DECODER_PREFIXES: tuple[tuple[str, str], ...] = (
 )
 #: the names a layout writes: transformers' modules (``memory``) or its files (``file``)
 LAYOUTS = ("memory", "file")
+_WRITE = {"file": 0, "memory": 1}  # the index of a layout in every (file, memory, ...) triple below
 #: AIFI's prefixes in transformers' files and modules (the order of every name triple below)
 _AIFI = ("model.encoder.encoder.{i}.", "model.encoder.aifi.{i}.")
 #: ``(file, memory, ours)`` names inside an AIFI layer that differ; ours are transformers 5's module names
@@ -151,7 +152,7 @@ def encoder_rows(aifi_names: Sequence[tuple[str, str, str]], *, write: str) -> t
     """The rows of the backbone, input projections and encoder: our position modules, AIFI's two
     layouts (``aifi_names``: ``(file, memory, ours)`` inside a layer; ``write``: the layout written),
     then :data:`ENCODER_HF_PREFIXES`."""
-    w = 0 if write == "file" else 1
+    w = _WRITE[write]
     layer = tuple(p + "layers.{j}." for p in _AIFI)
     return (
         *AIFI_OURS_ONLY,
@@ -164,13 +165,16 @@ def encoder_rows(aifi_names: Sequence[tuple[str, str, str]], *, write: str) -> t
 def decoder_rows(
     layer_names: Sequence[tuple[str, str, str]],
     prefixes: Sequence[tuple[str, str]] = DECODER_PREFIXES,
-    write: int = 0,
+    *,
+    write: str = "file",
 ) -> tuple[Rule, ...]:
     """The decoder side's rows: ``layer_names`` ``(file, memory, ours)`` inside a layer (``write``:
-    0 writes the file names, 1 the module names), then the ``(HF, ours)`` prefix rows."""
+    the layout written), then the ``(HF, ours)`` prefix rows."""
     layer = ("model.decoder.layers.{i}.",) * 2
-    return (*block_rows(layer, "decoder.layers.{i}.", layer_names, write=write),
-            *(Rename(hf, ours) for hf, ours in prefixes))  # fmt: skip
+    return (
+        *block_rows(layer, "decoder.layers.{i}.", layer_names, write=_WRITE[write]),
+        *(Rename(hf, ours) for hf, ours in prefixes),
+    )
 
 
 _ENCODER_KEYS = {layout: KeyMap(encoder_rows(AIFI_NAMES, write=layout)) for layout in LAYOUTS}
