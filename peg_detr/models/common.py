@@ -7,8 +7,8 @@ and RF-DETR import them from here, so no family imports another's modules for th
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -20,9 +20,13 @@ from ..structures import IMAGENET_MEAN, IMAGENET_STD, ImageBatch, pad_images
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "MatchedTargets",
     "box_normaliser",
     "check_targets",
+    "coef_weights",
+    "concat_targets",
     "device_indices",
+    "loss_weights",
     "mask_unnamed",
     "num_boxes_of",
     "to_image_batch",
@@ -86,6 +90,62 @@ def device_indices(
     flat = torch.cat(rows, dim=1) if rows else torch.empty(3, 0, dtype=torch.int64)
     flat = flat.to(device, non_blocking=True)
     return [tuple(part.unbind(0)) for part in flat.split(counts, dim=1)]
+
+
+def concat_targets(targets: list[dict[str, Tensor]], device: torch.device) -> tuple[Tensor, Tensor]:
+    """The batch's targets in image order: ``labels`` ``(M,)`` int64 and ``boxes`` ``(M, 4)`` float32, on ``device``."""
+    labels = torch.cat([t["labels"] for t in targets]).to(device)
+    boxes = torch.cat([t["boxes"] for t in targets]).to(device=device, dtype=torch.float32)
+    return labels, boxes
+
+
+class MatchedTargets(NamedTuple):
+    """What one output's losses are computed against, built once per output by the criterion.
+
+    Attributes:
+        labels: ``(M,)`` int64, ``boxes``: ``(M, 4)`` float32 normalised cxcywh: all the batch's
+            targets (:func:`concat_targets`).
+        index: ``(batch_idx, query_idx, target_idx)``, each ``(K,)`` int64 on the device: the
+            output's matched queries and the target of each, ``target_idx`` into ``labels`` /
+            ``boxes`` (:func:`device_indices`).
+        num_boxes: ``()`` what the losses' sums are divided by.
+    """
+
+    labels: Tensor
+    boxes: Tensor
+    index: tuple[Tensor, Tensor, Tensor]
+    num_boxes: Tensor
+
+    @property
+    def matched_labels(self) -> Tensor:
+        """``(K,)`` the label of each matched query's target."""
+        return self.labels[self.index[2]]
+
+    @property
+    def matched_boxes(self) -> Tensor:
+        """``(K, 4)`` the box of each matched query's target."""
+        return self.boxes[self.index[2]]
+
+
+def loss_weights(
+    defaults: Mapping[str, float], weights: Mapping[str, float], family: str
+) -> dict[str, float]:
+    """A family's loss weights ``{loss key: weight}``: its published ``defaults`` with ``weights`` on top.
+
+    A key of ``weights`` that names none of the family's losses is a ``ValueError``: a misspelt
+    key would otherwise weigh nothing.
+    """
+    unknown = sorted(set(weights) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"{family} has no loss {', '.join(unknown)} to weigh; its losses: {', '.join(defaults)}"
+        )
+    return {**defaults, **weights}
+
+
+def coef_weights(config: Any, *names: str) -> dict[str, float]:
+    """A typed config's ``<name>_loss_coef`` fields as loss weights ``{"loss_<name>": value}``."""
+    return {f"loss_{name}": getattr(config, f"{name}_loss_coef") for name in names}
 
 
 def mask_unnamed(logits: Tensor, named: Tensor | None, fill: float = float("-inf")) -> Tensor:

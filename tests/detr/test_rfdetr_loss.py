@@ -353,7 +353,7 @@ def test_ia_bce_quality_floor_and_finite_at_extreme_logits() -> None:
 
 def test_weight_dict_follows_the_model() -> None:
     model = rfdetr_from_hf_config(_config(decoder_layers=3))
-    criterion, _ = rfdetr_training_parts(model, 2.0, 4.0, 1.0)
+    criterion, _ = rfdetr_training_parts(model, {"loss_iabce": 2.0, "loss_bbox": 4.0, "loss_giou": 1.0})
     w = criterion.weight_dict
     assert w["loss_iabce"] == 2.0 and w["loss_bbox"] == 4.0 and w["loss_giou"] == 1.0
     assert set(w) == {

@@ -9,11 +9,13 @@ builds DEIMv2-S.  ``model.build_config`` records every setting, so a checkpoint 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from ..common import coef_weights
 from ..dfine.backbone import build_hgnetv2
 from ..dfine.build import dfine_criterion_parts
-from ..dfine.criterion import DFineCriterion
+from ..dfine.criterion import DFINE_WEIGHTS, DFineCriterion
 from ..rtdetr.build import detector_options
 from ..rtdetr.postprocess import RTDETRPostProcess
 from .backbone import DINOV3_VITS, build_dinov3_sta
@@ -75,9 +77,9 @@ def build_deimv2(
     )  # fmt: skip
     model = DEIMv2(net, enc, decoder, **detector_options(cfg))
     model.build_config = cfg.to_dict()
+    weights = coef_weights(cfg, "mal", "bbox", "giou", "fgl", "ddf")
     criterion, post = deimv2_training_parts(
-        model, mal=cfg.mal_loss_coef, bbox=cfg.bbox_loss_coef, giou=cfg.giou_loss_coef, fgl=cfg.fgl_loss_coef,
-        ddf=cfg.ddf_loss_coef, losses=tuple(cfg.losses), alpha=cfg.focal_alpha, gamma=cfg.focal_gamma,
+        model, weights, losses=tuple(cfg.losses), alpha=cfg.focal_alpha, gamma=cfg.focal_gamma,
         mal_alpha=cfg.mal_alpha, use_uni_set=cfg.use_uni_set,
     )  # fmt: skip
     return model, criterion, post
@@ -85,11 +87,7 @@ def build_deimv2(
 
 def deimv2_training_parts(
     model: DEIMv2,
-    mal: float = 1.0,
-    bbox: float = 5.0,
-    giou: float = 2.0,
-    fgl: float = 0.15,
-    ddf: float = 1.5,
+    weights: Mapping[str, float] = DFINE_WEIGHTS,
     *,
     losses: tuple[str, ...] = DEIMV2_LOSSES,
     alpha: float = 0.75,
@@ -97,8 +95,11 @@ def deimv2_training_parts(
     mal_alpha: float | None = None,
     use_uni_set: bool = True,
 ) -> tuple[DFineCriterion, RTDETRPostProcess]:
-    """D-FINE's criterion with DEIMv2's losses and weights (matcher costs 2 / 5 / 2, focal), and the post-processor."""
-    weights = dict(bbox=bbox, giou=giou, fgl=fgl, ddf=ddf, mal=mal)
+    """D-FINE's criterion with DEIMv2's losses and weights (matcher costs 2 / 5 / 2, focal), and the post-processor.
+
+    ``weights``: ``loss key -> weight`` (keys it lacks: DEIMv2's, which are D-FINE's
+    :data:`~peg_detr.models.dfine.criterion.DFINE_WEIGHTS`: MAL 1, L1 5, GIoU 2, FGL 0.15, DDF 1.5).
+    """
     return dfine_criterion_parts(
         model, weights, losses, alpha=alpha, gamma=gamma, mal_alpha=mal_alpha, use_uni_set=use_uni_set
     )

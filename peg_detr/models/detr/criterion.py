@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_convert, generalized_box_iou
 
-from ..common import DetectionCriterion, check_targets, device_indices
+from ..common import DetectionCriterion, MatchedTargets, check_targets, concat_targets, device_indices
 from ..matcher import HungarianMatcher
 
 __all__ = ["SetCriterion", "build_weight_dict"]
@@ -80,35 +80,27 @@ class SetCriterion(DetectionCriterion):
         # All layers matched with the step's single device-to-host copy, the indices sent back in one copy.
         per_layer = self.matcher.match_layers(layers, targets, self.num_classes)
         flat = device_indices(per_layer, targets, device)
-        labels = torch.cat([t["labels"] for t in targets]).to(device)
-        boxes = torch.cat([t["boxes"] for t in targets]).to(device)
-        losses = self._losses(outputs, labels, boxes, flat[0], num_boxes)
+        labels, boxes = concat_targets(targets, device)
+        losses = self._losses(outputs, MatchedTargets(labels, boxes, flat[0], num_boxes))
         losses.update(self._logged(outputs, targets, labels, flat[0]))
         for i, aux in enumerate(outputs.get("aux_outputs", [])):
-            aux_losses = self._losses(aux, labels, boxes, flat[i + 1], num_boxes)
+            aux_losses = self._losses(aux, MatchedTargets(labels, boxes, flat[i + 1], num_boxes))
             losses.update({f"{k}_{i}": v for k, v in aux_losses.items()})
         return losses
 
-    def _losses(
-        self,
-        outputs: dict[str, Tensor],
-        labels: Tensor,
-        boxes: Tensor,
-        index: tuple[Tensor, Tensor, Tensor],
-        num_boxes: Tensor,
-    ) -> dict[str, Tensor]:
-        """Class, L1 and GIoU losses; ``labels (M,)`` / ``boxes (M, 4)`` all targets, ``index`` from :func:`device_indices`."""
+    def _losses(self, outputs: dict[str, Tensor], matched: MatchedTargets) -> dict[str, Tensor]:
+        """Class, L1 and GIoU losses of one layer against its matched targets."""
         logits = outputs["pred_logits"].float()
-        batch_idx, query_idx, target_idx = index
+        batch_idx, query_idx, _ = matched.index
         classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
-        classes[batch_idx, query_idx] = labels[target_idx]
+        classes[batch_idx, query_idx] = matched.matched_labels
         loss_ce = F.cross_entropy(logits.transpose(1, 2), classes, weight=self.empty_weight.to(logits.device))
 
         src = outputs["pred_boxes"][batch_idx, query_idx].float()
-        tgt = boxes[target_idx].to(src)
-        loss_bbox = F.l1_loss(src, tgt, reduction="sum") / num_boxes
+        tgt = matched.matched_boxes
+        loss_bbox = F.l1_loss(src, tgt, reduction="sum") / matched.num_boxes
         giou = generalized_box_iou(box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy"))
-        loss_giou = (1 - torch.diag(giou)).sum() / num_boxes
+        loss_giou = (1 - torch.diag(giou)).sum() / matched.num_boxes
         return {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
 
     @torch.no_grad()

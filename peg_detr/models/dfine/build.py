@@ -9,20 +9,21 @@ sizes (transformers' ``DFineConfig`` defaults are L's): ``build_dfine(DFineConfi
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import nn
 
 from peg_core.interop.io import load_state_strict, read_state_file
 
+from ..common import coef_weights
 from ..matcher import HungarianMatcher
 from ..rtdetr.backbone import build_resnet_vd
 from ..rtdetr.build import detector_options
 from ..rtdetr.postprocess import RTDETRPostProcess
 from .backbone import HGNETV2_BACKBONES, build_hgnetv2
 from .config import CLS_LOSSES, DFINE_SIZES, DFineConfig
-from .criterion import DFineCriterion, build_dfine_weight_dict
+from .criterion import DFINE_WEIGHTS, DFineCriterion, build_dfine_weight_dict
 from .decoder import DFineDecoder
 from .encoder import DFineHybridEncoder
 from .model import DFINE
@@ -104,22 +105,16 @@ def build_dfine(
     )  # fmt: skip
     model = DFINE(net, encoder, decoder, **detector_options(cfg))
     model.build_config = cfg.to_dict()
-    weights = dict(
-        cls=cfg.vfl_loss_coef, bbox=cfg.bbox_loss_coef, giou=cfg.giou_loss_coef, fgl=cfg.fgl_loss_coef,
-        ddf=cfg.ddf_loss_coef,
-    )  # fmt: skip
+    # the config's vfl_loss_coef weighs whichever class loss cls_loss picks
+    weights = {f"loss_{cfg.cls_loss}": cfg.vfl_loss_coef, **coef_weights(cfg, "bbox", "giou", "fgl", "ddf")}
     return model, *dfine_training_parts(
-        model, **weights, cls_loss=cfg.cls_loss, cls_loss_gamma=cfg.cls_loss_gamma
+        model, weights, cls_loss=cfg.cls_loss, cls_loss_gamma=cfg.cls_loss_gamma
     )
 
 
 def dfine_training_parts(
     model: DFINE,
-    cls: float = 1.0,
-    bbox: float = 5.0,
-    giou: float = 2.0,
-    fgl: float = 0.15,
-    ddf: float = 1.5,
+    weights: Mapping[str, float] = DFINE_WEIGHTS,
     *,
     cls_loss: str = "vfl",
     cls_loss_gamma: float | None = None,
@@ -129,17 +124,16 @@ def dfine_training_parts(
     Shared by :func:`build_dfine` and models built from a Hugging Face ``config.json``
     (:func:`peg_detr.interop.hf_dfine.dfine_from_hf_config`).  ``cls_loss``: ``vfl`` (D-FINE's
     ``losses``), ``mal`` (DEIM's matchability-aware loss, gamma 1.5 unless ``cls_loss_gamma``) or
-    ``focal``; ``cls`` is its weight.
+    ``focal``; ``weights``: ``loss key -> weight`` (keys it lacks: :data:`~.criterion.DFINE_WEIGHTS`').
     """
     if cls_loss not in CLS_LOSSES:
         raise ValueError(f"cls_loss must be one of {CLS_LOSSES}; got {cls_loss!r}")
     gamma = cls_loss_gamma if cls_loss_gamma is not None else 1.5 if cls_loss == "mal" else 2.0
-    weights = dict(vfl=cls, bbox=bbox, giou=giou, fgl=fgl, ddf=ddf, focal=cls, mal=cls)
     return dfine_criterion_parts(model, weights, (cls_loss, "boxes", "local"), gamma=gamma)
 
 
 def dfine_criterion_parts(
-    model: DFINE, weights: dict[str, float], losses: tuple[str, ...], **criterion_options: Any
+    model: DFINE, weights: Mapping[str, float], losses: tuple[str, ...], **criterion_options: Any
 ) -> tuple[DFineCriterion, RTDETRPostProcess]:
     """D-FINE's criterion for a built :class:`DFINE` (or DEIMv2) and the post-processor.
 
@@ -150,7 +144,7 @@ def dfine_criterion_parts(
     """
     dec_layers = len(model.decoder.layers)
     weight_dict = build_dfine_weight_dict(
-        **weights, losses=losses, dec_layers=dec_layers, aux_loss=model.aux_loss, denoising=model.num_denoising > 0,
+        weights, losses=losses, dec_layers=dec_layers, aux_loss=model.aux_loss, denoising=model.num_denoising > 0,
     )  # fmt: skip
     matcher = HungarianMatcher(2.0, 5.0, 2.0, focal=True, focal_alpha=0.25, focal_gamma=2.0)
     criterion = DFineCriterion(

@@ -25,6 +25,8 @@ and ``boxes`` ``(M, 4)`` normalised cxcywh.  Logits are sigmoid scores (no "no o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -32,14 +34,28 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_convert, sigmoid_focal_loss
 
-from ..common import DetectionCriterion, box_normaliser, device_indices
+from ..common import (
+    DetectionCriterion,
+    MatchedTargets,
+    box_normaliser,
+    concat_targets,
+    device_indices,
+    loss_weights,
+)
 from ..matcher import HungarianMatcher, match_by_query_count
-from ..rtdetr.criterion import check_sigmoid_outputs, denoising_targets, paired_iou, varifocal_loss
+from ..rtdetr.criterion import (
+    RTDETR_WEIGHTS,
+    check_sigmoid_outputs,
+    denoising_targets,
+    paired_iou,
+    varifocal_loss,
+)
 from .fdr import weighting_function
 
 __all__ = [
     "DEIM_LOSSES",
     "DFINE_LOSSES",
+    "DFINE_WEIGHTS",
     "DFineCriterion",
     "bbox2distance",
     "build_dfine_weight_dict",
@@ -57,6 +73,11 @@ CLASS_LOSSES = ("vfl", "focal", "mal")
 DFINE_LOSSES = ("vfl", "boxes", "local")
 #: DEIM's losses (with ``gamma=1.5``, ``mal_alpha=None``; weights mal 1, bbox 5, giou 2, fgl 0.15, ddf 1.5)
 DEIM_LOSSES = ("mal", "boxes", "local")
+#: D-FINE's loss weights, ``loss key -> weight``: RT-DETR's class (any of the class losses) and box
+#: weights, FGL 0.15, DDF 1.5 (DEIM's are the same)
+DFINE_WEIGHTS: Mapping[str, float] = MappingProxyType(
+    {**RTDETR_WEIGHTS, "loss_focal": 1.0, "loss_mal": 1.0, "loss_fgl": 0.15, "loss_ddf": 1.5}
+)
 
 Matches = list[tuple[Tensor, Tensor]]
 
@@ -198,20 +219,14 @@ def union_matches(layers: list[Matches]) -> Matches:
 
 
 def build_dfine_weight_dict(
-    vfl: float = 1.0,
-    bbox: float = 5.0,
-    giou: float = 2.0,
-    fgl: float = 0.15,
-    ddf: float = 1.5,
+    weights: Mapping[str, float] = DFINE_WEIGHTS,
     *,
-    focal: float = 1.0,
-    mal: float = 1.0,
     losses: tuple[str, ...] = DFINE_LOSSES,
     dec_layers: int = 6,
     aux_loss: bool = True,
     denoising: bool = True,
 ) -> dict[str, float]:
-    """Loss weights (D-FINE's defaults; DEIM's ``mal`` 1) and their copies for the auxiliary outputs.
+    """The weight dict: ``weights`` (keys missing there: :data:`DFINE_WEIGHTS`') for every output's copy.
 
     Keys for the losses in ``losses`` only.  Suffixes: ``""`` (last layer), with ``aux_loss``
     ``_aux_i`` for the ``dec_layers - 1`` earlier layers, ``_pre`` (the pre-bbox head) and
@@ -221,17 +236,12 @@ def build_dfine_weight_dict(
     teacher, its DDF is a zero).
     """
     _check_losses(losses)
-    plain: dict[str, float] = {}
-    if "vfl" in losses:
-        plain["loss_vfl"] = vfl
-    if "focal" in losses:
-        plain["loss_focal"] = focal
-    if "mal" in losses:
-        plain["loss_mal"] = mal
+    w = loss_weights(DFINE_WEIGHTS, weights, "D-FINE")
+    plain = {f"loss_{k}": w[f"loss_{k}"] for k in CLASS_LOSSES if k in losses}
     if "boxes" in losses:
-        plain.update(loss_bbox=bbox, loss_giou=giou)
-    local = {"loss_fgl": fgl} if "local" in losses else {}
-    distill = {"loss_ddf": ddf} if "local" in losses else {}
+        plain.update(loss_bbox=w["loss_bbox"], loss_giou=w["loss_giou"])
+    local = {"loss_fgl": w["loss_fgl"]} if "local" in losses else {}
+    distill = {"loss_ddf": w["loss_ddf"]} if "local" in losses else {}
 
     out = {k: w for k, w in {**plain, **local}.items()}
     if aux_loss:
@@ -358,8 +368,7 @@ class DFineCriterion(DetectionCriterion):
         """The losses normalised by ``num_boxes`` ``()``; the union-set normaliser times ``scale`` ``()``
         (the given normaliser over this batch's own; None: 1)."""
         device = outputs["pred_logits"].device
-        labels = torch.cat([t["labels"] for t in targets]).to(device)
-        boxes = torch.cat([t["boxes"] for t in targets]).to(device=device, dtype=torch.float32)
+        labels, boxes = concat_targets(targets, device)
         geometry = self._geometry(outputs)
 
         named: list[tuple[str, dict[str, Any]]] = [("", outputs)]
@@ -381,9 +390,9 @@ class DFineCriterion(DetectionCriterion):
         losses: dict[str, Tensor] = {}
         split: tuple[Tensor, Tensor] | None = None  # the last non-denoising DDF's counts
         for (suffix, out), index, box_index in zip(named, own, box_indices):
-            layer, counts = self._layer_losses(
-                out, labels, boxes, index, num_boxes, box_index, box_norm, geometry, None
-            )
+            cls_matched = MatchedTargets(labels, boxes, index, num_boxes)
+            box_matched = MatchedTargets(labels, boxes, box_index, box_norm)
+            layer, counts = self._layer_losses(out, cls_matched, box_matched, geometry, None)
             split = counts if counts is not None else split
             losses.update(_suffixed(layer, suffix))
 
@@ -391,11 +400,10 @@ class DFineCriterion(DetectionCriterion):
         if outputs.get("dn_pre_outputs") is not None:
             dn_named.append(("_dn_pre", outputs["dn_pre_outputs"]))
         if dn_named:
-            index, dn_boxes = denoising_targets(outputs, "dn_outputs", targets, num_boxes)
+            # matched by construction, the same targets for the class and the box losses
+            dn = MatchedTargets(labels, boxes, *denoising_targets(outputs, "dn_outputs", targets, num_boxes))
             for suffix, out in dn_named:
-                layer, _ = self._layer_losses(
-                    out, labels, boxes, index, dn_boxes, index, dn_boxes, geometry, split
-                )
+                layer, _ = self._layer_losses(out, dn, dn, geometry, split)
                 losses.update(_suffixed(layer, suffix))
         return losses
 
@@ -434,36 +442,30 @@ class DFineCriterion(DetectionCriterion):
     def _layer_losses(
         self,
         out: dict[str, Tensor],
-        labels: Tensor,
-        boxes: Tensor,
-        cls_index: tuple[Tensor, Tensor, Tensor],
-        cls_norm: Tensor,
-        box_index: tuple[Tensor, Tensor, Tensor],
-        box_norm: Tensor,
+        cls_matched: MatchedTargets,
+        box_matched: MatchedTargets,
         geometry: tuple[Tensor, Tensor] | None,
         split: tuple[Tensor, Tensor] | None,
     ) -> tuple[dict[str, Tensor], tuple[Tensor, Tensor] | None]:
         """The requested losses of one output and, when it computed a DDF, its (matched, unmatched)
         query counts.
 
-        ``labels (M,)`` / ``boxes (M, 4)``: all targets; ``cls_index`` (the output's own matches,
-        for the class loss) and ``box_index`` (own or the union set, for the box and local losses):
-        ``(batch_idx, query_idx, target_idx)``, with their normalisers; ``geometry``:
-        :meth:`_geometry`'s; ``split``: counts to balance the DDF with instead of its own (the
-        denoising outputs').
+        ``cls_matched``: the output's own matches, for the class loss; ``box_matched``: its own or
+        the union set, for the box and local losses; ``geometry``: :meth:`_geometry`'s; ``split``:
+        counts to balance the DDF with instead of its own (the denoising outputs').
         """
         result: dict[str, Tensor] = {}
         pred_boxes = out["pred_boxes"].float()
         if any(k in self.losses for k in CLASS_LOSSES):
-            result.update(
-                self._class_losses(out["pred_logits"].float(), pred_boxes, labels, boxes, cls_index, cls_norm)
-            )
+            result.update(self._class_losses(out["pred_logits"].float(), pred_boxes, cls_matched))
 
-        b, q, t = box_index
+        b, q, _ = box_matched.index
+        box_norm = box_matched.num_boxes
+        matched_boxes = box_matched.matched_boxes
         src = box_convert(pred_boxes[b, q], "cxcywh", "xyxy")
-        tgt = box_convert(boxes[t], "cxcywh", "xyxy")
+        tgt = box_convert(matched_boxes, "cxcywh", "xyxy")
         if "boxes" in self.losses:
-            result["loss_bbox"] = F.l1_loss(pred_boxes[b, q], boxes[t], reduction="sum") / box_norm
+            result["loss_bbox"] = F.l1_loss(pred_boxes[b, q], matched_boxes, reduction="sum") / box_norm
             result["loss_giou"] = (1 - paired_giou(src, tgt)).sum() / box_norm
         counts = None
         if geometry is not None and "pred_corners" in out:
@@ -472,25 +474,20 @@ class DFineCriterion(DetectionCriterion):
             corners = out["pred_corners"].float()
             bins = project.numel()
             ref = out["ref_points"][b, q].detach().float()
-            left, w_left, w_right = translate_gt(bbox2distance(ref, boxes[t], reg_scale), project)
+            left, w_left, w_right = translate_gt(bbox2distance(ref, matched_boxes, reg_scale), project)
             edges = corners[b, q].reshape(-1, bins)  # (M * 4, N + 1): left, top, right, bottom per box
             fgl = fine_grained_localization_loss(edges, left, w_left, w_right, iou.repeat_interleave(4))
             result["loss_fgl"] = fgl / box_norm
             if "teacher_corners" in out:
-                result["loss_ddf"], counts = self._ddf(out, corners, iou, b, q, bins, split)
+                result["loss_ddf"], counts = self._ddf(out, corners, iou, box_matched.index, split)
         return result, counts
 
-    def _class_losses(
-        self,
-        logits: Tensor,
-        pred_boxes: Tensor,
-        labels: Tensor,
-        boxes: Tensor,
-        index: tuple[Tensor, Tensor, Tensor],
-        norm: Tensor,
-    ) -> dict[str, Tensor]:
-        b, q, t = index
-        cls = labels[t]
+    def _class_losses(self, logits: Tensor, pred_boxes: Tensor, matched: MatchedTargets) -> dict[str, Tensor]:
+        """The class losses in ``losses`` of ``logits`` ``(B, Q, C)`` (``pred_boxes`` ``(B, Q, 4)``
+        give the IoU targets) against the output's own matches."""
+        b, q, _ = matched.index
+        norm = matched.num_boxes
+        cls = matched.matched_labels
         positive = torch.zeros_like(logits, dtype=torch.bool)
         positive[b, q, cls] = True
         out: dict[str, Tensor] = {}
@@ -498,7 +495,7 @@ class DFineCriterion(DetectionCriterion):
             # The IoU is a target, not a prediction: no gradient flows into the boxes through it.
             src = box_convert(pred_boxes[b, q].detach(), "cxcywh", "xyxy")
             score = torch.zeros_like(logits)
-            score[b, q, cls] = paired_iou(src, box_convert(boxes[t], "cxcywh", "xyxy"))
+            score[b, q, cls] = paired_iou(src, box_convert(matched.matched_boxes, "cxcywh", "xyxy"))
             if "vfl" in self.losses:
                 out["loss_vfl"] = varifocal_loss(logits, positive, score, self.alpha, self.gamma) / norm
             if "mal" in self.losses:
@@ -517,12 +514,16 @@ class DFineCriterion(DetectionCriterion):
         out: dict[str, Tensor],
         corners: Tensor,
         iou: Tensor,
-        b: Tensor,
-        q: Tensor,
-        bins: int,
+        index: tuple[Tensor, Tensor, Tensor],
         split: tuple[Tensor, Tensor] | None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
-        """Decoupled distillation focal loss of one output and its (matched, unmatched) counts."""
+        """Decoupled distillation focal loss of one output and its (matched, unmatched) counts.
+
+        ``corners`` ``(B, Q, 4 * (reg_max + 1))`` float32; ``iou`` ``(K,)`` of the ``K`` matched
+        queries ``index`` (the box losses' matches).
+        """
+        b, q, _ = index
+        bins = corners.shape[-1] // 4
         teacher = out["teacher_corners"]
         if _same_tensor(teacher, out["pred_corners"]):
             # The last layer is its own teacher (D-FINE's denoising outputs): nothing to distil,

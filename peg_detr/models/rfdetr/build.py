@@ -9,13 +9,15 @@ and post-processor of a model built otherwise (a Hugging Face ``config.json``:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from ..common import coef_weights
 from ..matcher import HungarianMatcher
 from ..rtdetr.postprocess import RTDETRPostProcess
 from .backbone import ScaleProjector, build_windowed_vit
 from .config import RFDETR_BACKBONES, RFDETR_SIZES, RFDETRConfig
-from .criterion import RFDETRCriterion, build_rfdetr_weight_dict
+from .criterion import CLASS_KEY, RFDETR_WEIGHTS, RFDETRCriterion, build_rfdetr_weight_dict
 from .decoder import RFDETRDecoder, RFDETRLayerSpec
 from .model import RFDETR
 
@@ -45,24 +47,26 @@ def build_rfdetr(
                             num_layers=cfg.dec_layers, layer=layer)  # fmt: skip
     model = RFDETR(vit, projector, decoder, aux_loss=cfg.aux_loss)
     model.build_config = cfg.to_dict()
-    return model, *rfdetr_training_parts(model, cfg.cls_loss_coef, cfg.bbox_loss_coef, cfg.giou_loss_coef)
+    weights = {CLASS_KEY: cfg.cls_loss_coef, **coef_weights(cfg, "bbox", "giou")}
+    return model, *rfdetr_training_parts(model, weights)
 
 
 def rfdetr_training_parts(
-    model: RFDETR, cls: float = 1.0, bbox: float = 5.0, giou: float = 2.0
+    model: RFDETR, weights: Mapping[str, float] = RFDETR_WEIGHTS
 ) -> tuple[RFDETRCriterion, RTDETRPostProcess]:
     """RF-DETR's criterion (Group DETR matching, IA-BCE + L1 + GIoU) and post-processor for ``model``.
 
-    ``cls``, ``bbox``, ``giou``: the loss weights (RF-DETR / transformers' ``RfDetrConfig``: 1, 5, 2),
-    copied to every earlier decoder layer and the encoder proposals when the model returns them
+    ``weights``: ``loss key -> weight`` (keys it lacks: RF-DETR's / transformers' ``RfDetrConfig``'s,
+    :data:`~.criterion.RFDETR_WEIGHTS`: ``loss_iabce`` 1, ``loss_bbox`` 5, ``loss_giou`` 2), copied to
+    every earlier decoder layer and the encoder proposals when the model returns them
     (``model.aux_loss``).  The matcher's costs are RF-DETR's (class 2 focal with alpha 0.25 and
     gamma 2, L1 5, GIoU 2).  The post-processor keeps the ``num_queries`` best (query, class) pairs
     (rf-detr's ``num_select`` is its ``num_queries``, 300).
     """
     dec_layers = len(model.decoder.layers)
-    weights = build_rfdetr_weight_dict(cls, bbox, giou, dec_layers=dec_layers, aux_loss=model.aux_loss)
+    weight_dict = build_rfdetr_weight_dict(weights, dec_layers=dec_layers, aux_loss=model.aux_loss)
     matcher = HungarianMatcher(2.0, 5.0, 2.0, focal=True, focal_alpha=0.25, focal_gamma=2.0)
     criterion = RFDETRCriterion(
-        model.num_classes, matcher=matcher, weight_dict=weights, dec_layers=dec_layers
+        model.num_classes, matcher=matcher, weight_dict=weight_dict, dec_layers=dec_layers
     )
     return criterion, RTDETRPostProcess(num_top_queries=model.num_queries)

@@ -22,7 +22,7 @@ and ``boxes`` ``(M, 4)`` normalised cxcywh.  Reused from the RT-DETR family:
 :class:`~peg_detr.models.rtdetr.RTDETRCriterion` (its checks, matcher and ``total``),
 :func:`~peg_detr.models.rtdetr.criterion.paired_iou`, D-FINE's
 :func:`~peg_detr.models.dfine.criterion.paired_giou` and the weight dict's suffixes
-(:func:`~peg_detr.models.rtdetr.build_rtdetr_weight_dict`); the matcher is the project's
+(:func:`~peg_detr.models.rtdetr.criterion.weight_suffixes`); the matcher is the project's
 :class:`~peg_detr.models.matcher.HungarianMatcher`, run on each group's slice.
 
 Where this differs from transformers' loss (none changes a training loss it computes):
@@ -39,6 +39,8 @@ Where this differs from transformers' loss (none changes a training loss it comp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -46,12 +48,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_convert
 
-from ..common import box_normaliser, device_indices
+from ..common import MatchedTargets, box_normaliser, concat_targets, device_indices, loss_weights
 from ..dfine.criterion import paired_giou
 from ..matcher import HungarianMatcher
-from ..rtdetr.criterion import RTDETRCriterion, build_rtdetr_weight_dict, paired_iou
+from ..rtdetr.criterion import RTDETRCriterion, paired_iou, weight_suffixes
 
 __all__ = [
+    "RFDETR_WEIGHTS",
     "RFDETRCriterion",
     "build_rfdetr_weight_dict",
     "group_detr_matches",
@@ -61,20 +64,20 @@ __all__ = [
 
 #: the class loss's key in the loss dict (transformers and rf-detr call it ``loss_ce``)
 CLASS_KEY = "loss_iabce"
+#: RF-DETR's loss weights (and transformers' ``RfDetrConfig``'s), ``loss key -> weight``: class 1, L1 5, GIoU 2
+RFDETR_WEIGHTS: Mapping[str, float] = MappingProxyType({CLASS_KEY: 1.0, "loss_bbox": 5.0, "loss_giou": 2.0})
 
 
 def build_rfdetr_weight_dict(
-    cls: float = 1.0, bbox: float = 5.0, giou: float = 2.0, *, dec_layers: int = 3, aux_loss: bool = True
+    weights: Mapping[str, float] = RFDETR_WEIGHTS, *, dec_layers: int = 3, aux_loss: bool = True
 ) -> dict[str, float]:
-    """Loss weights (RF-DETR's: class 1, L1 5, GIoU 2) with RT-DETR's suffixes.
+    """The weight dict: ``weights`` (keys missing there: :data:`RFDETR_WEIGHTS`') with RT-DETR's suffixes.
 
     ``loss_iabce``, ``loss_bbox``, ``loss_giou``; with ``aux_loss`` the same for ``_aux_i`` (the
     ``dec_layers - 1`` earlier layers) and ``_enc_0`` (the encoder proposals).  No denoising.
     """
-    weights = build_rtdetr_weight_dict(
-        cls, bbox, giou, dec_layers=dec_layers, aux_loss=aux_loss, denoising=False
-    )
-    return {k.replace("loss_vfl", CLASS_KEY, 1): w for k, w in weights.items()}
+    base = loss_weights(RFDETR_WEIGHTS, weights, "RF-DETR")
+    return {k + s: w for s in weight_suffixes(dec_layers, aux_loss, denoising=False) for k, w in base.items()}
 
 
 def iou_aware_bce_loss(
@@ -175,32 +178,18 @@ class RFDETRCriterion(RTDETRCriterion):
 
     Args:
         num_classes: ``C``.
-        matcher: RF-DETR's by default (costs class 2 focal, L1 5, GIoU 2).
-        weight_dict: :func:`build_rfdetr_weight_dict` of ``dec_layers`` by default.
-        alpha, gamma: IA-BCE's quality and focal exponents (RF-DETR: 0.25, 2).
+        alpha: IA-BCE's quality exponent (RF-DETR: 0.25).
         dec_layers: decoder layers (for the default weight dict).
+        options: :class:`RTDETRCriterion`'s ``matcher`` (RF-DETR's is its default: costs class 2
+            focal, L1 5, GIoU 2), ``weight_dict`` (default: :func:`build_rfdetr_weight_dict` of
+            ``dec_layers``) and ``gamma`` (IA-BCE's focal exponent, 2).
     """
 
-    def __init__(
-        self,
-        num_classes: int,
-        *,
-        matcher: HungarianMatcher | None = None,
-        weight_dict: dict[str, float] | None = None,
-        alpha: float = 0.25,
-        gamma: float = 2.0,
-        dec_layers: int = 3,
-    ) -> None:
+    def __init__(self, num_classes: int, *, alpha: float = 0.25, dec_layers: int = 3, **options: Any) -> None:
         # The parent's checks, matcher, weights and ``total``; the losses are :meth:`_layer_losses`.
-        super().__init__(
-            num_classes,
-            matcher=matcher if matcher is not None else HungarianMatcher(2.0, 5.0, 2.0, focal=True),
-            weight_dict=weight_dict
-            if weight_dict is not None
-            else build_rfdetr_weight_dict(dec_layers=dec_layers),
-            alpha=alpha,
-            gamma=gamma,
-        )
+        if options.get("weight_dict") is None:
+            options["weight_dict"] = build_rfdetr_weight_dict(dec_layers=dec_layers)
+        super().__init__(num_classes, alpha=alpha, **options)
 
     def forward(
         self, outputs: dict[str, Any], targets: list[dict[str, Tensor]], num_boxes: Tensor | None = None
@@ -214,8 +203,7 @@ class RFDETRCriterion(RTDETRCriterion):
         groups = int(outputs.get("num_groups", 1))
         device = outputs["pred_logits"].device
         norm = group_num_boxes(targets, groups, device, num_boxes)
-        labels = torch.cat([t["labels"] for t in targets]).to(device)
-        boxes = torch.cat([t["boxes"] for t in targets]).to(device=device, dtype=torch.float32)
+        labels, boxes = concat_targets(targets, device)
 
         named: list[tuple[str, dict[str, Tensor]]] = [("", outputs)]
         named += [(f"_aux_{i}", o) for i, o in enumerate(outputs.get("aux_outputs", []))]
@@ -224,27 +212,20 @@ class RFDETRCriterion(RTDETRCriterion):
         indices = device_indices(host, targets, device)  # one host-to-device copy for all outputs
         losses: dict[str, Tensor] = {}
         for (suffix, out), index in zip(named, indices):
-            losses.update(
-                {k + suffix: v for k, v in self._layer_losses(out, labels, boxes, index, norm).items()}
-            )
+            layer = self._layer_losses(out, MatchedTargets(labels, boxes, index, norm))
+            losses.update({k + suffix: v for k, v in layer.items()})
         return losses
 
-    def _layer_losses(
-        self,
-        outputs: dict[str, Tensor],
-        labels: Tensor,
-        boxes: Tensor,
-        index: tuple[Tensor, Tensor, Tensor],
-        num_boxes: Tensor,
-    ) -> dict[str, Tensor]:
-        """IA-BCE, L1 and GIoU of one output; ``labels (M,)`` / ``boxes (M, 4)`` all targets, ``index``
-        its matches ``(batch_idx, query_idx, target_idx)``, ``num_boxes`` the group normaliser."""
-        batch_idx, query_idx, target_idx = index
+    def _layer_losses(self, outputs: dict[str, Tensor], matched: MatchedTargets) -> dict[str, Tensor]:
+        """IA-BCE, L1 and GIoU of one output against its matched targets (``num_boxes``: the group
+        normaliser)."""
+        batch_idx, query_idx, _ = matched.index
+        num_boxes = matched.num_boxes
         logits = outputs["pred_logits"].float()
         src = outputs["pred_boxes"][batch_idx, query_idx].float()
-        tgt = boxes[target_idx]
+        tgt = matched.matched_boxes
         src_xyxy, tgt_xyxy = box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy")
-        cls = labels[target_idx]
+        cls = matched.matched_labels
         positive = torch.zeros_like(logits, dtype=torch.bool)
         positive[batch_idx, query_idx, cls] = True
         iou = torch.zeros_like(logits)

@@ -10,14 +10,16 @@ setting but the weights file), so a checkpoint rebuilds exactly the trained mode
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from peg_core.interop.io import load_state_strict, read_state_file
 
+from ..common import coef_weights
 from ..config import DetectorConfig
 from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
 from .config import RTDETRConfig
-from .criterion import RTDETRCriterion, build_rtdetr_weight_dict
+from .criterion import RTDETR_WEIGHTS, RTDETRCriterion, build_rtdetr_weight_dict
 from .decoder import RTDETRDecoder
 from .encoder import HybridEncoder
 from .model import RTDETR
@@ -83,7 +85,7 @@ def build_rtdetr(
     )  # fmt: skip
     model = RTDETR(net, encoder, decoder, **detector_options(cfg))
     model.build_config = cfg.to_dict()
-    return model, *rtdetr_training_parts(model, cfg.vfl_loss_coef, cfg.bbox_loss_coef, cfg.giou_loss_coef)
+    return model, *rtdetr_training_parts(model, coef_weights(cfg, "vfl", "bbox", "giou"))
 
 
 def detector_options(cfg: DetectorConfig) -> dict[str, Any]:
@@ -96,16 +98,17 @@ def detector_options(cfg: DetectorConfig) -> dict[str, Any]:
 
 
 def rtdetr_training_parts(
-    model: RTDETR, vfl: float = 1.0, bbox: float = 5.0, giou: float = 2.0
+    model: RTDETR, weights: Mapping[str, float] = RTDETR_WEIGHTS
 ) -> tuple[RTDETRCriterion, RTDETRPostProcess]:
     """The criterion and post-processor that fit a built :class:`RTDETR` (classes, layers, queries).
 
-    Shared by :func:`build_rtdetr` and models built from a Hugging Face ``config.json``
-    (:func:`peg_detr.interop.hf_rtdetr.rtdetr_from_hf_config`).
+    ``weights``: ``loss key -> weight`` (:func:`~.criterion.build_rtdetr_weight_dict`; keys it lacks:
+    RT-DETR's, :data:`~.criterion.RTDETR_WEIGHTS`).  Shared by :func:`build_rtdetr` and models built
+    from a Hugging Face ``config.json`` (:func:`peg_detr.interop.hf_rtdetr.rtdetr_from_hf_config`).
     """
     dec_layers = len(model.decoder.layers)
-    weights = build_rtdetr_weight_dict(
-        vfl, bbox, giou, dec_layers=dec_layers, aux_loss=model.aux_loss, denoising=model.num_denoising > 0
+    weight_dict = build_rtdetr_weight_dict(
+        weights, dec_layers=dec_layers, aux_loss=model.aux_loss, denoising=model.num_denoising > 0
     )
-    criterion = RTDETRCriterion(model.num_classes, weight_dict=weights, dec_layers=dec_layers)
+    criterion = RTDETRCriterion(model.num_classes, weight_dict=weight_dict, dec_layers=dec_layers)
     return criterion, RTDETRPostProcess(num_top_queries=model.num_queries)

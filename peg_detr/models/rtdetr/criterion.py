@@ -8,6 +8,8 @@ and ``boxes`` ``(M, 4)`` normalised cxcywh.  Logits are sigmoid scores ``(B, Q, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -15,36 +17,57 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_convert, generalized_box_iou_loss
 
-from ..common import DetectionCriterion, check_targets, device_indices
+from ..common import (
+    DetectionCriterion,
+    MatchedTargets,
+    check_targets,
+    concat_targets,
+    device_indices,
+    loss_weights,
+)
 from ..matcher import HungarianMatcher, match_by_query_count
 
-__all__ = ["RTDETRCriterion", "build_rtdetr_weight_dict", "denoising_indices", "paired_iou", "varifocal_loss"]
+__all__ = [
+    "RTDETR_WEIGHTS",
+    "RTDETRCriterion",
+    "build_rtdetr_weight_dict",
+    "denoising_indices",
+    "paired_iou",
+    "varifocal_loss",
+    "weight_suffixes",
+]
 
 LOSSES = ("vfl", "boxes")
+#: RT-DETR's loss weights, ``loss key -> weight`` of the last layer's losses (every copy weighs the same)
+RTDETR_WEIGHTS: Mapping[str, float] = MappingProxyType({"loss_vfl": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0})
 
 
 def build_rtdetr_weight_dict(
-    vfl: float = 1.0,
-    bbox: float = 5.0,
-    giou: float = 2.0,
+    weights: Mapping[str, float] = RTDETR_WEIGHTS,
     *,
     dec_layers: int = 6,
     aux_loss: bool = True,
     denoising: bool = True,
 ) -> dict[str, float]:
-    """Loss weights (RT-DETR's defaults) and their copies for the auxiliary outputs.
+    """The weight dict: ``weights`` (keys missing there: :data:`RTDETR_WEIGHTS`') for every output's copy.
 
-    Suffixes: with ``aux_loss``, ``_aux_i`` for the ``dec_layers - 1`` earlier decoder layers and
-    ``_enc_0`` for the encoder proposals; with ``denoising``, ``_dn_i`` for the denoising queries
-    of all ``dec_layers`` layers (the model returns those whenever it used a denoising group).
+    Suffixes: :func:`weight_suffixes`.
     """
-    base = {"loss_vfl": vfl, "loss_bbox": bbox, "loss_giou": giou}
+    base = loss_weights(RTDETR_WEIGHTS, weights, "RT-DETR")
+    return {k + s: w for s in weight_suffixes(dec_layers, aux_loss, denoising) for k, w in base.items()}
+
+
+def weight_suffixes(dec_layers: int, aux_loss: bool, denoising: bool) -> list[str]:
+    """The loss keys' suffixes of an RT-DETR-like model's outputs: ``""`` (the last layer), with
+    ``aux_loss`` ``_aux_i`` for the ``dec_layers - 1`` earlier decoder layers and ``_enc_0`` for the
+    encoder proposals; with ``denoising``, ``_dn_i`` for the denoising queries of all ``dec_layers``
+    layers (the model returns those whenever it used a denoising group)."""
     suffixes = [""]
     if aux_loss:
         suffixes += [f"_aux_{i}" for i in range(dec_layers - 1)] + ["_enc_0"]
     if denoising:
         suffixes += [f"_dn_{i}" for i in range(dec_layers)]
-    return {k + s: w for s in suffixes for k, w in base.items()}
+    return suffixes
 
 
 def paired_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
@@ -123,8 +146,7 @@ class RTDETRCriterion(DetectionCriterion):
     ) -> dict[str, Tensor]:
         """RT-DETR's losses: every layer's, the proposals' and the denoising ones, normalised by ``num_boxes``."""
         device = outputs["pred_logits"].device
-        labels = torch.cat([t["labels"] for t in targets]).to(device)
-        boxes = torch.cat([t["boxes"] for t in targets]).to(device)
+        labels, boxes = concat_targets(targets, device)
 
         named = [("", outputs)]
         named += [(f"_aux_{i}", o) for i, o in enumerate(outputs.get("aux_outputs", []))]
@@ -132,13 +154,17 @@ class RTDETRCriterion(DetectionCriterion):
         indices = self._match([o for _, o in named], targets, device)
         losses: dict[str, Tensor] = {}
         for (suffix, out), index in zip(named, indices):
-            losses.update(_suffixed(self._layer_losses(out, labels, boxes, index, num_boxes), suffix))
+            matched = MatchedTargets(labels, boxes, index, num_boxes)
+            losses.update(_suffixed(self._layer_losses(out, matched), suffix))
 
         dn_outputs = outputs.get("dn_aux_outputs", [])
         if dn_outputs:
-            index, dn_boxes = denoising_targets(outputs, "dn_aux_outputs", targets, num_boxes)
+            # every denoising layer reconstructs the same targets: one matched set for all
+            dn_matched = MatchedTargets(
+                labels, boxes, *denoising_targets(outputs, "dn_aux_outputs", targets, num_boxes)
+            )
             for i, out in enumerate(dn_outputs):
-                losses.update(_suffixed(self._layer_losses(out, labels, boxes, index, dn_boxes), f"_dn_{i}"))
+                losses.update(_suffixed(self._layer_losses(out, dn_matched), f"_dn_{i}"))
         return losses
 
     def check(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> None:
@@ -158,25 +184,19 @@ class RTDETRCriterion(DetectionCriterion):
         per_layer = match_by_query_count(self.matcher, layers, targets, self.num_classes)
         return device_indices(per_layer, targets, device)
 
-    def _layer_losses(
-        self,
-        outputs: dict[str, Tensor],
-        labels: Tensor,
-        boxes: Tensor,
-        index: tuple[Tensor, Tensor, Tensor],
-        num_boxes: Tensor,
-    ) -> dict[str, Tensor]:
-        """The requested losses of one layer; ``labels (M,)`` / ``boxes (M, 4)`` all targets."""
-        batch_idx, query_idx, target_idx = index
+    def _layer_losses(self, outputs: dict[str, Tensor], matched: MatchedTargets) -> dict[str, Tensor]:
+        """The requested losses of one layer against its matched targets."""
+        batch_idx, query_idx, _ = matched.index
+        num_boxes = matched.num_boxes
         src = outputs["pred_boxes"][batch_idx, query_idx].float()
-        tgt = boxes[target_idx].float()
+        tgt = matched.matched_boxes
         src_xyxy, tgt_xyxy = box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy")
         out: dict[str, Tensor] = {}
         if "vfl" in self.losses:
             logits = outputs["pred_logits"].float()
             positive = torch.zeros_like(logits, dtype=torch.bool)
             score = torch.zeros_like(logits)
-            cls = labels[target_idx]
+            cls = matched.matched_labels
             positive[batch_idx, query_idx, cls] = True
             # The IoU is a target, not a prediction: no gradient flows into the boxes through it.
             score[batch_idx, query_idx, cls] = paired_iou(src_xyxy.detach(), tgt_xyxy)
