@@ -21,16 +21,19 @@ Hugging Face                                                   ours
 ``model.conv_encoder.{spatial_tuning_adapter,fusion_proj}.*``  ``backbone.{spatial_tuning_adapter,fusion_proj}.*``
 ``model.conv_encoder.model.*`` (HGNetV2)                       ``backbone.*`` (:mod:`.hf_hgnetv2`)
 ``model.conv_encoder.encoder_input_proj.{l}.*``                ``encoder.input_proj.{l}.*``
-every other key                                                D-FINE's map (:func:`.hf_dfine.dfine_key_from_hf`)
+every other key                                                D-FINE's map (:func:`.hf_dfine.dfine_rows`)
 ``model.decoder.bbox_embed.{j}`` (a shared box head)           every ``decoder.bbox_embed.{i}`` slot
 =============================================================  ===========================================
 
 DEIMv2's files have D-FINE's layout except for the ``model.conv_encoder.*`` part (the backbone
-and what projects its maps), so this module maps those keys and hands every other key to
-:func:`peg_detr.interop.hf_dfine.dfine_key_from_hf` (the encoder, the decoder side, D-FINE's
-in-memory / file names); the config is read the same way: D-FINE's shared fields by
-:func:`~peg_detr.interop.hf_dfine.dfine_encoder_options` / ``dfine_decoder_options``, DEIMv2's own
-fields here, and the weights are loaded by :func:`~peg_detr.interop.hf_dfine.load_dfine_state`.
+and what projects its maps), and keep transformers' module names (D-FINE's files do not), so its key
+map (:data:`DEIMV2_KEYS`, :func:`deimv2_rows`) is its own rows for that part (the ViT's q / k / v a
+:class:`~peg_core.interop.keymap.Stack` row, a missing key bias zeros) followed by
+:func:`~peg_detr.interop.hf_dfine.dfine_rows` with the module names; the config is read the same way:
+D-FINE's shared fields by :func:`~peg_detr.interop.hf_dfine.dfine_encoder_options` /
+``dfine_decoder_options``, DEIMv2's own fields here, and the weights are loaded by
+:func:`~peg_detr.interop.hf_dfine.load_dfine_state` (a shared box head, written once, fills every
+layer's slot first).
 
 What differs from transformers on purpose: AIFI's ``sincos`` table is computed for the actual
 map size in eval too (transformers' AIFI drops the table in eval when ``eval_size`` is set, and
@@ -41,7 +44,6 @@ weights plus a zero PEG: the model computes what ``none`` computes until fine-tu
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -54,175 +56,122 @@ from torch import Tensor
 
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import LoadReport, WeightsError
+from peg_core.interop.keymap import KeyMap, Nest, Rename, Rule, Skip, Stack, block_rows
 
 from ..models.deimv2 import DEIMv2, DEIMv2Config, build_deimv2
 from .hf_detr import hf_num_labels
 from .hf_dfine import (
+    HGNETV2_ROW,
     dfine_decoder_options,
     dfine_encoder_options,
-    dfine_key_from_hf,
-    dfine_key_to_hf,
+    dfine_rows,
     load_dfine_state,
 )
 from .hf_hgnetv2 import (
     check_hidden_sizes,
     hgnetv2_hf_config,
-    hgnetv2_hf_to_ours,
     hgnetv2_options_from_hf,
-    hgnetv2_ours_to_hf,
 )
 from .hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
 from .hf_rtdetr import check_one_value, hf_state_dict, int_if_whole, label_fields
 
 __all__ = [
+    "DEIMV2_KEYS",
     "deimv2_build_options",
     "deimv2_from_hf",
     "deimv2_hf_to_ours",
     "deimv2_ours_to_hf",
+    "deimv2_rows",
     "export_hf_deimv2",
     "load_deimv2_state",
 ]
 
 _CONV_ENCODER = "model.conv_encoder."
 _VIT_HF = _CONV_ENCODER + "backbone."
-_HGNET_HF = _CONV_ENCODER + "model."
-_ENC_PROJ_HF = _CONV_ENCODER + "encoder_input_proj."
-_OWN_HF = ("spatial_tuning_adapter.", "fusion_proj.")  # below model.conv_encoder. and backbone. alike
+_OWN = ("spatial_tuning_adapter.", "fusion_proj.")  # below model.conv_encoder. and backbone. alike
 _VIT = "backbone.vit."
-# in memory ``model.layer.{i}``; save_pretrained writes ``layer.{i}`` (transformers' checkpoint layout).
-# ``attention.qkv``: the fused projection load_deimv2_state makes of q_proj / k_proj / v_proj.
-_VIT_LAYER = re.compile(r"^(?:model\.)?layer\.(\d+)\.(.+)$")
+_BLOCK = _VIT + "blocks.{i}."
+#: a ViT layer in ``save_pretrained``'s files and in transformers' modules
+_VIT_LAYERS = (_VIT_HF + "layer.{i}.", _VIT_HF + "model.layer.{i}.")
+#: DINOv3's names in a layer -> CPVT's in a block (q / k / v: :func:`_qkv_rows`)
 _VIT_BLOCK = (
-    ("attention.qkv.", "attn.qkv."),
-    ("attention.o_proj.", "attn.proj."),
-    ("mlp.up_proj.", "mlp.fc1."),
-    ("mlp.down_proj.", "mlp.fc2."),
-    ("layer_scale1.lambda1", "ls1.gamma"),
-    ("layer_scale2.lambda1", "ls2.gamma"),
-    ("norm1.", "norm1."),
+    ("attention.o_proj.", "attn.proj."), ("mlp.up_proj.", "mlp.fc1."), ("mlp.down_proj.", "mlp.fc2."),
+    ("layer_scale1.lambda1", "ls1.gamma"), ("layer_scale2.lambda1", "ls2.gamma"), ("norm1.", "norm1."),
     ("norm2.", "norm2."),
-)
-_VIT_TOP = (
-    ("embeddings.cls_token", "cls_token"),
-    ("embeddings.register_tokens", "reg_token"),
-    ("embeddings.patch_embeddings.", "patch_embed.proj."),
-    ("norm.", "norm."),
-)
-_AIFI_FC = re.compile(r"^(encoder\.aifi\.\d+\.layers\.\d+\.mlp\.)fc([12])\.(.+)$")
-_HEADS = ("class_embed.", "bbox_embed.", "model.decoder.class_embed.", "model.decoder.bbox_embed.")
+)  # fmt: skip
+#: DINOv3's names outside the layers -> CPVT's
+_VIT_TOP = (("embeddings.cls_token", "cls_token"), ("embeddings.register_tokens", "reg_token"),
+            ("embeddings.patch_embeddings.", "patch_embed.proj."), ("norm.", "norm."))  # fmt: skip
 
 
-def _swap(key: str, rows: tuple[tuple[str, str], ...], to_hf: bool) -> str | None:
-    for hf, ours in rows:
-        src, dst = (ours, hf) if to_hf else (hf, ours)
-        if key == src or (src.endswith(".") and key.startswith(src)):
-            return dst + key[len(src) :]
-    return None
+def _qkv_rows(layer: str) -> tuple[Stack, ...]:
+    """DINOv3's separate q / k / v projections of a layer are CPVT's fused ``qkv`` (a missing key bias: zeros)."""
+    return tuple(
+        Stack(
+            tuple(f"{layer}attention.{p}_proj.{leaf}" for p in "qkv"), (f"{_BLOCK}attn.qkv.{leaf}",), optional
+        )
+        for leaf, optional in (("weight", ()), ("bias", (1,)))
+    )
 
 
-def _vit_from_hf(rest: str) -> str | None:
-    """A ``DINOv3ViTBackbone`` key (no prefix) -> CPVT's, or None (the mask token, unfused q / k / v)."""
-    m = _VIT_LAYER.match(rest)
-    if m is None:
-        return _swap(rest, _VIT_TOP, to_hf=False)
-    ours = _swap(m.group(2), _VIT_BLOCK, to_hf=False)
-    return None if ours is None else f"blocks.{m.group(1)}.{ours}"
+def deimv2_rows(*, lite: bool = False) -> tuple[Rule, ...]:
+    """DEIMv2's rows: its ``model.conv_encoder.*`` part (DINOv3 + STA or HGNetV2, the input projections),
+    then D-FINE's rows with the module names (DEIMv2's files keep them).  ``lite``: the lite encoder's
+    input projections are ``model.encoder.input_proj`` (written; the hybrid encoder's
+    ``model.conv_encoder.encoder_input_proj``: both read)."""
+    proj = ("model.encoder.input_proj.",) * lite + (_CONV_ENCODER + "encoder_input_proj.",)
+    return (
+        Skip(
+            _VIT_HF + "embeddings.mask_token",
+            "DINOv3's masked-image-modelling token; detection never reads it",
+        ),
+        *(row for layer in _VIT_LAYERS for row in _qkv_rows(layer)),
+        *block_rows(_VIT_LAYERS, _BLOCK, [(hf, hf, ours) for hf, ours in _VIT_BLOCK]),
+        *(Rename(_VIT_HF + hf, _VIT + ours) for hf, ours in _VIT_TOP),
+        *(Rename(_CONV_ENCODER + name, "backbone." + name) for name in _OWN),
+        Rename(proj, "encoder.input_proj."),
+        Nest(_CONV_ENCODER + "model.", "backbone.", HGNETV2_ROW.inner),
+        *dfine_rows(write="memory"),
+    )
+
+
+#: DEIMv2's maps, by whether the model has the lite encoder: either layout read, the files' names written
+DEIMV2_KEYS = {lite: KeyMap(deimv2_rows(lite=lite)) for lite in (False, True)}
 
 
 def deimv2_hf_to_ours(key: str) -> str | None:
-    """Our key of a transformers ``Deimv2ForObjectDetection`` key (file or in-memory names); None when it has no place.
-
-    The ``model.conv_encoder.*`` keys are DEIMv2's own; every other key is D-FINE's
-    (:func:`~peg_detr.interop.hf_dfine.dfine_key_from_hf`).
-    """
-    if not key.startswith(_CONV_ENCODER):
-        return dfine_key_from_hf(key)
-    rest = key[len(_CONV_ENCODER) :]
-    if rest.startswith(_OWN_HF):
-        return "backbone." + rest
-    if key.startswith(_ENC_PROJ_HF):
-        return "encoder.input_proj." + key[len(_ENC_PROJ_HF) :]
-    if key.startswith(_VIT_HF):
-        ours = _vit_from_hf(key[len(_VIT_HF) :])
-        return None if ours is None else _VIT + ours
-    if key.startswith(_HGNET_HF):
-        ours = hgnetv2_hf_to_ours(key[len(_HGNET_HF) :])
-        return None if ours is None else "backbone." + ours
-    return None
+    """Our key of a transformers ``Deimv2ForObjectDetection`` key (file or in-memory names); None when it
+    has no place, or is one of the ViT's q / k / v (stacked: :data:`DEIMV2_KEYS` ``convert``)."""
+    return DEIMV2_KEYS[False].to_ours(key)
 
 
 def deimv2_ours_to_hf(key: str, *, lite: bool = False) -> str | None:
-    """The ``save_pretrained`` key of one of ours (``attention.qkv``: the fused ViT projection); None: ours only (PEG, ...).
+    """The ``save_pretrained`` key of one of ours; None: ours only (PEG, ...) or the ViT's fused ``qkv`` (split).
 
     ``lite``: the model has the lite encoder, whose ``encoder.input_proj`` is transformers'
     ``model.encoder.input_proj`` (the hybrid encoder's is ``model.conv_encoder.encoder_input_proj``).
     """
-    if key.startswith(_VIT):
-        rest = key[len(_VIT) :]
-        if rest.startswith("blocks."):
-            i, rest = rest[len("blocks.") :].split(".", 1)
-            hf = _swap(rest, _VIT_BLOCK, to_hf=True)
-            return None if hf is None else f"{_VIT_HF}layer.{i}.{hf}"
-        hf = _swap(rest, _VIT_TOP, to_hf=True)
-        return None if hf is None else _VIT_HF + hf
-    if key.startswith("backbone."):
-        rest = key[len("backbone.") :]
-        return (
-            _CONV_ENCODER + rest if rest.startswith(_OWN_HF) else hgnetv2_ours_to_hf(rest, prefix=_HGNET_HF)
-        )
-    if key.startswith("encoder.input_proj.") and not lite:
-        return _ENC_PROJ_HF + key[len("encoder.input_proj.") :]
-    if key.startswith("encoder.") and ".pegs." in key:
-        return None  # a PEG: ours only
-    if key.startswith("encoder."):  # DEIMv2's files keep the in-memory AIFI names (D-FINE's do not)
-        m = _AIFI_FC.match(key)
-        return "model." + (f"{m.group(1)}layers.{int(m.group(2)) - 1}.{m.group(3)}" if m else key)
-    hf = dfine_key_to_hf(key)
-    return None if hf is None else hf.replace(".self_attn.out_proj.", ".self_attn.o_proj.")
+    return DEIMV2_KEYS[lite].to_hf(key)
 
 
-def _fuse_qkv(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """transformers' separate q / k / v projections -> one ``attention.qkv`` (CPVT's); a missing bias is zero."""
-    out = dict(state)
-    for key in [k for k in state if k.startswith(_VIT_HF) and k.endswith("attention.q_proj.weight")]:
-        pre = key[: -len("q_proj.weight")]
-        weights = [out.pop(f"{pre}{p}_proj.weight", None) for p in "qkv"]
-        biases = [out.pop(f"{pre}{p}_proj.bias", None) for p in "qkv"]
-        if any(w is None for w in weights):
-            raise WeightsError(f"{pre}: the ViT attention lacks one of q_proj / k_proj / v_proj", pre)
-        out[pre + "qkv.weight"] = torch.cat(weights, 0)
-        if any(b is not None for b in biases):  # DINOv3 has no key bias: zeros
-            out[pre + "qkv.bias"] = torch.cat(
-                [w.new_zeros(w.shape[0]) if b is None else b for b, w in zip(biases, weights)]
-            )
-    return out
+_BOX_HEAD = re.compile(r"^(model\.decoder\.)?bbox_embed\.(\d+)\.(.+)$")
 
 
-def _heads(state: Mapping[str, Tensor], name: str) -> dict[int, dict[str, Tensor]]:
-    """Per layer, the head ``name`` (``class_embed`` / ``bbox_embed``): the decoder's copy, else the top-level one."""
-    found: dict[int, dict[str, Tensor]] = {}
-    for prefix in (f"model.decoder.{name}.", f"{name}."):
-        for key, value in state.items():
-            if key.startswith(prefix):
-                i, rest = key[len(prefix) :].split(".", 1)
-                found.setdefault(int(i), {}).setdefault(rest, value)
-    return found
+def _share_box_head(state: Mapping[str, Tensor], num_layers: int) -> dict[str, Tensor]:
+    """A shared box head's one copy in every layer's slot (``model.decoder.bbox_embed.{i}.*``).
 
-
-def _untie(state: Mapping[str, Tensor], num_layers: int, share_bbox: bool) -> dict[str, Tensor]:
-    """Every layer's heads as ``model.decoder.{class,bbox}_embed.{i}.*``.
-
-    ``save_pretrained`` writes one copy of tied tensors: the top-level heads are copies of the
-    decoder's, and a shared box head is written under one layer index (not always 0); our
-    shared head is one module in every slot, so every slot gets that copy.
+    ``save_pretrained`` writes one copy of tied tensors, under one layer index (not always 0); our
+    shared head is one module in every slot, so every slot gets the lowest index's copy (the
+    decoder's before transformers' top-level one).
     """
-    heads = {name: _heads(state, name) for name in ("class_embed", "bbox_embed")}
-    out = {k: v for k, v in state.items() if not k.startswith(_HEADS)}
-    if share_bbox and heads["bbox_embed"]:
-        heads["bbox_embed"] = dict.fromkeys(range(num_layers), heads["bbox_embed"][min(heads["bbox_embed"])])
-    for name, per_layer in heads.items():
-        for i, tensors in per_layer.items():
-            out.update({f"model.decoder.{name}.{i}.{rest}": v for rest, v in tensors.items()})
+    found = sorted(
+        (int(m[2]), m[1] is None, m[3], value) for key, value in state.items() if (m := _BOX_HEAD.match(key))
+    )
+    out = {k: v for k, v in state.items() if not _BOX_HEAD.match(k)}
+    for index, _, rest, value in found:
+        if index == found[0][0]:
+            for i in range(num_layers):
+                out.setdefault(f"model.decoder.bbox_embed.{i}.{rest}", value)
     return out
 
 
@@ -234,15 +183,10 @@ def load_deimv2_state(
     A tensor of another shape or a model key the file lacks is a :class:`WeightsError` naming
     ``path``; PEG / learned-table / rotary keys are added at their initialisation (``report.converted``).
     """
-    state = _untie(_fuse_qkv(state), len(model.decoder.layers), model.decoder.share_bbox_head)
-    lite = not hasattr(model.encoder, "aifi")
-
-    def to_hf(key: str) -> str | None:
-        return deimv2_ours_to_hf(key, lite=lite)
-
-    return load_dfine_state(
-        model, state, path, config, to_ours=deimv2_hf_to_ours, to_hf=to_hf, title="DEIMv2"
-    )
+    if model.decoder.share_bbox_head:
+        state = _share_box_head(state, len(model.decoder.layers))
+    keys = DEIMV2_KEYS[not hasattr(model.encoder, "aifi")]
+    return load_dfine_state(model, state, path, config, keys=keys, title="DEIMv2")
 
 
 def _dinov3_options(f: ConfigFields) -> dict[str, Any]:
@@ -523,21 +467,6 @@ def deimv2_hf_config(model: DEIMv2, id2label: Mapping[int, str] | None = None) -
     return config
 
 
-def _split_qkv(state: dict[str, Tensor], key_bias: bool) -> dict[str, Tensor]:
-    """Our fused ``attention.qkv`` -> transformers' q / k / v projections (the key bias only when it has one)."""
-    out: dict[str, Tensor] = {}
-    for key, value in state.items():
-        if ".attention.qkv." not in key:
-            out[key] = value
-            continue
-        pre, leaf = key.split(".attention.qkv.")
-        for name, part in zip("qkv", value.chunk(3, 0)):
-            if leaf == "bias" and name == "k" and not key_bias:
-                continue
-            out[f"{pre}.attention.{name}_proj.{leaf}"] = part
-    return out
-
-
 def export_hf_deimv2(
     model: DEIMv2,
     out_dir: str | os.PathLike,
@@ -563,10 +492,13 @@ def export_hf_deimv2(
         raise TypeError(f"export_hf_deimv2 takes a DEIMv2, not a {type(model).__name__}")
     config = deimv2_hf_config(model, id2label)
     lite = config["encoder_type"] == "lite"
-    state = hf_state_dict(model, functools.partial(deimv2_ours_to_hf, lite=lite))
+    state = hf_state_dict(model, DEIMV2_KEYS[lite])
     if "backbone_config" in config and config["backbone_config"]["model_type"] == "dinov3_vit":
         bb, width = config["backbone_config"], config["backbone_config"]["hidden_size"]
-        state = _split_qkv(state, bb["key_bias"])
+        if not bb["key_bias"]:  # the split wrote one; transformers' DINOv3 without a key bias has none
+            state = {
+                k: v for k, v in state.items() if not (k.startswith(_VIT_HF) and k.endswith(".k_proj.bias"))
+            }
         state[_VIT_HF + "embeddings.mask_token"] = torch.zeros(1, 1, width)
         depth = len(model.backbone.vit.blocks)
         for i in range(depth):  # no layer scale: transformers' is a scale of ones
