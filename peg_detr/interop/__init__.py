@@ -16,6 +16,11 @@
 * :mod:`.hf_processor`: the ``preprocessor_config.json`` each export writes (transformers' pipeline);
 * :mod:`.hf`: :func:`from_hf`, a folder of any of these kinds by its ``model_type``.
 
+Key maps are rows of :mod:`peg_core.interop.keymap` (one mechanism, read both ways): each format
+module holds its table (:data:`~.hf_rtdetr.RTDETR_KEYS`, :data:`~.hf_dfine.DFINE_KEYS`,
+:data:`~.hf_deimv2.DEIMV2_KEYS`, :data:`~.hf_rfdetr.RFDETR_FILE_KEYS` / ``RFDETR_MODULE_KEYS``).
+The package exports every name of its modules' ``__all__``.
+
 Library below the application: these modules import :mod:`peg_detr.models` and :mod:`peg_core`,
 never ``peg_detr.model`` / ``task`` / ``cli``; export functions take a model (the command line
 loads the checkpoint).  Loaders return ``(model, LoadReport)``, or a :class:`LoadReport` when they
@@ -23,96 +28,20 @@ fill a given model.  Errors are :class:`~peg_core.interop.WeightsError` (a file 
 named) and ``ValueError`` / ``TypeError`` (a model a format cannot hold).
 """
 
-from peg_core.interop.io import LoadReport
+from peg_core.interop.io import LoadReport as LoadReport  # re-exported
 
-from .hf import FROM_HF, SUPPORTED_MODEL_TYPES, detr_from_hf, from_hf
-from .hf_deimv2 import deimv2_from_hf, deimv2_from_hf_config, deimv2_hf_config, export_hf_deimv2
-from .hf_detr import (
-    HF_DETR_BACKBONES,
-    HF_RESNETS,
-    check_detr_config,
-    detr_build_options,
-    detr_hf_config,
-    export_hf_detr,
-    hf_label_names,
-    hf_num_labels,
-    hf_resnet_to_official,
-    hf_to_official,
-    is_hf_source,
-    looks_like_hf,
-    official_to_hf,
-    read_hf_state,
-)
-from .hf_dfine import dfine_from_hf, dfine_from_hf_config, dfine_hf_config, export_hf_dfine
-from .hf_rfdetr import export_hf_rfdetr, rfdetr_from_hf, rfdetr_from_hf_config, rfdetr_hf_config
-from .hf_rtdetr import (
-    DECODER_PREFIXES,
-    ENCODER_HF_PREFIXES,
-    decoder_key_from_hf,
-    decoder_key_to_hf,
-    encoder_hf_config,
-    encoder_hf_keys,
-    encoder_hf_to_ours,
-    encoder_ours_to_hf,
-    export_hf_rtdetr,
-    load_rtdetr_backbone,
-    rtdetr_build_options,
-    rtdetr_from_hf,
-    rtdetr_from_hf_config,
-    rtdetr_hf_config,
-    rtdetr_hf_to_ours,
-    rtdetr_ours_to_hf,
-)
-from .official import load_official_checkpoint, read_official_checkpoint
+from . import hf, hf_deimv2, hf_detr, hf_dfine, hf_rfdetr, hf_rtdetr, official
+from .hf import *  # noqa: F403
+from .hf_deimv2 import *  # noqa: F403
+from .hf_detr import *  # noqa: F403
+from .hf_dfine import *  # noqa: F403
+from .hf_rfdetr import *  # noqa: F403
+from .hf_rtdetr import *  # noqa: F403
+from .official import *  # noqa: F403
 
-__all__ = [
-    "DECODER_PREFIXES",
-    "ENCODER_HF_PREFIXES",
-    "FROM_HF",
-    "HF_DETR_BACKBONES",
-    "HF_RESNETS",
-    "SUPPORTED_MODEL_TYPES",
-    "LoadReport",
-    "check_detr_config",
-    "decoder_key_from_hf",
-    "decoder_key_to_hf",
-    "deimv2_from_hf",
-    "deimv2_from_hf_config",
-    "deimv2_hf_config",
-    "detr_build_options",
-    "detr_from_hf",
-    "detr_hf_config",
-    "dfine_from_hf",
-    "dfine_from_hf_config",
-    "dfine_hf_config",
-    "encoder_hf_config",
-    "encoder_hf_keys",
-    "encoder_hf_to_ours",
-    "encoder_ours_to_hf",
-    "export_hf_deimv2",
-    "export_hf_detr",
-    "export_hf_dfine",
-    "export_hf_rfdetr",
-    "export_hf_rtdetr",
-    "from_hf",
-    "hf_label_names",
-    "hf_num_labels",
-    "hf_resnet_to_official",
-    "hf_to_official",
-    "is_hf_source",
-    "load_official_checkpoint",
-    "load_rtdetr_backbone",
-    "looks_like_hf",
-    "official_to_hf",
-    "read_hf_state",
-    "read_official_checkpoint",
-    "rfdetr_from_hf",
-    "rfdetr_from_hf_config",
-    "rfdetr_hf_config",
-    "rtdetr_build_options",
-    "rtdetr_from_hf",
-    "rtdetr_from_hf_config",
-    "rtdetr_hf_config",
-    "rtdetr_hf_to_ours",
-    "rtdetr_ours_to_hf",
-]
+# every public name of the format modules, each declared once in its own module's ``__all__``
+__all__ = sorted(
+    {"LoadReport"}.union(
+        *(m.__all__ for m in (hf, hf_deimv2, hf_detr, hf_dfine, hf_rfdetr, hf_rtdetr, official))
+    )
+)

@@ -79,6 +79,8 @@ __all__ = [
     "DEIMV2_KEYS",
     "deimv2_build_options",
     "deimv2_from_hf",
+    "deimv2_from_hf_config",
+    "deimv2_hf_config",
     "deimv2_hf_to_ours",
     "deimv2_ours_to_hf",
     "deimv2_rows",
