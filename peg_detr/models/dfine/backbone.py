@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from torch import Tensor, nn
@@ -220,24 +221,14 @@ class HGNetv2Backbone(nn.Module):
         self.stem = hgnet.StemV2(in_channels, stem[0], stem[1], use_lab=bool(use_lab))
         # 'se' aggregation (squeeze then excitation 1×1 conv) is what HGNetv2 uses (timm picks it
         # for the v2 stem); stride 2 is timm's and HF's default downsampling stride.
-        stage_modules = []
-        for cin, mid, cout, blocks, down, light, k, layers in specs:
-            stage_modules.append(
-                hgnet.HighPerfGpuStage(
-                    in_chs=cin,
-                    mid_chs=mid,
-                    out_chs=cout,
-                    block_num=blocks,
-                    layer_num=layers,
-                    downsample=down,
-                    stride=2,
-                    light_block=light,
-                    kernel_size=k,
-                    use_lab=bool(use_lab),
-                    agg="se",
-                )
+        # what every stage shares; per stage, timm's positional in_chs, mid_chs, out_chs, block_num, layer_num
+        stage = partial(hgnet.HighPerfGpuStage, stride=2, use_lab=bool(use_lab), agg="se")
+        self.stages = nn.Sequential(
+            *(
+                stage(cin, mid, cout, blocks, layers, downsample=down, light_block=light, kernel_size=k)
+                for cin, mid, cout, blocks, down, light, k, layers in specs
             )
-        self.stages = nn.Sequential(*stage_modules)
+        )
         if act != "relu":
             _set_activation(self, HGNETV2_ACTIVATIONS[act])
         strides, stride = [], 4
