@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from peg_core.registry import EncodingSupport, parse_pos_enc
 
 from ..config import DetectorConfig, option
+from ..dfine.criterion import DFINE_WEIGHTS
 from ..rtdetr.config import NUM_QUERIES, check_counts
 from ..rtdetr.encoder import AIFI_ENCODINGS
 from .backbone import DINOV3_VITS
@@ -155,11 +156,12 @@ class DEIMv2Config(DetectorConfig):
     freeze_backbone_bn: bool = False
     peg_at: Sequence[int] | int | str = (-1,)
     peg_kernel_size: int = 3
-    mal_loss_coef: float = 1.0
-    bbox_loss_coef: float = 5.0
-    giou_loss_coef: float = 2.0
-    fgl_loss_coef: float = 0.15
-    ddf_loss_coef: float = 1.5
+    # the weights' defaults are D-FINE's criterion's (DEIMv2 keeps them; MAL weighs as VFL did)
+    mal_loss_coef: float = DFINE_WEIGHTS["loss_mal"]
+    bbox_loss_coef: float = DFINE_WEIGHTS["loss_bbox"]
+    giou_loss_coef: float = DFINE_WEIGHTS["loss_giou"]
+    fgl_loss_coef: float = DFINE_WEIGHTS["loss_fgl"]
+    ddf_loss_coef: float = DFINE_WEIGHTS["loss_ddf"]
     losses: Sequence[str] = DEIMV2_LOSSES
     focal_alpha: float = 0.75
     focal_gamma: float = 2.0

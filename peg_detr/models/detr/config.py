@@ -15,6 +15,7 @@ from typing import ClassVar
 from peg_core.registry import EncodingSupport, parse_pos_enc
 
 from ..config import DetectorConfig, option
+from ..matcher import DETR_COSTS
 from .transformer import DECODER_KEY_POS
 
 __all__ = ["DETR_ENCODINGS", "DETRConfig"]
@@ -101,9 +102,9 @@ class DETRConfig(DetectorConfig):
     )
     learned_grid: Sequence[int] | None = None
     pos_interpolation: str = "bicubic"
-    set_cost_class: float = 1.0
-    set_cost_bbox: float = 5.0
-    set_cost_giou: float = 2.0
+    set_cost_class: float = DETR_COSTS.cls
+    set_cost_bbox: float = DETR_COSTS.bbox
+    set_cost_giou: float = DETR_COSTS.giou
     bbox_loss_coef: float = 5.0
     giou_loss_coef: float = 2.0
     eos_coef: float = 0.1

@@ -17,6 +17,7 @@ from peg_core.registry import EncodingSupport, parse_pos_enc
 from ..config import option
 from ..rtdetr.config import RTDETRConfig, check_counts
 from ..rtdetr.decoder import ACTIVATIONS
+from .criterion import DFINE_WEIGHTS
 from .encoder import DFINE_ENCODINGS
 
 __all__ = ["CLS_LOSSES", "DFINE_SIZES", "DFineConfig"]
@@ -112,8 +113,8 @@ class DFineConfig(RTDETRConfig):
         "D-FINE L/X 0, DEIM -1)",
     )  # fmt: skip
     backbone_return_idx: Sequence[int] | None = None
-    fgl_loss_coef: float = 0.15
-    ddf_loss_coef: float = 1.5
+    fgl_loss_coef: float = DFINE_WEIGHTS["loss_fgl"]
+    ddf_loss_coef: float = DFINE_WEIGHTS["loss_ddf"]
     cls_loss: str = option(
         "vfl", flag="--cls-loss", choices=CLS_LOSSES, loss=True,
         help="classification loss: vfl (D-FINE), mal (DEIM's matchability-aware loss, gamma 1.5), focal",

@@ -28,6 +28,7 @@ from ..config import DetectorConfig, option
 from ..layers import LAYER_ACTIVATIONS
 from ..rtdetr.config import NUM_QUERIES, check_counts
 from .backbone import RFDETR_VIT_ENCODINGS, normalize_pos_enc
+from .criterion import CLASS_KEY, RFDETR_WEIGHTS
 
 __all__ = ["RFDETR_BACKBONES", "RFDETR_SIZES", "RFDETRConfig"]
 
@@ -132,9 +133,9 @@ class RFDETRConfig(DetectorConfig):
         help="Group DETR: query groups in training, each matched one-to-one (RF-DETR 13; eval runs one)",
     )  # fmt: skip
     aux_loss: bool = True
-    cls_loss_coef: float = option(1.0, hf="class_loss_coefficient")
-    bbox_loss_coef: float = option(5.0, hf="bbox_loss_coefficient")
-    giou_loss_coef: float = option(2.0, hf="giou_loss_coefficient")
+    cls_loss_coef: float = option(RFDETR_WEIGHTS[CLASS_KEY], hf="class_loss_coefficient")
+    bbox_loss_coef: float = option(RFDETR_WEIGHTS["loss_bbox"], hf="bbox_loss_coefficient")
+    giou_loss_coef: float = option(RFDETR_WEIGHTS["loss_giou"], hf="giou_loss_coefficient")
 
     def validate(self) -> None:
         """The encoding, the backbone, the counts, every width's head split, the blocks and the activations."""

@@ -13,6 +13,7 @@ from typing import ClassVar
 from peg_core.registry import EncodingSupport, parse_pos_enc
 
 from ..config import DetectorConfig, option
+from .criterion import RTDETR_WEIGHTS
 from .encoder import AIFI_ENCODINGS
 
 __all__ = ["NUM_QUERIES", "RTDETRConfig", "check_counts"]
@@ -97,9 +98,10 @@ class RTDETRConfig(DetectorConfig):
     peg_num_kernels: int = 4
     learned_grid: Sequence[int] = (20, 20)
     pos_interpolation: str = "bicubic"
-    vfl_loss_coef: float = 1.0
-    bbox_loss_coef: float = 5.0
-    giou_loss_coef: float = 2.0
+    # the weights' defaults are the criterion's (one statement of RT-DETR's 1 / 5 / 2)
+    vfl_loss_coef: float = RTDETR_WEIGHTS["loss_vfl"]
+    bbox_loss_coef: float = RTDETR_WEIGHTS["loss_bbox"]
+    giou_loss_coef: float = RTDETR_WEIGHTS["loss_giou"]
 
     def validate(self) -> None:
         """The encoding (refused before any backbone is built), the counts, the head split."""
