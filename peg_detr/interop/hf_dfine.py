@@ -58,7 +58,7 @@ from peg_core.peg import fold_peg_keys
 
 from ..models.dfine.backbone import build_hgnetv2
 from ..models.dfine.config import DFineConfig
-from ..models.dfine.decoder import DFineDecoder
+from ..models.dfine.decoder import DFineDecoder, DFineDecoderSpec
 from ..models.dfine.encoder import DFineHybridEncoder
 from ..models.dfine.model import DFINE
 from ..models.rtdetr.config import NUM_QUERIES
@@ -311,7 +311,7 @@ def dfine_from_hf_config(
     # a stored config's loose peg_* keywords -> the encoder's one peg value
     encoder = DFineHybridEncoder(pos_enc=pos_enc, **options["encoder"], **fold_peg_keys(encoder_options))
     dec = dict(options["decoder"])
-    decoder = DFineDecoder(dec.pop("in_channels"), dec.pop("hidden_dim"), dec.pop("num_classes"), **dec)
+    decoder = DFineDecoder(dec.pop("num_classes"), DFineDecoderSpec(**dec))
     model = DFINE(backbone, encoder, decoder, **options["model"])
     model.build_config = json.loads(json.dumps({"hf_config": config, "pos_enc": pos_enc, **encoder_options}))
     return model

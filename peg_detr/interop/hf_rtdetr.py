@@ -67,7 +67,7 @@ from peg_core.peg import fold_peg_keys
 from ..models.layers import LAYER_ACTIVATIONS
 from ..models.rtdetr.backbone import ResNetVd
 from ..models.rtdetr.config import NUM_QUERIES, RTDETRConfig
-from ..models.rtdetr.decoder import RTDETRDecoder
+from ..models.rtdetr.decoder import RTDETRDecoder, RTDETRDecoderSpec
 from ..models.rtdetr.encoder import HybridEncoder
 from ..models.rtdetr.model import RTDETR
 from .hf_detr import hf_num_labels
@@ -398,8 +398,7 @@ def rtdetr_from_hf_config(
     # a stored config's loose peg_* keywords -> the encoder's one peg value
     encoder = HybridEncoder(pos_enc=pos_enc, **options["encoder"], **fold_peg_keys(encoder_options))
     decoder_kw = dict(options["decoder"])
-    decoder = RTDETRDecoder(decoder_kw.pop("in_channels"), decoder_kw.pop("hidden_dim"), decoder_kw.pop("num_classes"),
-                            **decoder_kw)  # fmt: skip
+    decoder = RTDETRDecoder(decoder_kw.pop("num_classes"), RTDETRDecoderSpec(**decoder_kw))
     model = RTDETR(backbone, encoder, decoder, **options["model"])
     model.build_config = json.loads(json.dumps({"hf_config": config, "pos_enc": pos_enc, **encoder_options}))
     return model

@@ -41,7 +41,9 @@ class Option:
         where: where a built model records each of ``hf``'s values, ``"encoder.<key>"`` /
             ``"decoder.<key>"`` (the module's ``hparams`` key: ``dec_layers`` is the decoder's
             ``num_layers``), paired with ``hf`` in order; the Hugging Face export reads them there,
-            since a model built from a folder has no config of ours (:meth:`DetectorConfig.hf_names`).
+            since a model built from a folder has no config of ours (:meth:`DetectorConfig.hf_names`),
+            and the builder passes the value as that module's keyword (:meth:`DetectorConfig.part_options`);
+            a field transformers lacks may name its place alone (no ``hf``).
         help, choices, metavar: the flag's argparse settings.
         type: the value's kind, named (``"positive_int"``, ``"unit_fraction"``, ``"int"``; None: a string): the
             command line owns the parsers, and importing a model loads no argparse.
@@ -231,6 +233,23 @@ class DetectorConfig:
                 module, _, key = place.partition(".")
                 if module == part:
                     found[key] = hf
+        return found
+
+    def part_options(self, part: str) -> dict[str, Any]:
+        """``keyword -> value`` of the fields module ``part`` (``"encoder"``, ``"decoder"``) is built from.
+
+        The fields' :attr:`Option.where` declarations (``"decoder.num_layers"``: ``dec_layers`` is the
+        decoder's ``num_layers``), the same :meth:`hf_names` reads: the builder and the Hugging Face
+        export say once which field goes where.  A field without one (``num_queries``, a value two
+        parts share under one declaration) is the builder's to pass.
+        """
+        found = {}
+        for name, spec in self.field_options().items():
+            places = (spec.where,) if isinstance(spec.where, str) else spec.where or ()
+            for place in places:
+                module, _, key = place.partition(".")
+                if module == part:
+                    found[key] = getattr(self, name)
         return found
 
     @classmethod

@@ -27,7 +27,7 @@ from peg_detr.cli import parse_train_args
 from peg_detr.configs import CONFIGS
 from peg_detr.model import load_model
 from peg_detr.models.config import DetectorConfig, option
-from peg_detr.models.rtdetr import AIFI_ENCODINGS, RTDETR, HybridEncoder, RTDETRDecoder
+from peg_detr.models.rtdetr import AIFI_ENCODINGS, RTDETR, HybridEncoder, RTDETRDecoder, RTDETRDecoderSpec
 from peg_detr.models.rtdetr.build import rtdetr_training_parts
 from peg_detr.models.rtdetr.config import check_counts
 
@@ -94,10 +94,15 @@ def build_toydet(config: ToyConfig) -> tuple[ToyDet, nn.Module, nn.Module]:
         net.out_channels, config.hidden_dim, num_heads=config.num_heads, dim_feedforward=config.dim_feedforward,
         expansion=0.5, pos_enc=config.pos_enc,
     )  # fmt: skip
-    decoder = RTDETRDecoder(
-        [config.hidden_dim] * 3, config.hidden_dim, config.num_classes, num_queries=config.num_queries,
-        num_layers=config.dec_layers, num_heads=config.num_heads, dim_feedforward=config.dim_feedforward,
-    )  # fmt: skip
+    decoder_spec = RTDETRDecoderSpec(
+        in_channels=[config.hidden_dim] * 3,
+        hidden_dim=config.hidden_dim,
+        num_queries=config.num_queries,
+        num_layers=config.dec_layers,
+        num_heads=config.num_heads,
+        dim_feedforward=config.dim_feedforward,
+    )
+    decoder = RTDETRDecoder(config.num_classes, decoder_spec)
     model = ToyDet(
         net, encoder, decoder, num_classes=config.num_classes, num_queries=config.num_queries,
         num_denoising=config.num_denoising, aux_loss=config.aux_loss,

@@ -17,6 +17,7 @@ from peg_detr.interop.hf_rtdetr import decoder_key_from_hf
 from peg_detr.models.rtdetr.decoder import (
     MSDeformableAttention,
     RTDETRDecoder,
+    RTDETRDecoderSpec,
     generate_anchors,
     inverse_sigmoid,
     multi_scale_deformable_attention,
@@ -57,13 +58,19 @@ def _hf_model(**overrides):
     return model
 
 
-def _ours_from(hf, **kwargs) -> RTDETRDecoder:
+def _ours_from(hf) -> RTDETRDecoder:
     cfg = hf.config
-    ours = RTDETRDecoder(
-        cfg.decoder_in_channels, cfg.d_model, cfg.num_labels, num_queries=cfg.num_queries,
-        num_layers=cfg.decoder_layers, num_heads=cfg.decoder_attention_heads, dim_feedforward=cfg.decoder_ffn_dim,
-        num_points=cfg.decoder_n_points, learn_initial_query=cfg.learn_initial_query, **kwargs,
-    )  # fmt: skip
+    spec = RTDETRDecoderSpec(
+        in_channels=cfg.decoder_in_channels,
+        hidden_dim=cfg.d_model,
+        num_queries=cfg.num_queries,
+        num_layers=cfg.decoder_layers,
+        num_heads=cfg.decoder_attention_heads,
+        dim_feedforward=cfg.decoder_ffn_dim,
+        num_points=cfg.decoder_n_points,
+        learn_initial_query=cfg.learn_initial_query,
+    )
+    ours = RTDETRDecoder(cfg.num_labels, spec)
     mapped = {decoder_key_from_hf(k): v for k, v in hf.state_dict().items()}
     state = {k.removeprefix("decoder."): v for k, v in mapped.items() if k and k.startswith("decoder.")}
     ours.load_state_dict(state, strict=True)  # every decoder tensor has its HF counterpart
@@ -132,7 +139,15 @@ def test_decoder_matches_transformers_in_training_with_denoising():
 
 def test_learned_initial_queries_are_the_table():
     """``learn_initial_query`` (transformers 5.24 cannot run it: it tiles the Embedding module)."""
-    ours = RTDETRDecoder((8, 8, 8), 16, 3, num_queries=4, num_layers=1, num_heads=2, learn_initial_query=True)
+    spec = RTDETRDecoderSpec(
+        in_channels=(8, 8, 8),
+        hidden_dim=16,
+        num_queries=4,
+        num_layers=1,
+        num_heads=2,
+        learn_initial_query=True,
+    )
+    ours = RTDETRDecoder(3, spec)
     memory, shapes = torch.randn(2, 21, 16), [(4, 4), (2, 2), (1, 1)]
     queries, ref, _, _ = ours.select_queries(memory, shapes)
     assert torch.equal(queries, ours.weight_embedding.weight.expand(2, -1, -1))

@@ -12,7 +12,7 @@ D-FINE's fine-grained distribution refinement with DEIMv2's RMSNorm / SwiGLU / g
 from .backbone import DINOV3_VITS, DINOv3STABackbone, SpatialTuningAdapter, build_dinov3_sta
 from .build import DEIMV2_LOSSES, DEIMV2_SIZES, build_deimv2, deimv2_training_parts
 from .config import DEIMv2Config
-from .decoder import DEIMv2Decoder, DEIMv2DecoderLayer, RMSGate, SwiGLUFFN
+from .decoder import DEIMv2Decoder, DEIMv2DecoderLayer, DEIMv2DecoderSpec, RMSGate, SwiGLUFFN
 from .encoder import DEIMv2HybridEncoder, LiteEncoder, RepNCSPELAN5
 from .model import DEIMv2
 
@@ -24,6 +24,7 @@ __all__ = [
     "DEIMv2Config",
     "DEIMv2Decoder",
     "DEIMv2DecoderLayer",
+    "DEIMv2DecoderSpec",
     "DEIMv2HybridEncoder",
     "DINOv3STABackbone",
     "LiteEncoder",

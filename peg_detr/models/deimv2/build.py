@@ -20,7 +20,7 @@ from ..rtdetr.build import detector_options
 from ..rtdetr.postprocess import RTDETRPostProcess
 from .backbone import DINOV3_VITS, build_dinov3_sta
 from .config import DEIMV2_LOSSES, DEIMV2_SIZES, DEIMv2Config
-from .decoder import DEIMv2Decoder
+from .decoder import DEIMv2Decoder, DEIMv2DecoderSpec
 from .encoder import DEIMv2HybridEncoder, LiteEncoder
 from .model import DEIMv2
 
@@ -66,15 +66,11 @@ def build_deimv2(
             net.out_channels, cfg.hidden_dim, expansion=cfg.encoder_expansion, depth_mult=cfg.depth_mult,
             trailing_conv=cfg.trailing_conv, batch_norm_eps=cfg.batch_norm_eps,
         )  # fmt: skip
-    decoder = DEIMv2Decoder(
-        [cfg.hidden_dim] * levels, cfg.hidden_dim, cfg.num_classes, num_queries=cfg.num_queries,
-        num_layers=cfg.dec_layers, num_heads=cfg.dec_heads, dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout,
-        num_points=cfg.num_points, offset_scale=cfg.offset_scale, max_num_bins=cfg.max_num_bins,
-        reg_scale=cfg.reg_scale, up=cfg.up, lqe_k=cfg.lqe_k, lqe_hidden_dim=cfg.lqe_hidden_dim,
-        lqe_layers=cfg.lqe_layers, learn_initial_query=cfg.learn_initial_query, layer_norm_eps=cfg.layer_norm_eps,
-        batch_norm_eps=cfg.batch_norm_eps, use_gateway=cfg.use_gateway, share_bbox_head=cfg.share_bbox_head,
-        query_pos_act=cfg.query_pos_act,
-    )  # fmt: skip
+    # the decoder's fields as their declarations (Option.where) say; besides them the queries
+    decoder_spec = DEIMv2DecoderSpec(
+        in_channels=[cfg.hidden_dim] * levels, num_queries=cfg.num_queries, **cfg.part_options("decoder")
+    )
+    decoder = DEIMv2Decoder(cfg.num_classes, decoder_spec)
     model = DEIMv2(net, enc, decoder, **detector_options(cfg))
     model.build_config = cfg.to_dict()
     weights = coef_weights(cfg, "mal", "bbox", "giou", "fgl", "ddf")

@@ -28,17 +28,18 @@ With ``share_bbox_head`` every layer uses one box head (one module in every ``bb
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..detr import MLP
-from ..dfine.decoder import DFineDecoder, Gate, MSDeformableAttentionV2
+from ..dfine.decoder import DFineDecoder, DFineDecoderSpec, Gate, MSDeformableAttentionV2
 from ..rtdetr.decoder import ACTIVATIONS, DecoderLayerBase
 
-__all__ = ["DEIMv2Decoder", "DEIMv2DecoderLayer", "RMSGate", "SwiGLUFFN"]
+__all__ = ["DEIMv2Decoder", "DEIMv2DecoderLayer", "DEIMv2DecoderSpec", "RMSGate", "SwiGLUFFN"]
 
 
 class SwiGLUFFN(nn.Module):
@@ -66,6 +67,45 @@ class RMSGate(Gate):
         self.norm = nn.RMSNorm(dim, eps=eps)
 
 
+@dataclass(frozen=True, kw_only=True)
+class DEIMv2DecoderSpec(DFineDecoderSpec):
+    """DEIMv2's decoder settings: D-FINE's (:class:`~peg_detr.models.dfine.decoder.DFineDecoderSpec`) and its own.
+
+    The same names and defaults as D-FINE's, but ``num_points`` 4; ``activation`` and
+    ``mlp_activation`` stay at their defaults (the FFN is SwiGLU, the box heads ReLU; see
+    ``query_pos_act``), and ``hparams`` records no ``activation``.
+
+    Attributes:
+        use_gateway: the gate after the cross-attention (False: an RMSNorm residual; atto / femto / pico).
+        share_bbox_head: one box head object for every layer.
+        query_pos_act: the query position head's activation (transformers' ``decoder_activation_function``).
+    """
+
+    num_points: int | Sequence[int] = 4
+    use_gateway: bool = True
+    share_bbox_head: bool = False
+    query_pos_act: str = "relu"
+
+    def validate(self) -> None:
+        """D-FINE's checks; D-FINE's activations DEIMv2 has no use for refused; ``query_pos_act``'s name."""
+        super().validate()
+        fixed = [name for name in ("activation", "mlp_activation") if getattr(self, name) != "relu"]
+        if fixed:  # SwiGLU FFN, ReLU box heads, query_pos_act
+            raise ValueError(
+                f"DEIMv2's decoder has no {', '.join(fixed)} (its FFN is SwiGLU; see query_pos_act)"
+            )
+        if self.query_pos_act not in ACTIVATIONS:
+            raise ValueError(
+                f"query_pos_act must be one of {sorted(ACTIVATIONS)}; got {self.query_pos_act!r}"
+            )
+
+    def hparams(self) -> dict[str, Any]:
+        """D-FINE's, without ``activation`` (DEIMv2's FFN is SwiGLU)."""
+        found = super().hparams()
+        del found["activation"]
+        return found
+
+
 class DEIMv2DecoderLayer(DecoderLayerBase):
     """One DEIMv2 decoder layer (module docstring); ``forward(x, pos, boxes, memory, shapes, blocked) -> x``.
 
@@ -78,26 +118,16 @@ class DEIMv2DecoderLayer(DecoderLayerBase):
     ``mlp.{gate,up,down}_proj``, ``final_layer_norm``.
     """
 
-    def __init__(
-        self,
-        dim: int = 256,
-        num_heads: int = 8,
-        dim_feedforward: int = 1024,
-        *,
-        num_points: Sequence[int] = (4, 4, 4),
-        offset_scale: float = 0.5,
-        dropout: float = 0.0,
-        use_gateway: bool = True,
-        rms_eps: float = 1e-6,
-    ) -> None:
+    def __init__(self, spec: DEIMv2DecoderSpec, rms_eps: float = 1e-6) -> None:
         super().__init__()
-        self.build_self_attention(dim, num_heads, dropout, nn.RMSNorm(dim, eps=rms_eps))
-        self.encoder_attn = MSDeformableAttentionV2(dim, num_heads, num_points, offset_scale)
-        self.gateway = RMSGate(dim, rms_eps) if use_gateway else None
-        self.encoder_attn_layer_norm = None if use_gateway else nn.RMSNorm(dim, eps=rms_eps)
-        self.mlp = SwiGLUFFN(dim, dim_feedforward)
-        self.final_layer_norm = nn.RMSNorm(dim, eps=rms_eps)
-        self.dropout = nn.Dropout(dropout)
+        d = spec.hidden_dim
+        self.build_self_attention(spec, nn.RMSNorm(d, eps=rms_eps))
+        self.encoder_attn = MSDeformableAttentionV2(d, spec.num_heads, spec.num_points, spec.offset_scale)
+        self.gateway = RMSGate(d, rms_eps) if spec.use_gateway else None
+        self.encoder_attn_layer_norm = None if spec.use_gateway else nn.RMSNorm(d, eps=rms_eps)
+        self.mlp = SwiGLUFFN(d, spec.dim_feedforward)
+        self.final_layer_norm = nn.RMSNorm(d, eps=rms_eps)
+        self.dropout = nn.Dropout(spec.dropout)
 
     def merge_cross(self, x: Tensor, cross: Tensor) -> Tensor:
         """The gate, or without it an RMSNorm residual (atto / femto / pico)."""
@@ -117,47 +147,25 @@ class DEIMv2Decoder(DFineDecoder):
     repeat per layer, as in transformers' state dict).  Query selection, the FDR loop
     (:meth:`DFineDecoder.refine`), the LQE heads and the outputs are D-FINE's, unchanged.
 
-    Args: those of :class:`DFineDecoder` (``options``: the same names and defaults, but ``num_points``
-    4 and no ``activation`` / ``mlp_activation``: the FFN is SwiGLU) plus ``use_gateway``
-    (False: an RMSNorm residual after the cross-attention; atto / femto / pico), ``share_bbox_head``
-    and ``query_pos_act`` (transformers' ``decoder_activation_function``).
+    Args:
+        num_classes: sigmoid classes.
+        spec: the settings (:class:`DEIMv2DecoderSpec`; None: its defaults).
     """
 
-    def __init__(
-        self,
-        in_channels: Sequence[int] = (256, 256, 256),
-        hidden_dim: int = 256,
-        num_classes: int = 80,
-        *,
-        num_points: int | Sequence[int] = 4,
-        use_gateway: bool = True,
-        share_bbox_head: bool = False,
-        query_pos_act: str = "relu",
-        **options: Any,
-    ) -> None:
-        if query_pos_act not in ACTIVATIONS:
-            raise ValueError(f"query_pos_act must be one of {sorted(ACTIVATIONS)}; got {query_pos_act!r}")
-        fixed = sorted(set(options) & {"activation", "mlp_activation"})
-        if fixed:  # D-FINE's keywords DEIMv2 has no use for: SwiGLU FFN, query_pos_act
-            raise TypeError(f"DEIMv2Decoder has no {', '.join(fixed)} (its FFN is SwiGLU; see query_pos_act)")
-        # read by make_layer / make_query_pos_head, which D-FINE's constructor calls (plain values,
-        # so they may be set before nn.Module's own __init__)
-        self.use_gateway, self.query_pos_act = use_gateway, query_pos_act
-        super().__init__(in_channels, hidden_dim, num_classes, num_points=num_points, **options)
-        self.hparams.pop("activation", None)
-        self.hparams.update(
-            use_gateway=use_gateway, share_bbox_head=share_bbox_head, query_pos_act=query_pos_act
-        )
-        self.share_bbox_head = share_bbox_head
-        if share_bbox_head:  # one module in every slot: DFineDecoder.refine indexes bbox_embed[i]
+    spec_type = DEIMv2DecoderSpec
+    layer_type = DEIMv2DecoderLayer
+    spec: DEIMv2DecoderSpec
+
+    def __init__(self, num_classes: int = 80, spec: DEIMv2DecoderSpec | None = None) -> None:
+        super().__init__(num_classes, spec)
+        if self.share_bbox_head:  # one module in every slot: DFineDecoder.refine indexes bbox_embed[i]
             self.bbox_embed = nn.ModuleList([self.bbox_embed[0]] * len(self.layers))
 
-    def make_layer(self, **layer: Any) -> nn.Module:
-        """DEIMv2's layer: RMSNorm, SwiGLU (``activation`` and ``layer_norm_eps`` unused), the gate or an RMSNorm residual."""
-        return DEIMv2DecoderLayer(layer["d_model"], layer["num_heads"], layer["dim_feedforward"],
-                                  num_points=layer["num_points"], offset_scale=layer["offset_scale"],
-                                  dropout=layer["dropout"], use_gateway=self.use_gateway)  # fmt: skip
+    @property
+    def share_bbox_head(self) -> bool:
+        """One box head object in every ``bbox_embed`` slot (the settings')."""
+        return self.spec.share_bbox_head
 
-    def make_query_pos_head(self, d_model: int, activation: nn.Module) -> nn.Module:
+    def make_query_pos_head(self, activation: Callable[[Tensor], Tensor]) -> nn.Module:
         """DEIMv2's ``4 -> D -> D -> D`` head with ``query_pos_act`` (D-FINE: ``4 -> 2D -> D``, ReLU)."""
-        return MLP(4, d_model, d_model, 3, ACTIVATIONS[self.query_pos_act]())
+        return MLP(4, self.hidden_dim, self.hidden_dim, 3, ACTIVATIONS[self.spec.query_pos_act]())

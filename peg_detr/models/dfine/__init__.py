@@ -11,7 +11,7 @@ L1 + GIoU, FGL, DDF), ``model`` (the detector, RT-DETR's input contract), ``buil
 
 from .build import DFINE_BACKBONES, DFINE_SIZES, build_dfine, dfine_training_parts
 from .config import DFineConfig
-from .decoder import DFineDecoder, DFineDecoderLayer, MSDeformableAttentionV2
+from .decoder import DFineDecoder, DFineDecoderLayer, DFineDecoderSpec, MSDeformableAttentionV2
 from .encoder import DFINE_ENCODINGS, DFineHybridEncoder, RepNCSPELAN4, SCDown
 from .model import DFINE
 
@@ -23,6 +23,7 @@ __all__ = [
     "DFineConfig",
     "DFineDecoder",
     "DFineDecoderLayer",
+    "DFineDecoderSpec",
     "DFineHybridEncoder",
     "MSDeformableAttentionV2",
     "RepNCSPELAN4",

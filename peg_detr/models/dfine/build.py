@@ -24,7 +24,7 @@ from ..rtdetr.postprocess import RTDETRPostProcess
 from .backbone import HGNETV2_BACKBONES, build_hgnetv2
 from .config import CLS_LOSSES, DFINE_SIZES, DFineConfig
 from .criterion import DFINE_WEIGHTS, DFineCriterion, build_dfine_weight_dict
-from .decoder import DFineDecoder
+from .decoder import DFineDecoder, DFineDecoderSpec
 from .encoder import DFineHybridEncoder
 from .model import DFINE
 
@@ -96,13 +96,15 @@ def build_dfine(
         use_encoder_idx=(levels - 1,), pos_enc=cfg.pos_enc, peg_at=cfg.peg_at, peg=cfg.peg_options(),
         learned_grid=tuple(cfg.learned_grid), pos_interpolation=cfg.pos_interpolation,
     )  # fmt: skip
-    decoder = DFineDecoder(
-        [enc_dim] * levels, cfg.hidden_dim, cfg.num_classes, num_queries=cfg.num_queries, num_layers=cfg.dec_layers,
-        num_heads=cfg.num_heads, dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout,
-        num_points=cfg.num_points if isinstance(cfg.num_points, int) else list(cfg.num_points),
-        eval_idx=cfg.eval_idx, max_num_bins=cfg.max_num_bins, reg_scale=cfg.reg_scale, up=cfg.up,
-        lqe_hidden_dim=cfg.lqe_hidden_dim, activation=cfg.decoder_activation, mlp_activation=cfg.mlp_activation,
-    )  # fmt: skip
+    # the decoder's fields as their declarations (Option.where) say; besides them the queries and the
+    # dropout (one value, declared as the encoder's: transformers has one field)
+    decoder_spec = DFineDecoderSpec(
+        in_channels=[enc_dim] * levels,
+        num_queries=cfg.num_queries,
+        dropout=cfg.dropout,
+        **cfg.part_options("decoder"),
+    )
+    decoder = DFineDecoder(cfg.num_classes, decoder_spec)
     model = DFINE(net, encoder, decoder, **detector_options(cfg))
     model.build_config = cfg.to_dict()
     # the config's vfl_loss_coef weighs whichever class loss cls_loss picks

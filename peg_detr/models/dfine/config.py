@@ -104,6 +104,7 @@ class DFineConfig(RTDETRConfig):
     mlp_activation: str = option(
         "relu",
         flag="--head-act",
+        where="decoder.mlp_activation",
         **_ACT,
         help="the box / position heads' activation (D-FINE relu, DEIM silu)",
     )

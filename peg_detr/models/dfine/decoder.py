@@ -25,27 +25,30 @@ and the self-attention output as ``out_proj``, the names transformers writes to 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import MLP, create_act
-from ..rtdetr.decoder import DecoderLayerBase, RTDETRDecoder, inverse_sigmoid
+from ..rtdetr.decoder import (
+    DecoderLayerBase,
+    DecoderStart,
+    DeformableAttentionBase,
+    RTDETRDecoder,
+    RTDETRDecoderSpec,
+    inverse_sigmoid,
+)
 from .fdr import distance2bbox, integral, weighting_function
-
-if TYPE_CHECKING:
-    from ..rtdetr.denoising import DenoisingGroup
 
 __all__ = [
     "LQE",
     "DFineDecoder",
     "DFineDecoderLayer",
     "DFineDecoderOutput",
+    "DFineDecoderSpec",
     "Gate",
     "MSDeformableAttentionV2",
     "deformable_sample_v2",
@@ -85,12 +88,13 @@ def deformable_sample_v2(
     return out.view(b, m * dh, q).transpose(1, 2)
 
 
-class MSDeformableAttentionV2(nn.Module):
+class MSDeformableAttentionV2(DeformableAttentionBase):
     """D-FINE's deformable cross-attention: per-level point counts, the memory sampled as is (no projections).
 
     Each query predicts, per head, ``sum(num_points)`` offsets and softmax weights; point ``p`` of
     level ``l`` samples at ``ref_xy + offset_p / P_l * ref_wh * offset_scale``.  ``num_points_scale``
-    (``1 / P_l`` per point) is a buffer, as in transformers' state dict.
+    (``1 / P_l`` per point) is a buffer, as in transformers' state dict.  The offsets' and
+    weights' heads and their init are the family's (:class:`DeformableAttentionBase`).
     """
 
     def __init__(
@@ -100,50 +104,22 @@ class MSDeformableAttentionV2(nn.Module):
         num_points: Sequence[int] = (4, 4, 4),
         offset_scale: float = 0.5,
     ) -> None:
-        super().__init__()
-        if d_model % num_heads:
-            raise ValueError(f"d_model {d_model} is not divisible by num_heads {num_heads}")
-        self.num_heads, self.num_points, self.offset_scale = (
-            num_heads,
-            [int(p) for p in num_points],
-            offset_scale,
-        )
-        total = sum(self.num_points)
-        self.sampling_offsets = nn.Linear(d_model, num_heads * total * 2)
-        self.attention_weights = nn.Linear(d_model, num_heads * total)
+        super().__init__(d_model, num_heads, num_points)
+        self.num_points, self.offset_scale = self.level_points, offset_scale
+        self.point_shape = (sum(self.num_points),)
         scale = [1.0 / p for p in self.num_points for _ in range(p)]
         self.register_buffer("num_points_scale", torch.tensor(scale, dtype=torch.float32))
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        """Deformable DETR's init: zero offset weights, biases pointing along ``M`` directions, ``p + 1`` apart per level."""
-        nn.init.zeros_(self.sampling_offsets.weight)
-        theta = torch.arange(self.num_heads, dtype=torch.float32) * (2.0 * math.pi / self.num_heads)
-        grid = torch.stack([theta.cos(), theta.sin()], -1)
-        grid = grid / grid.abs().max(-1, keepdim=True).values
-        steps = torch.cat([torch.arange(1, p + 1, dtype=torch.float32) for p in self.num_points])
-        grid = grid[:, None, :] * steps[None, :, None]  # (M, P, 2)
-        with torch.no_grad():
-            self.sampling_offsets.bias.copy_(grid.flatten())
-        nn.init.zeros_(self.attention_weights.weight)
-        nn.init.zeros_(self.attention_weights.bias)
-
-    def forward(
-        self,
-        query: Tensor,
-        reference_boxes: Tensor,
-        memory: Tensor,
-        spatial_shapes: Sequence[tuple[int, int]],
-    ) -> Tensor:
-        """``query`` ``(B, Q, D)``, ``reference_boxes`` ``(B, Q, 4)`` cxcywh, ``memory`` ``(B, S, D)`` -> ``(B, Q, D)``."""
-        b, q, _ = query.shape
-        m, total = self.num_heads, self.num_points_scale.shape[0]
-        value = memory.unflatten(-1, (m, -1))
-        offsets = self.sampling_offsets(query).view(b, q, m, total, 2)
-        weights = self.attention_weights(query).view(b, q, m, total).softmax(-1)
-        ref = reference_boxes[:, :, None, None, :]  # the same box on every head and point
+    def locations(self, query: Tensor, reference_boxes: Tensor, offsets: Tensor) -> Tensor:
+        """``ref_xy + offset / P_l * ref_wh * offset_scale``, the same box on every head and point."""
+        ref = reference_boxes[:, :, None, None, :]
         scale = self.num_points_scale.to(query.dtype).unsqueeze(-1)  # (P, 1)
-        locations = ref[..., :2] + offsets * scale * ref[..., 2:] * self.offset_scale
+        return ref[..., :2] + offsets * scale * ref[..., 2:] * self.offset_scale
+
+    def sample(
+        self, value: Tensor, spatial_shapes: Sequence[tuple[int, int]], locations: Tensor, weights: Tensor
+    ) -> Tensor:
         return deformable_sample_v2(value, spatial_shapes, locations, weights, self.num_points)
 
 
@@ -187,29 +163,70 @@ class LQE(nn.Module):
         return scores + self.reg_conf(stat)
 
 
+@dataclass(frozen=True, kw_only=True)
+class DFineDecoderSpec(RTDETRDecoderSpec):
+    """D-FINE's decoder settings: RT-DETR's (:class:`~peg_detr.models.rtdetr.decoder.RTDETRDecoderSpec`) and its own.
+
+    ``in_channels``: each map gets a 1×1 conv + BN to ``hidden_dim`` unless every map already has
+    ``hidden_dim`` channels (then none, as in D-FINE S-L).
+
+    Attributes (grouped as the decoder uses them):
+        max_num_bins, reg_scale, up: the edge distributions, each over ``max_num_bins + 1`` bins,
+            and the weighting function's fixed parameters (buffers-like, not trained).
+        num_points, offset_scale: deformable samples per head for each level (an int: the same for
+            all levels; kept as one count per level) and the scale of their offsets (D-FINE 0.5).
+        mlp_activation, lqe_k, lqe_hidden_dim, lqe_layers: the heads: the box / position heads'
+            activation (D-FINE ReLU, DEIM SiLU), LQE's top-k and MLP.
+
+    The other attributes are RT-DETR's.
+    """
+
+    max_num_bins: int = 32
+    reg_scale: float = 4.0
+    up: float = 0.5
+    num_points: int | Sequence[int] = (3, 6, 3)
+    offset_scale: float = 0.5
+    mlp_activation: str = "relu"
+    lqe_k: int = 4
+    lqe_hidden_dim: int = 64
+    lqe_layers: int = 2
+
+    def __post_init__(self) -> None:
+        levels = len(self.in_channels)
+        points = self.num_points
+        per_level = [int(points)] * levels if isinstance(points, int) else [int(p) for p in points]
+        if len(per_level) != levels or min(per_level) < 1:
+            raise ValueError(f"num_points must be >= 1 for each of the {levels} levels; got {points}")
+        object.__setattr__(self, "num_points", tuple(per_level))
+        super().__post_init__()
+
+    def validate(self) -> None:
+        """RT-DETR's checks, the bins' count and the heads' activation."""
+        super().validate()
+        if self.max_num_bins < 4 or self.max_num_bins % 2:
+            raise ValueError(f"max_num_bins must be an even number >= 4; got {self.max_num_bins}")
+        create_act(self.mlp_activation, "mlp_activation", optional=False)
+
+
 class DFineDecoderLayer(DecoderLayerBase):
-    """Self-attention (post-norm), gated deformable cross-attention, FFN (post-norm, clamped to float16's range)."""
+    """Self-attention (post-norm), gated deformable cross-attention, FFN (post-norm, clamped to float16's range).
+
+    Built from the decoder's settings (:class:`DFineDecoderSpec`): ``hidden_dim``, ``num_heads``,
+    ``dim_feedforward``, ``dropout``, ``activation``, ``num_points`` (per level), ``offset_scale``,
+    ``layer_norm_eps``.
+    """
 
     ffn_clamp = 65504.0
 
-    def __init__(
-        self,
-        d_model: int = 256,
-        num_heads: int = 8,
-        dim_feedforward: int = 1024,
-        dropout: float = 0.0,
-        activation: str = "relu",
-        num_points: Sequence[int] = (4, 4, 4),
-        offset_scale: float = 0.5,
-        layer_norm_eps: float = 1e-5,
-    ) -> None:
+    def __init__(self, spec: DFineDecoderSpec) -> None:
         super().__init__()
-        activation_module = create_act(activation, optional=False)  # a wrong name fails before any weight
-        self.build_self_attention(d_model, num_heads, dropout, nn.LayerNorm(d_model, eps=layer_norm_eps))
-        self.encoder_attn = MSDeformableAttentionV2(d_model, num_heads, num_points, offset_scale)
-        self.build_ffn(d_model, dim_feedforward, activation_module, layer_norm_eps)
-        self.gateway = Gate(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.build_self_attention(spec, nn.LayerNorm(spec.hidden_dim, eps=spec.layer_norm_eps))
+        self.encoder_attn = MSDeformableAttentionV2(
+            spec.hidden_dim, spec.num_heads, spec.num_points, spec.offset_scale
+        )
+        self.build_ffn(spec)
+        self.gateway = Gate(spec.hidden_dim)
+        self.dropout = nn.Dropout(spec.dropout)
 
     def merge_cross(self, x: Tensor, cross: Tensor) -> Tensor:
         """D-FINE's gateway instead of a residual + norm."""
@@ -241,153 +258,74 @@ class DFineDecoderOutput:
     enc_boxes: Tensor
 
 
-class DFineDecoder(nn.Module):
-    """Query selection and the D-FINE decoder (module docstring).
+class DFineDecoder(RTDETRDecoder):
+    """Query selection and the D-FINE decoder (module docstring): RT-DETR's decoder with D-FINE's hooks.
 
     Args:
-        in_channels: channels of the encoder's maps; each gets a 1×1 conv + BN to ``hidden_dim``
-            unless every map already has ``hidden_dim`` channels (then none, as in D-FINE S-L).
-        hidden_dim: the decoder's width ``D`` (HF ``d_model``).
-        num_classes, num_queries: sigmoid classes and selected queries.
-        num_layers, num_heads, dim_feedforward, dropout, activation: the layers'.
-        mlp_activation: the box / position heads' activation (D-FINE ReLU, DEIM SiLU).
-        num_points: deformable samples per head for each level (an int: the same for all levels).
-        offset_scale: scale of the sampling offsets (D-FINE 0.5).
-        eval_idx: the layer whose output is the prediction in eval (-1 = the last); the layers
-            after it run in training only.
-        max_num_bins: ``N``; each edge is a distribution over ``N + 1`` bins.
-        reg_scale, up: the weighting function's fixed parameters (buffers-like, not trained).
-        lqe_k, lqe_hidden_dim, lqe_layers: LQE's top-k and MLP.
-        learn_initial_query: initial queries from a learned table instead of the selected cells.
-        layer_norm_eps, batch_norm_eps: as in the HF config.
+        num_classes: sigmoid classes.
+        spec: the settings (:class:`DFineDecoderSpec`; None: its defaults).
+
+    What is RT-DETR's (:class:`~peg_detr.models.rtdetr.decoder.RTDETRDecoder`), the same code: the
+    constructor's order, the init (class biases at the ``prior_prob`` logit, box heads' last layers
+    at zero) and the query selection (the projected maps, anchors for this call's sizes, top-K over
+    all cells, the denoising queries in front).  D-FINE's: the input projections only where a width
+    differs, the heads' activation, the layers, the heads (``pre_bbox_head``, distribution box
+    heads, LQE, the weighting function's parameters) and :meth:`refine` (so ``forward`` returns a
+    :class:`DFineDecoderOutput`).
     """
 
-    def __init__(
-        self,
-        in_channels: Sequence[int] = (256, 256, 256),
-        hidden_dim: int = 256,
-        num_classes: int = 80,
-        *,
-        num_queries: int = 300,
-        num_layers: int = 6,
-        num_heads: int = 8,
-        dim_feedforward: int = 1024,
-        dropout: float = 0.0,
-        activation: str = "relu",
-        mlp_activation: str = "relu",
-        num_points: int | Sequence[int] = (3, 6, 3),
-        offset_scale: float = 0.5,
-        eval_idx: int = -1,
-        max_num_bins: int = 32,
-        reg_scale: float = 4.0,
-        up: float = 0.5,
-        lqe_k: int = 4,
-        lqe_hidden_dim: int = 64,
-        lqe_layers: int = 2,
-        learn_initial_query: bool = False,
-        layer_norm_eps: float = 1e-5,
-        batch_norm_eps: float = 1e-5,
-    ) -> None:
-        super().__init__()
-        if not -num_layers <= eval_idx < num_layers:
-            raise ValueError(f"eval_idx {eval_idx} is not a layer index of {num_layers} layers")
-        levels = len(in_channels)
-        points = [int(num_points)] * levels if isinstance(num_points, int) else [int(p) for p in num_points]
-        if len(points) != levels or min(points) < 1:
-            raise ValueError(f"num_points must be >= 1 for each of the {levels} levels; got {num_points}")
-        if max_num_bins < 4 or max_num_bins % 2:
-            raise ValueError(f"max_num_bins must be an even number >= 4; got {max_num_bins}")
-        d = hidden_dim
-        self.hidden_dim, self.num_classes, self.num_queries = d, num_classes, num_queries
-        self.num_levels, self.max_num_bins = levels, max_num_bins
-        self.eval_idx = eval_idx % num_layers
-        self.hparams = {
-            "in_channels": list(in_channels), "hidden_dim": d, "num_layers": num_layers, "num_heads": num_heads,
-            "dim_feedforward": dim_feedforward, "dropout": dropout, "activation": activation,
-            "mlp_activation": mlp_activation, "num_points": points,
-            "offset_scale": offset_scale, "eval_idx": eval_idx, "max_num_bins": max_num_bins,
-            "reg_scale": reg_scale, "up": up, "lqe_k": lqe_k, "lqe_hidden_dim": lqe_hidden_dim,
-            "lqe_layers": lqe_layers, "learn_initial_query": learn_initial_query,
-            "layer_norm_eps": layer_norm_eps, "batch_norm_eps": batch_norm_eps,
-        }  # fmt: skip
-        # D-FINE projects only when a width differs (X: 384 -> 256); HF's decoder_input_proj
-        same = all(c == d for c in in_channels)
-        self.input_proj = nn.ModuleList(
-            nn.Identity()
-            if same
-            else nn.Sequential(nn.Conv2d(c, d, 1, bias=False), nn.BatchNorm2d(d, eps=batch_norm_eps))
-            for c in in_channels
+    spec_type = DFineDecoderSpec
+    layer_type = DFineDecoderLayer
+    spec: DFineDecoderSpec
+
+    @property
+    def max_num_bins(self) -> int:
+        """``N``: each edge's distribution has ``N + 1`` bins (the criterion's ``reg_max``)."""
+        return self.spec.max_num_bins
+
+    def head_activation(self) -> nn.Module:
+        """The box / position heads' (DEIM: SiLU), no parameters."""
+        return create_act(self.spec.mlp_activation, "mlp_activation", optional=False)
+
+    def make_input_proj(self) -> nn.ModuleList:
+        """D-FINE projects only when a width differs (X: 384 -> 256); HF's ``decoder_input_proj``."""
+        if all(c == self.hidden_dim for c in self.spec.in_channels):
+            return nn.ModuleList(nn.Identity() for _ in self.spec.in_channels)
+        return super().make_input_proj()
+
+    def build_heads(self, activation: Callable[[Tensor], Tensor]) -> None:
+        """``query_pos_head``, layer 0's ``pre_bbox_head``, per layer a class head, a distribution box head
+        (``4 * (max_num_bins + 1)`` logits) and an LQE, then the weighting function's fixed ``up`` / ``reg_scale``."""
+        spec, d, n = self.spec, self.hidden_dim, self.spec.num_layers
+        self.query_pos_head = self.make_query_pos_head(activation)
+        self.pre_bbox_head = MLP(d, d, 4, 3, activation)
+        self.class_embed = nn.ModuleList(nn.Linear(d, self.num_classes) for _ in range(n))
+        self.bbox_embed = nn.ModuleList(
+            MLP(d, d, 4 * (spec.max_num_bins + 1), 3, activation) for _ in range(n)
         )
-        # query selection: RT-DETR's heads (same names, same math)
-        self.enc_output = nn.Sequential(nn.Linear(d, d), nn.LayerNorm(d, eps=layer_norm_eps))
-        self.enc_score_head = nn.Linear(d, num_classes)
-        # the box / position heads' (DEIM: SiLU), no parameters
-        act = create_act(mlp_activation, "mlp_activation", optional=False)
-        self.enc_bbox_head = MLP(d, d, 4, 3, act)
-        self.weight_embedding = nn.Embedding(num_queries, d) if learn_initial_query else None
-        layer = dict(d_model=d, num_heads=num_heads, dim_feedforward=dim_feedforward, dropout=dropout,
-                     activation=activation, num_points=points, offset_scale=offset_scale,
-                     layer_norm_eps=layer_norm_eps)  # fmt: skip
-        self.layers = nn.ModuleList(self.make_layer(**layer) for _ in range(num_layers))
-        self.query_pos_head = self.make_query_pos_head(d, act)
-        self.pre_bbox_head = MLP(d, d, 4, 3, act)
-        self.class_embed = nn.ModuleList(nn.Linear(d, num_classes) for _ in range(num_layers))
-        self.bbox_embed = nn.ModuleList(MLP(d, d, 4 * (max_num_bins + 1), 3, act) for _ in range(num_layers))
         self.lqe_layers = nn.ModuleList(
-            LQE(max_num_bins, lqe_k, lqe_hidden_dim, lqe_layers) for _ in range(num_layers)
+            LQE(spec.max_num_bins, spec.lqe_k, spec.lqe_hidden_dim, spec.lqe_layers) for _ in range(n)
         )
         # fixed parameters of the weighting function (HF: parameters with requires_grad=False)
-        self.up = nn.Parameter(torch.tensor([float(up)]), requires_grad=False)
-        self.reg_scale = nn.Parameter(torch.tensor([float(reg_scale)]), requires_grad=False)
-        self.reset_parameters()
-
-    def make_layer(self, **layer: Any) -> nn.Module:
-        """One decoder layer (called by the constructor) from :class:`DFineDecoderLayer`'s keywords
-        (``d_model``, ``num_heads``, ``dim_feedforward``, ``dropout``, ``activation``, ``num_points``,
-        ``offset_scale``, ``layer_norm_eps``): D-FINE's; a variant's decoder overrides it."""
-        return DFineDecoderLayer(**layer)
-
-    def make_query_pos_head(self, d_model: int, activation: nn.Module) -> nn.Module:
-        """The reference boxes' position head ``(..., 4) -> (..., D)`` (called by the constructor)."""
-        return MLP(4, 2 * d_model, d_model, 2, activation)
+        self.up = nn.Parameter(torch.tensor([float(spec.up)]), requires_grad=False)
+        self.reg_scale = nn.Parameter(torch.tensor([float(spec.reg_scale)]), requires_grad=False)
 
     def box_heads(self) -> list[nn.Module]:
         """RT-DETR's box heads and layer 0's ``pre_bbox_head``: their last layers start at zero."""
         return [self.enc_bbox_head, self.pre_bbox_head, *self.bbox_embed]
 
-    # RT-DETR's init (class biases at the prior_prob logit, box heads' last layers at zero), the same code
-    reset_parameters = RTDETRDecoder.reset_parameters
-
-    # RT-DETR's query selection, the same code: the projected maps, anchors for this call's sizes,
-    # top-K over all cells, the denoising queries in front
-    flatten_features = RTDETRDecoder.flatten_features
-    score_cells = RTDETRDecoder.score_cells
-    select_queries = RTDETRDecoder.select_queries
-    prepare = RTDETRDecoder.prepare
-
     def project(self) -> Tensor:
         """The weighting function's bin offsets ``(max_num_bins + 1,)`` (:func:`.fdr.weighting_function`)."""
         return weighting_function(self.max_num_bins, self.up, self.reg_scale)
 
-    def forward(self, feats: Sequence[Tensor], denoising: DenoisingGroup | None = None) -> DFineDecoderOutput:
-        """``feats``: the encoder's maps ``(B, C_l, H_l, W_l)``; ``denoising``: queries prepended in training."""
-        memory, shapes, queries, ref_logits, (enc_logits, enc_boxes), blocked = self.prepare(feats, denoising)
-        out = self.refine(queries, ref_logits.sigmoid(), memory, shapes, blocked)
-        return DFineDecoderOutput(*out, enc_logits=enc_logits, enc_boxes=enc_boxes)
+    def refine(self, start: DecoderStart) -> DFineDecoderOutput:  # type: ignore[override]
+        """The layers with distribution refinement, from the selected queries and boxes ``start``.
 
-    def refine(
-        self,
-        x: Tensor,
-        ref: Tensor,
-        memory: Tensor,
-        spatial_shapes: Sequence[tuple[int, int]],
-        blocked: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """The layers with distribution refinement; ``x`` ``(B, N, D)`` queries, ``ref`` ``(B, N, 4)`` detached boxes.
-
-        Returns ``(logits, boxes, corners, refs)`` stacked over the layers that report (every
-        layer in training, ``eval_idx`` in eval) and ``(pre_logits, pre_boxes)`` of layer 0.
+        Returns ``logits``, ``boxes``, ``corners``, ``refs`` stacked over the layers that report
+        (every layer in training, ``eval_idx`` in eval), ``pre_logits`` / ``pre_boxes`` of layer 0
+        and ``start``'s encoder proposals.
         """
+        x, ref = start.queries, start.ref_logits.sigmoid()
         project = self.project()
         logits, boxes, corners_out, refs = [], [], [], []
         prev_x: Tensor | float = 0.0  # the previous layer's output, detached
@@ -395,7 +333,7 @@ class DFineDecoder(nn.Module):
         ref0 = pre_logits = pre_boxes = None
         for i, layer in enumerate(self.layers):
             pos = self.query_pos_head(ref).clamp(min=-10, max=10)
-            x = layer(x, pos, ref, memory, spatial_shapes, blocked)
+            x = layer(x, pos, ref, start.memory, start.spatial_shapes, start.blocked)
             if i == 0:
                 pre_boxes = (self.pre_bbox_head(x) + inverse_sigmoid(ref)).sigmoid()
                 pre_logits = self.class_embed[0](x)
@@ -411,4 +349,13 @@ class DFineDecoder(nn.Module):
                     break  # later layers only train
             prev_corners, prev_x, ref = corners, x.detach(), box.detach()
         stack = torch.stack
-        return stack(logits), stack(boxes), stack(corners_out), stack(refs), pre_logits, pre_boxes
+        return DFineDecoderOutput(
+            stack(logits),
+            stack(boxes),
+            stack(corners_out),
+            stack(refs),
+            pre_logits,
+            pre_boxes,
+            enc_logits=start.enc_logits,
+            enc_boxes=start.enc_boxes,
+        )

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from ..detr import MLP
-from ..rtdetr.decoder import MSDeformableAttention, RTDETRDecoderLayer
+from ..rtdetr.decoder import MSDeformableAttention, RTDETRDecoderLayer, RTDETRDecoderSpec
 
 __all__ = [
     "RFDETRDecoder",
@@ -130,46 +130,52 @@ class RFDETRLayerSpec:
     num_levels: int = 1
     layer_norm_eps: float = 1e-5
 
+    def rtdetr_layer(self, d_model: int) -> RTDETRDecoderSpec:
+        """The settings of RT-DETR's layer these are (its heads: the self-attention's), at width ``d_model``.
+
+        RT-DETR's layer reads its memory's levels from ``in_channels``: here ``num_levels`` maps of the
+        projector's width ``d_model``.
+        """
+        return RTDETRDecoderSpec(
+            in_channels=(d_model,) * self.num_levels,
+            hidden_dim=d_model,
+            num_heads=self.self_heads,
+            dim_feedforward=self.dim_feedforward,
+            dropout=self.dropout,
+            activation=self.activation,
+            num_points=self.num_points,
+            layer_norm_eps=self.layer_norm_eps,
+        )
+
 
 class RFDETRDecoderLayer(RTDETRDecoderLayer):
     """RT-DETR's post-norm layer with Group DETR self-attention and its own cross-attention head count.
 
-    ``forward(x, pos, ref, memory, shapes, groups)``: ``x``, ``pos`` ``(B, G*Q, D)``; with ``groups
-    = G > 1`` the self-attention runs on ``(B*G, Q, D)`` (each group attends to itself only).
+    ``forward(x, pos, ref, memory, shapes)`` is the family's; ``x``, ``pos`` ``(B, G*Q, D)``: in
+    training (``G = group_detr`` groups of queries) the self-attention runs on ``(B*G, Q, D)`` (each
+    group attends to itself only), in eval on the one group there is.
     """
 
-    def __init__(self, d_model: int = 256, spec: RFDETRLayerSpec | None = None) -> None:
+    def __init__(self, d_model: int = 256, spec: RFDETRLayerSpec | None = None, group_detr: int = 1) -> None:
         spec = spec or RFDETRLayerSpec()
-        super().__init__(d_model, spec.self_heads, spec.dim_feedforward, spec.dropout, spec.activation,
-                         spec.num_levels, spec.num_points, spec.layer_norm_eps)  # fmt: skip
+        super().__init__(spec.rtdetr_layer(d_model))
+        self.group_detr = group_detr
         self.self_attn.dropout = spec.attention_dropout  # the attention probabilities' (transformers: 0)
         if spec.cross_heads != spec.self_heads:
             self.encoder_attn = MSDeformableAttention(
                 d_model, spec.cross_heads, spec.num_levels, spec.num_points
             )
 
-    def forward(  # type: ignore[override]
-        self,
-        x: Tensor,
-        pos: Tensor,
-        reference_boxes: Tensor,
-        memory: Tensor,
-        spatial_shapes: Sequence[tuple[int, int]],
-        groups: int = 1,
-    ) -> Tensor:
+    def self_attention(self, x: Tensor, pos: Tensor, blocked: Tensor | None = None) -> Tensor:
+        """Within each Group DETR group: ``(B, G*Q, D) -> (B*G, Q, D)`` in training (the decoder's groups)."""
+        groups = self.group_detr if self.training else 1
+        if groups == 1:
+            return self.self_attn(x, pos, blocked)
         b, n, d = x.shape
-        if groups > 1:  # (B, G*Q, D) -> (B*G, Q, D): attention within each group
-            sa = self.self_attn(
-                x.reshape(b * groups, n // groups, d), pos.reshape(b * groups, n // groups, d)
-            )
-            sa = sa.reshape(b, n, d)
-        else:
-            sa = self.self_attn(x, pos)
-        x = self.self_attn_layer_norm(x + self.dropout(sa))
-        x = x + self.dropout(self.encoder_attn(x + pos, reference_boxes, memory, spatial_shapes))
-        x = self.encoder_attn_layer_norm(x)
-        ffn = self.fc2(self.dropout(self.activation(self.fc1(x))))
-        return self.final_layer_norm(x + self.dropout(ffn))
+        grouped = self.self_attn(
+            x.reshape(b * groups, n // groups, d), pos.reshape(b * groups, n // groups, d)
+        )
+        return grouped.reshape(b, n, d)
 
 
 @dataclass
@@ -223,7 +229,7 @@ class RFDETRDecoder(nn.Module):
             num_queries,
             group_detr,
         )
-        self.layers = nn.ModuleList(RFDETRDecoderLayer(d, layer) for _ in range(num_layers))
+        self.layers = nn.ModuleList(RFDETRDecoderLayer(d, layer, group_detr) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d)
         self.ref_point_head = MLP(2 * d, d, d, 2)
         self.query_feat = nn.Embedding(group_detr * num_queries, d)
@@ -315,7 +321,7 @@ class RFDETRDecoder(nn.Module):
         logits, boxes = [], []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x, pos, ref, memory, spatial_shapes, groups)
+            x = layer(x, pos, ref, memory, spatial_shapes)  # the layers fold the same groups (training)
             if self.training or i == last:  # eval: only the last layer's heads are read
                 hs = self.norm(x)
                 logits.append(self.class_embed(hs))

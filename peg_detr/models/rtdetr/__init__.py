@@ -12,7 +12,7 @@ decoder, iterative box refinement), ``denoising`` (contrastive denoising groups)
 from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
 from .config import RTDETRConfig
 from .criterion import RTDETRCriterion, build_rtdetr_weight_dict, varifocal_loss
-from .decoder import RTDETRDecoder, generate_anchors, inverse_sigmoid
+from .decoder import RTDETRDecoder, RTDETRDecoderSpec, generate_anchors, inverse_sigmoid
 from .denoising import DenoisingGroup, contrastive_denoising_group
 from .encoder import AIFI, AIFI_ENCODINGS, HybridEncoder, RTDetrSinCos2d, rtdetr_sincos_2d
 from .fuse import FusedConv, FusionStats, fuse_for_deploy, fusion_stats
@@ -31,6 +31,7 @@ __all__ = [
     "RTDETRConfig",
     "RTDETRCriterion",
     "RTDETRDecoder",
+    "RTDETRDecoderSpec",
     "RTDETRPostProcess",
     "RTDetrSinCos2d",
     "ResNetVd",

@@ -20,7 +20,7 @@ from ..config import DetectorConfig
 from .backbone import RESNET_VD, ResNetVd, build_resnet_vd
 from .config import RTDETRConfig
 from .criterion import RTDETR_WEIGHTS, RTDETRCriterion, build_rtdetr_weight_dict
-from .decoder import RTDETRDecoder
+from .decoder import RTDETRDecoder, RTDETRDecoderSpec
 from .encoder import HybridEncoder
 from .model import RTDETR
 from .postprocess import RTDETRPostProcess
@@ -79,10 +79,15 @@ def build_rtdetr(
         pos_enc=cfg.pos_enc, peg_at=cfg.peg_at, peg=cfg.peg_options(),
                 learned_grid=tuple(cfg.learned_grid), pos_interpolation=cfg.pos_interpolation,
     )  # fmt: skip
-    decoder = RTDETRDecoder(
-        [cfg.hidden_dim] * 3, cfg.hidden_dim, cfg.num_classes, num_queries=cfg.num_queries, num_layers=cfg.dec_layers,
-        num_heads=cfg.num_heads, dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, num_points=cfg.num_points,
-    )  # fmt: skip
+    # the decoder's fields as their declarations (Option.where) say; besides them the queries and the
+    # dropout (one value, declared as the encoder's: transformers has one field)
+    decoder_spec = RTDETRDecoderSpec(
+        in_channels=[cfg.hidden_dim] * 3,
+        num_queries=cfg.num_queries,
+        dropout=cfg.dropout,
+        **cfg.part_options("decoder"),
+    )
+    decoder = RTDETRDecoder(cfg.num_classes, decoder_spec)
     model = RTDETR(net, encoder, decoder, **detector_options(cfg))
     model.build_config = cfg.to_dict()
     return model, *rtdetr_training_parts(model, coef_weights(cfg, "vfl", "bbox", "giou"))
