@@ -200,15 +200,6 @@ def arch_of_model(model: nn.Module) -> Arch:
     raise TypeError(f"{type(model).__name__} is none of the registered detectors ({sorted(ARCHS)})")
 
 
-def _named_labels(export: Callable[..., Any]) -> Callable[..., Any]:
-    """``export`` given only the labels in use (COCO's category ids are sparse): the RT-DETR family's folders."""
-
-    def export_named(model: nn.Module, out: Any, classes: list[str], size: int | None = None) -> Any:
-        return export(model, out, {i: name for i, name in enumerate(classes) if name}, size=size)
-
-    return export_named
-
-
 register_arch(
     Arch(
         name="detr",
@@ -232,7 +223,7 @@ register_arch(
         eval_size=RTDETR_SIZE,
         training_parts=rtdetr_training_parts,
         load_backbone=load_rtdetr_backbone,
-        export_hf=_named_labels(export_hf_rtdetr),
+        export_hf=export_hf_rtdetr.for_classes,
         fuse=True,
         recipe_defaults=RTDETR_DEFAULTS,
     )
@@ -247,7 +238,7 @@ register_arch(
         model_cls=DFINE,
         eval_size=RTDETR_SIZE,
         training_parts=dfine_training_parts,
-        export_hf=_named_labels(export_hf_dfine),
+        export_hf=export_hf_dfine.for_classes,
         fuse=True,
         recipe_defaults=DFINE_DEFAULTS,
     )
@@ -262,7 +253,7 @@ register_arch(
         model_cls=DEIMv2,
         eval_size=RTDETR_SIZE,
         training_parts=deimv2_training_parts,
-        export_hf=_named_labels(export_hf_deimv2),
+        export_hf=export_hf_deimv2.for_classes,
         fuse=True,
         recipe_defaults=DEIMV2_DEFAULTS,
     )
@@ -277,7 +268,7 @@ register_arch(
         model_cls=RFDETR,
         eval_size=560,  # the default config's (RF-DETR base's) resolution
         training_parts=rfdetr_training_parts,
-        export_hf=_named_labels(export_hf_rfdetr),
+        export_hf=export_hf_rfdetr.for_classes,
         recipe_defaults=RFDETR_DEFAULTS,
         train_transforms=make_rfdetr_train_transforms,
     )

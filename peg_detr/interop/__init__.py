@@ -13,6 +13,8 @@
 * :mod:`.hf_rfdetr`: Hugging Face ``RfDetrForObjectDetection``: the declarative key map, the config
   read from :class:`~peg_detr.models.rfdetr.RFDETRConfig`'s declarations, :func:`rfdetr_from_hf`,
   :func:`export_hf_rfdetr`;
+* :mod:`.hf_export`: the RT-DETR family's one Hugging Face exporter (:class:`HFExport`: each
+  ``export_hf_*`` above is one, parametrised by its config, key map and processor);
 * :mod:`.hf_processor`: the ``preprocessor_config.json`` each export writes (transformers' pipeline);
 * :mod:`.hf`: :func:`from_hf`, a folder of any of these kinds by its ``model_type``.
 
@@ -30,11 +32,12 @@ named) and ``ValueError`` / ``TypeError`` (a model a format cannot hold).
 
 from peg_core.interop.io import LoadReport as LoadReport  # re-exported
 
-from . import hf, hf_deimv2, hf_detr, hf_dfine, hf_rfdetr, hf_rtdetr, official
+from . import hf, hf_deimv2, hf_detr, hf_dfine, hf_export, hf_rfdetr, hf_rtdetr, official
 from .hf import *  # noqa: F403
 from .hf_deimv2 import *  # noqa: F403
 from .hf_detr import *  # noqa: F403
 from .hf_dfine import *  # noqa: F403
+from .hf_export import *  # noqa: F403
 from .hf_rfdetr import *  # noqa: F403
 from .hf_rtdetr import *  # noqa: F403
 from .official import *  # noqa: F403
@@ -42,6 +45,6 @@ from .official import *  # noqa: F403
 # every public name of the format modules, each declared once in its own module's ``__all__``
 __all__ = sorted(
     {"LoadReport"}.union(
-        *(m.__all__ for m in (hf, hf_deimv2, hf_detr, hf_dfine, hf_rfdetr, hf_rtdetr, official))
+        *(m.__all__ for m in (hf, hf_deimv2, hf_detr, hf_dfine, hf_export, hf_rfdetr, hf_rtdetr, official))
     )
 )

@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
+from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights
 from peg_core.interop.io import LoadReport, WeightsError
 from peg_core.interop.keymap import KeyMap, Nest, Rename, Rule, Skip, Stack, block_rows
 
@@ -67,13 +67,14 @@ from .hf_dfine import (
     dfine_rows,
     load_dfine_state,
 )
+from .hf_export import HFExport, label_fields
 from .hf_hgnetv2 import (
     check_hidden_sizes,
     hgnetv2_hf_config,
     hgnetv2_options_from_hf,
 )
-from .hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
-from .hf_rtdetr import check_one_value, hf_state_dict, int_if_whole, label_fields
+from .hf_processor import rtdetr_processor_config
+from .hf_rtdetr import check_one_value, int_if_whole
 
 __all__ = [
     "DEIMV2_KEYS",
@@ -469,48 +470,45 @@ def deimv2_hf_config(model: DEIMv2, id2label: Mapping[int, str] | None = None) -
     return config
 
 
-def export_hf_deimv2(
-    model: DEIMv2,
-    out_dir: str | os.PathLike,
-    id2label: Mapping[int, str] | None = None,
-    *,
-    size: int | None = None,
-) -> Path:
-    """Write a DEIMv2 (``sincos``; the lite encoder: none) as a Hugging Face folder; returns ``out_dir``.
+def _dinov3_tensors(model: DEIMv2, config: dict[str, Any], state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` with what transformers' DINOv3 backbone has and the key map has no source for.
 
-    ``config.json`` is :func:`deimv2_hf_config`'s; ``model.safetensors`` holds the weights in
-    ``save_pretrained``'s names (the ViT's q / k / v split again; a missing layer scale as ones; the
-    unused DINOv3 mask token as zeros).  A DINOv3 backbone whose last block is taken without a norm
+    The split's key bias dropped where transformers' has none; the unused mask token as zeros; a
+    missing layer scale as ones.  A DINOv3 backbone whose last block is taken without a norm
     (DEIMv2-S / M's distilled ViTs) gets one more block that changes nothing, every weight zero:
     transformers' ``DINOv3ViTBackbone`` normalises its last stage, now that extra block, which no
-    scale reads, so transformers computes what the model computes.  ``preprocessor_config.json``:
-    :func:`~peg_detr.interop.hf_processor.rtdetr_processor_config` at ``size`` (the run's
-    ``--val-size``; default 640), with ImageNet mean / std for the DINOv3 backbones (peg_detr's
-    standardises inside the model, transformers' takes standardised pixels).  Other encodings raise a
-    ``ValueError`` before anything is written.
+    scale reads, so transformers computes what the model computes.  An HGNetV2 backbone: ``state``.
     """
-    model = getattr(model, "module", model)
-    if not isinstance(model, DEIMv2):
-        raise TypeError(f"export_hf_deimv2 takes a DEIMv2, not a {type(model).__name__}")
-    config = deimv2_hf_config(model, id2label)
-    lite = config["encoder_type"] == "lite"
-    state = hf_state_dict(model, DEIMV2_KEYS[lite])
-    if "backbone_config" in config and config["backbone_config"]["model_type"] == "dinov3_vit":
-        bb, width = config["backbone_config"], config["backbone_config"]["hidden_size"]
-        if not bb["key_bias"]:  # the split wrote one; transformers' DINOv3 without a key bias has none
-            state = {
-                k: v for k, v in state.items() if not (k.startswith(_VIT_HF) and k.endswith(".k_proj.bias"))
-            }
-        state[_VIT_HF + "embeddings.mask_token"] = torch.zeros(1, 1, width)
-        depth = len(model.backbone.vit.blocks)
-        for i in range(depth):  # no layer scale: transformers' is a scale of ones
-            for j in (1, 2):
-                state.setdefault(f"{_VIT_HF}layer.{i}.layer_scale{j}.lambda1", torch.ones(width))
-        if bb["num_hidden_layers"] > depth:  # the block that changes nothing (_identity_block)
-            last = f"{_VIT_HF}layer.{depth - 1}."
-            for key in [k for k in state if k.startswith(last)]:
-                state[f"{_VIT_HF}layer.{depth}.{key.removeprefix(last)}"] = torch.zeros_like(state[key])
-    normalize = hasattr(model.backbone, "vit")
-    return write_hf_folder(
-        out_dir, config, state, {PREPROCESSOR_CONFIG: rtdetr_processor_config(size, normalize)}
-    )
+    bb = config.get("backbone_config") or {}
+    if bb.get("model_type") != "dinov3_vit":
+        return state
+    width = bb["hidden_size"]
+    if not bb["key_bias"]:  # the split wrote one; transformers' DINOv3 without a key bias has none
+        state = {k: v for k, v in state.items() if not (k.startswith(_VIT_HF) and k.endswith(".k_proj.bias"))}
+    state[_VIT_HF + "embeddings.mask_token"] = torch.zeros(1, 1, width)
+    depth = len(model.backbone.vit.blocks)
+    for i in range(depth):  # no layer scale: transformers' is a scale of ones
+        for j in (1, 2):
+            state.setdefault(f"{_VIT_HF}layer.{i}.layer_scale{j}.lambda1", torch.ones(width))
+    if bb["num_hidden_layers"] > depth:  # the block that changes nothing (_identity_block)
+        last = f"{_VIT_HF}layer.{depth - 1}."
+        for key in [k for k in state if k.startswith(last)]:
+            state[f"{_VIT_HF}layer.{depth}.{key.removeprefix(last)}"] = torch.zeros_like(state[key])
+    return state
+
+
+#: Write a DEIMv2 (``sincos``; the lite encoder: none) as a Hugging Face folder; returns ``out_dir``
+#: (:class:`~peg_detr.interop.hf_export.HFExport`: ``(model, out_dir, id2label=None, *, size=None)``).
+#: ``config.json`` is :func:`deimv2_hf_config`'s (described from the modules, a folder's own config
+#: or not); ``model.safetensors`` holds the weights in ``save_pretrained``'s names (the ViT's q / k / v
+#: split again; DINOv3's tensors we lack: :func:`_dinov3_tensors`).  ``preprocessor_config.json``:
+#: :func:`~peg_detr.interop.hf_processor.rtdetr_processor_config` at ``size`` (the run's
+#: ``--val-size``; default 640), with ImageNet mean / std for the DINOv3 backbones (peg_detr's
+#: standardises inside the model, transformers' takes standardised pixels).  Other encodings raise
+#: a ``ValueError`` before anything is written.
+export_hf_deimv2 = HFExport(
+    name="export_hf_deimv2", takes="a DEIMv2", model_cls=DEIMv2, architecture="Deimv2ForObjectDetection",
+    describe=deimv2_hf_config, keys=lambda model: DEIMV2_KEYS[not hasattr(model.encoder, "aifi")],
+    processor=lambda model, size: rtdetr_processor_config(size, hasattr(model.backbone, "vit")),
+    extra=_dinov3_tensors, own_config=False,
+)  # fmt: skip

@@ -51,7 +51,7 @@ from typing import Any
 
 from torch import Tensor
 
-from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
+from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights
 from peg_core.interop.io import LoadReport, WeightsError
 from peg_core.interop.keymap import Functions, KeyMap, Nest, Rename, Rule
 from peg_core.peg import fold_peg_keys
@@ -63,6 +63,7 @@ from ..models.dfine.encoder import DFineHybridEncoder
 from ..models.dfine.model import DFINE
 from ..models.rtdetr.config import NUM_QUERIES
 from .hf_detr import hf_num_labels
+from .hf_export import HFExport, label_fields
 from .hf_hgnetv2 import (
     HF_BACKBONE_PREFIX,
     check_hidden_sizes,
@@ -71,17 +72,14 @@ from .hf_hgnetv2 import (
     hgnetv2_options_from_hf,
     hgnetv2_ours_to_hf,
 )
-from .hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
+from .hf_processor import rtdetr_processor_config
 from .hf_rtdetr import (
     ACTIVATION_NAMES,
     DECODER_PREFIXES,
     check_one_value,
     decoder_rows,
     encoder_rows,
-    folder_config,
-    hf_state_dict,
     int_if_whole,
-    label_fields,
     load_mapped_state,
 )
 
@@ -425,26 +423,17 @@ def dfine_hf_config(model: DFINE, id2label: Mapping[int, str] | None = None) -> 
     return config
 
 
-def export_hf_dfine(
-    model: DFINE,
-    out_dir: str | os.PathLike,
-    id2label: Mapping[int, str] | None = None,
-    *,
-    size: int | None = None,
-) -> Path:
-    """Write a D-FINE with the ``sincos`` encoding and an HGNetv2 backbone as a Hugging Face folder; returns ``out_dir``.
-
-    ``config.json`` is the folder's own ``hf_config`` for a model read from one (class names
-    updated from ``id2label``), else :func:`dfine_hf_config`; ``model.safetensors`` holds the
-    weights in ``save_pretrained``'s names, ``anchor_image_size`` / ``eval_size`` unset (anchors and
-    the AIFI table follow each input, as here), and ``preprocessor_config.json`` is
-    :func:`~peg_detr.interop.hf_processor.rtdetr_processor_config` at ``size`` (the run's
-    ``--val-size``; default 640).  Other encodings raise a ``ValueError`` before anything is written.
-    """
-    model = getattr(model, "module", model)
-    if not isinstance(model, DFINE):
-        raise TypeError(f"export_hf_dfine takes a D-FINE, not a {type(model).__name__}")
-    _require_sincos(model)  # before anything is written
-    config = folder_config(model, id2label, dfine_hf_config, "DFineForObjectDetection")
-    state = hf_state_dict(model, DFINE_KEYS)
-    return write_hf_folder(out_dir, config, state, {PREPROCESSOR_CONFIG: rtdetr_processor_config(size)})
+#: Write a D-FINE with the ``sincos`` encoding and an HGNetv2 backbone as a Hugging Face folder;
+#: returns ``out_dir`` (:class:`~peg_detr.interop.hf_export.HFExport`:
+#: ``(model, out_dir, id2label=None, *, size=None)``).  ``config.json`` is the folder's own
+#: ``hf_config`` for a model read from one (class names updated from ``id2label``), else
+#: :func:`dfine_hf_config`; ``model.safetensors`` holds the weights in ``save_pretrained``'s names,
+#: ``anchor_image_size`` / ``eval_size`` unset (anchors and the AIFI table follow each input, as
+#: here), and ``preprocessor_config.json`` is
+#: :func:`~peg_detr.interop.hf_processor.rtdetr_processor_config` at ``size`` (the run's
+#: ``--val-size``; default 640).  Other encodings raise a ``ValueError`` before anything is written.
+export_hf_dfine = HFExport(
+    name="export_hf_dfine", takes="a D-FINE", model_cls=DFINE, architecture="DFineForObjectDetection",
+    describe=dfine_hf_config, keys=DFINE_KEYS, processor=lambda _, size: rtdetr_processor_config(size),
+    refuse=_require_sincos,
+)  # fmt: skip

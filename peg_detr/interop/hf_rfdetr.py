@@ -35,14 +35,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg_core.interop.hf_folder import read_hf_config, read_hf_weights, write_hf_folder
+from peg_core.interop.hf_folder import read_hf_config, read_hf_weights
 from peg_core.interop.io import LoadReport, WeightsError
 from peg_core.interop.keymap import Converted, KeyMap, Rename, Rule, Skip, Stack
 
 from ..models.config import json_safe
 from ..models.rfdetr import RFDETR, RFDETRConfig, build_rfdetr
-from .hf_processor import PREPROCESSOR_CONFIG, rfdetr_processor_config
-from .hf_rtdetr import with_label_names
+from .hf_export import HFExport
+from .hf_processor import rfdetr_processor_config
 
 __all__ = [
     "RFDETR_FILE_KEYS",
@@ -354,47 +354,39 @@ def rfdetr_from_hf(
     return model.eval(), report
 
 
-def export_hf_rfdetr(
-    model: RFDETR,
-    out_dir: str | os.PathLike,
-    id2label: Mapping[int, str] | None = None,
-    *,
-    size: int | None = None,
-) -> Path:
-    """Write an RF-DETR with a table (``learned``) or no position encoding as a Hugging Face folder; returns ``out_dir``.
-
-    ``config.json`` is the folder's own ``hf_config`` for a model read from one (class names updated
-    from ``id2label``), else :func:`rfdetr_hf_config`; ``model.safetensors`` holds the weights in
-    ``save_pretrained``'s names (and a zero ``mask_token``, which detection never reads); and
-    ``preprocessor_config.json`` is :func:`~peg_detr.interop.hf_processor.rfdetr_processor_config` at
-    ``size`` (the run's ``--val-size``), rounded up to a multiple of ``patch_size * num_windows``.
-    A PEG, rotary or bias encoding (transformers' RF-DETR has only its table) raises a ``ValueError``
-    before anything is written; ``none`` is written with a zero table, which computes the same.
-    """
-    model = getattr(model, "module", model)
-    if not isinstance(model, RFDETR):
-        raise TypeError(f"export_hf_rfdetr takes an RF-DETR, not a {type(model).__name__}")
-    cfg = dict(getattr(model, "build_config", None) or {})
-    pos_enc = cfg.get("pos_enc", "learned")
+def _refuse_encoding(model: RFDETR) -> None:
+    """A ``ValueError`` for a position encoding transformers' RF-DETR cannot hold (it has only its table)."""
+    pos_enc = (getattr(model, "build_config", None) or {}).get("pos_enc", "learned")
     if pos_enc not in ("learned", "table", "none"):
         raise ValueError(
             f"pos_enc {pos_enc!r} cannot be exported; transformers' RF-DETR has only its table "
             "('learned'; 'none' is written as a zero table)"
         )
-    if isinstance(cfg.get("hf_config"), dict):
-        config = with_label_names(dict(cfg["hf_config"]), dict(id2label or {}), model.num_classes)
-    else:
-        config = rfdetr_hf_config(model, id2label)
-    state, _, skipped = rfdetr_ours_to_hf(model.state_dict())
-    if skipped:
-        raise ValueError(f"keys without a Hugging Face name: {sorted(skipped)}")
+
+
+def _table_and_mask(model: RFDETR, config: dict[str, Any], state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` with DINOv2's tensors we may lack: a zero table (``pos_enc`` none) and the zero ``mask_token``."""
     vit = model.backbone.vit
-    dim = vit.embed_dim
     table = _BB + "embeddings.position_embeddings"
     if table not in state:  # pos_enc "none": a zero table adds nothing
         grid = config["backbone_config"]["image_size"] // vit.patch_size
-        state[table] = torch.zeros(1, 1 + grid * grid, dim)
-    state[_BB + "embeddings.mask_token"] = torch.zeros(1, dim)
-    config = {**config, "architectures": ["RfDetrForObjectDetection"]}
-    processor = rfdetr_processor_config(size, model.backbone.size_multiple)
-    return write_hf_folder(out_dir, config, state, {PREPROCESSOR_CONFIG: processor})
+        state[table] = torch.zeros(1, 1 + grid * grid, vit.embed_dim)
+    state[_BB + "embeddings.mask_token"] = torch.zeros(1, vit.embed_dim)
+    return state
+
+
+#: Write an RF-DETR with a table (``learned``) or no position encoding as a Hugging Face folder;
+#: returns ``out_dir`` (:class:`~peg_detr.interop.hf_export.HFExport`:
+#: ``(model, out_dir, id2label=None, *, size=None)``).  ``config.json`` is the folder's own
+#: ``hf_config`` for a model read from one (class names updated from ``id2label``), else
+#: :func:`rfdetr_hf_config`; ``model.safetensors`` holds the weights in ``save_pretrained``'s names
+#: (and a zero ``mask_token``, which detection never reads); and ``preprocessor_config.json`` is
+#: :func:`~peg_detr.interop.hf_processor.rfdetr_processor_config` at ``size`` (the run's
+#: ``--val-size``), rounded up to a multiple of ``patch_size * num_windows``.  A PEG, rotary or bias
+#: encoding (transformers' RF-DETR has only its table) raises a ``ValueError`` before anything is
+#: written; ``none`` is written with a zero table, which computes the same.
+export_hf_rfdetr = HFExport(
+    name="export_hf_rfdetr", takes="an RF-DETR", model_cls=RFDETR, architecture="RfDetrForObjectDetection",
+    describe=rfdetr_hf_config, keys=_FILE_MAP, refuse=_refuse_encoding, extra=_table_and_mask, unset=(),
+    processor=lambda model, size: rfdetr_processor_config(size, model.backbone.size_multiple),
+)  # fmt: skip

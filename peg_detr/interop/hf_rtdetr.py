@@ -53,13 +53,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
-from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
+from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights
 from peg_core.interop.io import LoadReport, WeightsError, load_state_strict, read_state_file
 from peg_core.interop.keymap import KeyMap, OursOnly, Rename, Rule, block_rows
 from peg_core.peg import fold_peg_keys
@@ -71,7 +71,8 @@ from ..models.rtdetr.decoder import RTDETRDecoder, RTDETRDecoderSpec
 from ..models.rtdetr.encoder import HybridEncoder
 from ..models.rtdetr.model import RTDETR
 from .hf_detr import hf_num_labels
-from .hf_processor import PREPROCESSOR_CONFIG, rtdetr_processor_config
+from .hf_export import HFExport, label_fields, with_label_names
+from .hf_processor import rtdetr_processor_config
 
 __all__ = [
     "ACTIVATION_NAMES",
@@ -91,10 +92,7 @@ __all__ = [
     "encoder_ours_to_hf",
     "encoder_rows",
     "export_hf_rtdetr",
-    "folder_config",
-    "hf_state_dict",
     "int_if_whole",
-    "label_fields",
     "load_mapped_state",
     "load_rtdetr_backbone",
     "rtdetr_build_options",
@@ -103,7 +101,6 @@ __all__ = [
     "rtdetr_hf_config",
     "rtdetr_hf_to_ours",
     "rtdetr_ours_to_hf",
-    "with_label_names",
 ]
 
 # Stride of each ResNet stage (stage1 .. stage4) without downsample_in_first_stage.
@@ -627,74 +624,25 @@ def rtdetr_hf_config(model: RTDETR, id2label: Mapping[int, str] | None = None) -
     return config
 
 
-def export_hf_rtdetr(
-    model: RTDETR,
-    out_dir: str | os.PathLike,
-    id2label: Mapping[int, str] | None = None,
-    *,
-    size: int | None = None,
-) -> Path:
-    """Write an RT-DETR with the ``sincos`` encoding as a Hugging Face folder; returns ``out_dir``.
-
-    ``model``: from :func:`rtdetr_from_hf`, :func:`rtdetr_from_hf_config` or ``build_rtdetr`` (a
-    ``peg_detr train`` checkpoint: ``python -m peg_detr export-hf`` loads its EMA weights, as
-    ``eval`` does, and passes the model).  ``id2label``: class names by label (default: a folder's
-    own names, else ``LABEL_i``).  Writes ``config.json`` (a folder's own ``hf_config``, else
-    :func:`rtdetr_hf_config`) and ``model.safetensors`` in ``save_pretrained``'s key names;
-    ``RTDetrForObjectDetection.from_pretrained(out_dir)`` then computes what the model computes
-    (``anchor_image_size`` / ``eval_size`` unset: anchors and the AIFI table follow each input, as
-    here), and ``preprocessor_config.json`` (:func:`~peg_detr.interop.hf_processor.rtdetr_processor_config`
-    at ``size``, the run's ``--val-size``; default 640) makes ``pipeline("object-detection", out_dir)``
-    feed it what ``predict`` does.  Other encodings have no place in transformers' RT-DETR and raise a ``ValueError`` before
-    anything is written.
-    """
-    model = getattr(model, "module", model)
-    if type(model) is not RTDETR:  # D-FINE / DEIMv2 subclass it and have their own exports
-        raise TypeError(f"export_hf_rtdetr takes an RT-DETR, not a {type(model).__name__}")
-    _require_sincos(model.encoder)  # before anything is written
-    config = folder_config(model, id2label, rtdetr_hf_config, "RTDetrForObjectDetection")
-    state = hf_state_dict(model, RTDETR_KEYS)
-    return write_hf_folder(out_dir, config, state, {PREPROCESSOR_CONFIG: rtdetr_processor_config(size)})
-
-
-def folder_config(
-    model: RTDETR,
-    id2label: Mapping[int, str] | None,
-    describe: Callable[[Any, dict[int, str]], dict[str, Any]],
-    architecture: str,
-) -> dict[str, Any]:
-    """The ``config.json`` an RT-DETR-family export writes for ``model`` (RT-DETR, D-FINE).
-
-    A model read from a folder goes back with that folder's config (``build_config["hf_config"]``,
-    its class names updated from ``id2label``); any other is described from its modules by
-    ``describe(model, names)``.  Anchors and the AIFI table follow each input, as here, so
-    ``anchor_image_size`` / ``eval_size`` are unset; ``architectures`` names the one class.
-    """
-    names = dict(id2label or {})
-    cfg = getattr(model, "build_config", None) or {}
-    if isinstance(cfg.get("hf_config"), dict):
-        config = with_label_names(cfg["hf_config"], names, model.num_classes)
-    else:
-        config = describe(model, names)
-    return {**config, "anchor_image_size": None, "eval_size": None, "architectures": [architecture]}
-
-
-def hf_state_dict(model: nn.Module, keys: KeyMap) -> dict[str, Tensor]:
-    """``model``'s state dict in the names ``keys`` writes (stacked tensors split).
-
-    A key the map has no name for is a ``ValueError``: the folder would miss a weight.
-    """
-    state, _, skipped = keys.convert(model.state_dict(), to_hf=True)
-    if skipped:
-        raise ValueError(f"key {next(iter(skipped))} has no Hugging Face name")
-    return state
-
-
-def label_fields(names: Mapping[int, str] | None, num_classes: int) -> dict[str, dict]:
-    """``id2label`` / ``label2id`` of ``num_classes`` labels: ``names[i]``, else ``LABEL_i``."""
-    names = names or {}
-    id2label = {str(i): names.get(i) or f"LABEL_{i}" for i in range(num_classes)}
-    return {"id2label": id2label, "label2id": {name: int(i) for i, name in id2label.items()}}
+#: Write an RT-DETR with the ``sincos`` encoding as a Hugging Face folder; returns ``out_dir``
+#: (:class:`~peg_detr.interop.hf_export.HFExport`: ``(model, out_dir, id2label=None, *, size=None)``).
+#: ``model``: from :func:`rtdetr_from_hf`, :func:`rtdetr_from_hf_config` or ``build_rtdetr`` (a
+#: ``peg_detr train`` checkpoint: ``python -m peg_detr export-hf`` loads its EMA weights, as ``eval``
+#: does, and passes the model); D-FINE / DEIMv2 subclass it and have their own exports.  ``id2label``:
+#: class names by label (default: a folder's own names, else ``LABEL_i``).  Writes ``config.json`` (a
+#: folder's own ``hf_config``, else :func:`rtdetr_hf_config`) and ``model.safetensors`` in
+#: ``save_pretrained``'s key names; ``RTDetrForObjectDetection.from_pretrained(out_dir)`` then computes
+#: what the model computes (``anchor_image_size`` / ``eval_size`` unset: anchors and the AIFI table
+#: follow each input, as here), and ``preprocessor_config.json``
+#: (:func:`~peg_detr.interop.hf_processor.rtdetr_processor_config` at ``size``, the run's
+#: ``--val-size``; default 640) makes ``pipeline("object-detection", out_dir)`` feed it what
+#: ``predict`` does.  Other encodings have no place in transformers' RT-DETR and raise a
+#: ``ValueError`` before anything is written.
+export_hf_rtdetr = HFExport(
+    name="export_hf_rtdetr", takes="an RT-DETR", model_cls=RTDETR, exact=True,
+    architecture="RTDetrForObjectDetection", describe=rtdetr_hf_config, keys=RTDETR_KEYS,
+    processor=lambda _, size: rtdetr_processor_config(size), refuse=lambda model: _require_sincos(model.encoder),
+)  # fmt: skip
 
 
 def int_if_whole(config: dict[str, Any], key: str) -> None:
@@ -710,15 +658,6 @@ def check_one_value(encoder: Mapping[str, Any], decoder: Mapping[str, Any], conf
         raise ValueError(
             f"the encoder and decoder differ in dropout / layer-norm eps; one {config_name} holds one value"
         )
-
-
-def with_label_names(config: dict[str, Any], names: Mapping[int, str], num_classes: int) -> dict[str, Any]:
-    """``config`` with ``id2label`` / ``label2id`` naming label ``i`` ``names[i]`` (else the config's own name)."""
-    if not names:
-        return config
-    own = config.get("id2label") or {}
-    merged = {i: names.get(i) or own.get(str(i)) for i in range(num_classes)}
-    return {**config, **label_fields(merged, num_classes)}
 
 
 def config_for_classes(config: dict[str, Any], names: list[str]) -> dict[str, Any]:
