@@ -35,6 +35,7 @@ from peg_core.registry import EncodingSupport
 from .configs import DEIMV2_DEFAULTS, DFINE_DEFAULTS, RFDETR_DEFAULTS, RTDETR_DEFAULTS
 from .data import RTDETR_SIZE
 from .data.transforms import make_rfdetr_train_transforms
+from .interop import load_official_checkpoint
 from .interop.hf import FROM_HF
 from .interop.hf_deimv2 import export_hf_deimv2
 from .interop.hf_detr import export_hf_detr
@@ -76,7 +77,11 @@ class Arch:
             folder's, for inference); None: ``training_parts``'s, or DETR's :class:`PostProcess`
             without them (:meth:`postprocess`).
         training_parts: ``model -> (criterion, postprocessor)`` of such a model, to train it; None:
-            the arch's folders are read into a model ``build`` made (DETR's official loader).
+            the arch's folders are read into a model ``build`` made (DETR's).
+        init_file: ``(model, path, *, num_classes) -> LoadReport`` for ``train --init FILE`` given a
+            weights file that is neither a Hugging Face folder nor a ``peg_detr train`` checkpoint
+            (DETR: an official facebookresearch checkpoint, :func:`~peg_detr.interop.load_official_checkpoint`);
+            None: the arch starts only from those two, and such a file is refused in one line.
         load_backbone: ``(model.backbone, source) -> LoadReport`` for ``--backbone-weights`` given
             as a folder of this family (RT-DETR: a Hugging Face RT-DETR folder's ResNet-vd); None:
             plain weights files only, read by the builder.
@@ -99,6 +104,7 @@ class Arch:
     eval_size: int
     postprocessor: Callable[[nn.Module], nn.Module] | None = None
     training_parts: Callable[[nn.Module], tuple[nn.Module, nn.Module]] | None = None
+    init_file: Callable[..., Any] | None = None
     load_backbone: Callable[[nn.Module, Any], Any] | None = None
     export_hf: Callable[..., Any] | None = None
     fuse: bool = False
@@ -209,6 +215,7 @@ register_arch(
         backbones=tuple(BACKBONES),
         model_cls=DETR,
         eval_size=800,
+        init_file=load_official_checkpoint,
         export_hf=export_hf_detr,
     )
 )

@@ -66,7 +66,7 @@ from .data import (
 from .data.dense_o2o import MixupCollate, Mosaic, MosaicDataset, dense_o2o_from_args, make_mosaic_transforms
 from .data.layouts import DataSplit, layout_from_args
 from .evaluation import evaluate_coco
-from .interop import from_hf, hf_label_names, hf_num_labels, load_official_checkpoint
+from .interop import from_hf, hf_label_names, hf_num_labels
 from .model import build_model, load_model, model_config_from_args, relabel, set_named
 from .structures import targets_to, to_float
 
@@ -491,11 +491,15 @@ def _init_model(
     else:
         obj = read_state_file(init, what="--init checkpoint")
         if not (isinstance(obj, dict) and obj.get("task") == "detect" and "model_config" in obj):
-            if class_map is not None:  # an official DETR file names no classes
+            arch = arch_of(args)
+            if arch.init_file is None:  # before any model is built
+                raise UserError(f"--arch {arch.name} starts from a Hugging Face folder or a checkpoint of "
+                                "peg_detr train; this is neither", init)  # fmt: skip
+            if class_map is not None:  # a bare weights file (an official DETR file) names no classes
                 refuse_without_effect(args, ["class_map"], {"class_map": f"--init {init} names no classes "
                                       "(an official DETR file; a folder or a peg_detr checkpoint does)"})  # fmt: skip
             model, criterion, postprocessor = build_model(model_config_from_args(args, num_classes))
-            load_official_checkpoint(model, init, num_classes=num_classes)
+            arch.init_file(model, init, num_classes=num_classes)
             return model, criterion, postprocessor, None
         start, start_names = _from_checkpoint(args, obj, ctx)
     try:

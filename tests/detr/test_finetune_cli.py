@@ -167,3 +167,17 @@ def test_a_folder_is_predicted_at_the_size_its_processor_names(tmp_path):
     assert "val_size" not in load_hf_model(folder).meta  # no processor: the architecture's default
     (folder / PREPROCESSOR_CONFIG).write_text(json.dumps(rtdetr_processor_config(96)))
     assert load_hf_model(folder).meta["val_size"] == 96
+
+
+def test_a_bare_weights_file_is_refused_where_the_arch_has_no_reader_for_it(data, tmp_path, capsys):
+    """``Arch.init_file``: DETR reads an official checkpoint; the RT-DETR family refuses one in a line, building nothing."""
+    bare = tmp_path / "weights.pth"
+    torch.save({"model": {"class_embed.weight": torch.zeros(92, 8)}}, bare)
+    out = tmp_path / "run"
+    argv = ["train", "--config", "rtdetr_demo_tiny", "--data-root", str(data), "--output-dir", str(out),
+            "--init", str(bare), "--batch-size", "2", *RUN]  # fmt: skip
+    assert cli(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --arch rtdetr starts from a Hugging Face folder or a checkpoint of peg_detr train; "
+                   f"this is neither: {bare}"]  # fmt: skip
+    assert not (out / "checkpoint.pth").exists()
