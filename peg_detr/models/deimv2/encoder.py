@@ -31,6 +31,7 @@ Module names follow transformers' ``Deimv2HybridEncoder`` / ``Deimv2LiteEncoder`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,7 @@ from torch import Tensor, nn
 from peg_core.peg import PegOptions
 
 from ..dfine.encoder import SCDown
-from ..rtdetr.encoder import AIFI, ConvNormLayer, RepVggBlock
+from ..rtdetr.encoder import AIFI, ConvNormLayer, CSPOptions, RepVggBlock
 
 __all__ = ["CSPLayer", "DEIMv2HybridEncoder", "LiteEncoder", "RepNCSPELAN5", "fuse_maps"]
 
@@ -56,27 +57,23 @@ class CSPLayer(nn.Module):
 
     ``(B, cin, H, W) -> (B, cout, H, W)``; ``conv1``: 1x1 to ``2 * hidden`` (``hidden = int(cout *
     expansion)``), ``bottlenecks``: RepVGG blocks, ``conv2``: 3x3 to ``cout`` when ``trailing_conv``,
-    else identity (then ``hidden`` must equal ``cout``).
+    else identity (then ``hidden`` must equal ``cout``).  ``options``: the blocks, expansion,
+    activation and eps (:class:`~peg_detr.models.rtdetr.encoder.CSPOptions`; None: its defaults).
     """
 
     def __init__(
-        self,
-        cin: int,
-        cout: int,
-        num_blocks: int = 3,
-        expansion: float = 1.0,
-        *,
-        act: str | None = "silu",
-        trailing_conv: bool = True,
-        eps: float = 1e-5,
+        self, cin: int, cout: int, options: CSPOptions | None = None, *, trailing_conv: bool = True
     ) -> None:
         super().__init__()
-        hidden = int(cout * expansion)
+        opt = options or CSPOptions()
+        hidden = int(cout * opt.expansion)
         if not trailing_conv and hidden != cout:
             raise ValueError(f"without the trailing conv the CSP width {hidden} must equal cout={cout}")
-        self.conv1 = ConvNormLayer(cin, 2 * hidden, 1, act=act, eps=eps)
-        self.bottlenecks = nn.ModuleList(RepVggBlock(hidden, act, eps) for _ in range(num_blocks))
-        self.conv2 = ConvNormLayer(hidden, cout, 3, act=act, eps=eps) if trailing_conv else nn.Identity()
+        self.conv1 = ConvNormLayer(cin, 2 * hidden, 1, act=opt.act, eps=opt.eps)
+        self.bottlenecks = nn.ModuleList(RepVggBlock(hidden, opt.act, opt.eps) for _ in range(opt.num_blocks))
+        self.conv2 = (
+            ConvNormLayer(hidden, cout, 3, act=opt.act, eps=opt.eps) if trailing_conv else nn.Identity()
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         shortcut, path = self.conv1(x).chunk(2, dim=1)
@@ -89,28 +86,28 @@ class RepNCSPELAN5(nn.Module):
     """DEIMv2's ELAN block: ``conv2(cat[a, b, c1, c2])`` with ``a, b = chunk(conv1(x))``, ``c1 = csp1(b)``, ``c2 = csp2(c1)``.
 
     ``(B, cin, H, W) -> (B, dim, H, W)``; ``conv1``: 1x1 to ``2 * dim``; the CSP layers have
-    ``round(expansion * dim // 2)`` channels.
+    ``round(expansion * dim // 2)`` channels (no expansion inside them).  ``options``: the CSP
+    layers' blocks, this block's expansion, every conv's activation and eps
+    (:class:`~peg_detr.models.rtdetr.encoder.CSPOptions`); ``trailing_conv``: the CSP layers'.
     """
 
     def __init__(
         self,
         dim: int,
         cin: int | None = None,
+        options: CSPOptions | None = None,
         *,
-        num_blocks: int = 3,
-        expansion: float = 1.0,
-        act: str | None = "silu",
         trailing_conv: bool = True,
-        eps: float = 1e-5,
     ) -> None:
         super().__init__()
+        opt = options or CSPOptions()
         cin = dim if cin is None else cin
-        csp = round(expansion * dim // 2)
-        opts = {"act": act, "trailing_conv": trailing_conv, "eps": eps}
-        self.conv1 = ConvNormLayer(cin, 2 * dim, 1, act=act, eps=eps)
-        self.csp_rep1 = CSPLayer(dim, csp, num_blocks, **opts)
-        self.csp_rep2 = CSPLayer(csp, csp, num_blocks, **opts)
-        self.conv2 = ConvNormLayer(2 * dim + 2 * csp, dim, 1, act=act, eps=eps)
+        csp = round(opt.expansion * dim // 2)
+        inner = replace(opt, expansion=1.0)
+        self.conv1 = ConvNormLayer(cin, 2 * dim, 1, act=opt.act, eps=opt.eps)
+        self.csp_rep1 = CSPLayer(dim, csp, inner, trailing_conv=trailing_conv)
+        self.csp_rep2 = CSPLayer(csp, csp, inner, trailing_conv=trailing_conv)
+        self.conv2 = ConvNormLayer(2 * dim + 2 * csp, dim, 1, act=opt.act, eps=opt.eps)
 
     def forward(self, x: Tensor) -> Tensor:
         a, b = self.conv1(x).chunk(2, dim=1)
@@ -197,15 +194,18 @@ class DEIMv2HybridEncoder(nn.Module):
             self.input_proj.extend(ConvNormLayer(c, hidden_dim, 1, eps=batch_norm_eps) for c in in_channels)
         self.aifi = nn.ModuleList(AIFI(hidden_dim, num_heads, **aifi) for _ in self.use_encoder_idx)
         cin = hidden_dim if fuse_op == "sum" else 2 * hidden_dim
-        elan = dict(cin=cin, num_blocks=round(3 * depth_mult), expansion=expansion, act=conv_act,
-                    trailing_conv=trailing_conv, eps=batch_norm_eps)  # fmt: skip
+        csp = CSPOptions(round(3 * depth_mult), expansion, conv_act, batch_norm_eps)
         n = num_levels - 1
         self.lateral_convs = nn.ModuleList(
             ConvNormLayer(hidden_dim, hidden_dim, 1, eps=batch_norm_eps) for _ in range(n)
         )
-        self.fpn_blocks = nn.ModuleList(RepNCSPELAN5(hidden_dim, **elan) for _ in range(n))
+        self.fpn_blocks = nn.ModuleList(
+            RepNCSPELAN5(hidden_dim, cin, csp, trailing_conv=trailing_conv) for _ in range(n)
+        )
         self.downsample_convs = nn.ModuleList(SCDown(hidden_dim, 3, 2, eps=batch_norm_eps) for _ in range(n))
-        self.pan_blocks = nn.ModuleList(RepNCSPELAN5(hidden_dim, **elan) for _ in range(n))
+        self.pan_blocks = nn.ModuleList(
+            RepNCSPELAN5(hidden_dim, cin, csp, trailing_conv=trailing_conv) for _ in range(n)
+        )
 
     def forward(self, maps: Sequence[Tensor]) -> list[Tensor]:
         if len(maps) != self.num_levels:
@@ -257,10 +257,9 @@ class LiteEncoder(nn.Module):
         self.down_pool2 = nn.AvgPool2d(kernel_size=3, stride=2, padding=1)
         self.down_conv2 = ConvNormLayer(hidden_dim, hidden_dim, 1, act=conv_act, eps=eps)
         self.bi_fusion_conv = ConvNormLayer(hidden_dim, hidden_dim, 1, act=conv_act, eps=eps)
-        elan = dict(num_blocks=round(3 * depth_mult), expansion=expansion, act=conv_act, trailing_conv=trailing_conv,
-                    eps=eps)  # fmt: skip
-        self.fpn_block = RepNCSPELAN5(hidden_dim, **elan)
-        self.pan_block = RepNCSPELAN5(hidden_dim, **elan)
+        csp = CSPOptions(round(3 * depth_mult), expansion, conv_act, eps)
+        self.fpn_block = RepNCSPELAN5(hidden_dim, options=csp, trailing_conv=trailing_conv)
+        self.pan_block = RepNCSPELAN5(hidden_dim, options=csp, trailing_conv=trailing_conv)
 
     def forward(self, maps: Sequence[Tensor]) -> list[Tensor]:
         if len(maps) != len(self.input_proj):

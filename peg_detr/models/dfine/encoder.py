@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import ConvNormLayer
-from ..rtdetr.encoder import AIFI_ENCODINGS, CSPRepLayer, HybridEncoderBase
+from ..rtdetr.encoder import AIFI_ENCODINGS, CSPOptions, CSPRepLayer, HybridEncoderBase
 
 __all__ = ["DFINE_ENCODINGS", "DFineHybridEncoder", "RepNCSPELAN4", "SCDown"]
 
@@ -81,9 +81,10 @@ class RepNCSPELAN4(nn.Module):
         self.half = c3 // 2
         self.conv1 = ConvNormLayer(cin, c3, 1, act=act, eps=eps)
         # the CSP layers keep their width (expansion 1: no conv3); their convs use the encoder's activation
-        self.csp_rep1 = CSPRepLayer(self.half, c4, num_blocks, 1.0, act=conv_act, eps=eps)
+        csp = CSPOptions(num_blocks, 1.0, conv_act, eps)
+        self.csp_rep1 = CSPRepLayer(self.half, c4, csp)
         self.conv2 = ConvNormLayer(c4, c4, 3, act=act, eps=eps)
-        self.csp_rep2 = CSPRepLayer(c4, c4, num_blocks, 1.0, act=conv_act, eps=eps)
+        self.csp_rep2 = CSPRepLayer(c4, c4, csp)
         self.conv3 = ConvNormLayer(c4, c4, 3, act=act, eps=eps)
         self.conv4 = ConvNormLayer(c3 + 2 * c4, cout, 1, act=act, eps=eps)
 

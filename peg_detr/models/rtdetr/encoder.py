@@ -43,8 +43,8 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -62,12 +62,14 @@ __all__ = [
     "AIFI",
     "AIFI_ENCODINGS",
     "AIFILayer",
+    "CSPOptions",
     "CSPRepLayer",
     "ConvNormLayer",
     "HybridEncoder",
     "HybridEncoderBase",
     "RTDetrSinCos2d",
     "RepVggBlock",
+    "TokenPositions",
     "rtdetr_sincos_2d",
 ]
 
@@ -138,40 +140,71 @@ class RepVggBlock(nn.Module):
         return self.activation(self.conv1(x) + self.conv2(x))
 
 
+@dataclass(frozen=True)
+class CSPOptions:
+    """What every CSP layer of an encoder's fusion shares, as one value (RT-DETR's, D-FINE's and DEIMv2's CSP layers).
+
+    Attributes:
+        num_blocks: RepVGG blocks per CSP layer (``round(3 * depth_mult)``).
+        expansion: the hidden width factor (HF ``hidden_expansion``).
+        act: the convolutions' activation (``silu``; None: none).
+        eps: the batch norms' eps.
+    """
+
+    num_blocks: int = 3
+    expansion: float = 1.0
+    act: str | None = "silu"
+    eps: float = 1e-5
+
+
 class CSPRepLayer(nn.Module):
     """Cross-stage-partial layer: ``conv3(blocks(conv1(x)) + conv2(x))``, ``(B, cin, H, W) -> (B, cout, H, W)``.
 
     ``conv1`` / ``conv2`` are 1×1 to ``int(cout * expansion)`` channels; ``conv3`` (1×1 back to
     ``cout``) exists only when the expansion changes the width (otherwise identity, no keys).
+    ``options``: the blocks, expansion, activation and eps (:class:`CSPOptions`; None: its defaults).
     """
 
-    def __init__(
-        self,
-        cin: int,
-        cout: int,
-        num_blocks: int = 3,
-        expansion: float = 1.0,
-        act: str | None = "silu",
-        eps: float = 1e-5,
-    ) -> None:
+    def __init__(self, cin: int, cout: int, options: CSPOptions | None = None) -> None:
         super().__init__()
-        hidden = int(cout * expansion)
+        opt = options or CSPOptions()
+        act, eps = opt.act, opt.eps
+        hidden = int(cout * opt.expansion)
         self.conv1 = ConvNormLayer(cin, hidden, 1, act=act, eps=eps)
         self.conv2 = ConvNormLayer(cin, hidden, 1, act=act, eps=eps)
-        self.bottlenecks = nn.Sequential(*[RepVggBlock(hidden, act, eps) for _ in range(num_blocks)])
+        self.bottlenecks = nn.Sequential(*[RepVggBlock(hidden, act, eps) for _ in range(opt.num_blocks)])
         self.conv3 = ConvNormLayer(hidden, cout, 1, act=act, eps=eps) if hidden != cout else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         return self.conv3(self.bottlenecks(self.conv1(x)) + self.conv2(x))
 
 
+class TokenPositions(NamedTuple):
+    """What AIFI gives a layer's attention about the tokens' positions (each None where the encoding has none).
+
+    Attributes:
+        pos: ``(1|B, N, C)`` added to the query / key input only.
+        rope: ``(sin, cos)`` (apply form, broadcastable to ``(B, heads, N, C/heads)``) rotating the
+            projected queries and keys.
+        bias: float, broadcastable to ``(B, heads, N, N)``, added to the attention logits.
+    """
+
+    pos: Tensor | None = None
+    rope: tuple[Tensor, Tensor] | None = None
+    bias: Tensor | None = None
+
+
+#: no position input at all (the ``none`` encoding, and the PEG's, which acts on the tokens instead)
+NO_POSITIONS = TokenPositions()
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with separate ``q_proj/k_proj/v_proj/o_proj`` (HF's layout).
 
-    ``forward(x (B, N, C), pos (1|B, N, C) | None, rope (sin, cos) | None, bias) -> (B, N, C)``: ``pos``
-    is added to the query/key input only; ``rope`` (apply form, broadcastable to ``(B, heads, N, C/heads)``)
-    rotates the projected queries and keys; ``bias`` (float, broadcastable to ``(B, heads, N, N)``) is
-    added to the logits.
+    ``forward(x (B, N, C), pos, rope, bias) -> (B, N, C)``, each position input as
+    :class:`TokenPositions` describes it (the other families' attentions take them the same way):
+    ``pos`` added to the query / key input, ``rope`` rotating the projected queries and keys,
+    ``bias`` added to the logits.
     """
 
     def __init__(self, dim: int, num_heads: int, dropout: float = 0.0, *, rope_half: bool = False) -> None:
@@ -222,7 +255,8 @@ class AIFILayer(nn.Module):
     """One transformer encoder layer (post-norm unless ``normalize_before``): attention, then MLP.
 
     Keys ``self_attn.{q,k,v,o}_proj``, ``self_attn_layer_norm``, ``mlp.fc1``, ``mlp.fc2``,
-    ``final_layer_norm`` (HF's ``RTDetrEncoderLayer``).  ``forward(x (B, N, C), pos, rope, bias) -> (B, N, C)``.
+    ``final_layer_norm`` (HF's ``RTDetrEncoderLayer``).  ``forward(x (B, N, C), positions) -> (B, N, C)``
+    (:class:`TokenPositions`, for the attention).
     """
 
     def __init__(
@@ -245,17 +279,11 @@ class AIFILayer(nn.Module):
         self.mlp = FeedForward(dim, dim_feedforward, act, dropout)
         self.final_layer_norm = nn.LayerNorm(dim, eps=eps)
 
-    def forward(
-        self,
-        x: Tensor,
-        pos: Tensor | None = None,
-        rope: tuple[Tensor, Tensor] | None = None,
-        bias: Tensor | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, positions: TokenPositions = NO_POSITIONS) -> Tensor:
         if self.normalize_before:
-            x = x + self.dropout(self.self_attn(self.self_attn_layer_norm(x), pos, rope, bias))
+            x = x + self.dropout(self.self_attn(self.self_attn_layer_norm(x), *positions))
             return x + self.mlp(self.final_layer_norm(x))
-        x = self.self_attn_layer_norm(x + self.dropout(self.self_attn(x, pos, rope, bias)))
+        x = self.self_attn_layer_norm(x + self.dropout(self.self_attn(x, *positions)))
         return self.final_layer_norm(x + self.mlp(x))
 
 
@@ -329,10 +357,8 @@ class AIFI(nn.Module):
         tokens = self._peg(-1, tokens, size)
         for i, layer in enumerate(self.layers):
             table = None if rope is None else (rope[0][i], rope[1][i]) if self.rope.learned else rope
-            if bias is None:
-                out = layer(tokens, pos, table)
-            else:
-                out = layer(tokens, pos, table, self.attn_bias.layer_bias(bias, i))
+            layer_bias = None if bias is None else self.attn_bias.layer_bias(bias, i)
+            out = layer(tokens, TokenPositions(pos, table, layer_bias))
             tokens = self._peg(i, out, size)
         out = tokens.transpose(1, 2).reshape(b, c, h, w)  # channels-last strides
         if x.is_contiguous(memory_format=torch.channels_last):
@@ -477,18 +503,13 @@ class HybridEncoder(HybridEncoderBase):
         """RT-DETR's CCFM: 1×1 lateral convs and CSP blocks top-down, 3×3 stride-2 convs and CSP blocks bottom-up."""
         hp = self.hparams
         hidden_dim, conv_act, batch_norm_eps = hp["hidden_dim"], hp["conv_act"], hp["batch_norm_eps"]
-        csp = dict(
-            num_blocks=round(3 * hp["depth_mult"]),
-            expansion=hp["expansion"],
-            act=conv_act,
-            eps=batch_norm_eps,
-        )
+        csp = CSPOptions(round(3 * hp["depth_mult"]), hp["expansion"], conv_act, batch_norm_eps)
         n = len(hp["in_channels"]) - 1
         self.lateral_convs = nn.ModuleList(
             ConvNormLayer(hidden_dim, hidden_dim, 1, act=conv_act, eps=batch_norm_eps) for _ in range(n)
         )
-        self.fpn_blocks = nn.ModuleList(CSPRepLayer(2 * hidden_dim, hidden_dim, **csp) for _ in range(n))
+        self.fpn_blocks = nn.ModuleList(CSPRepLayer(2 * hidden_dim, hidden_dim, csp) for _ in range(n))
         self.downsample_convs = nn.ModuleList(
             ConvNormLayer(hidden_dim, hidden_dim, 3, 2, act=conv_act, eps=batch_norm_eps) for _ in range(n)
         )
-        self.pan_blocks = nn.ModuleList(CSPRepLayer(2 * hidden_dim, hidden_dim, **csp) for _ in range(n))
+        self.pan_blocks = nn.ModuleList(CSPRepLayer(2 * hidden_dim, hidden_dim, csp) for _ in range(n))
