@@ -19,7 +19,8 @@
 * :mod:`.hf`: :func:`from_hf`, a folder of any of these kinds by its ``model_type``.
 
 Key maps are rows of :mod:`peg_core.interop.keymap` (one mechanism, read both ways): each format
-module holds its table (:data:`~.hf_rtdetr.RTDETR_KEYS`, :data:`~.hf_dfine.DFINE_KEYS`,
+module holds its table (:data:`~.hf_detr.DETR_KEYS`, :data:`~.hf_hgnetv2.HGNETV2_KEYS`,
+:data:`~.hf_rtdetr.RTDETR_KEYS`, :data:`~.hf_dfine.DFINE_KEYS`,
 :data:`~.hf_deimv2.DEIMV2_KEYS`, :data:`~.hf_rfdetr.RFDETR_FILE_KEYS` / ``RFDETR_MODULE_KEYS``).
 The package exports every name of its modules' ``__all__``.
 

@@ -35,6 +35,10 @@ transformers' names, mapped by :func:`hf_resnet_to_official` (a ResNet-18 / 50 /
 ``...encoder.stages.{s}.layers.{i}.shortcut.{convolution,normalization}``  ``layer{s+1}.{i}.downsample.{0,1}``
 ==============================================================  ========================================
 
+The names are one table of :mod:`peg_core.interop.keymap` rows, :data:`DETR_KEYS` (the layers' rows
+generated from each part's attention and layer-norm names; transformers' ResNet: :data:`HF_RESNET_KEYS`),
+read both ways by :func:`hf_to_official` / :func:`official_to_hf`.
+
 transformers' own ResNet has no dilated variant (``dilation`` applies to timm backbones only, and
 transformers ignores it here too), so such a folder builds an undilated backbone whatever it says.
 
@@ -64,18 +68,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights, write_hf_folder
 from peg_core.interop.io import WeightsError, read_state_file
+from peg_core.interop.keymap import Functions, KeyMap, Nest, Rename, Rule, Stack, block_rows
 
 from ..models.detr.config import DETRConfig
 from .hf_processor import PREPROCESSOR_CONFIG, detr_processor_config
 
 __all__ = [
+    "DETR_KEYS",
     "HF_DETR_BACKBONES",
     "HF_RESNETS",
+    "HF_RESNET_KEYS",
     "check_detr_config",
     "detr_build_options",
     "detr_hf_config",
@@ -93,28 +99,89 @@ __all__ = [
 # Backbone prefixes: what save_pretrained writes (and the hub files hold), and transformers 5's in-memory name.
 _HF_BACKBONE = ("model.backbone.conv_encoder.model.", "model.backbone.model.")
 _OFFICIAL_BACKBONE = "backbone.0.body."
-# (Hugging Face, official) names inside a layer, after its prefix.
-_ENCODER_RENAMES = (("self_attn_layer_norm", "norm1"), ("final_layer_norm", "norm2"))
-_DECODER_RENAMES = (
-    ("self_attn_layer_norm", "norm1"),
-    ("encoder_attn_layer_norm", "norm2"),
-    ("final_layer_norm", "norm3"),
-    ("encoder_attn", "multihead_attn"),
-)
-_COMMON_RENAMES = (("fc1", "linear1"), ("fc2", "linear2"))
+#: (Hugging Face, official) prefixes outside the layers
 _TOP_RENAMES = (
-    ("model.input_projection.", "input_proj."),
-    ("model.query_position_embeddings.", "query_embed."),
-    ("model.decoder.layernorm.", "transformer.decoder.norm."),
-    ("class_labels_classifier.", "class_embed."),
+    ("model.input_projection.", "input_proj."), ("model.query_position_embeddings.", "query_embed."),
+    ("model.decoder.layernorm.", "transformer.decoder.norm."), ("class_labels_classifier.", "class_embed."),
     ("bbox_predictor.", "bbox_embed."),
+)  # fmt: skip
+#: each part's attentions and layer norms: (Hugging Face, official) names inside a layer
+_LAYERS = {
+    "encoder": (
+        (("self_attn", "self_attn"),), (("self_attn_layer_norm", "norm1"), ("final_layer_norm", "norm2"))
+    ),
+    "decoder": (
+        (("self_attn", "self_attn"), ("encoder_attn", "multihead_attn")),
+        (("self_attn_layer_norm", "norm1"), ("encoder_attn_layer_norm", "norm2"), ("final_layer_norm", "norm3")),
+    ),
+}  # fmt: skip
+#: (file name, transformers 5's in-memory name, official) of a layer's MLP
+_MLP = (("fc1.", "mlp.fc1.", "linear1."), ("fc2.", "mlp.fc2.", "linear2."))
+#: a block of transformers' own ResNet -> torchvision's (conv ``j`` is ``conv{j+1}``; the shortcut ``downsample``)
+_RESNET_BLOCK = (
+    *((f"layer.{j}.{theirs}.", f"{ours}{j + 1}.") for j in range(3)
+      for theirs, ours in (("convolution", "conv"), ("normalization", "bn"))),
+    ("shortcut.convolution.", "downsample.0."), ("shortcut.normalization.", "downsample.1."),
+)  # fmt: skip
+#: transformers' own ResNet (``AutoBackbone`` "resnet") -> torchvision's names, below the backbone prefix
+#: (stage ``s`` is torchvision's ``layer{s+1}``); read only: a DETR folder is written with timm's, ours
+HF_RESNET_KEYS = KeyMap(
+    [
+        Rename("embedder.embedder.convolution.", "conv1."),
+        Rename("embedder.embedder.normalization.", "bn1."),
+        *(Rename(f"encoder.stages.{s}.layers.{{i}}.{theirs}", f"layer{s + 1}.{{i}}.{ours}")
+          for s in range(4) for theirs, ours in _RESNET_BLOCK),
+    ]
+)  # fmt: skip
+
+
+def hf_resnet_to_official(key: str) -> str:
+    """A key of transformers' own ResNet (below the backbone prefix) -> torchvision's name; others unchanged.
+
+    ``embedder.embedder.convolution.weight`` -> ``conv1.weight``,
+    ``encoder.stages.0.layers.1.layer.2.normalization.bias`` -> ``layer1.1.bn3.bias``,
+    ``encoder.stages.1.layers.0.shortcut.convolution.weight`` -> ``layer2.0.downsample.0.weight``
+    (:data:`HF_RESNET_KEYS`).
+    """
+    return HF_RESNET_KEYS.to_ours(key) or key
+
+
+def _layer_rows(
+    part: str, attentions: tuple[tuple[str, str], ...], norms: tuple[tuple[str, str], ...]
+) -> tuple[Rule, ...]:
+    """The rows of one part's layers: each attention's q / k / v stacked into ``in_proj_*``, then the renames.
+
+    transformers names the output projection ``out_proj`` in files and ``o_proj`` in memory; a layer's
+    key no name covers keeps its name below the layer's prefix.
+    """
+    hf, ours = f"model.{part}.layers.{{n}}.", f"transformer.{part}.layers.{{n}}."
+    stacks = tuple(
+        Stack(tuple(f"{hf}{a}.{x}_proj." for x in "qkv"), (f"{ours}{o}.in_proj_",)) for a, o in attentions
+    )
+    names = (
+        *((f"{a}.out_proj.", f"{a}.o_proj.", f"{o}.out_proj.") for a, o in attentions),
+        *((f"{a}.", f"{a}.", f"{o}.") for a, o in (*attentions, *norms)),
+        *_MLP,
+        ("", "", ""),
+    )
+    return stacks + block_rows((hf, hf), ours, names)
+
+
+def _same(key: str) -> str:
+    """The key itself: the backbone's timm / torchvision names are the same on both sides."""
+    return key
+
+
+#: Hugging Face DETR (files and transformers 5's modules) <-> official DETR / ours; written: the file names
+DETR_KEYS = KeyMap(
+    [
+        *(Nest(hf, _OFFICIAL_BACKBONE, Functions(hf_resnet_to_official, _same)) for hf in _HF_BACKBONE),
+        *(Rename(hf, official) for hf, official in _TOP_RENAMES),
+        *(row for part, (attn, norms) in _LAYERS.items() for row in _layer_rows(part, attn, norms)),
+    ]
 )
-_LAYER = re.compile(r"^model\.(encoder|decoder)\.layers\.(\d+)\.(.+)$")
-# transformers' own ResNet (AutoBackbone "resnet") -> torchvision's names, after the backbone prefix
-_RESNET_STEM = re.compile(r"^embedder\.embedder\.(convolution|normalization)\.(.+)$")
-_RESNET_LAYER = re.compile(
-    r"^encoder\.stages\.(\d+)\.layers\.(\d+)\.(?:layer\.(\d+)|shortcut)\.(convolution|normalization)\.(.+)$"
-)
+#: the same rows without the q / k / v stacks: where an incomplete set's parts go (named as their layer's)
+_UNSTACKED = KeyMap(row for row in DETR_KEYS.rows if not isinstance(row, Stack))
 _QKV = re.compile(r"^(.+)\.([qkv])_proj\.(weight|bias)$")
 
 
@@ -329,100 +396,28 @@ def _check_shapes(state: dict[str, Tensor], path: Path) -> None:
 
 
 def hf_to_official(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Hugging Face ``DetrForObjectDetection`` state dict -> official DETR key names.
+    """Hugging Face ``DetrForObjectDetection`` state dict -> official DETR key names (:data:`DETR_KEYS`).
 
     ``q_proj``/``k_proj``/``v_proj`` are concatenated (in that order) into
-    ``in_proj_weight`` ``(3C, C)`` / ``in_proj_bias`` ``(3C,)``.  Keys that match no rule are
-    kept under their own name, so the loader reports them as unexpected.
+    ``in_proj_weight`` ``(3C, C)`` / ``in_proj_bias`` ``(3C,)``.  Keys that match no rule (and the
+    parts of an incomplete q / k / v) are kept, so the loader reports them as unexpected.
     """
-    out: dict[str, Tensor] = {}
-    qkv: dict[tuple[str, str], dict[str, Tensor]] = {}  # (official prefix, weight|bias) -> {q, k, v}
-    for key, value in state.items():
-        new = _rename(key)
-        m = _QKV.match(new)
-        if m and m.group(1).startswith("transformer."):
-            qkv.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = value
-        else:
-            out[new] = value
-    for (prefix, kind), parts in qkv.items():
-        if set(parts) != {"q", "k", "v"}:  # incomplete: leave them for the mismatch report
-            out.update({f"{prefix}.{n}_proj.{kind}": t for n, t in parts.items()})
-            continue
-        out[f"{prefix}.in_proj_{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+    out, _, skipped = DETR_KEYS.convert(state, to_hf=False)
+    for key in skipped:
+        out[_UNSTACKED.to_ours(key) or key] = state[key]
     return out
-
-
-def hf_resnet_to_official(key: str) -> str:
-    """A key of transformers' own ResNet (below the backbone prefix) -> torchvision's name; others unchanged.
-
-    ``embedder.embedder.convolution.weight`` -> ``conv1.weight``,
-    ``encoder.stages.0.layers.1.layer.2.normalization.bias`` -> ``layer1.1.bn3.bias``,
-    ``encoder.stages.1.layers.0.shortcut.convolution.weight`` -> ``layer2.0.downsample.0.weight``.
-    """
-    m = _RESNET_STEM.match(key)
-    if m:
-        return f"{'conv1' if m.group(1) == 'convolution' else 'bn1'}.{m.group(2)}"
-    m = _RESNET_LAYER.match(key)
-    if not m:
-        return key
-    stage, layer, conv, part, leaf = m.groups()
-    if conv is None:  # the shortcut: downsample.0 (conv) / downsample.1 (norm)
-        return f"layer{int(stage) + 1}.{layer}.downsample.{0 if part == 'convolution' else 1}.{leaf}"
-    name = "conv" if part == "convolution" else "bn"
-    return f"layer{int(stage) + 1}.{layer}.{name}{int(conv) + 1}.{leaf}"
-
-
-def _rename(key: str) -> str:
-    for hf in _HF_BACKBONE:
-        if key.startswith(hf):
-            return _OFFICIAL_BACKBONE + hf_resnet_to_official(key.removeprefix(hf))
-    for hf, official in _TOP_RENAMES:
-        if key.startswith(hf):
-            return official + key.removeprefix(hf)
-    m = _LAYER.match(key)
-    if not m:
-        return key
-    part, index, rest = m.groups()
-    # transformers 5 in memory: layers.i.mlp.fc1 and *_attn.o_proj (files: layers.i.fc1, out_proj)
-    rest = rest.removeprefix("mlp.").replace(".o_proj.", ".out_proj.")
-    renames = (_ENCODER_RENAMES if part == "encoder" else _DECODER_RENAMES) + _COMMON_RENAMES
-    head, _, tail = rest.partition(".")
-    for hf, official in renames:
-        if head == hf:
-            head = official
-            break
-    return f"transformer.{part}.layers.{index}.{head}.{tail}"
 
 
 def official_to_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Official DETR key names -> the names ``save_pretrained`` writes (inverse of :func:`hf_to_official`).
 
-    ``in_proj_weight`` ``(3C, C)`` is split into ``q_proj``/``k_proj``/``v_proj`` ``(C, C)``.
+    ``in_proj_weight`` ``(3C, C)`` is split into ``q_proj``/``k_proj``/``v_proj`` ``(C, C)``; BN
+    bookkeeping (``num_batches_tracked``) has no place there.  A key without a name is a ``ValueError``.
     """
-    inverse_top = [(official, hf) for hf, official in _TOP_RENAMES]
-    out: dict[str, Tensor] = {}
-    for key, value in state.items():
-        if key.endswith("num_batches_tracked"):
-            continue
-        if key.startswith(_OFFICIAL_BACKBONE):
-            out[_HF_BACKBONE[0] + key.removeprefix(_OFFICIAL_BACKBONE)] = value
-            continue
-        top = next((hf + key.removeprefix(o) for o, hf in inverse_top if key.startswith(o)), None)
-        if top is not None:
-            out[top] = value
-            continue
-        m = re.match(r"^transformer\.(encoder|decoder)\.layers\.(\d+)\.([^.]+)\.(.+)$", key)
-        if not m:
-            raise ValueError(f"no Hugging Face name for {key!r}")
-        part, index, head, tail = m.groups()
-        renames = (_ENCODER_RENAMES if part == "encoder" else _DECODER_RENAMES) + _COMMON_RENAMES
-        head = next((hf for hf, official in renames if official == head), head)
-        prefix = f"model.{part}.layers.{index}.{head}"
-        if tail in ("in_proj_weight", "in_proj_bias"):
-            for name, chunk in zip("qkv", value.chunk(3, dim=0)):
-                out[f"{prefix}.{name}_proj.{tail.removeprefix('in_proj_')}"] = chunk.contiguous()
-        else:
-            out[f"{prefix}.{tail}"] = value
+    kept = {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}
+    out, _, skipped = DETR_KEYS.convert(kept, to_hf=True)
+    if skipped:
+        raise ValueError(f"no Hugging Face name for {next(iter(skipped))!r}")
     return out
 
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ from torch import Tensor
 
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights
 from peg_core.interop.io import LoadReport, WeightsError
-from peg_core.interop.keymap import Functions, KeyMap, Nest, Rename, Rule
+from peg_core.interop.keymap import KeyMap, Nest, Rename, Rule
 from peg_core.peg import fold_peg_keys
 
 from ..models.dfine.backbone import build_hgnetv2
@@ -66,11 +65,10 @@ from .hf_detr import hf_num_labels
 from .hf_export import HFExport, label_fields
 from .hf_hgnetv2 import (
     HF_BACKBONE_PREFIX,
+    HGNETV2_KEYS,
     check_hidden_sizes,
     hgnetv2_hf_config,
-    hgnetv2_hf_to_ours,
     hgnetv2_options_from_hf,
-    hgnetv2_ours_to_hf,
 )
 from .hf_processor import rtdetr_processor_config
 from .hf_rtdetr import (
@@ -123,9 +121,7 @@ TIED_HEADS = tuple(
     Rename((f"model.decoder.{n}.", f"{n}."), f"decoder.{n}.") for n in ("class_embed", "bbox_embed")
 )
 #: HGNetV2's own map (:mod:`.hf_hgnetv2`) for the keys below ``model.backbone.model.``
-HGNETV2_ROW = Nest(
-    HF_BACKBONE_PREFIX, "backbone.", Functions(hgnetv2_hf_to_ours, partial(hgnetv2_ours_to_hf, prefix=""))
-)
+HGNETV2_ROW = Nest(HF_BACKBONE_PREFIX, "backbone.", HGNETV2_KEYS)
 
 
 def dfine_rows(*, write: str = "file") -> tuple[Rule, ...]:

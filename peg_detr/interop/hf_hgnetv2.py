@@ -1,8 +1,9 @@
 """transformers' HGNetV2 (the backbone of ``DFineForObjectDetection`` / ``Deimv2ForObjectDetection``) <-> ours.
 
 Ours is :class:`peg_detr.models.dfine.backbone.HGNetv2Backbone`, built from timm's modules, so its
-keys are timm's.  transformers' ``HGNetV2Backbone`` has the same tree under other names; the map
-renames whole path segments (``conv1`` / ``conv2`` of a light layer are left alone):
+keys are timm's.  transformers' ``HGNetV2Backbone`` has the same tree under other names; the map,
+:data:`HGNETV2_KEYS`, is :mod:`peg_core.interop.keymap` rows generated from the modules that hold a
+convolution and the tensors each holds (``conv1`` / ``conv2`` of a light layer are left alone):
 
 =====================================  ============================  ==========================
 Hugging Face                           ours                          what
@@ -35,16 +36,17 @@ holding 0).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from peg_core.interop.hf_folder import ConfigFields
+from peg_core.interop.keymap import KeyMap, Rename
 
 from ..models.dfine.backbone import HGNETV2_BACKBONES
 
 __all__ = [
     "HF_BACKBONE_PREFIX",
+    "HGNETV2_KEYS",
     "hgnetv2_hf_config",
     "hgnetv2_hf_to_ours",
     "hgnetv2_options_from_hf",
@@ -54,20 +56,24 @@ __all__ = [
 #: Where a detector (``DFineForObjectDetection``, ``Deimv2ForObjectDetection``) keeps its HGNetV2.
 HF_BACKBONE_PREFIX = "model.backbone.model."
 
-# Segment renames inside a block, HF -> ours; every other segment keeps its name.
-_SEGMENTS_TO_OURS = {"convolution": "conv", "normalization": "bn"}
-_SEGMENTS_TO_HF = {v: k for k, v in _SEGMENTS_TO_OURS.items()}
-# The leaves a key may end with (conv weight, norm parameters / buffers, LAB scalars).
-_LEAVES = {"weight", "bias", "running_mean", "running_var", "num_batches_tracked", "scale"}
-_HF_KEY = re.compile(r"^(embedder|encoder\.stages\.\d+)\.(.+)$")
-_OURS_KEY = re.compile(r"^(stem|stages\.\d+)\.(.+)$")
-
-
-def _rename(rest: str, table: Mapping[str, str]) -> str | None:
-    parts = rest.split(".")
-    if parts[-1] not in _LEAVES:
-        return None
-    return ".".join(table.get(p, p) for p in parts)
+#: the modules holding a convolution (+ norm, + learnable affine block): (Hugging Face, ours) below the
+#: backbone; the stem's by name, a stage's by its place (a light layer's ``conv1`` / ``conv2`` keep theirs)
+_MODULES = (
+    *((f"embedder.{stem}.", f"stem.{stem}.") for stem in ("stem1", "stem2a", "stem2b", "stem3", "stem4")),
+    *((f"encoder.stages.{{s}}.{m}", f"stages.{{s}}.{m}")
+      for m in ("downsample.", "blocks.{b}.aggregation.{a}.", "blocks.{b}.layers.{l}.conv{c}.", "blocks.{b}.layers.{l}.")),
+)  # fmt: skip
+#: each module's tensors: (Hugging Face, ours); whole keys, so a key with another leaf is none of the backbone's
+_LEAVES = (
+    ("convolution.weight", "conv.weight"),
+    *((f"normalization.{leaf}", f"bn.{leaf}")
+      for leaf in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")),
+    ("lab.scale", "lab.scale"), ("lab.bias", "lab.bias"),
+)  # fmt: skip
+#: transformers' ``HGNetV2Backbone`` <-> ours (timm's names), both relative to the backbone module
+HGNETV2_KEYS = KeyMap(
+    Rename(hf + leaf, ours + our_leaf) for hf, ours in _MODULES for leaf, our_leaf in _LEAVES
+)
 
 
 def hgnetv2_hf_to_ours(key: str) -> str | None:
@@ -77,20 +83,9 @@ def hgnetv2_hf_to_ours(key: str) -> str | None:
     the bare ``"encoder.stages.2..."`` both give ``"stages.2.blocks.0.layers.1.conv1.conv.weight"``;
     ``"model.backbone.model.embedder.stem1.normalization.running_mean"`` gives
     ``"stem.stem1.bn.running_mean"``.  Keys of the rest of a detector (``model.encoder.*``,
-    ``model.decoder.*``, ...) give None.
+    ``model.decoder.*``, ...) give None (:data:`HGNETV2_KEYS`).
     """
-    if key.startswith(HF_BACKBONE_PREFIX):
-        key = key[len(HF_BACKBONE_PREFIX) :]
-    elif key.startswith("model."):
-        return None  # another part of a detector
-    m = _HF_KEY.match(key)
-    if m is None:
-        return None
-    rest = _rename(m.group(2), _SEGMENTS_TO_OURS)
-    if rest is None:
-        return None
-    head = "stem" if m.group(1) == "embedder" else m.group(1)[len("encoder.") :]
-    return f"{head}.{rest}"
+    return HGNETV2_KEYS.to_ours(key.removeprefix(HF_BACKBONE_PREFIX))
 
 
 def hgnetv2_ours_to_hf(key: str, prefix: str = HF_BACKBONE_PREFIX) -> str | None:
@@ -98,14 +93,8 @@ def hgnetv2_ours_to_hf(key: str, prefix: str = HF_BACKBONE_PREFIX) -> str | None
 
     The inverse of :func:`hgnetv2_hf_to_ours`; None for a key that is not one of the backbone's.
     """
-    m = _OURS_KEY.match(key)
-    if m is None:
-        return None
-    rest = _rename(m.group(2), _SEGMENTS_TO_HF)
-    if rest is None:
-        return None
-    head = "embedder" if m.group(1) == "stem" else f"encoder.{m.group(1)}"
-    return f"{prefix}{head}.{rest}"
+    hf = HGNETV2_KEYS.to_hf(key)
+    return None if hf is None else prefix + hf
 
 
 def _field(config: Mapping[str, Any], name: str, default: Any) -> Any:
