@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,7 @@ from torch import Tensor, nn
 from peg_core.peg import PegOptions
 
 from ..dfine.encoder import SCDown
-from ..rtdetr.encoder import AIFI, ConvNormLayer, CSPOptions, RepVggBlock
+from ..rtdetr.encoder import ConvNormLayer, CSPOptions, HybridEncoderBase, RepVggBlock
 
 __all__ = ["CSPLayer", "DEIMv2HybridEncoder", "LiteEncoder", "RepNCSPELAN5", "fuse_maps"]
 
@@ -116,8 +117,12 @@ class RepNCSPELAN5(nn.Module):
         return self.conv2(torch.cat([a, b, c1, c2], dim=1))
 
 
-class DEIMv2HybridEncoder(nn.Module):
+class DEIMv2HybridEncoder(HybridEncoderBase):
     """DEIMv2's hybrid encoder on projected maps ``(B, hidden_dim, H_l, W_l)``, finest first.
+
+    The constructor, AIFI and the fusion loop are RT-DETR's
+    (:class:`~peg_detr.models.rtdetr.encoder.HybridEncoderBase`); DEIMv2's are the input
+    projections (optional), the RepNCSPELAN5 / SCDown fusion modules and the merge (``fuse_op``).
 
     Args:
         num_levels: maps in (3 for the DINOv3 sizes, 2 for HGNetv2 N).
@@ -125,15 +130,15 @@ class DEIMv2HybridEncoder(nn.Module):
         in_channels: widths of the backbone maps, which then get a 1x1 conv + BN projection each
             (``input_proj``; HGNetv2 N, transformers' ``conv_encoder.encoder_input_proj``); None: the
             maps come projected (the DINOv3 backbone's ``fusion_proj``), no ``input_proj`` keys.
-        num_heads, dim_feedforward, dropout, act, num_layers, use_encoder_idx, pos_enc,
-            temperature, normalize_before, layer_norm_eps, peg_*: AIFI's (as
-            :class:`peg_detr.models.rtdetr.encoder.HybridEncoder`).
-        conv_act: activation of the ELAN / CSP / RepVGG convs (``silu``).
-        expansion: width factor of the CSP layers (HF ``hidden_expansion``).
-        depth_mult: RepVGG blocks per CSP layer ``round(3 * depth_mult)``.
         fuse_op: ``"sum"`` (DEIMv2) or ``"cat"``.
         trailing_conv: the CSP layers' trailing 3x3 conv (HF ``encoder_has_trailing_conv``).
-        batch_norm_eps: eps of every batch norm.
+        use_encoder_idx: the levels AIFI runs on (DEIMv2: the coarsest, ``-1``).
+        peg_kernel_size, peg_separable, peg_padding: the PEG's kernel, factorisation and border mode.
+        options: the rest of :class:`~peg_detr.models.rtdetr.encoder.HybridEncoder`'s keywords, the
+            same names and defaults (num_heads, dim_feedforward, dropout, act, conv_act, expansion,
+            depth_mult, num_layers, pos_enc, temperature, normalize_before, layer_norm_eps,
+            batch_norm_eps, peg_at, learned_grid, pos_interpolation); ``conv_act``, ``expansion``,
+            ``depth_mult`` and ``batch_norm_eps`` shape the ELAN / CSP / RepVGG convs.
 
     ``forward(maps) -> list of (B, hidden_dim, H_l, W_l)`` (the PAN outputs, finest first).
     :attr:`hparams` holds the constructor arguments (json-safe).
@@ -145,86 +150,59 @@ class DEIMv2HybridEncoder(nn.Module):
         hidden_dim: int = 256,
         *,
         in_channels: Sequence[int] | None = None,
-        num_heads: int = 8,
-        dim_feedforward: int = 1024,
-        dropout: float = 0.0,
-        act: str = "gelu",
-        conv_act: str | None = "silu",
-        expansion: float = 1.0,
-        depth_mult: float = 1.0,
-        num_layers: int = 1,
-        use_encoder_idx: Sequence[int] = (-1,),
-        pos_enc: str = "sincos",
-        temperature: float = 10000.0,
-        normalize_before: bool = False,
-        layer_norm_eps: float = 1e-5,
-        batch_norm_eps: float = 1e-5,
         fuse_op: str = "sum",
         trailing_conv: bool = False,
-        peg_at: Sequence[int] | str = (-1,),
+        use_encoder_idx: Sequence[int] = (-1,),
         peg_kernel_size: int = 3,
         peg_separable: bool = False,
         peg_padding: str = "zeros",
-        learned_grid: tuple[int, int] = (20, 20),
-        pos_interpolation: str = "bicubic",
+        **options: Any,
     ) -> None:
-        hparams = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        super().__init__()
-        self.hparams = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in hparams.items()}
-        if num_levels < 2:
-            raise ValueError(f"the hybrid encoder fuses >= 2 levels; got num_levels={num_levels}")
         if fuse_op not in FUSE_OPS:
             raise ValueError(f"fuse_op must be one of {FUSE_OPS}; got {fuse_op!r}")
-        if any(not -num_levels <= i < num_levels for i in use_encoder_idx):
-            raise ValueError(f"use_encoder_idx={list(use_encoder_idx)} out of range for {num_levels} levels")
-        self.num_levels, self.hidden_dim, self.fuse_op = num_levels, hidden_dim, fuse_op
-        self.use_encoder_idx = [i % num_levels for i in use_encoder_idx]
-        self.out_channels = [hidden_dim] * num_levels
-        self.pos_enc = pos_enc
-        layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, act=act, normalize_before=normalize_before,
-                     eps=layer_norm_eps)  # fmt: skip
+        if in_channels is not None and len(in_channels) != num_levels:
+            raise ValueError(f"in_channels {list(in_channels)} needs one width per level ({num_levels})")
+        # read by make_input_proj / build_fusion / merge, which the shared constructor calls (plain
+        # values, so they may be set before nn.Module's own __init__)
+        self.num_levels, self.fuse_op, self.trailing_conv = num_levels, fuse_op, trailing_conv
+        self.projected = in_channels is None
         peg = PegOptions(kernel_size=peg_kernel_size, separable=peg_separable, padding_mode=peg_padding)
-        aifi = dict(num_layers=num_layers, layer_options=layer, pos_enc=pos_enc, temperature=temperature,
-                    peg_at=peg_at, peg=peg, learned_grid=learned_grid,
-                    pos_interpolation=pos_interpolation)  # fmt: skip
-        self.input_proj = nn.ModuleList()
-        if in_channels is not None:
-            if len(in_channels) != num_levels:
-                raise ValueError(f"in_channels {list(in_channels)} needs one width per level ({num_levels})")
-            self.input_proj.extend(ConvNormLayer(c, hidden_dim, 1, eps=batch_norm_eps) for c in in_channels)
-        self.aifi = nn.ModuleList(AIFI(hidden_dim, num_heads, **aifi) for _ in self.use_encoder_idx)
-        cin = hidden_dim if fuse_op == "sum" else 2 * hidden_dim
-        csp = CSPOptions(round(3 * depth_mult), expansion, conv_act, batch_norm_eps)
-        n = num_levels - 1
-        self.lateral_convs = nn.ModuleList(
-            ConvNormLayer(hidden_dim, hidden_dim, 1, eps=batch_norm_eps) for _ in range(n)
-        )
-        self.fpn_blocks = nn.ModuleList(
-            RepNCSPELAN5(hidden_dim, cin, csp, trailing_conv=trailing_conv) for _ in range(n)
-        )
-        self.downsample_convs = nn.ModuleList(SCDown(hidden_dim, 3, 2, eps=batch_norm_eps) for _ in range(n))
-        self.pan_blocks = nn.ModuleList(
-            RepNCSPELAN5(hidden_dim, cin, csp, trailing_conv=trailing_conv) for _ in range(n)
+        widths = [hidden_dim] * num_levels if in_channels is None else in_channels
+        super().__init__(widths, hidden_dim, use_encoder_idx=use_encoder_idx, peg=peg, **options)
+        self.hparams.update(
+            num_levels=num_levels,
+            in_channels=None if in_channels is None else list(in_channels),
+            fuse_op=fuse_op,
+            trailing_conv=trailing_conv,
         )
 
-    def forward(self, maps: Sequence[Tensor]) -> list[Tensor]:
-        if len(maps) != self.num_levels:
-            raise ValueError(f"the encoder takes {self.num_levels} maps; got {len(maps)}")
-        maps = [proj(m) for proj, m in zip(self.input_proj, maps)] if len(self.input_proj) else list(maps)
-        for aifi, idx in zip(self.aifi, self.use_encoder_idx):
-            maps[idx] = aifi(maps[idx])
-        inner = [maps[-1]]  # inner[0]: the running coarse map
-        for i, (lateral, block) in enumerate(zip(self.lateral_convs, self.fpn_blocks)):
-            finer = maps[-2 - i]
-            top = lateral(inner[0])
-            inner[0] = top
-            # size= rather than scale 2: odd finer sides (inputs not a multiple of 32) still run
-            up = F.interpolate(top, size=finer.shape[-2:], mode="nearest")
-            inner.insert(0, block(fuse_maps(up, finer, self.fuse_op)))
-        outs = [inner[0]]
-        for i, (down, block) in enumerate(zip(self.downsample_convs, self.pan_blocks)):
-            outs.append(block(fuse_maps(down(outs[-1]), inner[i + 1], self.fuse_op)))
-        return outs
+    def make_input_proj(self) -> nn.ModuleList:
+        """A 1x1 conv + BN (``conv`` / ``norm``, the batch-norm eps) per backbone map; none for projected maps."""
+        if self.projected:
+            return nn.ModuleList(nn.Identity() for _ in self.in_channels)  # no keys
+        eps = self.hparams["batch_norm_eps"]
+        return nn.ModuleList(ConvNormLayer(c, self.hidden_dim, 1, eps=eps) for c in self.in_channels)
+
+    def build_fusion(self) -> None:
+        """1x1 lateral convs and RepNCSPELAN5 blocks top-down, SCDown and RepNCSPELAN5 blocks bottom-up."""
+        hp = self.hparams
+        hidden_dim, eps, n = self.hidden_dim, hp["batch_norm_eps"], self.num_levels - 1
+        cin = hidden_dim if self.fuse_op == "sum" else 2 * hidden_dim
+        csp = CSPOptions(round(3 * hp["depth_mult"]), hp["expansion"], hp["conv_act"], eps)
+        self.lateral_convs = nn.ModuleList(
+            ConvNormLayer(hidden_dim, hidden_dim, 1, eps=eps) for _ in range(n)
+        )
+        self.fpn_blocks = nn.ModuleList(
+            RepNCSPELAN5(hidden_dim, cin, csp, trailing_conv=self.trailing_conv) for _ in range(n)
+        )
+        self.downsample_convs = nn.ModuleList(SCDown(hidden_dim, 3, 2, eps=eps) for _ in range(n))
+        self.pan_blocks = nn.ModuleList(
+            RepNCSPELAN5(hidden_dim, cin, csp, trailing_conv=self.trailing_conv) for _ in range(n)
+        )
+
+    def merge(self, a: Tensor, b: Tensor) -> Tensor:
+        """DEIMv2 adds the two maps (``fuse_op="sum"``); ``"cat"`` concatenates them (D-FINE)."""
+        return fuse_maps(a, b, self.fuse_op)
 
 
 class LiteEncoder(nn.Module):

@@ -370,10 +370,10 @@ class HybridEncoderBase(nn.Module, ABC):
     """What RT-DETR's and D-FINE's hybrid encoders share: the constructor, the input projections, AIFI, the fusion loop.
 
     The constructor (its arguments: :class:`HybridEncoder`'s) checks the levels and builds the
-    input projections and the AIFI layers (in that order, transformers' module order), then calls
-    :meth:`build_fusion`, where the subclass builds its ``lateral_convs``, ``fpn_blocks``,
-    ``downsample_convs`` and ``pan_blocks`` from :attr:`hparams`; :meth:`fuse` runs them top-down
-    then bottom-up.
+    input projections (:meth:`make_input_proj`) and the AIFI layers (in that order, transformers'
+    module order), then calls :meth:`build_fusion`, where the subclass builds its ``lateral_convs``,
+    ``fpn_blocks``, ``downsample_convs`` and ``pan_blocks`` from :attr:`hparams`; :meth:`fuse` runs
+    them top-down then bottom-up, joining two maps with :meth:`merge`.
     """
 
     def __init__(
@@ -425,11 +425,7 @@ class HybridEncoderBase(nn.Module, ABC):
         self.use_encoder_idx = [i % levels for i in use_encoder_idx]
         self.out_channels = [hidden_dim] * levels
         self.pos_enc = hparams["pos_enc"]
-        # HF keeps these BNs at torch's default eps (its encoder_input_proj ignores batch_norm_eps).
-        self.input_proj = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(c, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim))
-            for c in in_channels
-        )
+        self.input_proj = self.make_input_proj()
         layer = dict(dim_feedforward=hparams["dim_feedforward"], dropout=hparams["dropout"], act=hparams["act"],
                      normalize_before=hparams["normalize_before"], eps=hparams["layer_norm_eps"])  # fmt: skip
         aifi = dict(num_layers=hparams["num_layers"], layer_options=layer, pos_enc=self.pos_enc,
@@ -438,6 +434,20 @@ class HybridEncoderBase(nn.Module, ABC):
         self.aifi = nn.ModuleList(
             AIFI(hidden_dim, hparams["num_heads"], **aifi) for _ in self.use_encoder_idx
         )
+
+    def make_input_proj(self) -> nn.ModuleList:
+        """A 1×1 conv + BN from each backbone map's width to ``hidden_dim`` (called by the constructor).
+
+        HF keeps these BNs at torch's default eps (its ``encoder_input_proj`` ignores ``batch_norm_eps``).
+        """
+        d = self.hidden_dim
+        return nn.ModuleList(
+            nn.Sequential(nn.Conv2d(c, d, 1, bias=False), nn.BatchNorm2d(d)) for c in self.in_channels
+        )
+
+    def merge(self, a: Tensor, b: Tensor) -> Tensor:
+        """Two ``(B, C, H, W)`` maps into one fusion block's input: concatenated (RT-DETR, D-FINE)."""
+        return torch.cat([a, b], dim=1)
 
     def project(self, feats: Sequence[Tensor]) -> list[Tensor]:
         """The per-level input projections (HF ``encoder_input_proj``) alone."""
@@ -457,11 +467,11 @@ class HybridEncoderBase(nn.Module, ABC):
             top = lateral(inner[0])
             inner[0] = top
             up = F.interpolate(top, size=finer.shape[-2:], mode="nearest")
-            inner.insert(0, block(torch.cat([up, finer], dim=1)))
+            inner.insert(0, block(self.merge(up, finer)))
         # Bottom-up: outs[-1] is the running fine map; each step adds one coarser level.
         outs = [inner[0]]
         for i, (down, block) in enumerate(zip(self.downsample_convs, self.pan_blocks)):
-            outs.append(block(torch.cat([down(outs[-1]), inner[i + 1]], dim=1)))
+            outs.append(block(self.merge(down(outs[-1]), inner[i + 1])))
         return outs
 
     def forward(self, feats: Sequence[Tensor]) -> list[Tensor]:
