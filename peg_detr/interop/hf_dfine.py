@@ -77,6 +77,7 @@ from .hf_rtdetr import (
     check_one_value,
     decoder_rows,
     encoder_rows,
+    hybrid_encoder_options,
     int_if_whole,
     load_mapped_state,
 )
@@ -181,29 +182,8 @@ def dfine_encoder_options(f: ConfigFields, channels: Sequence[int], pos_enc: str
 
     ``channels``: the backbone maps' widths, which ``encoder_in_channels`` must give.
     """
-    channels = list(channels)
-    if f.integers("encoder_in_channels", channels) != channels:
-        f.fail("encoder_in_channels", f"the backbone's output widths {channels}")
-    levels = len(channels)
-    hidden = f.integer("encoder_hidden_dim", 256)
-    heads = f.integer("encoder_attention_heads", 8, max=hidden)
-    if hidden % heads:
-        f.fail("encoder_attention_heads", f"a divisor of encoder_hidden_dim {hidden}")
-    if pos_enc == "sincos" and hidden % 4:
-        f.fail("encoder_hidden_dim", "a multiple of 4 (the sin-cos table)")
-    return dict(
-        in_channels=channels, hidden_dim=hidden, num_heads=heads, dim_feedforward=f.integer("encoder_ffn_dim", 1024),
-        dropout=f.number("dropout", 0.0, min=0.0, below=1.0),
-        act=f.choice("encoder_activation_function", "gelu", ACTIVATION_NAMES),
-        conv_act=f.choice("activation_function", "silu", ACTIVATION_NAMES),
-        expansion=f.number("hidden_expansion", 1.0, above=0.0, max=64.0),
-        depth_mult=f.number("depth_mult", 1.0, above=0.0, max=64.0), num_layers=f.integer("encoder_layers", 1),
-        use_encoder_idx=f.integers("encode_proj_layers", [levels - 1], min=0, max=levels - 1),
-        temperature=f.number("positional_encoding_temperature", 10000, above=0.0),
-        normalize_before=f.flag("normalize_before", False),
-        layer_norm_eps=f.number("layer_norm_eps", 1e-5, above=0.0, below=1.0),
-        batch_norm_eps=f.number("batch_norm_eps", 1e-5, above=0.0, below=1.0),
-    )  # fmt: skip
+    options = hybrid_encoder_options(f, channels, pos_enc, f"the backbone's output widths {list(channels)}")
+    return {**options, "depth_mult": f.number("depth_mult", 1.0, above=0.0, max=64.0)}
 
 
 def dfine_decoder_options(

@@ -92,6 +92,7 @@ __all__ = [
     "encoder_ours_to_hf",
     "encoder_rows",
     "export_hf_rtdetr",
+    "hybrid_encoder_options",
     "int_if_whole",
     "load_mapped_state",
     "load_rtdetr_backbone",
@@ -247,6 +248,39 @@ def _backbone_options(config: Mapping[str, Any], where: str | os.PathLike) -> di
     }
 
 
+def hybrid_encoder_options(
+    f: ConfigFields, channels: Sequence[int], pos_enc: str, channels_are: str
+) -> dict[str, Any]:
+    """:class:`HybridEncoder` keywords (without the encoding) of an RT-DETR-layout config, checked.
+
+    ``channels``: the backbone maps' widths, which ``encoder_in_channels`` must give (``channels_are``
+    says what they are in the error).  D-FINE's and DEIMv2's hybrid encoders read the same fields
+    (:func:`~peg_detr.interop.hf_dfine.dfine_encoder_options` adds theirs).
+    """
+    channels = list(channels)
+    if f.integers("encoder_in_channels", channels) != channels:
+        f.fail("encoder_in_channels", channels_are)
+    levels = len(channels)
+    hidden = f.integer("encoder_hidden_dim", 256)
+    heads = f.integer("encoder_attention_heads", 8, max=hidden)
+    if hidden % heads:
+        f.fail("encoder_attention_heads", f"a divisor of encoder_hidden_dim {hidden}")
+    if pos_enc == "sincos" and hidden % 4:
+        f.fail("encoder_hidden_dim", "a multiple of 4 (AIFI's sin-cos table)")
+    return dict(
+        in_channels=channels, hidden_dim=hidden, num_heads=heads, dim_feedforward=f.integer("encoder_ffn_dim", 1024),
+        dropout=f.number("dropout", 0.0, min=0.0, below=1.0),
+        act=f.choice("encoder_activation_function", "gelu", ACTIVATION_NAMES),
+        conv_act=f.choice("activation_function", "silu", ACTIVATION_NAMES),
+        expansion=f.number("hidden_expansion", 1.0, above=0.0, max=64.0), num_layers=f.integer("encoder_layers", 1),
+        use_encoder_idx=f.integers("encode_proj_layers", [levels - 1], min=0, max=levels - 1),
+        temperature=f.number("positional_encoding_temperature", 10000, above=0.0),
+        normalize_before=f.flag("normalize_before", False),
+        layer_norm_eps=f.number("layer_norm_eps", 1e-5, above=0.0, below=1.0),
+        batch_norm_eps=f.number("batch_norm_eps", 1e-5, above=0.0, below=1.0),
+    )  # fmt: skip
+
+
 def rtdetr_build_options(
     config: Mapping[str, Any], pos_enc: str = "sincos", where: str | os.PathLike = "config.json"
 ) -> dict[str, dict[str, Any]]:
@@ -265,29 +299,11 @@ def rtdetr_build_options(
     bb = f.section("backbone_config")
     indices = bb.integers("out_indices", [2, 3, 4])
     channels = [backbone["widths"][i - 1] for i in indices]  # what the chosen stages put out
-    if f.integers("encoder_in_channels", channels) != channels:
-        f.fail("encoder_in_channels", f"the widths {channels} of backbone stages {indices} (hidden_sizes)")
-    levels = len(channels)
-    hidden = f.integer("encoder_hidden_dim", 256)
-    heads = f.integer("encoder_attention_heads", 8, max=hidden)
-    if hidden % heads:
-        f.fail("encoder_attention_heads", f"a divisor of encoder_hidden_dim {hidden}")
-    if pos_enc == "sincos" and hidden % 4:
-        f.fail("encoder_hidden_dim", "a multiple of 4 (RT-DETR's sin-cos table)")
-    eps = {
-        "layer_norm_eps": f.number("layer_norm_eps", 1e-5, above=0.0, below=1.0),
-        "batch_norm_eps": f.number("batch_norm_eps", 1e-5, above=0.0, below=1.0),
-    }
-    dropout = f.number("dropout", 0.0, min=0.0, below=1.0)
-    encoder = dict(
-        in_channels=channels, hidden_dim=hidden, num_heads=heads, dim_feedforward=f.integer("encoder_ffn_dim", 1024),
-        dropout=dropout, act=f.choice("encoder_activation_function", "gelu", ACTIVATION_NAMES),
-        conv_act=f.choice("activation_function", "silu", ACTIVATION_NAMES),
-        expansion=f.number("hidden_expansion", 1.0, above=0.0, max=64.0), num_layers=f.integer("encoder_layers", 1),
-        use_encoder_idx=f.integers("encode_proj_layers", [levels - 1], min=0, max=levels - 1),
-        temperature=f.number("positional_encoding_temperature", 10000, above=0.0),
-        normalize_before=f.flag("normalize_before", False), **eps,
-    )  # fmt: skip
+    encoder = hybrid_encoder_options(
+        f, channels, pos_enc, f"the widths {channels} of backbone stages {indices} (hidden_sizes)"
+    )
+    hidden, dropout = encoder["hidden_dim"], encoder["dropout"]
+    eps = {k: encoder[k] for k in ("layer_norm_eps", "batch_norm_eps")}  # one value each, as in transformers
     decoder_levels = f.integers("decoder_in_channels", [256, 256, 256])
     if decoder_levels != [hidden] * len(decoder_levels):
         f.fail("decoder_in_channels", f"the encoder's width encoder_hidden_dim {hidden} at every level")

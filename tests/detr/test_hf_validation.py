@@ -175,7 +175,7 @@ def test_from_hf_detr_names_the_field_before_building(tmp_path):
         ({"encode_proj_layers": [3]}, "config.json key 'encode_proj_layers' must be a non-empty list of ints in 0..2; "
                                       "got [3]"),
         ({"encoder_hidden_dim": 30, "encoder_attention_heads": 6},
-         "config.json key 'encoder_hidden_dim' must be a multiple of 4 (RT-DETR's sin-cos table); got 30"),
+         "config.json key 'encoder_hidden_dim' must be a multiple of 4 (AIFI's sin-cos table); got 30"),
         ({"encoder_attention_heads": 7}, "config.json key 'encoder_attention_heads' must be a divisor of "
                                          "encoder_hidden_dim 256; got 7"),
         ({"hidden_expansion": 0}, "config.json key 'hidden_expansion' must be a number > 0 and <= 64; got 0"),
