@@ -74,7 +74,7 @@ from .hf_hgnetv2 import (
     hgnetv2_options_from_hf,
 )
 from .hf_processor import rtdetr_processor_config
-from .hf_rtdetr import check_one_value, int_if_whole
+from .hf_rtdetr import check_one_value, denoising_options, int_if_whole
 
 __all__ = [
     "DEIMV2_KEYS",
@@ -319,9 +319,7 @@ def deimv2_build_options(
         learn_initial_query=dec["learn_initial_query"], layer_norm_eps=dec["layer_norm_eps"],
         batch_norm_eps=dec["batch_norm_eps"], query_pos_act=dec["activation"],
         use_gateway=f.flag("use_gateway", True), share_bbox_head=f.flag("share_bbox_head", False),
-        num_denoising=f.integer("num_denoising", 100, min=0),
-        label_noise_ratio=f.number("label_noise_ratio", 0.5, min=0.0, max=1.0),
-        box_noise_scale=f.number("box_noise_scale", 1.0, min=0.0), aux_loss=f.flag("auxiliary_loss", True),
+        **denoising_options(f),
         mal_loss_coef=f.number("weight_loss_mal", 1.0, min=0.0), bbox_loss_coef=f.number("weight_loss_bbox", 5.0, min=0.0),
         giou_loss_coef=f.number("weight_loss_giou", 2.0, min=0.0), fgl_loss_coef=f.number("weight_loss_fgl", 0.15, min=0.0),
         ddf_loss_coef=f.number("weight_loss_ddf", 1.5, min=0.0),

@@ -60,7 +60,6 @@ from ..models.dfine.config import DFineConfig
 from ..models.dfine.decoder import DFineDecoder, DFineDecoderSpec
 from ..models.dfine.encoder import DFineHybridEncoder
 from ..models.dfine.model import DFINE
-from ..models.rtdetr.config import NUM_QUERIES
 from .hf_detr import hf_num_labels
 from .hf_export import HFExport, label_fields
 from .hf_hgnetv2 import (
@@ -72,10 +71,11 @@ from .hf_hgnetv2 import (
 )
 from .hf_processor import rtdetr_processor_config
 from .hf_rtdetr import (
-    ACTIVATION_NAMES,
     DECODER_PREFIXES,
     check_one_value,
     decoder_rows,
+    deformable_decoder_options,
+    denoising_options,
     encoder_rows,
     hybrid_encoder_options,
     int_if_whole,
@@ -195,17 +195,14 @@ def dfine_decoder_options(
         f.fail("decoder_in_channels", f"the encoder's width {encoder_hidden} at each of its {levels} levels")
     if f.integer("num_feature_levels", 3) != levels:
         f.fail("num_feature_levels", f"the number of encoder levels {levels} (no extra stride-2 levels)")
-    d_model = f.integer("d_model", 256)
-    heads = f.integer("decoder_attention_heads", 8, max=d_model)
-    if d_model % heads:
-        f.fail("decoder_attention_heads", f"a divisor of d_model {d_model}")
+    common = deformable_decoder_options(f, in_channels, num_classes, "D-FINE")
     points = f.data.get("decoder_n_points", 4)
     points = (
         [f.integer("decoder_n_points", 4)] * levels
         if not isinstance(points, list)
         else f.integers("decoder_n_points", length=levels)
     )
-    layers = f.integer("decoder_layers", 6)
+    layers = common["num_layers"]
     eval_idx = f.integer("eval_idx", -1, min=-layers, max=layers - 1)
     if eval_idx % layers != layers - 1:
         # transformers builds extra layers for an earlier eval_idx that its heads do not cover
@@ -213,24 +210,14 @@ def dfine_decoder_options(
     if f.number("layer_scale", 1.0, above=0.0) != 1.0:
         f.fail("layer_scale", "1 (wider layers after eval_idx are not supported)")
     f.choice("decoder_method", "default", ("default",))
-    if not f.flag("with_box_refine", True):
-        f.fail("with_box_refine", "true (D-FINE refines its boxes layer by layer)")
-    if not f.flag("use_focal_loss", True):
-        f.fail("use_focal_loss", "true (D-FINE scores classes with sigmoids)")
     bins = f.integer("max_num_bins", 32, min=4)
     if bins % 2:
         f.fail("max_num_bins", "an even number >= 4")
     return dict(
-        in_channels=in_channels, hidden_dim=d_model, num_classes=num_classes,
-        num_queries=f.integer("num_queries", NUM_QUERIES), num_layers=layers, num_heads=heads,
-        dim_feedforward=f.integer("decoder_ffn_dim", 1024), dropout=f.number("dropout", 0.0, min=0.0, below=1.0),
-        activation=f.choice("decoder_activation_function", "relu", ACTIVATION_NAMES), num_points=points,
-        offset_scale=f.number("decoder_offset_scale", 0.5), eval_idx=eval_idx, max_num_bins=bins,
-        reg_scale=f.number("reg_scale", 4.0), up=f.number("up", 0.5), lqe_k=f.integer("top_prob_values", 4),
-        lqe_hidden_dim=f.integer("lqe_hidden_dim", 64), lqe_layers=f.integer("lqe_layers", 2),
-        learn_initial_query=f.flag("learn_initial_query", False),
-        layer_norm_eps=f.number("layer_norm_eps", 1e-5, above=0.0, below=1.0),
-        batch_norm_eps=f.number("batch_norm_eps", 1e-5, above=0.0, below=1.0),
+        common, num_points=points, offset_scale=f.number("decoder_offset_scale", 0.5), eval_idx=eval_idx,
+        max_num_bins=bins, reg_scale=f.number("reg_scale", 4.0), up=f.number("up", 0.5),
+        lqe_k=f.integer("top_prob_values", 4), lqe_hidden_dim=f.integer("lqe_hidden_dim", 64),
+        lqe_layers=f.integer("lqe_layers", 2),
     )  # fmt: skip
 
 
@@ -259,12 +246,7 @@ def dfine_build_options(
     encoder = dfine_encoder_options(f, channels, pos_enc)
     num_classes = hf_num_labels(config, where)
     decoder = dfine_decoder_options(f, encoder["hidden_dim"], len(channels), num_classes)
-    model = dict(
-        num_classes=num_classes, num_queries=decoder["num_queries"],
-        num_denoising=f.integer("num_denoising", 100, min=0),
-        label_noise_ratio=f.number("label_noise_ratio", 0.5, min=0.0, max=1.0),
-        box_noise_scale=f.number("box_noise_scale", 1.0, min=0.0), aux_loss=f.flag("auxiliary_loss", True),
-    )  # fmt: skip
+    model = dict(num_classes=num_classes, num_queries=decoder["num_queries"], **denoising_options(f))
     return {"backbone": backbone, "encoder": encoder, "decoder": decoder, "model": model}
 
 

@@ -86,6 +86,8 @@ __all__ = [
     "decoder_key_from_hf",
     "decoder_key_to_hf",
     "decoder_rows",
+    "deformable_decoder_options",
+    "denoising_options",
     "encoder_hf_config",
     "encoder_hf_keys",
     "encoder_hf_to_ours",
@@ -302,36 +304,53 @@ def rtdetr_build_options(
     encoder = hybrid_encoder_options(
         f, channels, pos_enc, f"the widths {channels} of backbone stages {indices} (hidden_sizes)"
     )
-    hidden, dropout = encoder["hidden_dim"], encoder["dropout"]
-    eps = {k: encoder[k] for k in ("layer_norm_eps", "batch_norm_eps")}  # one value each, as in transformers
+    hidden = encoder["hidden_dim"]
     decoder_levels = f.integers("decoder_in_channels", [256, 256, 256])
     if decoder_levels != [hidden] * len(decoder_levels):
         f.fail("decoder_in_channels", f"the encoder's width encoder_hidden_dim {hidden} at every level")
     if f.integer("num_feature_levels", 3) != len(decoder_levels):
         f.fail("num_feature_levels", f"len(decoder_in_channels) {len(decoder_levels)}")
-    if not f.flag("with_box_refine", True):
-        f.fail("with_box_refine", "true (peg_detr's RT-DETR refines its boxes layer by layer)")
-    if not f.flag("use_focal_loss", True):
-        f.fail("use_focal_loss", "true (peg_detr's RT-DETR scores classes with sigmoids)")
-    d_model = f.integer("d_model", 256)
-    decoder_heads = f.integer("decoder_attention_heads", 8, max=d_model)
-    if d_model % decoder_heads:
-        f.fail("decoder_attention_heads", f"a divisor of d_model {d_model}")
     num_classes = hf_num_labels(config, where)
-    num_queries = f.integer("num_queries", NUM_QUERIES)
-    decoder = dict(
-        in_channels=decoder_levels, hidden_dim=d_model, num_classes=num_classes, num_queries=num_queries,
-        num_layers=f.integer("decoder_layers", 6), num_heads=decoder_heads,
-        dim_feedforward=f.integer("decoder_ffn_dim", 1024), dropout=dropout,
+    decoder = deformable_decoder_options(f, decoder_levels, num_classes, "peg_detr's RT-DETR")
+    decoder["num_points"] = f.integer("decoder_n_points", 4)  # one count for every level (D-FINE: a list)
+    model = dict(num_classes=num_classes, num_queries=decoder["num_queries"], **denoising_options(f))
+    return {"backbone": backbone, "encoder": encoder, "decoder": decoder, "model": model}
+
+
+def deformable_decoder_options(
+    f: ConfigFields, in_channels: list[int], num_classes: int, title: str
+) -> dict[str, Any]:
+    """The decoder keywords every RT-DETR-family config gives alike, checked (the points per level are the family's).
+
+    ``in_channels``: ``decoder_in_channels``, already checked against the encoder; ``title``: the
+    family in the refusal of a setting it lacks (``with_box_refine: false``, softmax classes).
+    """
+    if not f.flag("with_box_refine", True):
+        f.fail("with_box_refine", f"true ({title} refines its boxes layer by layer)")
+    if not f.flag("use_focal_loss", True):
+        f.fail("use_focal_loss", f"true ({title} scores classes with sigmoids)")
+    d_model = f.integer("d_model", 256)
+    heads = f.integer("decoder_attention_heads", 8, max=d_model)
+    if d_model % heads:
+        f.fail("decoder_attention_heads", f"a divisor of d_model {d_model}")
+    return dict(
+        in_channels=in_channels, hidden_dim=d_model, num_classes=num_classes,
+        num_queries=f.integer("num_queries", NUM_QUERIES), num_layers=f.integer("decoder_layers", 6), num_heads=heads,
+        dim_feedforward=f.integer("decoder_ffn_dim", 1024), dropout=f.number("dropout", 0.0, min=0.0, below=1.0),
         activation=f.choice("decoder_activation_function", "relu", ACTIVATION_NAMES),
-        num_points=f.integer("decoder_n_points", 4), learn_initial_query=f.flag("learn_initial_query", False), **eps,
+        learn_initial_query=f.flag("learn_initial_query", False),
+        layer_norm_eps=f.number("layer_norm_eps", 1e-5, above=0.0, below=1.0),
+        batch_norm_eps=f.number("batch_norm_eps", 1e-5, above=0.0, below=1.0),
     )  # fmt: skip
-    model = dict(
-        num_classes=num_classes, num_queries=num_queries, num_denoising=f.integer("num_denoising", 100, min=0),
+
+
+def denoising_options(f: ConfigFields) -> dict[str, Any]:
+    """The RT-DETR family's training settings of a config, checked: denoising groups and auxiliary losses."""
+    return dict(
+        num_denoising=f.integer("num_denoising", 100, min=0),
         label_noise_ratio=f.number("label_noise_ratio", 0.5, min=0.0, max=1.0),
         box_noise_scale=f.number("box_noise_scale", 1.0, min=0.0), aux_loss=f.flag("auxiliary_loss", True),
     )  # fmt: skip
-    return {"backbone": backbone, "encoder": encoder, "decoder": decoder, "model": model}
 
 
 def _check_rtdetr_weights(
