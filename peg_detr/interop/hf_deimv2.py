@@ -44,7 +44,6 @@ weights plus a zero PEG: the model computes what ``none`` computes until fine-tu
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -74,7 +73,7 @@ from .hf_hgnetv2 import (
     hgnetv2_options_from_hf,
 )
 from .hf_processor import rtdetr_processor_config
-from .hf_rtdetr import check_one_value, denoising_options, int_if_whole
+from .hf_rtdetr import check_one_value, denoising_options, int_if_whole, record_folder_config
 
 __all__ = [
     "DEIMV2_KEYS",
@@ -346,8 +345,7 @@ def deimv2_from_hf_config(
     """
     options = deimv2_build_options(config, pos_enc, where)
     model, _, _ = build_deimv2(**{**options, **encoder_options})
-    model.build_config = json.loads(json.dumps({"hf_config": config, "pos_enc": pos_enc, **encoder_options}))
-    return model
+    return record_folder_config(model, config, pos_enc, encoder_options)
 
 
 def deimv2_from_hf(folder: str | os.PathLike, pos_enc: str | None = None) -> tuple[DEIMv2, LoadReport]:

@@ -42,7 +42,6 @@ reader adds only its own.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -53,11 +52,10 @@ from torch import Tensor
 from peg_core.interop.hf_folder import ConfigFields, read_hf_config, read_hf_weights
 from peg_core.interop.io import LoadReport, WeightsError
 from peg_core.interop.keymap import KeyMap, Nest, Rename, Rule
-from peg_core.peg import fold_peg_keys
 
 from ..models.dfine.backbone import build_hgnetv2
 from ..models.dfine.config import DFineConfig
-from ..models.dfine.decoder import DFineDecoder, DFineDecoderSpec
+from ..models.dfine.decoder import DFineDecoder
 from ..models.dfine.encoder import DFineHybridEncoder
 from ..models.dfine.model import DFINE
 from .hf_detr import hf_num_labels
@@ -72,6 +70,8 @@ from .hf_hgnetv2 import (
 from .hf_processor import rtdetr_processor_config
 from .hf_rtdetr import (
     DECODER_PREFIXES,
+    FamilyParts,
+    assemble_from_options,
     check_one_value,
     decoder_rows,
     deformable_decoder_options,
@@ -80,6 +80,7 @@ from .hf_rtdetr import (
     hybrid_encoder_options,
     int_if_whole,
     load_mapped_state,
+    record_folder_config,
 )
 
 __all__ = [
@@ -263,14 +264,10 @@ def dfine_from_hf_config(
     ``{"hf_config": config, "pos_enc": pos_enc, **encoder_options}`` (a checkpoint rebuilds from it).
     """
     options = dfine_build_options(config, pos_enc, where)
-    backbone = build_hgnetv2(**options["backbone"])
-    # a stored config's loose peg_* keywords -> the encoder's one peg value
-    encoder = DFineHybridEncoder(pos_enc=pos_enc, **options["encoder"], **fold_peg_keys(encoder_options))
-    dec = dict(options["decoder"])
-    decoder = DFineDecoder(dec.pop("num_classes"), DFineDecoderSpec(**dec))
-    model = DFINE(backbone, encoder, decoder, **options["model"])
-    model.build_config = json.loads(json.dumps({"hf_config": config, "pos_enc": pos_enc, **encoder_options}))
-    return model
+    parts = FamilyParts(build_hgnetv2, DFineHybridEncoder, DFineDecoder, DFINE)
+    return record_folder_config(
+        assemble_from_options(parts, options, pos_enc, encoder_options), config, pos_enc, encoder_options
+    )
 
 
 # ---------------------------------------------------------------- weights

@@ -53,9 +53,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from torch import Tensor, nn
 
@@ -67,12 +67,14 @@ from peg_core.peg import fold_peg_keys
 from ..models.layers import LAYER_ACTIVATIONS
 from ..models.rtdetr.backbone import ResNetVd
 from ..models.rtdetr.config import NUM_QUERIES, RTDETRConfig
-from ..models.rtdetr.decoder import RTDETRDecoder, RTDETRDecoderSpec
+from ..models.rtdetr.decoder import RTDETRDecoder
 from ..models.rtdetr.encoder import HybridEncoder
 from ..models.rtdetr.model import RTDETR
 from .hf_detr import hf_num_labels
 from .hf_export import HFExport, label_fields, with_label_names
 from .hf_processor import rtdetr_processor_config
+
+M = TypeVar("M", bound=nn.Module)
 
 __all__ = [
     "ACTIVATION_NAMES",
@@ -81,6 +83,8 @@ __all__ = [
     "DECODER_PREFIXES",
     "ENCODER_HF_PREFIXES",
     "RTDETR_KEYS",
+    "FamilyParts",
+    "assemble_from_options",
     "check_one_value",
     "config_for_classes",
     "decoder_key_from_hf",
@@ -98,6 +102,7 @@ __all__ = [
     "int_if_whole",
     "load_mapped_state",
     "load_rtdetr_backbone",
+    "record_folder_config",
     "rtdetr_build_options",
     "rtdetr_from_hf",
     "rtdetr_from_hf_config",
@@ -426,12 +431,46 @@ def rtdetr_from_hf_config(
     range is a :class:`WeightsError` naming ``where`` (:func:`rtdetr_build_options`).
     """
     options = rtdetr_build_options(config, pos_enc, where)
-    backbone = ResNetVd(**options["backbone"])
+    model = assemble_from_options(
+        FamilyParts(ResNetVd, HybridEncoder, RTDETRDecoder, RTDETR), options, pos_enc, encoder_options
+    )
+    return record_folder_config(model, config, pos_enc, encoder_options)
+
+
+class FamilyParts(NamedTuple):
+    """The classes an RT-DETR-family model of a Hugging Face config is assembled from (:func:`assemble_from_options`)."""
+
+    backbone: Callable[..., nn.Module]  # (**options["backbone"]) -> the backbone
+    encoder: Callable[..., nn.Module]  # (pos_enc=, **options["encoder"], peg=) -> the hybrid encoder
+    decoder: type[RTDETRDecoder]  # (num_classes, its spec_type(**options["decoder"]))
+    model: Callable[..., RTDETR]  # (backbone, encoder, decoder, **options["model"])
+
+
+def assemble_from_options(
+    parts: FamilyParts,
+    options: Mapping[str, dict[str, Any]],
+    pos_enc: str,
+    encoder_options: Mapping[str, Any],
+) -> RTDETR:
+    """The model of a format's checked ``*_build_options`` (random weights), its parts built in order."""
+    backbone = parts.backbone(**options["backbone"])
     # a stored config's loose peg_* keywords -> the encoder's one peg value
-    encoder = HybridEncoder(pos_enc=pos_enc, **options["encoder"], **fold_peg_keys(encoder_options))
-    decoder_kw = dict(options["decoder"])
-    decoder = RTDETRDecoder(decoder_kw.pop("num_classes"), RTDETRDecoderSpec(**decoder_kw))
-    model = RTDETR(backbone, encoder, decoder, **options["model"])
+    encoder = parts.encoder(pos_enc=pos_enc, **options["encoder"], **fold_peg_keys(dict(encoder_options)))
+    decoder = dict(options["decoder"])
+    num_classes = decoder.pop("num_classes")
+    return parts.model(
+        backbone, encoder, parts.decoder(num_classes, parts.decoder.spec_type(**decoder)), **options["model"]
+    )
+
+
+def record_folder_config(
+    model: M, config: Mapping[str, Any], pos_enc: str, encoder_options: Mapping[str, Any]
+) -> M:
+    """``model`` with the ``build_config`` of a model built from a folder's config.json (JSON-safe).
+
+    ``{"hf_config": config, "pos_enc": pos_enc, **encoder_options}``: a checkpoint rebuilds the model
+    from it (``Arch.from_hf_config``), the same for every format.
+    """
     model.build_config = json.loads(json.dumps({"hf_config": config, "pos_enc": pos_enc, **encoder_options}))
     return model
 
