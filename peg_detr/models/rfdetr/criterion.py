@@ -199,7 +199,7 @@ class RFDETRCriterion(RTDETRCriterion):
         ``num_boxes``: the engine's normaliser of a ``--grad-accum-steps`` micro-batch (boxes of the
         optimizer step over processes x the micro-batch's share); it is multiplied by the groups.
         """
-        self._check(outputs, targets)
+        self.check(outputs, targets)
         groups = int(outputs.get("num_groups", 1))
         device = outputs["pred_logits"].device
         norm = group_num_boxes(targets, groups, device, num_boxes)

@@ -170,9 +170,6 @@ class RTDETRCriterion(DetectionCriterion):
     def check(self, outputs: dict[str, Any], targets: list[dict[str, Tensor]]) -> None:
         check_sigmoid_outputs(outputs, targets, self.num_classes)
 
-    #: the name RF-DETR's criterion (a subclass) calls
-    _check = check
-
     def _match(
         self, layers: list[dict[str, Tensor]], targets: list[dict[str, Tensor]], device: torch.device
     ) -> list[tuple[Tensor, Tensor, Tensor]]:
